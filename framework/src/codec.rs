@@ -1,0 +1,360 @@
+//! Avro encoding and decoding in the Confluent wire format.
+//!
+//! Wire format: `0x00` (magic byte), a 4-byte big-endian schema id, then the
+//! Avro binary body. The schema id points into the registry.
+//!
+//! **Subject strategy.** kjob registers a job's schema under
+//! `<main topic>-value` (Confluent's `TopicNameStrategy`), because one main
+//! topic carries exactly one contract. Retry-tier and DLQ records are
+//! forwarded byte-for-byte, so they keep the id of the schema they were
+//! written with and need no subject of their own.
+//!
+//! **Writer side.** A producer registers (or looks up: registering an
+//! identical schema is idempotent) *its own compiled-in schema* and encodes
+//! with that id. It never asks for "latest", which during a rolling deploy
+//! could be a newer version the old binary cannot fill in.
+//!
+//! **Reader side.** A worker fetches the writer schema by id (cached after the
+//! first fetch, so nothing is parsed per message) and resolves it to the
+//! reader schema compiled into the binary: fields added with defaults, fields
+//! removed, aliases, all work in both directions of a deploy.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use apache_avro::reader::datum::GenericDatumReader;
+use apache_avro::writer::datum::GenericDatumWriter;
+use apache_avro::{from_value, Schema};
+use schema_registry_converter::async_impl::avro::{AvroDecoder, AvroEncoder};
+use schema_registry_converter::async_impl::schema_registry::{get_all_subjects, SrSettings};
+use schema_registry_converter::schema_registry_common::{
+    SchemaType, SubjectNameStrategy, SuppliedSchema,
+};
+
+use crate::classify::ErrorClass;
+use crate::error::{Error, Result};
+use crate::job::Job;
+
+/// The Confluent wire-format magic byte.
+pub const MAGIC_BYTE: u8 = 0;
+
+/// A schema the registry assigned an id to, ready for encoding.
+#[derive(Clone, Debug)]
+pub struct RegisteredContract {
+    /// Registry schema id written into every record.
+    pub id: u32,
+    /// The registry subject it lives under.
+    pub subject: String,
+    /// The parsed schema (this binary's own).
+    pub schema: Arc<Schema>,
+}
+
+/// Why a record could not be turned into a job. Each variant maps to an
+/// [`ErrorClass`] so poison records land in the DLQ with a specific reason.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// Empty, shorter than the 5-byte header, or a wrong magic byte.
+    #[error("not Confluent-framed: {0}")]
+    NotFramed(String),
+    /// The registry does not know this schema id.
+    #[error("unknown schema id {id}: {message}")]
+    UnknownSchema {
+        /// The id from the record header.
+        id: u32,
+        /// The registry's answer.
+        message: String,
+    },
+    /// The registry could not be reached. Transient: the record is fine and
+    /// must be retried, never dead-lettered for this.
+    #[error("schema registry unavailable while fetching schema id {id}: {message}")]
+    RegistryUnavailable {
+        /// The id being fetched.
+        id: u32,
+        /// The transport error.
+        message: String,
+    },
+    /// The body is truncated or corrupt.
+    #[error("corrupt Avro body for schema id {id}: {message}")]
+    Body {
+        /// The writer schema id.
+        id: u32,
+        /// The Avro library's reason.
+        message: String,
+    },
+    /// The writer schema cannot be resolved to the reader schema, or the
+    /// resolved value does not fit the Rust type.
+    #[error("schema id {id} cannot be read as this binary's contract: {message}")]
+    Incompatible {
+        /// The writer schema id.
+        id: u32,
+        /// The reason.
+        message: String,
+    },
+}
+
+impl DecodeError {
+    /// The class recorded when this record is dead-lettered, or `None` if
+    /// the failure is transient and the record must be retried instead.
+    pub fn class(&self) -> Option<ErrorClass> {
+        match self {
+            DecodeError::NotFramed(_) => Some(ErrorClass::DecodeNotFramed),
+            DecodeError::UnknownSchema { .. } => Some(ErrorClass::DecodeUnknownSchema),
+            DecodeError::RegistryUnavailable { .. } => None,
+            DecodeError::Body { .. } => Some(ErrorClass::DecodeBody),
+            DecodeError::Incompatible { .. } => Some(ErrorClass::DecodeIncompatible),
+        }
+    }
+}
+
+/// Splits a Confluent-framed record into its schema id and body.
+pub fn split_frame(bytes: Option<&[u8]>) -> std::result::Result<(u32, &[u8]), DecodeError> {
+    let bytes = bytes.ok_or_else(|| DecodeError::NotFramed("record has no value".into()))?;
+    if bytes.len() < 5 {
+        return Err(DecodeError::NotFramed(format!(
+            "{} bytes, the header alone needs 5",
+            bytes.len()
+        )));
+    }
+    if bytes[0] != MAGIC_BYTE {
+        return Err(DecodeError::NotFramed(format!(
+            "magic byte is {:#04x}, expected 0x00",
+            bytes[0]
+        )));
+    }
+    let id = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+    Ok((id, &bytes[5..]))
+}
+
+/// Frames an Avro body with the magic byte and schema id.
+pub fn frame(id: u32, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + 5);
+    out.push(MAGIC_BYTE);
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// Parses a job's compiled-in schema, with an error that names the contract.
+pub fn parse_contract<J: Job>() -> Result<Schema> {
+    Schema::parse_str(J::SCHEMA).map_err(|e| Error::Contract {
+        job: J::NAME.to_string(),
+        message: format!("schema v{} does not parse: {e}", J::VERSION),
+    })
+}
+
+/// The registry subject for a main topic (`TopicNameStrategy`, value side).
+pub fn subject_for_topic(topic: &str) -> String {
+    format!("{topic}-value")
+}
+
+/// Registry client plus caches. One per process is plenty; clone the `Arc`.
+pub struct Codec {
+    url: String,
+    settings: SrSettings,
+    decoder: AvroDecoder,
+    encoder: AvroEncoder,
+    registered: Mutex<HashMap<String, RegisteredContract>>,
+}
+
+impl std::fmt::Debug for Codec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Codec").field("url", &self.url).finish()
+    }
+}
+
+impl Codec {
+    /// A codec talking to the registry at `url` (a Confluent-compatible base
+    /// URL such as Apicurio's `/apis/ccompat/v7`).
+    pub fn new(url: &str) -> Result<Self> {
+        let settings = SrSettings::new_builder(url.to_string())
+            .set_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| Error::Registry {
+                url: url.to_string(),
+                message: e.to_string(),
+            })?;
+        Ok(Self {
+            url: url.to_string(),
+            decoder: AvroDecoder::new(settings.clone()),
+            encoder: AvroEncoder::new(settings.clone()),
+            settings,
+            registered: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The registry base URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Checks that the registry answers, so a worker fails at start with a
+    /// clear message instead of dead-lettering... nothing, or retrying forever.
+    pub async fn ping(&self) -> Result<()> {
+        get_all_subjects(&self.settings)
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::Registry {
+                url: self.url.clone(),
+                message: format!("not reachable or not a schema registry: {e}"),
+            })
+    }
+
+    /// Registers (or looks up) this binary's schema for `J` under the subject
+    /// of `topic`. Cached per topic after the first call. An incompatible
+    /// schema is rejected here, at startup, naming the subject.
+    pub async fn register<J: Job>(&self, topic: &str) -> Result<RegisteredContract> {
+        if let Some(c) = self.lock_registered().get(topic) {
+            return Ok(c.clone());
+        }
+        let schema = parse_contract::<J>()?;
+        let subject = subject_for_topic(topic);
+        let strategy = SubjectNameStrategy::TopicNameStrategyWithSchema(
+            topic.to_string(),
+            false,
+            SuppliedSchema::new(None, SchemaType::Avro, J::SCHEMA.to_string()),
+        );
+        let registered = self
+            .encoder
+            .get_schema_and_id(&format!("{topic}/{}", J::VERSION), strategy)
+            .await
+            .map_err(|e| {
+                if e.retriable {
+                    Error::Registry {
+                        url: self.url.clone(),
+                        message: format!("registering subject `{subject}`: {e}"),
+                    }
+                } else {
+                    Error::SchemaRejected {
+                        job: J::NAME.to_string(),
+                        version: J::VERSION,
+                        subject: subject.clone(),
+                        message: e.to_string(),
+                    }
+                }
+            })?;
+        let contract = RegisteredContract {
+            id: registered.id,
+            subject,
+            schema: Arc::new(schema),
+        };
+        self.lock_registered()
+            .insert(topic.to_string(), contract.clone());
+        Ok(contract)
+    }
+
+    fn lock_registered(&self) -> std::sync::MutexGuard<'_, HashMap<String, RegisteredContract>> {
+        // A poisoned cache is still a valid cache: entries are inserted whole.
+        self.registered
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Encodes a job with an already registered contract. Serializes straight
+    /// from serde into Avro, without an intermediate value tree.
+    pub fn encode<J: Job>(contract: &RegisteredContract, job: &J) -> Result<Vec<u8>> {
+        let writer = GenericDatumWriter::builder(&contract.schema)
+            .build()
+            .map_err(|e| Error::Encode {
+                job: J::NAME.to_string(),
+                message: e.to_string(),
+            })?;
+        let mut out = Vec::with_capacity(64);
+        out.push(MAGIC_BYTE);
+        out.extend_from_slice(&contract.id.to_be_bytes());
+        writer.write_ser(&mut out, job).map_err(|e| Error::Encode {
+            job: J::NAME.to_string(),
+            message: e.to_string(),
+        })?;
+        Ok(out)
+    }
+
+    /// Decodes a framed record into `J`, resolving the writer schema (fetched
+    /// by id, cached) to `reader`.
+    pub async fn decode<J: Job>(
+        &self,
+        bytes: Option<&[u8]>,
+        reader: &Schema,
+    ) -> std::result::Result<J, DecodeError> {
+        let (id, body) = split_frame(bytes)?;
+        let writer = self.decoder.get_schema(id).await.map_err(|e| {
+            if e.retriable {
+                DecodeError::RegistryUnavailable {
+                    id,
+                    message: e.to_string(),
+                }
+            } else {
+                DecodeError::UnknownSchema {
+                    id,
+                    message: e.to_string(),
+                }
+            }
+        })?;
+        decode_body(id, &writer.parsed, body, reader)
+    }
+}
+
+/// Decodes an Avro body written with `writer` as `J` via `reader`. Pure and
+/// synchronous, so the in-memory test harness and the worker share it.
+pub fn decode_body<J: Job>(
+    id: u32,
+    writer: &Schema,
+    body: &[u8],
+    reader: &Schema,
+) -> std::result::Result<J, DecodeError> {
+    let mut cursor = body;
+    let value = GenericDatumReader::builder(writer)
+        .reader_schema(reader)
+        .build()
+        .and_then(|r| r.read_value(&mut cursor))
+        .map_err(|e| {
+            let message = e.to_string();
+            // Resolution failures are schema mismatches; anything else is the bytes.
+            if message.contains("resolv") || message.contains("Resolv") {
+                DecodeError::Incompatible { id, message }
+            } else {
+                DecodeError::Body { id, message }
+            }
+        })?;
+    if !cursor.is_empty() {
+        return Err(DecodeError::Body {
+            id,
+            message: format!("{} trailing bytes after the record", cursor.len()),
+        });
+    }
+    from_value::<J>(&value).map_err(|e| DecodeError::Incompatible {
+        id,
+        message: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let f = frame(258, b"abc");
+        assert_eq!(f, vec![0, 0, 0, 1, 2, b'a', b'b', b'c']);
+        let (id, body) = split_frame(Some(&f))
+            .map_err(|e| e.to_string())
+            .unwrap_or((0, b""));
+        assert_eq!((id, body), (258, &b"abc"[..]));
+    }
+
+    #[test]
+    fn bad_frames_are_classified() {
+        for bad in [
+            None,
+            Some(&b""[..]),
+            Some(&b"\0\0\0"[..]),
+            Some(&b"\x01\0\0\0\x01x"[..]),
+        ] {
+            let err = split_frame(bad).err();
+            assert!(
+                matches!(err, Some(DecodeError::NotFramed(_))),
+                "{bad:?} -> {err:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! Dead-lettering: moving a failed record to `<topic>.dlq` with full context.
+//!
+//! The payload and key travel byte-for-byte (so a record that failed to
+//! decode is preserved exactly as it arrived), and the headers are rebuilt
+//! with the failure's class, message, attempt count and the coordinates of
+//! the original record. The source offset is released only after the broker
+//! acknowledged the DLQ write: a crash in between yields a duplicate in the
+//! DLQ, never a lost job.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rdkafka::message::{Message, OwnedMessage};
+
+use crate::headers::JobHeaders;
+
+/// Milliseconds since the Unix epoch, for header timestamps.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Builds the headers of a dead letter (or any forwarded hop) from the
+/// source record: previous kjob headers are parsed and rebuilt, the failure
+/// recorded, and the original coordinates set on the first hop only (a
+/// record re-driven from a retry tier still points at its main-topic origin).
+pub fn forward_headers(
+    source: &OwnedMessage,
+    group: &str,
+    attempt: u32,
+    class: &str,
+    message: &str,
+) -> JobHeaders {
+    let mut h = JobHeaders::parse(source.headers());
+    h.record_failure(class, message, now_ms());
+    h.attempt = Some(attempt);
+    h.group = Some(group.to_string());
+    h.due_at_ms = None;
+    if h.original_topic.is_none() {
+        h.original_topic = Some(source.topic().to_string());
+        h.original_partition = Some(source.partition());
+        h.original_offset = Some(source.offset());
+        h.original_timestamp_ms = source.timestamp().to_millis();
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::message::{Header, Headers, OwnedHeaders, Timestamp};
+
+    fn record(topic: &str, headers: OwnedHeaders) -> OwnedMessage {
+        OwnedMessage::new(
+            Some(b"payload".to_vec()),
+            Some(b"key".to_vec()),
+            topic.to_string(),
+            Timestamp::CreateTime(1_000),
+            2,
+            42,
+            Some(headers),
+        )
+    }
+
+    #[test]
+    fn first_hop_records_origin() {
+        let src = record(
+            "orders",
+            OwnedHeaders::new().insert(Header {
+                key: "kjob-id",
+                value: Some("j1"),
+            }),
+        );
+        let h = forward_headers(&src, "g", 3, "permanent", "boom");
+        assert_eq!(h.original_topic.as_deref(), Some("orders"));
+        assert_eq!(h.original_partition, Some(2));
+        assert_eq!(h.original_offset, Some(42));
+        assert_eq!(h.original_timestamp_ms, Some(1_000));
+        assert_eq!(h.id.as_deref(), Some("j1"));
+        assert_eq!(h.attempt, Some(3));
+        assert_eq!(h.group.as_deref(), Some("g"));
+    }
+
+    #[test]
+    fn later_hops_keep_the_origin_and_one_header_each() {
+        let first = forward_headers(
+            &record("orders", OwnedHeaders::new()),
+            "g",
+            2,
+            "retryable",
+            "503",
+        );
+        let hop = record("orders.retry.5s", first.to_owned_headers());
+        let second = forward_headers(&hop, "g", 3, "permanent", "404");
+        assert_eq!(second.original_topic.as_deref(), Some("orders"));
+        assert_eq!(second.error_class.as_deref(), Some("permanent"));
+        let owned = second.to_owned_headers();
+        assert_eq!(
+            owned.iter().filter(|h| h.key == "kjob-error-class").count(),
+            1
+        );
+        assert_eq!(
+            owned
+                .iter()
+                .filter(|h| h.key == "kjob-original-topic")
+                .count(),
+            1
+        );
+    }
+}

@@ -1,0 +1,101 @@
+//! Framework errors: what goes wrong *around* a job (connecting, encoding,
+//! producing), as opposed to [`crate::JobError`], which a handler returns
+//! about the job itself.
+//!
+//! Every variant names the thing that failed (the topic, the subject, the
+//! registry URL), because the person reading it is usually an operator at
+//! 3 a.m. who did not write the code.
+
+use std::time::Duration;
+
+/// Shorthand used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything kjob itself can fail at.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The schema registry could not be reached or answered with an error.
+    #[error("schema registry at {url}: {message}")]
+    Registry {
+        /// The registry base URL that was called.
+        url: String,
+        /// What the registry (or the HTTP client) said.
+        message: String,
+    },
+    /// The registry refused to register this binary's contract, typically
+    /// because it is incompatible with versions already registered.
+    #[error(
+        "schema registry refused contract `{job}` v{version} under subject `{subject}`: {message}"
+    )]
+    SchemaRejected {
+        /// Contract name.
+        job: String,
+        /// Contract version compiled into this binary.
+        version: u32,
+        /// Registry subject the schema was registered under.
+        subject: String,
+        /// The registry's reason.
+        message: String,
+    },
+    /// A compiled-in `.avsc` does not parse or does not fit the Rust type.
+    #[error("contract `{job}`: {message}")]
+    Contract {
+        /// Contract name.
+        job: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The broker did not acknowledge a record within the delivery timeout.
+    #[error("could not deliver to topic `{topic}` within {timeout:?} (is the broker at {bootstrap} reachable?): {message}")]
+    Delivery {
+        /// Target topic.
+        topic: String,
+        /// The configured delivery timeout.
+        timeout: Duration,
+        /// The bootstrap servers in use.
+        bootstrap: String,
+        /// librdkafka's error.
+        message: String,
+    },
+    /// A topic the caller relies on does not exist.
+    #[error("topic `{topic}` does not exist on {bootstrap}; create it first, e.g. `kjob topics create --topic {topic} --partitions 6`")]
+    MissingTopic {
+        /// The missing topic.
+        topic: String,
+        /// The bootstrap servers in use.
+        bootstrap: String,
+    },
+    /// An rdkafka call failed; `context` says which.
+    #[error("kafka: {context}: {source}")]
+    Kafka {
+        /// What kjob was doing.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
+    /// A configuration value was invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Encoding a job to Avro failed (the value does not fit its schema).
+    #[error("encoding `{job}`: {message}")]
+    Encode {
+        /// Contract name.
+        job: String,
+        /// The Avro library's reason.
+        message: String,
+    },
+    /// A worker's internal thread failed or shutdown exceeded its bound.
+    #[error("worker: {0}")]
+    Worker(String),
+}
+
+impl Error {
+    /// Wraps an rdkafka error with what kjob was trying to do.
+    pub(crate) fn kafka(context: impl Into<String>, source: rdkafka::error::KafkaError) -> Self {
+        Error::Kafka {
+            context: context.into(),
+            source,
+        }
+    }
+}

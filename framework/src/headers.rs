@@ -1,0 +1,255 @@
+//! The `kjob-*` record headers: names, and reading/writing them.
+//!
+//! Headers let operators and tools understand a record (which job, which
+//! attempt, why it failed, where it came from) without decoding the payload.
+//! Every hop (retry tier, DLQ, re-drive) rebuilds the header set from a
+//! [`JobHeaders`] value instead of appending, so a record that has failed ten
+//! times carries one `kjob-attempt`, not ten.
+
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+
+/// Contract name.
+pub const JOB: &str = "kjob-job";
+/// Contract version the producer encoded with.
+pub const VERSION: &str = "kjob-version";
+/// Unique job id; the default idempotency key.
+pub const ID: &str = "kjob-id";
+/// Attempt number of the *next* run (1 on enqueue).
+pub const ATTEMPT: &str = "kjob-attempt";
+/// Absolute due time (epoch ms) for a record in a retry tier.
+pub const DUE_AT: &str = "kjob-due-at";
+/// When the job first failed (epoch ms).
+pub const FIRST_FAILED_AT: &str = "kjob-first-failed-at";
+/// The [`crate::ErrorClass`] of the last failure.
+pub const ERROR_CLASS: &str = "kjob-error-class";
+/// The last failure's message, truncated to [`MAX_ERROR_BYTES`].
+pub const ERROR: &str = "kjob-error";
+/// Topic the job was first consumed from.
+pub const ORIGINAL_TOPIC: &str = "kjob-original-topic";
+/// Partition the job was first consumed from.
+pub const ORIGINAL_PARTITION: &str = "kjob-original-partition";
+/// Offset the job was first consumed from.
+pub const ORIGINAL_OFFSET: &str = "kjob-original-offset";
+/// Timestamp (epoch ms) of the original record.
+pub const ORIGINAL_TIMESTAMP: &str = "kjob-original-timestamp";
+/// Consumer group that failed the job.
+pub const GROUP: &str = "kjob-group";
+/// Tenant the job belongs to.
+pub const TENANT: &str = "kjob-tenant";
+/// W3C trace context.
+pub const TRACEPARENT: &str = "traceparent";
+/// W3C trace state.
+pub const TRACESTATE: &str = "tracestate";
+
+/// Longest error message stored in a header. Stack traces and HTML error
+/// pages from downstreams would otherwise bloat every retry record.
+pub const MAX_ERROR_BYTES: usize = 1024;
+
+/// The kjob view of a record's headers. Unknown (non-kjob) headers are kept
+/// in `extra` and carried across hops unchanged.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobHeaders {
+    /// `kjob-job`.
+    pub job: Option<String>,
+    /// `kjob-version`.
+    pub version: Option<u32>,
+    /// `kjob-id`.
+    pub id: Option<String>,
+    /// `kjob-attempt`.
+    pub attempt: Option<u32>,
+    /// `kjob-due-at`.
+    pub due_at_ms: Option<i64>,
+    /// `kjob-first-failed-at`.
+    pub first_failed_at_ms: Option<i64>,
+    /// `kjob-error-class`.
+    pub error_class: Option<String>,
+    /// `kjob-error`.
+    pub error: Option<String>,
+    /// `kjob-original-topic`.
+    pub original_topic: Option<String>,
+    /// `kjob-original-partition`.
+    pub original_partition: Option<i32>,
+    /// `kjob-original-offset`.
+    pub original_offset: Option<i64>,
+    /// `kjob-original-timestamp`.
+    pub original_timestamp_ms: Option<i64>,
+    /// `kjob-group`.
+    pub group: Option<String>,
+    /// `kjob-tenant`.
+    pub tenant: Option<String>,
+    /// `traceparent`.
+    pub traceparent: Option<String>,
+    /// `tracestate`.
+    pub tracestate: Option<String>,
+    /// Any other headers, in their original order (last value per name wins).
+    pub extra: Vec<(String, Vec<u8>)>,
+}
+
+impl JobHeaders {
+    /// Parses a record's headers. Malformed kjob values (say, a non-numeric
+    /// attempt) are treated as absent rather than failing the job: a header is
+    /// metadata, and the payload may still be perfectly good.
+    pub fn parse<H: Headers>(headers: Option<&H>) -> Self {
+        let mut out = JobHeaders::default();
+        let Some(headers) = headers else {
+            return out;
+        };
+        for h in headers.iter() {
+            let text = h.value.and_then(|v| std::str::from_utf8(v).ok());
+            let s = || text.map(str::to_string);
+            match h.key {
+                JOB => out.job = s(),
+                VERSION => out.version = text.and_then(|t| t.parse().ok()),
+                ID => out.id = s(),
+                ATTEMPT => out.attempt = text.and_then(|t| t.parse().ok()),
+                DUE_AT => out.due_at_ms = text.and_then(|t| t.parse().ok()),
+                FIRST_FAILED_AT => out.first_failed_at_ms = text.and_then(|t| t.parse().ok()),
+                ERROR_CLASS => out.error_class = s(),
+                ERROR => out.error = s(),
+                ORIGINAL_TOPIC => out.original_topic = s(),
+                ORIGINAL_PARTITION => out.original_partition = text.and_then(|t| t.parse().ok()),
+                ORIGINAL_OFFSET => out.original_offset = text.and_then(|t| t.parse().ok()),
+                ORIGINAL_TIMESTAMP => out.original_timestamp_ms = text.and_then(|t| t.parse().ok()),
+                GROUP => out.group = s(),
+                TENANT => out.tenant = s(),
+                TRACEPARENT => out.traceparent = s(),
+                TRACESTATE => out.tracestate = s(),
+                other => {
+                    let value = h.value.map(<[u8]>::to_vec).unwrap_or_default();
+                    out.extra.retain(|(k, _)| k != other);
+                    out.extra.push((other.to_string(), value));
+                }
+            }
+        }
+        out
+    }
+
+    /// Records a failure: class, message (truncated on a UTF-8 boundary) and,
+    /// on the first failure only, the first-failed-at time.
+    pub fn record_failure(&mut self, class: &str, message: &str, now_ms: i64) {
+        self.error_class = Some(class.to_string());
+        self.error = Some(truncate_utf8(message, MAX_ERROR_BYTES).to_string());
+        if self.first_failed_at_ms.is_none() {
+            self.first_failed_at_ms = Some(now_ms);
+        }
+    }
+
+    /// Builds a fresh header set: one header per field that is set, then the
+    /// extras. Never appends to an existing set, so hops cannot duplicate.
+    pub fn to_owned_headers(&self) -> OwnedHeaders {
+        let mut out = OwnedHeaders::new_with_capacity(16);
+        let mut put = |key: &str, value: Option<String>| {
+            if let Some(v) = value {
+                out = std::mem::take(&mut out).insert(Header {
+                    key,
+                    value: Some(v.as_bytes()),
+                });
+            }
+        };
+        put(JOB, self.job.clone());
+        put(VERSION, self.version.map(|v| v.to_string()));
+        put(ID, self.id.clone());
+        put(ATTEMPT, self.attempt.map(|v| v.to_string()));
+        put(DUE_AT, self.due_at_ms.map(|v| v.to_string()));
+        put(
+            FIRST_FAILED_AT,
+            self.first_failed_at_ms.map(|v| v.to_string()),
+        );
+        put(ERROR_CLASS, self.error_class.clone());
+        put(ERROR, self.error.clone());
+        put(ORIGINAL_TOPIC, self.original_topic.clone());
+        put(
+            ORIGINAL_PARTITION,
+            self.original_partition.map(|v| v.to_string()),
+        );
+        put(ORIGINAL_OFFSET, self.original_offset.map(|v| v.to_string()));
+        put(
+            ORIGINAL_TIMESTAMP,
+            self.original_timestamp_ms.map(|v| v.to_string()),
+        );
+        put(GROUP, self.group.clone());
+        put(TENANT, self.tenant.clone());
+        put(TRACEPARENT, self.traceparent.clone());
+        put(TRACESTATE, self.tracestate.clone());
+        for (k, v) in &self.extra {
+            out = std::mem::take(&mut out).insert(Header {
+                key: k.as_str(),
+                value: Some(v.as_slice()),
+            });
+        }
+        out
+    }
+}
+
+/// The longest prefix of `s` that fits in `max` bytes without splitting a
+/// UTF-8 character.
+pub fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while end > 0 && !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_respects_char_boundaries() {
+        let s = "é".repeat(1000); // 2000 bytes
+        let t = truncate_utf8(&s, MAX_ERROR_BYTES);
+        assert!(t.len() <= MAX_ERROR_BYTES);
+        assert_eq!(t.len(), 1024);
+        assert_eq!(truncate_utf8("abc", 2), "ab");
+        assert_eq!(truncate_utf8("abc", 10), "abc");
+    }
+
+    #[test]
+    fn rebuilding_never_duplicates() {
+        let mut h = JobHeaders {
+            job: Some("orders.confirmation".into()),
+            id: Some("j1".into()),
+            attempt: Some(1),
+            extra: vec![("x-app".into(), b"1".to_vec())],
+            ..Default::default()
+        };
+        h.record_failure("retryable.server", &"x".repeat(5000), 10);
+        h.record_failure("retryable.server", "again", 20);
+        h.attempt = Some(3);
+        let owned = h.to_owned_headers();
+        let parsed = JobHeaders::parse(Some(&owned));
+        assert_eq!(parsed.attempt, Some(3));
+        assert_eq!(
+            parsed.first_failed_at_ms,
+            Some(10),
+            "first failure time is kept"
+        );
+        assert_eq!(parsed.error.as_deref(), Some("again"));
+        let attempts = owned.iter().filter(|x| x.key == ATTEMPT).count();
+        assert_eq!(attempts, 1);
+        // A second hop from the parsed form yields the same set.
+        let again = JobHeaders::parse(Some(&parsed.to_owned_headers()));
+        assert_eq!(again, parsed);
+        assert_eq!(again.extra, vec![("x-app".to_string(), b"1".to_vec())]);
+    }
+
+    #[test]
+    fn malformed_values_are_absent_not_fatal() {
+        let owned = OwnedHeaders::new()
+            .insert(Header {
+                key: ATTEMPT,
+                value: Some("three"),
+            })
+            .insert(Header {
+                key: DUE_AT,
+                value: Some(&[0xff, 0xfe][..]),
+            });
+        let parsed = JobHeaders::parse(Some(&owned));
+        assert_eq!(parsed.attempt, None);
+        assert_eq!(parsed.due_at_ms, None);
+    }
+}

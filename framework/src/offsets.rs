@@ -1,0 +1,165 @@
+//! The commit watermark: which offset of a partition is safe to commit.
+//!
+//! This is the heart of "commit only after the handler finished". Jobs of one
+//! partition may run in parallel (different keys) and finish in any order,
+//! but Kafka stores a single position per partition, meaning "everything
+//! before this is done". So the position kjob commits is the **lowest offset
+//! still in flight**, or, when nothing is in flight, the highest offset seen
+//! plus one.
+//!
+//! ```text
+//! offsets   10  11  12  13  14
+//! state     ok  RUN ok  ok  RUN      -> commit 11 (not 15, not 13)
+//! ```
+//!
+//! A crash after this commit re-delivers 11..14; 12 and 13 run twice, which
+//! is why handlers must be idempotent, but nothing is ever lost.
+//!
+//! Kafka's convention is that a committed offset is the *next offset to
+//! read*, i.e. last done + 1. [`OffsetTracker::committable`] already returns
+//! that form, ready for `commit`/`store_offsets` with a partition list.
+//! (rdkafka's `store_offset_from_message` adds the 1 itself; kjob never uses
+//! it, so the +1 lives only here.)
+
+use std::collections::BTreeSet;
+
+/// Per-partition bookkeeping of started and finished offsets.
+#[derive(Debug, Default, Clone)]
+pub struct OffsetTracker {
+    in_flight: BTreeSet<i64>,
+    highest_seen: Option<i64>,
+    committed: Option<i64>,
+}
+
+impl OffsetTracker {
+    /// A tracker for a freshly assigned partition.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a record as dispatched. Must be called before the record can
+    /// finish, in offset order per partition (the order Kafka delivers).
+    pub fn start(&mut self, offset: i64) {
+        self.in_flight.insert(offset);
+        if self.highest_seen.is_none_or(|h| offset > h) {
+            self.highest_seen = Some(offset);
+        }
+    }
+
+    /// Marks a record done. Returns false if it was not in flight (a stale
+    /// completion from before a rebalance), which callers may log.
+    pub fn finish(&mut self, offset: i64) -> bool {
+        self.in_flight.remove(&offset)
+    }
+
+    /// How many records are started but not finished. Records dropped
+    /// without finishing (queued work on revoke) simply stay here, so the
+    /// watermark never passes them and they are re-delivered.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// The next offset to read, as Kafka wants it committed: the lowest
+    /// in-flight offset, or highest seen + 1. `None` before the first record.
+    pub fn watermark(&self) -> Option<i64> {
+        match self.in_flight.first() {
+            Some(lowest) => Some(*lowest),
+            None => self.highest_seen.map(|h| h + 1),
+        }
+    }
+
+    /// The watermark if it moved past what was last committed; the caller
+    /// commits it and then calls [`OffsetTracker::mark_committed`].
+    pub fn committable(&self) -> Option<i64> {
+        let w = self.watermark()?;
+        if self.committed.is_none_or(|c| w > c) {
+            Some(w)
+        } else {
+            None
+        }
+    }
+
+    /// Records that `offset` (next-to-read form) was committed.
+    pub fn mark_committed(&mut self, offset: i64) {
+        if self.committed.is_none_or(|c| offset > c) {
+            self.committed = Some(offset);
+        }
+    }
+
+    /// Forgets the last commit so the next [`OffsetTracker::committable`]
+    /// returns the watermark again; used when an async commit failed.
+    pub fn reset_committed(&mut self) {
+        self.committed = None;
+    }
+
+    /// The last committed position (next-to-read form).
+    pub fn committed(&self) -> Option<i64> {
+        self.committed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_tracker_has_nothing_to_commit() {
+        let t = OffsetTracker::new();
+        assert_eq!(t.watermark(), None);
+        assert_eq!(t.committable(), None);
+    }
+
+    #[test]
+    fn in_order_completion_commits_last_plus_one() {
+        let mut t = OffsetTracker::new();
+        for o in 5..8 {
+            t.start(o);
+        }
+        for o in 5..8 {
+            assert!(t.finish(o));
+        }
+        assert_eq!(
+            t.committable(),
+            Some(8),
+            "next offset to read, not last done"
+        );
+    }
+
+    #[test]
+    fn out_of_order_completion_never_passes_unfinished_work() {
+        let mut t = OffsetTracker::new();
+        for o in 10..15 {
+            t.start(o);
+        }
+        // 11 is blocked; everything else finishes.
+        for o in [14, 12, 10, 13] {
+            t.finish(o);
+        }
+        assert_eq!(t.watermark(), Some(11));
+        t.mark_committed(11);
+        assert_eq!(t.committable(), None, "nothing new to commit while 11 runs");
+        t.finish(11);
+        assert_eq!(t.committable(), Some(15));
+    }
+
+    #[test]
+    fn commit_only_moves_forward() {
+        let mut t = OffsetTracker::new();
+        t.start(1);
+        t.finish(1);
+        t.mark_committed(2);
+        t.mark_committed(1);
+        assert_eq!(t.committed(), Some(2));
+        t.reset_committed();
+        assert_eq!(t.committable(), Some(2));
+    }
+
+    #[test]
+    fn stale_completion_is_reported() {
+        let mut t = OffsetTracker::new();
+        assert!(!t.finish(3));
+        t.start(3);
+        assert!(t.finish(3));
+        assert!(!t.finish(3));
+    }
+}

@@ -1,0 +1,82 @@
+//! Topic provisioning through the admin API.
+//!
+//! Workers check their topics at startup so a typo or a missing route is a
+//! clear error before any job is touched, and they create their own DLQ
+//! topics (with the main topic's partition count) when allowed to.
+
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::types::RDKafkaErrorCode;
+
+use crate::config::KafkaConfig;
+use crate::error::{Error, Result};
+
+/// The dead-letter topic of a main topic.
+pub fn dlq_topic(main: &str) -> String {
+    format!("{main}.dlq")
+}
+
+/// Partition counts of the given topics; `None` for topics that do not exist.
+/// Blocking (metadata request): call from `spawn_blocking` in async code.
+pub fn partition_counts(config: &KafkaConfig, topics: &[String]) -> Result<Vec<Option<usize>>> {
+    let consumer: BaseConsumer = config
+        .client_config(&[])
+        .create()
+        .map_err(|e| Error::kafka("creating metadata client", e))?;
+    let md = consumer
+        .fetch_metadata(None, Duration::from_secs(10))
+        .map_err(|e| {
+            Error::kafka(
+                format!("fetching metadata from {}", config.bootstrap_servers),
+                e,
+            )
+        })?;
+    Ok(topics
+        .iter()
+        .map(|t| {
+            md.topics()
+                .iter()
+                .find(|m| m.name() == t && m.error().is_none())
+                .map(|m| m.partitions().len())
+        })
+        .collect())
+}
+
+/// Creates each `(topic, partitions)` that does not exist yet. Existing topics
+/// are left alone. A permission problem names the topic and the ACL needed.
+pub async fn create_topics(config: &KafkaConfig, topics: &[(String, i32)]) -> Result<()> {
+    if topics.is_empty() {
+        return Ok(());
+    }
+    let admin: AdminClient<DefaultClientContext> = config
+        .client_config(&[])
+        .create()
+        .map_err(|e| Error::kafka("creating admin client", e))?;
+    let new: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|(t, p)| NewTopic::new(t, *p, TopicReplication::Fixed(-1)))
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let results = admin
+        .create_topics(&new, &opts)
+        .await
+        .map_err(|e| Error::kafka("creating topics", e))?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, RDKafkaErrorCode::TopicAuthorizationFailed))
+            | Err((t, RDKafkaErrorCode::ClusterAuthorizationFailed)) => {
+                return Err(Error::Config(format!(
+                    "not allowed to create topic `{t}`: grant CREATE on the topic (or cluster) to this principal, or create it beforehand"
+                )))
+            }
+            Err((t, code)) => {
+                return Err(Error::Config(format!("creating topic `{t}` failed: {code}")))
+            }
+        }
+    }
+    Ok(())
+}

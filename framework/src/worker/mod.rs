@@ -1,0 +1,397 @@
+//! The worker: a consumer-group member that runs handlers and commits only
+//! what they finished.
+//!
+//! ```no_run
+//! # use kjob::{Job, JobContext, JobError, KafkaConfig, Worker};
+//! # #[derive(serde::Serialize, serde::Deserialize)] struct SendMail { order_id: String }
+//! # impl Job for SendMail { const NAME: &'static str = "mail"; const VERSION: u32 = 1;
+//! #   const SCHEMA: &'static str = r#"{"type":"record","name":"SendMail","fields":[{"name":"order_id","type":"string"}]}"#;
+//! #   fn key(&self) -> String { self.order_id.clone() } }
+//! async fn send_mail(job: SendMail, ctx: JobContext) -> Result<(), JobError> {
+//!     println!("mail for {} (attempt {})", job.order_id, ctx.attempt);
+//!     Ok(())
+//! }
+//! # async fn run() -> kjob::Result<()> {
+//! Worker::builder(KafkaConfig::from_env(), "mailer")
+//!     .handle::<SendMail, _>(send_mail)
+//!     .build()?
+//!     .run() // until SIGTERM / SIGINT
+//!     .await
+//! # }
+//! ```
+//!
+//! Layout of this module, following a record:
+//! [`poll`] (poll thread: dispatch, pause/resume, commit, rebalance) →
+//! [`lane`] (tokio task per ordering lane: attempt, retry, dead-letter) →
+//! [`route`] (decode with the contract, call the handler, classify).
+//! The watermark arithmetic is in [`crate::offsets`].
+
+pub mod lane;
+pub mod poll;
+pub mod route;
+pub mod state;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use tokio::sync::{oneshot, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::codec::{parse_contract, Codec};
+use crate::config::KafkaConfig;
+use crate::error::{Error, Result};
+use crate::job::Job;
+use crate::producer::Producer;
+use crate::retry::RetryPolicy;
+use crate::topics::{create_topics, dlq_topic, partition_counts};
+pub use route::{run_handler, Attempt, Handler};
+use route::{Route, TypedRoute};
+pub use state::WorkerStats;
+use state::{Settings, Shared, State};
+
+/// Which jobs of a partition may run at the same time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Ordering {
+    /// Same key: one after another; different keys: in parallel, even within
+    /// one partition. The right default for entity-scoped jobs.
+    #[default]
+    PerKey,
+    /// One job at a time per partition (parallelism = partition count).
+    PerPartition,
+    /// No ordering: every record may run in parallel.
+    Unordered,
+}
+
+/// Configures a [`Worker`]. Every setting has a production-safe default.
+pub struct WorkerBuilder {
+    config: KafkaConfig,
+    settings: Settings,
+    concurrency: usize,
+    handler_timeout: Option<Duration>,
+    codec: Result<Arc<Codec>>,
+    routes: Vec<(
+        String,
+        Box<dyn FnOnce(Arc<Codec>, Option<Duration>) -> Result<Arc<dyn Route>> + Send>,
+    )>,
+    static_member: Option<String>,
+    create_dlq_topics: bool,
+}
+
+impl WorkerBuilder {
+    /// Runs handlers for `J` on its main topic `J::NAME`.
+    pub fn handle<J: Job, H: Handler<J>>(self, handler: H) -> Self {
+        self.handle_on::<J, H>(J::NAME, handler)
+    }
+
+    /// Runs handlers for `J` on an explicit topic.
+    pub fn handle_on<J: Job, H: Handler<J>>(mut self, topic: &str, handler: H) -> Self {
+        self.routes.push((
+            topic.to_string(),
+            Box::new(move |codec, timeout| {
+                let reader = parse_contract::<J>()?;
+                Ok(Arc::new(TypedRoute::<J, H> {
+                    handler,
+                    reader,
+                    codec,
+                    timeout,
+                    _job: PhantomData,
+                }) as Arc<dyn Route>)
+            }),
+        ));
+        self
+    }
+
+    /// Ordering mode (default [`Ordering::PerKey`]).
+    pub fn ordering(mut self, ordering: Ordering) -> Self {
+        self.settings.ordering = ordering;
+        self
+    }
+
+    /// Handlers running at once across all partitions (default 64).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// Records dispatched but not finished per partition before the
+    /// partition is paused (default 1000). Resumed at half.
+    pub fn max_in_flight_per_partition(mut self, n: usize) -> Self {
+        self.settings.max_in_flight_per_partition = n.max(1);
+        self
+    }
+
+    /// Cancels an attempt after `d` and classes it `retryable.timeout`.
+    pub fn handler_timeout(mut self, d: Duration) -> Self {
+        self.handler_timeout = Some(d);
+        self
+    }
+
+    /// Retry policy for transient failures.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.settings.retry = policy;
+        self
+    }
+
+    /// How long in-flight jobs may run after SIGTERM before they are cancelled
+    /// (default 30 s). Keep it below your orchestrator's kill timeout.
+    pub fn shutdown_grace(mut self, d: Duration) -> Self {
+        self.settings.shutdown_grace = d;
+        self
+    }
+
+    /// How long a revoke waits for in-flight jobs before giving the partition
+    /// up anyway (default 15 s).
+    pub fn revoke_timeout(mut self, d: Duration) -> Self {
+        self.settings.revoke_timeout = d;
+        self
+    }
+
+    /// How often finished work is committed (default 1 s). Shorter means
+    /// fewer duplicates after a crash, at the cost of more commit traffic.
+    pub fn commit_interval(mut self, d: Duration) -> Self {
+        self.settings.commit_interval = d;
+        self
+    }
+
+    /// Static group membership (`group.instance.id`): a restarting member
+    /// gets its partitions back without a rebalance, which suits rolling
+    /// deploys.
+    pub fn static_member(mut self, instance_id: impl Into<String>) -> Self {
+        self.static_member = Some(instance_id.into());
+        self
+    }
+
+    /// Whether the worker creates missing `<topic>.dlq` topics at start
+    /// (default true). Disable where topics are managed elsewhere.
+    pub fn create_dlq_topics(mut self, yes: bool) -> Self {
+        self.create_dlq_topics = yes;
+        self
+    }
+
+    /// Validates the configuration and parses every contract's schema, so a
+    /// broken contract fails here rather than at the first record.
+    pub fn build(self) -> Result<Worker> {
+        if self.routes.is_empty() {
+            return Err(Error::Config("a worker needs at least one handler".into()));
+        }
+        let codec = self.codec?;
+        let mut routes = HashMap::new();
+        for (topic, make) in self.routes {
+            if routes.contains_key(&topic) {
+                return Err(Error::Config(format!(
+                    "two handlers registered for topic `{topic}`"
+                )));
+            }
+            routes.insert(topic, make(codec.clone(), self.handler_timeout)?);
+        }
+        Ok(Worker {
+            config: self.config,
+            settings: self.settings,
+            concurrency: self.concurrency,
+            codec,
+            routes,
+            static_member: self.static_member,
+            create_dlq_topics: self.create_dlq_topics,
+            stats: Arc::new(WorkerStats::default()),
+        })
+    }
+}
+
+/// A configured worker. [`Worker::run`] blocks until SIGTERM/SIGINT;
+/// [`Worker::run_until`] until a future of your choice completes.
+pub struct Worker {
+    config: KafkaConfig,
+    settings: Settings,
+    concurrency: usize,
+    codec: Arc<Codec>,
+    routes: HashMap<String, Arc<dyn Route>>,
+    static_member: Option<String>,
+    create_dlq_topics: bool,
+    stats: Arc<WorkerStats>,
+}
+
+impl Worker {
+    /// Starts configuring a worker in consumer group `group`.
+    pub fn builder(config: KafkaConfig, group: impl Into<String>) -> WorkerBuilder {
+        let codec = Codec::new(&config.schema_registry_url).map(Arc::new);
+        WorkerBuilder {
+            config,
+            settings: Settings {
+                group: group.into(),
+                ordering: Ordering::PerKey,
+                max_in_flight_per_partition: 1000,
+                retry: RetryPolicy::default(),
+                shutdown_grace: Duration::from_secs(30),
+                revoke_timeout: Duration::from_secs(15),
+                commit_interval: Duration::from_secs(1),
+                poll_timeout: Duration::from_millis(20),
+            },
+            concurrency: 64,
+            handler_timeout: None,
+            codec,
+            routes: Vec::new(),
+            static_member: None,
+            create_dlq_topics: true,
+        }
+    }
+
+    /// Live counters, readable while the worker runs.
+    pub fn stats(&self) -> Arc<WorkerStats> {
+        self.stats.clone()
+    }
+
+    /// The topics this worker consumes.
+    pub fn topics(&self) -> Vec<String> {
+        let mut t: Vec<String> = self.routes.keys().cloned().collect();
+        t.sort();
+        t
+    }
+
+    /// Runs until SIGTERM or SIGINT, then shuts down gracefully.
+    pub async fn run(self) -> Result<()> {
+        self.run_until(shutdown_signal()).await
+    }
+
+    /// Runs until `stop` completes, then shuts down gracefully: stop fetching,
+    /// finish in-flight jobs within the grace period, cancel the rest,
+    /// commit, leave the group.
+    pub async fn run_until<F: Future<Output = ()>>(self, stop: F) -> Result<()> {
+        self.preflight().await?;
+        let producer =
+            Producer::with_codec(&self.config, self.codec.clone(), Duration::from_secs(30))?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            routes: self.routes.clone(),
+            producer,
+            settings: self.settings.clone(),
+            stats: self.stats.clone(),
+            concurrency: Arc::new(Semaphore::new(self.concurrency)),
+            stopping: AtomicBool::new(false),
+            cancel: CancellationToken::new(),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        let consumer = self.consumer(shared.clone())?;
+        let topics = self.topics();
+        let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+        consumer
+            .subscribe(&topic_refs)
+            .map_err(|e| Error::kafka(format!("subscribing to {topics:?}"), e))?;
+        info!(group = %self.settings.group, ?topics, "worker started");
+
+        let (done_tx, mut done_rx) = oneshot::channel::<()>();
+        let thread_shared = shared.clone();
+        std::thread::Builder::new()
+            .name("kjob-poll".into())
+            .spawn(move || {
+                poll::poll_loop(thread_shared, &consumer);
+                // Dropping the consumer closes it: final revoke, leave group.
+                // It happens here, off the async runtime, because a close can
+                // block; the async side waits for it with a bound.
+                consumer.unsubscribe();
+                drop(consumer);
+                let _ = done_tx.send(());
+            })
+            .map_err(|e| Error::Worker(format!("spawning the poll thread: {e}")))?;
+
+        tokio::select! {
+            _ = stop => {}
+            _ = &mut done_rx => {
+                return Err(Error::Worker("the poll thread ended unexpectedly".into()));
+            }
+        }
+        info!("stop requested");
+        shared.stopping.store(true, AtomicOrdering::Release);
+        let bound = self.settings.shutdown_grace + Duration::from_secs(30);
+        match tokio::time::timeout(bound, done_rx).await {
+            Ok(_) => {
+                info!("worker stopped");
+                Ok(())
+            }
+            Err(_) => Err(Error::Worker(format!(
+                "consumer did not close within {bound:?}; offsets up to the last commit are safe"
+            ))),
+        }
+    }
+
+    /// Fails fast, with a clear message, if the registry is down or a topic
+    /// is missing; creates the DLQ topics when allowed.
+    async fn preflight(&self) -> Result<()> {
+        self.codec.ping().await?;
+        let topics = self.topics();
+        let config = self.config.clone();
+        let all: Vec<String> = topics
+            .iter()
+            .cloned()
+            .chain(topics.iter().map(|t| dlq_topic(t)))
+            .collect();
+        let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &all))
+            .await
+            .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
+        let (main, dlq) = counts.split_at(topics.len());
+        let mut missing_dlq = Vec::new();
+        for ((topic, count), dlq_count) in topics.iter().zip(main).zip(dlq) {
+            let Some(count) = count else {
+                return Err(Error::MissingTopic {
+                    topic: topic.clone(),
+                    bootstrap: self.config.bootstrap_servers.clone(),
+                });
+            };
+            if dlq_count.is_none() {
+                if !self.create_dlq_topics {
+                    return Err(Error::MissingTopic {
+                        topic: dlq_topic(topic),
+                        bootstrap: self.config.bootstrap_servers.clone(),
+                    });
+                }
+                missing_dlq.push((dlq_topic(topic), *count as i32));
+            }
+        }
+        create_topics(&self.config, &missing_dlq).await
+    }
+
+    fn consumer(&self, shared: Arc<Shared>) -> Result<BaseConsumer<poll::WorkerContext>> {
+        let mut cfg = self.config.client_config(&[
+            ("group.id", &self.settings.group),
+            ("enable.auto.commit", "false"),
+            ("enable.auto.offset.store", "false"),
+            ("auto.offset.reset", "earliest"),
+            ("enable.partition.eof", "false"),
+        ]);
+        if let Some(id) = &self.static_member {
+            cfg.set("group.instance.id", id);
+        }
+        cfg.create_with_context(poll::WorkerContext { shared })
+            .map_err(|e| Error::kafka("creating consumer", e))
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT (Ctrl-C).
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the worker");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

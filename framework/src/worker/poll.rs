@@ -1,0 +1,267 @@
+//! The poll thread: the only place that talks to the consumer.
+//!
+//! It polls continuously (so the group session and `max.poll.interval.ms`
+//! stay healthy no matter how slow handlers are), hands records to lanes,
+//! pauses partitions that hit the in-flight bound, resumes them when they
+//! drain, and commits watermarks:
+//!
+//! * every `commit_interval`, asynchronously, for partitions whose watermark moved;
+//! * on revoke, synchronously, after in-flight work drained (bounded);
+//! * on shutdown, synchronously, after the grace period.
+//!
+//! It never commits for partitions that were *lost* (session expired): another
+//! member may already own them, and our watermark could move theirs backwards.
+
+use std::sync::atomic::Ordering as AtomicOrdering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaResult;
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tracing::{debug, info, warn};
+
+use super::lane::run_lane;
+use super::state::{LaneKey, PartitionState, Shared, Tp, WorkerStats};
+
+/// rdkafka context: routes rebalance and commit callbacks into kjob's state.
+pub(crate) struct WorkerContext {
+    pub shared: Arc<Shared>,
+}
+
+impl ClientContext for WorkerContext {}
+
+impl ConsumerContext for WorkerContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        WorkerStats::bump(&self.shared.stats.rebalances);
+        match rebalance {
+            Rebalance::Revoke(tpl) => on_revoke(&self.shared, consumer, tpl),
+            Rebalance::Assign(tpl) => on_assign(&self.shared, tpl),
+            Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        if let Err(e) = result {
+            warn!(error = %e, partitions = offsets.count(), "offset commit failed; will recommit");
+            self.shared.lock().commit_failed = true;
+        }
+    }
+}
+
+fn tps_of(tpl: &TopicPartitionList) -> Vec<Tp> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_string(), e.partition()))
+        .collect()
+}
+
+fn on_assign(shared: &Shared, tpl: &TopicPartitionList) {
+    let tps = tps_of(tpl);
+    info!(partitions = ?tps, "assigned");
+    let mut st = shared.lock();
+    for tp in tps {
+        st.next_epoch += 1;
+        let epoch = st.next_epoch;
+        st.partitions.insert(tp, PartitionState::new(epoch));
+    }
+    shared
+        .stats
+        .ready
+        .store(!shared.is_stopping(), AtomicOrdering::Release);
+}
+
+/// Revoke: stop dispatch, wait (bounded) for in-flight work, commit the
+/// watermark synchronously, drop the state. Lost partitions skip the wait and
+/// the commit.
+fn on_revoke(shared: &Shared, consumer: &BaseConsumer<WorkerContext>, tpl: &TopicPartitionList) {
+    let tps = tps_of(tpl);
+    let lost = consumer.assignment_lost();
+    info!(partitions = ?tps, lost, "revoking");
+    {
+        let mut st = shared.lock();
+        for tp in &tps {
+            if let Some(p) = st.partitions.get_mut(tp) {
+                p.revoked = true;
+                p.drop_queued();
+            }
+        }
+    }
+    if !lost {
+        let drained = shared.wait_drained(&tps, Instant::now() + shared.settings.revoke_timeout);
+        if !drained {
+            warn!(timeout = ?shared.settings.revoke_timeout, "in-flight jobs did not finish before the revoke timeout; they will be re-delivered to the new owner");
+        }
+        commit(shared, consumer, Some(&tps), CommitMode::Sync);
+    } else {
+        warn!("partitions were lost (session expired); not committing for them");
+    }
+    let mut st = shared.lock();
+    for tp in &tps {
+        if let Some(p) = st.partitions.remove(tp) {
+            for task in p.tasks.values() {
+                task.abort();
+            }
+        }
+    }
+    if st.partitions.is_empty() {
+        shared.stats.ready.store(false, AtomicOrdering::Release);
+    }
+    shared.changed.notify_all();
+}
+
+/// Commits the watermark of `only` (or of every partition) if it moved.
+pub(crate) fn commit(
+    shared: &Shared,
+    consumer: &BaseConsumer<WorkerContext>,
+    only: Option<&[Tp]>,
+    mode: CommitMode,
+) {
+    let mut tpl = TopicPartitionList::new();
+    let mut marks = Vec::new();
+    {
+        let mut st = shared.lock();
+        if std::mem::take(&mut st.commit_failed) {
+            for p in st.partitions.values_mut() {
+                p.tracker.reset_committed();
+            }
+        }
+        for (tp, p) in st.partitions.iter() {
+            if only.is_some_and(|o| !o.contains(tp)) {
+                continue;
+            }
+            if let Some(next) = p.tracker.committable() {
+                if tpl
+                    .add_partition_offset(&tp.0, tp.1, Offset::Offset(next))
+                    .is_ok()
+                {
+                    marks.push((tp.clone(), next));
+                }
+            }
+        }
+    }
+    if marks.is_empty() {
+        return;
+    }
+    match consumer.commit(&tpl, mode) {
+        Ok(()) => {
+            let mut st = shared.lock();
+            for (tp, next) in marks {
+                if let Some(p) = st.partitions.get_mut(&tp) {
+                    p.tracker.mark_committed(next);
+                }
+            }
+        }
+        Err(e) => warn!(error = %e, ?mode, "offset commit failed; will retry at the next interval"),
+    }
+}
+
+fn tpl_of(tps: &[Tp]) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for (t, p) in tps {
+        tpl.add_partition(t, *p);
+    }
+    tpl
+}
+
+/// Hands a polled record to its lane, starting a task if the lane is idle.
+fn dispatch(shared: &Arc<Shared>, consumer: &BaseConsumer<WorkerContext>, msg: OwnedMessage) {
+    let tp: Tp = (msg.topic().to_string(), msg.partition());
+    let lane = LaneKey::for_message(shared.settings.ordering, &msg);
+    let mut st = shared.lock();
+    let Some(p) = st.partitions.get_mut(&tp) else {
+        // Not (or no longer) assigned: not tracked, so never committed.
+        return;
+    };
+    if p.revoked || shared.is_stopping() {
+        return;
+    }
+    p.tracker.start(msg.offset());
+    let epoch = p.epoch;
+    match p.lanes.get_mut(&lane) {
+        Some(queue) => queue.push_back(msg),
+        None => {
+            p.lanes.insert(lane.clone(), Default::default());
+            let task = shared.runtime.spawn(run_lane(
+                shared.clone(),
+                tp.clone(),
+                epoch,
+                lane.clone(),
+                msg,
+            ));
+            p.tasks.insert(lane, task.abort_handle());
+        }
+    }
+    if !p.paused && p.tracker.in_flight() >= shared.settings.max_in_flight_per_partition {
+        p.paused = true;
+        drop(st);
+        debug!(topic = %tp.0, partition = tp.1, "in-flight bound reached; pausing");
+        if let Err(e) = consumer.pause(&tpl_of(std::slice::from_ref(&tp))) {
+            warn!(error = %e, "pause failed");
+        }
+    }
+}
+
+/// The poll loop. Returns once `shared.stopping` is set and the shutdown
+/// sequence (drain, cancel, commit) is complete; the caller then closes the
+/// consumer.
+pub(crate) fn poll_loop(shared: Arc<Shared>, consumer: &BaseConsumer<WorkerContext>) {
+    let mut last_commit = Instant::now();
+    while !shared.is_stopping() {
+        let resumes = std::mem::take(&mut shared.lock().to_resume);
+        if !resumes.is_empty() {
+            if let Err(e) = consumer.resume(&tpl_of(&resumes)) {
+                warn!(error = %e, "resume failed");
+            }
+        }
+        if last_commit.elapsed() >= shared.settings.commit_interval {
+            commit(&shared, consumer, None, CommitMode::Async);
+            last_commit = Instant::now();
+        }
+        match consumer.poll(shared.settings.poll_timeout) {
+            None => {}
+            Some(Ok(m)) => dispatch(&shared, consumer, m.detach()),
+            Some(Err(e)) => warn!(error = %e, "consumer error"),
+        }
+    }
+    shutdown(&shared, consumer);
+}
+
+/// Shutdown: stop fetching, let in-flight jobs finish within the grace
+/// period, cancel the rest, commit. Leaving the group happens when the caller
+/// drops the consumer.
+fn shutdown(shared: &Shared, consumer: &BaseConsumer<WorkerContext>) {
+    shared.stats.ready.store(false, AtomicOrdering::Release);
+    let tps: Vec<Tp> = {
+        let mut st = shared.lock();
+        for p in st.partitions.values_mut() {
+            p.drop_queued();
+        }
+        st.partitions.keys().cloned().collect()
+    };
+    info!(partitions = tps.len(), grace = ?shared.settings.shutdown_grace, "shutting down: draining in-flight jobs");
+    if let Err(e) = consumer.pause(&tpl_of(&tps)) {
+        debug!(error = %e, "pause on shutdown failed");
+    }
+    let deadline = Instant::now() + shared.settings.shutdown_grace;
+    // Keep serving the consumer while we wait, so the session stays alive.
+    while !shared.wait_drained(&tps, Instant::now() + shared.settings.poll_timeout) {
+        if Instant::now() >= deadline {
+            warn!("grace period over; cancelling the remaining jobs (they will be re-delivered)");
+            break;
+        }
+        let _ = consumer.poll(std::time::Duration::ZERO);
+    }
+    shared.cancel.cancel();
+    commit(shared, consumer, None, CommitMode::Sync);
+    let mut st = shared.lock();
+    for p in st.partitions.values() {
+        for task in p.tasks.values() {
+            task.abort();
+        }
+    }
+    // Forget the partitions so the revoke callback during close neither
+    // waits for aborted tasks nor commits again.
+    st.partitions.clear();
+}

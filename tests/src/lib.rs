@@ -1,0 +1,333 @@
+//! Shared helpers for kjob's integration tests.
+//!
+//! Every test here runs against the real local stack (Kafka 4.x in KRaft
+//! mode, Apicurio Registry 3.x). [`ensure_stack`] starts it through the
+//! project's `./dev stack up` if it is not answering, and panics loudly if it
+//! still is not: no test is ever skipped silently.
+
+use std::io::Write;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use apache_avro::AvroSchema;
+use kjob::{Job, KafkaConfig};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, ThreadedProducer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+
+/// The test contract (`schemas/kjob.test.job.v1.avsc`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[avro(namespace = "kjob.test")]
+pub struct TestJob {
+    /// Partition key; jobs with one key run in order.
+    pub key: String,
+    /// Sequence number, unique per test run.
+    pub seq: i64,
+    /// What the test handler should do: "ok", "permanent", "panic", "block", "retry-once", ...
+    pub behaviour: String,
+}
+
+impl Job for TestJob {
+    const NAME: &'static str = "kjob.test.job";
+    const VERSION: u32 = 1;
+    const SCHEMA: &'static str = include_str!("../../schemas/kjob.test.job.v1.avsc");
+    fn key(&self) -> String {
+        self.key.clone()
+    }
+}
+
+impl TestJob {
+    /// A job that succeeds.
+    pub fn ok(key: impl Into<String>, seq: i64) -> Self {
+        Self {
+            key: key.into(),
+            seq,
+            behaviour: "ok".into(),
+        }
+    }
+    /// A job with a named behaviour.
+    pub fn with(key: impl Into<String>, seq: i64, behaviour: &str) -> Self {
+        Self {
+            key: key.into(),
+            seq,
+            behaviour: behaviour.into(),
+        }
+    }
+}
+
+/// The repository root (where `./dev` lives).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+static STACK: Mutex<bool> = Mutex::new(false);
+
+fn answers(addr: &str) -> bool {
+    addr.to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .is_some_and(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok())
+}
+
+fn registry_host_port(url: &str) -> String {
+    let rest = url.split("://").nth(1).unwrap_or(url);
+    rest.split('/').next().unwrap_or(rest).to_string()
+}
+
+/// Makes sure Kafka and the registry answer, starting the local stack if
+/// needed. Panics with the reason if they cannot be brought up.
+pub fn ensure_stack() -> KafkaConfig {
+    let config = KafkaConfig::from_env();
+    let mut checked = STACK.lock().unwrap_or_else(|e| e.into_inner());
+    if *checked {
+        return config;
+    }
+    let bootstrap = config
+        .bootstrap_servers
+        .split(',')
+        .next()
+        .unwrap_or("")
+        .to_string();
+    let registry = registry_host_port(&config.schema_registry_url);
+    if !(answers(&bootstrap) && answers(&registry)) {
+        let status = Command::new(repo_root().join("dev"))
+            .args(["stack", "up"])
+            .status()
+            .expect("running ./dev stack up");
+        assert!(
+            status.success(),
+            "./dev stack up failed; the integration tests need the local stack"
+        );
+        assert!(
+            answers(&bootstrap),
+            "Kafka at {bootstrap} does not answer after ./dev stack up"
+        );
+        assert!(
+            answers(&registry),
+            "registry at {registry} does not answer after ./dev stack up"
+        );
+    }
+    *checked = true;
+    config
+}
+
+/// A name unique to this test run, so tests never share topics or groups.
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}.{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// Creates a topic (and waits until its metadata is visible).
+pub async fn create_topic(config: &KafkaConfig, topic: &str, partitions: i32) {
+    kjob::topics::create_topics(config, &[(topic.to_string(), partitions)])
+        .await
+        .expect("creating topic");
+}
+
+fn base_consumer(config: &KafkaConfig, group: &str) -> BaseConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("creating consumer")
+}
+
+/// High watermarks (end offsets) per partition.
+pub fn end_offsets(config: &KafkaConfig, topic: &str, partitions: i32) -> Vec<i64> {
+    let c = base_consumer(config, "kjob-tests-watermarks");
+    (0..partitions)
+        .map(|p| {
+            c.fetch_watermarks(topic, p, Duration::from_secs(10))
+                .expect("fetching watermarks")
+                .1
+        })
+        .collect()
+}
+
+/// The group's committed offsets per partition (`None` where nothing is committed).
+pub fn committed_offsets(
+    config: &KafkaConfig,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> Vec<Option<i64>> {
+    let c = base_consumer(config, group);
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let got = c
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .expect("fetching committed offsets");
+    (0..partitions)
+        .map(|p| match got.find_partition(topic, p).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => Some(o),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Polls `cond` every 100 ms until it holds or `timeout` passes.
+pub async fn eventually<F: FnMut() -> bool>(timeout: Duration, what: &str, mut cond: F) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Produces raw bytes (for poison records), bypassing kjob's encoder.
+pub fn produce_raw(config: &KafkaConfig, topic: &str, partition: i32, key: &str, payload: &[u8]) {
+    let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .create()
+        .expect("creating producer");
+    p.send(
+        BaseRecord::to(topic)
+            .partition(partition)
+            .key(key)
+            .payload(payload),
+    )
+    .map_err(|(e, _)| e)
+    .expect("queueing raw record");
+    p.flush(Duration::from_secs(10))
+        .expect("flushing raw record");
+}
+
+/// Reads every record currently in `topic` (all partitions) with its headers.
+pub fn read_all(config: &KafkaConfig, topic: &str) -> Vec<rdkafka::message::OwnedMessage> {
+    use rdkafka::Message;
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .set("group.id", unique("kjob-tests-reader"))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("creating reader");
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let parts = md
+        .topics()
+        .first()
+        .map(|t| t.partitions().len())
+        .unwrap_or(0) as i32;
+    let ends = end_offsets(config, topic, parts);
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..parts {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("tpl");
+    }
+    c.assign(&tpl).expect("assign");
+    let total: i64 = ends.iter().sum();
+    let mut out = Vec::new();
+    let start = Instant::now();
+    while (out.len() as i64) < total && start.elapsed() < Duration::from_secs(30) {
+        if let Some(Ok(m)) = c.poll(Duration::from_millis(200)) {
+            out.push(m.detach());
+        }
+    }
+    out.sort_by_key(|m| (m.partition(), m.offset()));
+    out
+}
+
+/// Runs Kafka's own `ConsumerGroupCommand --describe` (from the fetched
+/// kafka-tools) and returns `(partition, current offset, log end, lag)` rows
+/// for `topic`. This is the independent check that kjob's commits are what
+/// Kafka itself reports.
+pub fn kafka_describe_group(
+    config: &KafkaConfig,
+    group: &str,
+    topic: &str,
+) -> Vec<(i32, Option<i64>, i64, Option<i64>)> {
+    let out = Command::new(repo_root().join("dev"))
+        .args([
+            "kafka-class",
+            "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+            "--bootstrap-server",
+            &config.bootstrap_servers,
+            "--describe",
+            "--group",
+            group,
+        ])
+        .output()
+        .expect("running ConsumerGroupCommand");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "ConsumerGroupCommand failed: {}{}",
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let num = |s: &str| s.parse::<i64>().ok();
+    text.lines()
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            // GROUP TOPIC PARTITION CURRENT-OFFSET LOG-END-OFFSET LAG ...
+            if cols.len() >= 6 && cols[1] == topic {
+                Some((
+                    cols[2].parse().ok()?,
+                    num(cols[3]),
+                    num(cols[4])?,
+                    num(cols[5]),
+                ))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// Appends a line to a file with one `write` call, so a SIGKILL right after
+/// still leaves the line on disk (the kernel has it; no user-space buffer).
+pub fn append_line(path: &Path, line: &str) {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("opening record file");
+    f.write_all(format!("{line}\n").as_bytes())
+        .expect("appending record line");
+}
+
+/// Lines of a record file (empty if it does not exist yet).
+pub fn read_lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// Initialises test logging once (RUST_LOG controls it; warnings by default).
+pub fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_contract_matches_the_rust_type() {
+        let file = apache_avro::Schema::parse_str(TestJob::SCHEMA).expect("schema parses");
+        assert_eq!(
+            file.canonical_form(),
+            TestJob::get_schema().canonical_form()
+        );
+    }
+}
