@@ -32,6 +32,7 @@ pub mod dlq;
 pub mod error;
 pub mod headers;
 pub mod job;
+pub mod lag;
 pub mod offsets;
 pub mod producer;
 pub mod retry;

@@ -120,7 +120,8 @@ impl WorkerBuilder {
     }
 
     /// Records dispatched but not finished per partition before the
-    /// partition is paused (default 1000). Resumed at half.
+    /// partition is paused (default 5000). Resumed at half. Memory is bounded
+    /// by this times the assigned partitions times the record size.
     pub fn max_in_flight_per_partition(mut self, n: usize) -> Self {
         self.settings.max_in_flight_per_partition = n.max(1);
         self
@@ -225,7 +226,7 @@ impl Worker {
             settings: Settings {
                 group: group.into(),
                 ordering: Ordering::PerKey,
-                max_in_flight_per_partition: 1000,
+                max_in_flight_per_partition: 5000,
                 retry: RetryPolicy::default(),
                 shutdown_grace: Duration::from_secs(30),
                 revoke_timeout: Duration::from_secs(15),
@@ -363,6 +364,10 @@ impl Worker {
             ("enable.auto.offset.store", "false"),
             ("auto.offset.reset", "earliest"),
             ("enable.partition.eof", "false"),
+            // A paused partition (backpressure, retry delay) is fetched again
+            // only after the broker's long-poll returns; librdkafka's 500 ms
+            // default made every resume cost half a second of idle time.
+            ("fetch.wait.max.ms", "100"),
         ]);
         if let Some(id) = &self.static_member {
             cfg.set("group.instance.id", id);

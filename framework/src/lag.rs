@@ -1,0 +1,133 @@
+//! Committed offsets versus end offsets: how far a group is behind.
+//!
+//! This reads Kafka alone (no worker needed), so it answers "is everything
+//! done?" from outside: the demo's final check, tests, and `kjob status`.
+
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::config::KafkaConfig;
+use crate::error::{Error, Result};
+
+/// One partition's position for one group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionLag {
+    /// Topic name.
+    pub topic: String,
+    /// Partition number.
+    pub partition: i32,
+    /// The group's committed offset (next to read), if it committed one.
+    pub committed: Option<i64>,
+    /// The log start offset (earliest still stored).
+    pub start: i64,
+    /// The log end offset (next offset to be written).
+    pub end: i64,
+}
+
+impl PartitionLag {
+    /// Records not yet committed by the group. A partition without a commit
+    /// counts everything still stored as lag.
+    pub fn lag(&self) -> i64 {
+        let from = self.committed.unwrap_or(self.start).max(self.start);
+        (self.end - from).max(0)
+    }
+}
+
+/// Committed and end offsets of `group` for every partition of `topics`.
+/// Blocking (several broker round trips): use `spawn_blocking` in async code.
+pub fn group_lag(
+    config: &KafkaConfig,
+    group: &str,
+    topics: &[String],
+) -> Result<Vec<PartitionLag>> {
+    let consumer: BaseConsumer = config
+        .client_config(&[("group.id", group), ("enable.auto.commit", "false")])
+        .create()
+        .map_err(|e| Error::kafka("creating lag client", e))?;
+    let timeout = Duration::from_secs(10);
+    let mut tpl = TopicPartitionList::new();
+    for topic in topics {
+        let md = consumer
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(|e| Error::kafka(format!("metadata for `{topic}`"), e))?;
+        let parts = md
+            .topics()
+            .first()
+            .filter(|t| t.error().is_none())
+            .map(|t| t.partitions().len())
+            .unwrap_or(0);
+        if parts == 0 {
+            return Err(Error::MissingTopic {
+                topic: topic.clone(),
+                bootstrap: config.bootstrap_servers.clone(),
+            });
+        }
+        for p in 0..parts as i32 {
+            tpl.add_partition(topic, p);
+        }
+    }
+    let committed = consumer
+        .committed_offsets(tpl.clone(), timeout)
+        .map_err(|e| Error::kafka(format!("committed offsets of group `{group}`"), e))?;
+    let mut out = Vec::new();
+    for e in tpl.elements() {
+        let (start, end) = consumer
+            .fetch_watermarks(e.topic(), e.partition(), timeout)
+            .map_err(|err| {
+                Error::kafka(
+                    format!("watermarks of {}:{}", e.topic(), e.partition()),
+                    err,
+                )
+            })?;
+        let committed = match committed
+            .find_partition(e.topic(), e.partition())
+            .map(|c| c.offset())
+        {
+            Some(Offset::Offset(o)) => Some(o),
+            _ => None,
+        };
+        out.push(PartitionLag {
+            topic: e.topic().to_string(),
+            partition: e.partition(),
+            committed,
+            start,
+            end,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lag(committed: Option<i64>, start: i64, end: i64) -> i64 {
+        PartitionLag {
+            topic: "t".into(),
+            partition: 0,
+            committed,
+            start,
+            end,
+        }
+        .lag()
+    }
+
+    #[test]
+    fn lag_arithmetic() {
+        assert_eq!(lag(Some(10), 0, 10), 0);
+        assert_eq!(lag(Some(4), 0, 10), 6);
+        assert_eq!(
+            lag(None, 3, 10),
+            7,
+            "no commit: everything stored is pending"
+        );
+        assert_eq!(
+            lag(Some(1), 5, 10),
+            5,
+            "commit below log start: retention removed the rest"
+        );
+        assert_eq!(lag(Some(12), 0, 10), 0);
+    }
+}
