@@ -76,7 +76,7 @@ impl Downstream {
             .next()
             .and_then(|n| n.parse().ok())
             .unwrap_or(1);
-        if self.missing_every > 0 && number % self.missing_every == 0 {
+        if self.missing_every > 0 && number.is_multiple_of(self.missing_every) {
             return Err(JobError::not_found(format!(
                 "{entity} does not exist any more"
             )));

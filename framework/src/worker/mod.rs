@@ -68,6 +68,9 @@ pub enum Ordering {
     Unordered,
 }
 
+/// Builds a route once the codec and timeout are known (at `build()`).
+type RouteFactory = Box<dyn FnOnce(Arc<Codec>, Option<Duration>) -> Result<Arc<dyn Route>> + Send>;
+
 /// Configures a [`Worker`]. Every setting has a production-safe default.
 pub struct WorkerBuilder {
     config: KafkaConfig,
@@ -75,10 +78,7 @@ pub struct WorkerBuilder {
     concurrency: usize,
     handler_timeout: Option<Duration>,
     codec: Result<Arc<Codec>>,
-    routes: Vec<(
-        String,
-        Box<dyn FnOnce(Arc<Codec>, Option<Duration>) -> Result<Arc<dyn Route>> + Send>,
-    )>,
+    routes: Vec<(String, RouteFactory)>,
     static_member: Option<String>,
     create_dlq_topics: bool,
 }
