@@ -181,6 +181,17 @@ impl JobHeaders {
     }
 }
 
+/// The last value of header `name` as UTF-8, without parsing the rest. Used
+/// on the poll thread, where only the due time and group matter.
+pub fn find<'a, H: Headers>(headers: Option<&'a H>, name: &str) -> Option<&'a str> {
+    headers?
+        .iter()
+        .filter(|h| h.key == name)
+        .last()
+        .and_then(|h| h.value)
+        .and_then(|v| std::str::from_utf8(v).ok())
+}
+
 /// The longest prefix of `s` that fits in `max` bytes without splitting a
 /// UTF-8 character.
 pub fn truncate_utf8(s: &str, max: usize) -> &str {

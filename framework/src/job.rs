@@ -77,4 +77,7 @@ pub struct JobContext {
     pub tenant: Option<String>,
     /// The consumer group running the job.
     pub group: String,
+    /// For a retry: when it was due (`kjob-due-at`, epoch ms). `now - due`
+    /// is how late the retry fired.
+    pub due_at_ms: Option<i64>,
 }

@@ -1,60 +1,162 @@
-//! Retry timing: how long to wait before the next attempt.
+//! Retry tiers: where a failed job waits, and until when.
 //!
-//! Kept pure (no clocks, randomness passed in) so the arithmetic is unit
-//! tested and shared by every place that schedules a retry.
+//! A retryable failure does not sleep in the worker. The job is forwarded to
+//! a *delay topic* (`<topic>.retry.<delay>`) with an absolute due time in the
+//! `kjob-due-at` header; the same worker consumes the tier and pauses the
+//! tier's partition until the head record is due. Each tier has one fixed
+//! delay, so records in a tier partition become due in (almost) the order
+//! they were written, and a not-yet-due head means nothing behind it is due.
+//!
+//! The attempt number picks the tier: the first failure goes to tier 0, the
+//! second to tier 1, and attempts beyond the last tier reuse it. With the
+//! defaults (5 s, 30 s, 5 m, 30 m) a job that keeps failing is retried for
+//! about 36 minutes before it is dead-lettered as `retries_exhausted`, long
+//! enough to ride out a typical downstream outage without a retry storm:
+//! retry traffic per job is bounded by the number of tiers.
+//!
+//! This module is pure arithmetic (randomness is passed in), unit tested,
+//! and shared by the worker and the in-memory test harness.
 
 use std::time::Duration;
 
 /// How a route retries transient failures.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RetryPolicy {
+    /// Delay of each tier, shortest first. Each gets a topic
+    /// `<topic>.retry.<delay>`.
+    pub tiers: Vec<Duration>,
     /// Total attempts including the first. After the last one fails with a
     /// retryable error the job is dead-lettered as `retries_exhausted`.
     pub max_attempts: u32,
-    /// Wait before the second attempt.
-    pub initial_backoff: Duration,
-    /// Upper bound for any computed wait (a handler's `RetryAfter` may ask
-    /// for longer and is honoured).
-    pub max_backoff: Duration,
-    /// Fraction of the wait randomised (0.0 to 1.0), so a thousand jobs that
-    /// failed together against one outage do not retry in lockstep.
+    /// Extra random delay, as a fraction of the tier delay (0.0 to 1.0), so a
+    /// thousand jobs that failed together against one outage do not come
+    /// back in lockstep. Jitter only ever *adds*: a job never runs before
+    /// its tier's delay.
     pub jitter: f64,
 }
 
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
-            max_attempts: 8,
-            initial_backoff: Duration::from_millis(200),
-            max_backoff: Duration::from_secs(30),
-            jitter: 0.2,
+            tiers: vec![
+                Duration::from_secs(5),
+                Duration::from_secs(30),
+                Duration::from_secs(5 * 60),
+                Duration::from_secs(30 * 60),
+            ],
+            max_attempts: 5,
+            jitter: 0.1,
         }
     }
 }
 
+/// Where and until when a failed job waits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetryPlan {
+    /// Index into [`RetryPolicy::tiers`].
+    pub tier: usize,
+    /// How long from now until the job is due.
+    pub wait: Duration,
+}
+
 impl RetryPolicy {
-    /// The wait after `attempt` (1-based) failed: `initial * 2^(attempt-1)`,
-    /// capped at `max_backoff`, then reduced by up to `jitter` using `unit`
-    /// (a random number in `[0, 1)`). Jitter only ever *shortens* the capped
-    /// wait, so the cap holds. A handler's `retry_after` is a floor that
-    /// jitter never undercuts.
-    pub fn backoff(&self, attempt: u32, retry_after: Option<Duration>, unit: f64) -> Duration {
-        let exp = attempt.saturating_sub(1).min(30);
-        let base = self
-            .initial_backoff
-            .saturating_mul(1u32 << exp)
-            .min(self.max_backoff);
-        let jitter = self.jitter.clamp(0.0, 1.0) * unit.clamp(0.0, 1.0);
-        let wait = base.mul_f64(1.0 - jitter);
-        match retry_after {
-            Some(floor) => wait.max(floor),
-            None => wait,
+    /// A policy with the given tiers and `max_attempts = tiers + 1` (each
+    /// tier used once), with 10% jitter.
+    pub fn tiers(tiers: impl IntoIterator<Item = Duration>) -> Self {
+        let tiers: Vec<Duration> = tiers.into_iter().collect();
+        Self {
+            max_attempts: tiers.len() as u32 + 1,
+            tiers,
+            jitter: 0.1,
         }
     }
 
-    /// Whether another attempt is allowed after `attempt` failed.
+    /// Sets the attempt limit (including the first attempt).
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n.max(1);
+        self
+    }
+
+    /// Sets the jitter fraction.
+    pub fn jitter(mut self, fraction: f64) -> Self {
+        self.jitter = fraction.clamp(0.0, 1.0);
+        self
+    }
+
+    /// Checks the policy makes sense; the error says what to change.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_attempts == 0 {
+            return Err("max_attempts must be at least 1".into());
+        }
+        if self.max_attempts > 1 && self.tiers.is_empty() {
+            return Err("a policy that retries needs at least one tier".into());
+        }
+        if self.tiers.iter().any(|t| t.is_zero()) {
+            return Err("tier delays must be positive".into());
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err("jitter must be between 0.0 and 1.0".into());
+        }
+        Ok(())
+    }
+
+    /// Whether another attempt is allowed after `attempt` (1-based) failed.
     pub fn allows_another(&self, attempt: u32) -> bool {
-        attempt < self.max_attempts
+        attempt < self.max_attempts && !self.tiers.is_empty()
+    }
+
+    /// Plans the retry after `attempt` (1-based) failed. `unit` is a random
+    /// number in `[0, 1)` for jitter. A handler's `retry_after` is a floor
+    /// that is never shortened, and it moves the job to the first tier long
+    /// enough to hold it, so a long wait does not block a short tier's head.
+    pub fn plan(
+        &self,
+        attempt: u32,
+        retry_after: Option<Duration>,
+        unit: f64,
+    ) -> Option<RetryPlan> {
+        if !self.allows_another(attempt) {
+            return None;
+        }
+        let last = self.tiers.len() - 1;
+        let by_attempt = (attempt.saturating_sub(1) as usize).min(last);
+        let by_floor = retry_after
+            .map(|after| self.tiers.iter().position(|t| *t >= after).unwrap_or(last))
+            .unwrap_or(0);
+        let tier = by_attempt.max(by_floor);
+        let base = self.tiers[tier];
+        let jittered = base + base.mul_f64(self.jitter.clamp(0.0, 1.0) * unit.clamp(0.0, 1.0));
+        let wait = retry_after.map_or(jittered, |after| jittered.max(after));
+        Some(RetryPlan { tier, wait })
+    }
+
+    /// The topic of tier `tier` for main topic `topic`.
+    pub fn tier_topic(&self, topic: &str, tier: usize) -> Option<String> {
+        self.tiers.get(tier).map(|d| tier_topic(topic, *d))
+    }
+
+    /// All tier topics for main topic `topic`, shortest delay first.
+    pub fn tier_topics(&self, topic: &str) -> Vec<String> {
+        self.tiers.iter().map(|d| tier_topic(topic, *d)).collect()
+    }
+}
+
+/// `<topic>.retry.<delay>`, e.g. `orders.confirmation.retry.30s`.
+pub fn tier_topic(topic: &str, delay: Duration) -> String {
+    format!("{topic}.retry.{}", format_delay(delay))
+}
+
+/// Compact delay names for topic names: `250ms`, `5s`, `30s`, `5m`, `2h`.
+pub fn format_delay(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms > 0 && ms % 3_600_000 == 0 {
+        format!("{}h", ms / 3_600_000)
+    } else if ms > 0 && ms % 60_000 == 0 {
+        format!("{}m", ms / 60_000)
+    } else if ms > 0 && ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
     }
 }
 
@@ -62,50 +164,103 @@ impl RetryPolicy {
 mod tests {
     use super::*;
 
-    fn policy() -> RetryPolicy {
-        RetryPolicy {
-            max_attempts: 5,
-            initial_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(1),
-            jitter: 0.5,
-        }
+    fn s(n: u64) -> Duration {
+        Duration::from_secs(n)
     }
 
     #[test]
-    fn doubles_then_caps() {
-        let p = policy();
-        let waits: Vec<u128> = (1..=6)
-            .map(|a| p.backoff(a, None, 0.0).as_millis())
+    fn attempts_map_onto_tiers_and_reuse_the_last() {
+        let p = RetryPolicy::tiers([s(5), s(30), s(300)])
+            .max_attempts(10)
+            .jitter(0.0);
+        let tiers: Vec<usize> = (1..=6)
+            .map(|a| p.plan(a, None, 0.0).map(|x| x.tier).unwrap_or(99))
             .collect();
-        assert_eq!(waits, vec![100, 200, 400, 800, 1000, 1000]);
-    }
-
-    #[test]
-    fn jitter_only_shortens() {
-        let p = policy();
-        assert_eq!(p.backoff(2, None, 0.999_999).as_millis(), 100);
-        assert!(p.backoff(10, None, 0.3) <= p.max_backoff);
-    }
-
-    #[test]
-    fn retry_after_is_a_floor() {
-        let p = policy();
-        let wait = p.backoff(1, Some(Duration::from_secs(7)), 0.9);
-        assert_eq!(wait, Duration::from_secs(7));
-    }
-
-    #[test]
-    fn huge_attempt_numbers_do_not_overflow() {
-        assert_eq!(
-            policy().backoff(u32::MAX, None, 0.0),
-            Duration::from_secs(1)
-        );
+        assert_eq!(tiers, vec![0, 1, 2, 2, 2, 2]);
+        assert_eq!(p.plan(1, None, 0.0).map(|x| x.wait), Some(s(5)));
     }
 
     #[test]
     fn attempts_are_bounded() {
-        let p = policy();
-        assert!(p.allows_another(4));
-        assert!(!p.allows_another(5));
+        let p = RetryPolicy::tiers([s(5), s(30)]);
+        assert_eq!(p.max_attempts, 3);
+        assert!(p.plan(2, None, 0.0).is_some());
+        assert!(p.plan(3, None, 0.0).is_none(), "third failure is final");
+        assert!(RetryPolicy::tiers([])
+            .max_attempts(3)
+            .plan(1, None, 0.0)
+            .is_none());
+    }
+
+    #[test]
+    fn jitter_only_adds() {
+        let p = RetryPolicy::tiers([s(10)]).jitter(0.5);
+        assert_eq!(p.plan(1, None, 0.0).map(|x| x.wait), Some(s(10)));
+        assert_eq!(
+            p.plan(1, None, 0.5).map(|x| x.wait),
+            Some(Duration::from_millis(12_500))
+        );
+        assert!(p.plan(1, None, 0.999).map(|x| x.wait).unwrap_or_default() < s(15));
+    }
+
+    #[test]
+    fn retry_after_is_a_floor_and_picks_a_long_enough_tier() {
+        let p = RetryPolicy::tiers([s(5), s(30), s(300)]).jitter(0.0);
+        let plan = p.plan(1, Some(s(20)), 0.0).unwrap_or(RetryPlan {
+            tier: 99,
+            wait: s(0),
+        });
+        assert_eq!(
+            plan,
+            RetryPlan {
+                tier: 1,
+                wait: s(30)
+            }
+        );
+        let plan = p.plan(1, Some(s(3600)), 0.0).unwrap_or(RetryPlan {
+            tier: 99,
+            wait: s(0),
+        });
+        assert_eq!(
+            plan,
+            RetryPlan {
+                tier: 2,
+                wait: s(3600)
+            },
+            "longer than every tier: last tier, full wait"
+        );
+        let plan = p
+            .plan(1, Some(Duration::from_millis(5200)), 0.0)
+            .unwrap_or(RetryPlan {
+                tier: 99,
+                wait: s(0),
+            });
+        assert_eq!(plan.tier, 1);
+        assert!(plan.wait >= Duration::from_millis(5200));
+    }
+
+    #[test]
+    fn topic_names() {
+        let p = RetryPolicy::default();
+        assert_eq!(
+            p.tier_topics("orders.confirmation"),
+            vec![
+                "orders.confirmation.retry.5s",
+                "orders.confirmation.retry.30s",
+                "orders.confirmation.retry.5m",
+                "orders.confirmation.retry.30m"
+            ]
+        );
+        assert_eq!(format_delay(Duration::from_millis(250)), "250ms");
+        assert_eq!(format_delay(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(format_delay(s(7200)), "2h");
+    }
+
+    #[test]
+    fn validation_explains() {
+        assert!(RetryPolicy::default().validate().is_ok());
+        assert!(RetryPolicy::tiers([]).validate().is_err());
+        assert!(RetryPolicy::tiers([s(0)]).validate().is_err());
+        assert!(RetryPolicy::tiers([]).max_attempts(1).validate().is_ok());
     }
 }

@@ -141,12 +141,17 @@ fn base_consumer(config: &KafkaConfig, group: &str) -> BaseConsumer {
 
 /// High watermarks (end offsets) per partition.
 pub fn end_offsets(config: &KafkaConfig, topic: &str, partitions: i32) -> Vec<i64> {
+    try_end_offsets(config, topic, partitions).expect("fetching watermarks")
+}
+
+/// End offsets, or `None` while the topic does not exist (yet).
+pub fn try_end_offsets(config: &KafkaConfig, topic: &str, partitions: i32) -> Option<Vec<i64>> {
     let c = base_consumer(config, "kjob-tests-watermarks");
     (0..partitions)
         .map(|p| {
             c.fetch_watermarks(topic, p, Duration::from_secs(10))
-                .expect("fetching watermarks")
-                .1
+                .ok()
+                .map(|w| w.1)
         })
         .collect()
 }

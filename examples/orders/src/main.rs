@@ -6,8 +6,9 @@
 //!
 //! 1. it **enqueues** N jobs (acknowledged by the broker before it counts them),
 //! 2. it runs a **worker** whose handlers simulate real downstreams: a few
-//!    milliseconds of latency, an occasional 503 (retried with backoff), and
-//!    a rare order that no longer exists (dead-lettered at once),
+//!    milliseconds of latency, an occasional 503 (retried through the delay
+//!    tiers `<topic>.retry.1s`, `.5s`, `.15s`), and a rare order that no
+//!    longer exists (dead-lettered to `<topic>.dlq` at once),
 //! 3. it waits until every job is handled or dead-lettered **and** the
 //!    group's committed offsets reach the end of every partition, then prints
 //!    a summary.
@@ -24,6 +25,7 @@ use clap::Parser;
 use comfy_table::Table;
 use contracts::{RenderInvoicePdf, SendOrderConfirmation, SyncCustomerToCrm};
 use indicatif::{ProgressBar, ProgressStyle};
+use kjob::retry::RetryPolicy;
 use kjob::{Job, JobContext, JobError, KafkaConfig, Producer, Worker, WorkerStats};
 use rand::Rng;
 
@@ -124,6 +126,25 @@ fn topics() -> Vec<String> {
     ]
 }
 
+/// The demo's retry tiers: short, so a demo run finishes in seconds.
+/// Production routes keep the defaults (5 s, 30 s, 5 m, 30 m).
+fn retry_policy() -> RetryPolicy {
+    RetryPolicy::tiers([
+        Duration::from_secs(1),
+        Duration::from_secs(5),
+        Duration::from_secs(15),
+    ])
+}
+
+/// Main topics and their retry tiers: everything the worker's group consumes.
+fn consumed_topics() -> Vec<String> {
+    let policy = retry_policy();
+    topics()
+        .into_iter()
+        .flat_map(|t| std::iter::once(t.clone()).chain(policy.tier_topics(&t)))
+        .collect()
+}
+
 async fn enqueue_all(producer: &Producer, n: u64) -> anyhow::Result<u64> {
     let bar = ProgressBar::new(n).with_style(
         ProgressStyle::with_template("enqueue  [{bar:30}] {pos}/{len} {per_sec}")
@@ -219,6 +240,7 @@ async fn main() -> anyhow::Result<()> {
         .handle::<SendOrderConfirmation, _>(move |j, c| send_confirmation(j, c, d1.clone()))
         .handle::<RenderInvoicePdf, _>(move |j, c| render_invoice(j, c, d2.clone()))
         .handle::<SyncCustomerToCrm, _>(move |j, c| sync_crm(j, c, d3.clone()))
+        .retry(retry_policy())
         .concurrency(256)
         .build()?;
     let stats = worker.stats();
@@ -233,7 +255,7 @@ async fn main() -> anyhow::Result<()> {
             .context("progress template")?,
     );
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
-    let lag_topics = topics();
+    let lag_topics = consumed_topics();
     let lag = loop {
         let done = WorkerStats::get(&stats.handled) + WorkerStats::get(&stats.dead_lettered);
         bar.set_position(done.min(enqueued));
@@ -291,18 +313,33 @@ async fn main() -> anyhow::Result<()> {
         ),
     ]);
     println!("{summary}");
+    // One row per topic; a partition whose commit trails its end offset is
+    // listed on its own line so nothing hides in a sum.
     let mut offsets = Table::new();
-    offsets.set_header(vec!["topic", "partition", "committed", "end", "lag"]);
-    for p in &lag {
+    offsets.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED);
+    offsets.set_header(vec!["topic", "partitions", "records", "committed", "lag"]);
+    for topic in &lag_topics {
+        let parts: Vec<&kjob::lag::PartitionLag> =
+            lag.iter().filter(|p| &p.topic == topic).collect();
+        let end: i64 = parts.iter().map(|p| p.end).sum();
+        let committed: i64 = parts.iter().map(|p| p.committed.unwrap_or(p.start)).sum();
+        let lagging: i64 = parts.iter().map(|p| p.lag()).sum();
         offsets.add_row(vec![
-            p.topic.clone(),
-            p.partition.to_string(),
-            p.committed
-                .map(|c| c.to_string())
-                .unwrap_or_else(|| "-".into()),
-            p.end.to_string(),
-            p.lag().to_string(),
+            topic.clone(),
+            parts.len().to_string(),
+            end.to_string(),
+            committed.to_string(),
+            lagging.to_string(),
         ]);
+        for p in parts.iter().filter(|p| p.lag() > 0) {
+            offsets.add_row(vec![
+                format!("  partition {}", p.partition),
+                String::new(),
+                p.end.to_string(),
+                p.committed.map_or("-".into(), |c| c.to_string()),
+                p.lag().to_string(),
+            ]);
+        }
     }
     println!("{offsets}");
     let all_committed = lag.iter().all(|p| p.lag() == 0);

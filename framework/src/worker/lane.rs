@@ -2,11 +2,10 @@
 //!
 //! A lane is a sequence of records that must run one after another (same
 //! key, same partition, or a single record in unordered mode). The task runs
-//! the head record to a *final* outcome (handled, or dead-lettered and
-//! acknowledged), marks its offset done, then takes the next record of the
-//! lane. Retries happen inside the task with backoff, so the record's offset
-//! stays in flight and the commit watermark cannot pass it, while other lanes
-//! and partitions keep flowing and the poll thread keeps polling.
+//! the head record to a *final* outcome for this topic (handled, or forwarded
+//! to a retry tier or the DLQ and acknowledged), marks its offset done, then
+//! takes the next record of the lane. Nothing here sleeps: a retry waits in
+//! its tier topic, not in the worker.
 
 use std::sync::Arc;
 
@@ -16,7 +15,7 @@ use tracing::{debug, error, warn};
 use super::route::Attempt;
 use super::state::{LaneKey, Shared, Tp, WorkerStats};
 use crate::classify::ErrorClass;
-use crate::dlq::forward_headers;
+use crate::dlq::{forward_headers, now_ms};
 use crate::headers::JobHeaders;
 use crate::job::JobContext;
 use crate::topics::dlq_topic;
@@ -54,10 +53,11 @@ pub(crate) async fn run_lane(
                 p.lanes.remove(&lane);
                 p.tasks.remove(&lane);
             }
-            let resume = p.paused && !p.revoked && p.tracker.in_flight() <= resume_below;
-            if resume {
+            if p.paused && !p.revoked && p.tracker.in_flight() <= resume_below {
                 p.paused = false;
-                st.to_resume.push(tp.clone());
+                if !p.wants_pause() {
+                    st.to_resume.push(tp.clone());
+                }
             }
             shared.changed.notify_all();
             next
@@ -70,131 +70,133 @@ pub(crate) async fn run_lane(
 }
 
 /// Runs one record to a final outcome. Returns `true` when the offset may be
-/// marked done (handled, or safely in the DLQ), `false` when the worker is
-/// stopping and the record must be re-delivered instead.
+/// marked done (handled, or forwarded to a retry tier or the DLQ and
+/// acknowledged), `false` when the worker is stopping and the record must be
+/// re-delivered instead.
 async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
-    let Some(route) = shared.routes.get(msg.topic()) else {
+    let Some(entry) = shared.routes.get(msg.topic()) else {
         // Unreachable: the consumer subscribes to route topics only. Do not
         // mark it done, so it is never lost.
         error!(topic = msg.topic(), "record from a topic without a route");
         return false;
     };
     let headers = JobHeaders::parse(msg.headers());
-    let mut attempt = headers.attempt.unwrap_or(1).max(1);
-    loop {
-        let ctx = JobContext {
-            id: headers.id.clone().unwrap_or_default(),
-            job: headers
-                .job
-                .clone()
-                .unwrap_or_else(|| route.job_name().to_string()),
-            version: headers.version,
-            attempt,
-            topic: msg.topic().to_string(),
-            partition: msg.partition(),
-            offset: msg.offset(),
-            key: msg.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-            timestamp_ms: msg.timestamp().to_millis(),
-            tenant: headers.tenant.clone(),
-            group: shared.settings.group.clone(),
+    let attempt = headers.attempt.unwrap_or(1).max(1);
+    let ctx = JobContext {
+        id: headers.id.clone().unwrap_or_default(),
+        job: headers
+            .job
+            .clone()
+            .unwrap_or_else(|| entry.route.job_name().to_string()),
+        version: headers.version,
+        attempt,
+        topic: msg.topic().to_string(),
+        partition: msg.partition(),
+        offset: msg.offset(),
+        key: msg.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+        timestamp_ms: msg.timestamp().to_millis(),
+        tenant: headers.tenant.clone(),
+        group: shared.settings.group.clone(),
+        due_at_ms: headers.due_at_ms,
+    };
+    let outcome = {
+        let Ok(_permit) = shared.concurrency.acquire().await else {
+            return false;
         };
-        let outcome = {
-            let Ok(_permit) = shared.concurrency.acquire().await else {
+        entry.route.run(msg.payload(), ctx).await
+    };
+    let (class, message, retry_after) = match outcome {
+        Attempt::Done => {
+            WorkerStats::bump(&shared.stats.handled);
+            debug!(
+                topic = msg.topic(),
+                partition = msg.partition(),
+                offset = msg.offset(),
+                attempt,
+                "handled"
+            );
+            return true;
+        }
+        Attempt::Failed {
+            class,
+            message,
+            retry_after,
+        } => (class, message, retry_after),
+    };
+    if class.is_retryable() {
+        if let Some(plan) = entry
+            .retry
+            .plan(attempt, retry_after, rand::random::<f64>())
+        {
+            let Some(target) = entry.retry.tier_topic(&entry.main, plan.tier) else {
                 return false;
             };
-            route.run(msg.payload(), ctx).await
-        };
-        let (class, message, retry_after) = match outcome {
-            Attempt::Done => {
-                WorkerStats::bump(&shared.stats.handled);
-                debug!(
-                    topic = msg.topic(),
-                    partition = msg.partition(),
-                    offset = msg.offset(),
-                    attempt,
-                    "handled"
-                );
-                return true;
-            }
-            Attempt::Failed {
-                class,
-                message,
-                retry_after,
-            } => (class, message, retry_after),
-        };
-        if class.is_retryable() && shared.settings.retry.allows_another(attempt) {
-            let wait = shared
-                .settings
-                .retry
-                .backoff(attempt, retry_after, rand::random::<f64>());
-            WorkerStats::bump(&shared.stats.retried);
+            let mut next = forward_headers(
+                msg,
+                &shared.settings.group,
+                attempt + 1,
+                class.as_str(),
+                &message,
+            );
+            next.due_at_ms = Some(now_ms() + plan.wait.as_millis() as i64);
             warn!(
                 topic = msg.topic(), partition = msg.partition(), offset = msg.offset(),
-                attempt, class = class.as_str(), error = %message, wait_ms = wait.as_millis() as u64,
-                "attempt failed; retrying"
+                attempt, class = class.as_str(), error = %message, retry = %target,
+                wait_ms = plan.wait.as_millis() as u64, "attempt failed; scheduled a retry"
             );
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = shared.cancel.cancelled() => return false,
+            let sent = forward(shared, &target, msg, &next).await;
+            if sent {
+                WorkerStats::bump(&shared.stats.retried);
             }
-            attempt += 1;
-            continue;
+            return sent;
         }
-        let (class, message) = if class.is_retryable() {
-            (
-                ErrorClass::RetriesExhausted,
-                format!("gave up after {attempt} attempts; last failure {class}: {message}"),
-            )
-        } else {
-            (class, message)
-        };
-        return dead_letter(shared, msg, attempt, class, &message).await;
     }
-}
-
-/// Writes the record to its DLQ and waits for the acknowledgement, retrying
-/// the write until it succeeds or the worker is told to give up. Only an
-/// acknowledged dead letter releases the source offset.
-async fn dead_letter(
-    shared: &Shared,
-    msg: &OwnedMessage,
-    attempt: u32,
-    class: ErrorClass,
-    message: &str,
-) -> bool {
-    let target = dlq_topic(msg.topic());
+    let (class, message) = if class.is_retryable() {
+        (
+            ErrorClass::RetriesExhausted,
+            format!("gave up after {attempt} attempts; last failure {class}: {message}"),
+        )
+    } else {
+        (class, message)
+    };
+    let target = dlq_topic(&entry.main);
     let headers = forward_headers(
         msg,
         &shared.settings.group,
         attempt,
         class.as_str(),
-        message,
+        &message,
     );
     warn!(
         topic = msg.topic(), partition = msg.partition(), offset = msg.offset(),
         attempt, class = class.as_str(), error = %message, dlq = %target, "dead-lettering"
     );
+    let sent = forward(shared, &target, msg, &headers).await;
+    if sent {
+        WorkerStats::bump(&shared.stats.dead_lettered);
+        if class == ErrorClass::Panic {
+            WorkerStats::bump(&shared.stats.panicked);
+        }
+    }
+    sent
+}
+
+/// Writes the record (payload and key unchanged, headers rebuilt) to
+/// `target` and waits for the broker's acknowledgement, retrying the write
+/// until it succeeds or the worker gives up at the end of its grace period.
+/// Only an acknowledged forward releases the source offset: a crash in
+/// between yields a duplicate, never a loss.
+async fn forward(shared: &Shared, target: &str, msg: &OwnedMessage, headers: &JobHeaders) -> bool {
     let mut wait = std::time::Duration::from_millis(200);
     loop {
         match shared
             .producer
-            .send_raw(
-                &target,
-                msg.key(),
-                msg.payload(),
-                headers.to_owned_headers(),
-            )
+            .send_raw(target, msg.key(), msg.payload(), headers.to_owned_headers())
             .await
         {
-            Ok(_) => {
-                WorkerStats::bump(&shared.stats.dead_lettered);
-                if class == ErrorClass::Panic {
-                    WorkerStats::bump(&shared.stats.panicked);
-                }
-                return true;
-            }
+            Ok(_) => return true,
             Err(e) => {
-                error!(dlq = %target, error = %e, "DLQ write failed; the source offset stays uncommitted and the write is retried");
+                error!(target, error = %e, "forward failed; the source offset stays uncommitted and the write is retried");
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = shared.cancel.cancelled() => return false,

@@ -53,7 +53,7 @@ use crate::topics::{create_topics, dlq_topic, partition_counts};
 pub use route::{run_handler, Attempt, Handler};
 use route::{Route, TypedRoute};
 pub use state::WorkerStats;
-use state::{Settings, Shared, State};
+use state::{RouteEntry, Settings, Shared, State};
 
 /// Which jobs of a partition may run at the same time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -80,7 +80,9 @@ pub struct WorkerBuilder {
     codec: Result<Arc<Codec>>,
     routes: Vec<(String, RouteFactory)>,
     static_member: Option<String>,
-    create_dlq_topics: bool,
+    create_topics: bool,
+    retry: RetryPolicy,
+    retry_overrides: HashMap<String, RetryPolicy>,
 }
 
 impl WorkerBuilder {
@@ -133,9 +135,16 @@ impl WorkerBuilder {
         self
     }
 
-    /// Retry policy for transient failures.
+    /// Retry policy (tiers, attempts, jitter) for every route without its
+    /// own; see [`crate::retry`].
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.settings.retry = policy;
+        self.retry = policy;
+        self
+    }
+
+    /// Retry policy for the route on main topic `topic` only.
+    pub fn retry_for(mut self, topic: &str, policy: RetryPolicy) -> Self {
+        self.retry_overrides.insert(topic.to_string(), policy);
         self
     }
 
@@ -168,10 +177,11 @@ impl WorkerBuilder {
         self
     }
 
-    /// Whether the worker creates missing `<topic>.dlq` topics at start
-    /// (default true). Disable where topics are managed elsewhere.
-    pub fn create_dlq_topics(mut self, yes: bool) -> Self {
-        self.create_dlq_topics = yes;
+    /// Whether the worker creates its missing retry-tier and DLQ topics at
+    /// start, with the main topic's partition count (default true). Disable
+    /// where topics are managed elsewhere: a missing one is then an error.
+    pub fn create_topics(mut self, yes: bool) -> Self {
+        self.create_topics = yes;
         self
     }
 
@@ -182,14 +192,50 @@ impl WorkerBuilder {
             return Err(Error::Config("a worker needs at least one handler".into()));
         }
         let codec = self.codec?;
-        let mut routes = HashMap::new();
+        let mut routes: HashMap<String, RouteEntry> = HashMap::new();
+        let mut mains = Vec::new();
         for (topic, make) in self.routes {
             if routes.contains_key(&topic) {
                 return Err(Error::Config(format!(
                     "two handlers registered for topic `{topic}`"
                 )));
             }
-            routes.insert(topic, make(codec.clone(), self.handler_timeout)?);
+            let retry = self
+                .retry_overrides
+                .get(&topic)
+                .unwrap_or(&self.retry)
+                .clone();
+            retry
+                .validate()
+                .map_err(|e| Error::Config(format!("retry policy for `{topic}`: {e}")))?;
+            let retry = Arc::new(retry);
+            let route = make(codec.clone(), self.handler_timeout)?;
+            for (i, tier) in retry.tier_topics(&topic).into_iter().enumerate() {
+                let entry = RouteEntry {
+                    route: route.clone(),
+                    main: topic.clone(),
+                    tier: Some(i),
+                    retry: retry.clone(),
+                };
+                if routes.insert(tier.clone(), entry).is_some() {
+                    return Err(Error::Config(format!("topic `{tier}` is used twice")));
+                }
+            }
+            let entry = RouteEntry {
+                route,
+                main: topic.clone(),
+                tier: None,
+                retry,
+            };
+            if routes.insert(topic.clone(), entry).is_some() {
+                return Err(Error::Config(format!("topic `{topic}` is used twice")));
+            }
+            mains.push(topic);
+        }
+        if let Some(unknown) = self.retry_overrides.keys().find(|t| !mains.contains(t)) {
+            return Err(Error::Config(format!(
+                "retry policy for `{unknown}`, which has no handler"
+            )));
         }
         Ok(Worker {
             config: self.config,
@@ -197,8 +243,9 @@ impl WorkerBuilder {
             concurrency: self.concurrency,
             codec,
             routes,
+            mains,
             static_member: self.static_member,
-            create_dlq_topics: self.create_dlq_topics,
+            create_topics: self.create_topics,
             stats: Arc::new(WorkerStats::default()),
         })
     }
@@ -211,9 +258,10 @@ pub struct Worker {
     settings: Settings,
     concurrency: usize,
     codec: Arc<Codec>,
-    routes: HashMap<String, Arc<dyn Route>>,
+    routes: HashMap<String, RouteEntry>,
+    mains: Vec<String>,
     static_member: Option<String>,
-    create_dlq_topics: bool,
+    create_topics: bool,
     stats: Arc<WorkerStats>,
 }
 
@@ -227,7 +275,6 @@ impl Worker {
                 group: group.into(),
                 ordering: Ordering::PerKey,
                 max_in_flight_per_partition: 5000,
-                retry: RetryPolicy::default(),
                 shutdown_grace: Duration::from_secs(30),
                 revoke_timeout: Duration::from_secs(15),
                 commit_interval: Duration::from_secs(1),
@@ -238,7 +285,9 @@ impl Worker {
             codec,
             routes: Vec::new(),
             static_member: None,
-            create_dlq_topics: true,
+            create_topics: true,
+            retry: RetryPolicy::default(),
+            retry_overrides: HashMap::new(),
         }
     }
 
@@ -247,7 +296,7 @@ impl Worker {
         self.stats.clone()
     }
 
-    /// The topics this worker consumes.
+    /// Every topic this worker consumes: main topics and their retry tiers.
     pub fn topics(&self) -> Vec<String> {
         let mut t: Vec<String> = self.routes.keys().cloned().collect();
         t.sort();
@@ -321,40 +370,57 @@ impl Worker {
         }
     }
 
-    /// Fails fast, with a clear message, if the registry is down or a topic
-    /// is missing; creates the DLQ topics when allowed.
+    /// Fails fast, with a clear message, if the registry is down or a main
+    /// topic is missing; creates missing retry-tier and DLQ topics (with the
+    /// main topic's partition count) when allowed, and warns about existing
+    /// ones whose partition count differs.
     async fn preflight(&self) -> Result<()> {
         self.codec.ping().await?;
-        let topics = self.topics();
+        let mut wanted: Vec<(String, String)> = Vec::new(); // (topic, its main topic)
+        for main in &self.mains {
+            wanted.push((main.clone(), main.clone()));
+            wanted.push((dlq_topic(main), main.clone()));
+        }
+        for (topic, entry) in &self.routes {
+            if entry.tier.is_some() {
+                wanted.push((topic.clone(), entry.main.clone()));
+            }
+        }
+        let names: Vec<String> = wanted.iter().map(|(t, _)| t.clone()).collect();
         let config = self.config.clone();
-        let all: Vec<String> = topics
-            .iter()
-            .cloned()
-            .chain(topics.iter().map(|t| dlq_topic(t)))
-            .collect();
-        let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &all))
+        let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &names))
             .await
             .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
-        let (main, dlq) = counts.split_at(topics.len());
-        let mut missing_dlq = Vec::new();
-        for ((topic, count), dlq_count) in topics.iter().zip(main).zip(dlq) {
-            let Some(count) = count else {
+        let count_of: HashMap<&str, Option<usize>> = wanted
+            .iter()
+            .map(|(t, _)| t.as_str())
+            .zip(counts.iter().copied())
+            .collect();
+        let mut missing = Vec::new();
+        for (topic, main) in &wanted {
+            let main_count = count_of.get(main.as_str()).copied().flatten();
+            let Some(main_count) = main_count else {
                 return Err(Error::MissingTopic {
-                    topic: topic.clone(),
+                    topic: main.clone(),
                     bootstrap: self.config.bootstrap_servers.clone(),
                 });
             };
-            if dlq_count.is_none() {
-                if !self.create_dlq_topics {
+            match count_of.get(topic.as_str()).copied().flatten() {
+                Some(n) if n != main_count => warn!(
+                    topic = %topic, partitions = n, main = %main, main_partitions = main_count,
+                    "partition count differs from the main topic"
+                ),
+                Some(_) => {}
+                None if self.create_topics => missing.push((topic.clone(), main_count as i32)),
+                None => {
                     return Err(Error::MissingTopic {
-                        topic: dlq_topic(topic),
+                        topic: topic.clone(),
                         bootstrap: self.config.bootstrap_servers.clone(),
-                    });
+                    })
                 }
-                missing_dlq.push((dlq_topic(topic), *count as i32));
             }
         }
-        create_topics(&self.config, &missing_dlq).await
+        create_topics(&self.config, &missing).await
     }
 
     fn consumer(&self, shared: Arc<Shared>) -> Result<BaseConsumer<poll::WorkerContext>> {

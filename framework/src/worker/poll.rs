@@ -14,7 +14,7 @@
 
 use std::sync::atomic::Ordering as AtomicOrdering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
@@ -23,7 +23,9 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tracing::{debug, info, warn};
 
 use super::lane::run_lane;
-use super::state::{LaneKey, PartitionState, Shared, Tp, WorkerStats};
+use super::state::{Delay, LaneKey, PartitionState, Shared, Tp, WorkerStats};
+use crate::dlq::now_ms;
+use crate::headers;
 
 /// rdkafka context: routes rebalance and commit callbacks into kjob's state.
 pub(crate) struct WorkerContext {
@@ -165,9 +167,20 @@ fn tpl_of(tps: &[Tp]) -> TopicPartitionList {
     tpl
 }
 
+/// A retry-tier record due within this slack runs now rather than pausing
+/// for a few milliseconds.
+const DUE_SLACK_MS: i64 = 2;
+
 /// Hands a polled record to its lane, starting a task if the lane is idle.
+///
+/// Retry-tier records are gated on `kjob-due-at`: a record that is not due
+/// yet pauses its partition and seeks back to it (see [`hold`]); the poll
+/// loop resumes the partition at the due time. Polling never stops, so the
+/// group session stays alive and every other partition keeps flowing.
 fn dispatch(shared: &Arc<Shared>, consumer: &BaseConsumer<WorkerContext>, msg: OwnedMessage) {
     let tp: Tp = (msg.topic().to_string(), msg.partition());
+    let entry = shared.routes.get(msg.topic());
+    let is_tier = entry.is_some_and(|e| e.tier.is_some());
     let lane = LaneKey::for_message(shared.settings.ordering, &msg);
     let mut st = shared.lock();
     let Some(p) = st.partitions.get_mut(&tp) else {
@@ -176,6 +189,38 @@ fn dispatch(shared: &Arc<Shared>, consumer: &BaseConsumer<WorkerContext>, msg: O
     };
     if p.revoked || shared.is_stopping() {
         return;
+    }
+    // A held partition dispatches nothing but the record it waits for; any
+    // other record was fetched before the pause and comes again after it.
+    if p.delay.is_some_and(|d| d.offset != msg.offset()) {
+        return;
+    }
+    if is_tier {
+        let due_ms =
+            headers::find(msg.headers(), headers::DUE_AT).and_then(|v| v.parse::<i64>().ok());
+        let now = now_ms();
+        if let Some(due_ms) = due_ms.filter(|d| *d > now + DUE_SLACK_MS) {
+            // The placeholder keeps the watermark below the held record.
+            p.tracker.start(msg.offset());
+            let wait = Duration::from_millis((due_ms - now) as u64);
+            p.delay = Some(Delay {
+                offset: msg.offset(),
+                due: Instant::now() + wait,
+                resumed: false,
+            });
+            drop(st);
+            hold(consumer, &tp, msg.offset(), wait);
+            return;
+        }
+        p.delay = None;
+        let group = headers::find(msg.headers(), headers::GROUP);
+        if group.is_some_and(|g| g != shared.settings.group) {
+            // Another group's retry: its view of the job, not ours.
+            p.tracker.start(msg.offset());
+            p.tracker.finish(msg.offset());
+            WorkerStats::bump(&shared.stats.skipped_foreign);
+            return;
+        }
     }
     p.tracker.start(msg.offset());
     let epoch = p.epoch;
@@ -194,12 +239,56 @@ fn dispatch(shared: &Arc<Shared>, consumer: &BaseConsumer<WorkerContext>, msg: O
         }
     }
     if !p.paused && p.tracker.in_flight() >= shared.settings.max_in_flight_per_partition {
+        let already = p.wants_pause();
         p.paused = true;
         drop(st);
         debug!(topic = %tp.0, partition = tp.1, "in-flight bound reached; pausing");
-        if let Err(e) = consumer.pause(&tpl_of(std::slice::from_ref(&tp))) {
-            warn!(error = %e, "pause failed");
+        if !already {
+            if let Err(e) = consumer.pause(&tpl_of(std::slice::from_ref(&tp))) {
+                warn!(error = %e, "pause failed");
+            }
         }
+    }
+}
+
+/// Pauses a partition and seeks it back to `offset`, so the not-yet-due
+/// record (and everything behind it) is fetched again after the resume.
+fn hold(consumer: &BaseConsumer<WorkerContext>, tp: &Tp, offset: i64, wait: Duration) {
+    debug!(topic = %tp.0, partition = tp.1, offset, wait_ms = wait.as_millis() as u64, "retry not due; holding partition");
+    if let Err(e) = consumer.pause(&tpl_of(std::slice::from_ref(tp))) {
+        warn!(error = %e, topic = %tp.0, partition = tp.1, "pause for retry delay failed");
+    }
+    seek(consumer, tp, offset);
+}
+
+fn seek(consumer: &BaseConsumer<WorkerContext>, tp: &Tp, offset: i64) {
+    if let Err(e) = consumer.seek(&tp.0, tp.1, Offset::Offset(offset), Duration::from_secs(2)) {
+        // The placeholder in the tracker keeps the commit below `offset`, so
+        // a failed seek shows up as lag, never as a lost retry.
+        warn!(error = %e, topic = %tp.0, partition = tp.1, offset, "seek failed");
+    }
+}
+
+/// Resumes partitions whose held retry record is due now.
+fn release_due(shared: &Shared, consumer: &BaseConsumer<WorkerContext>) {
+    let now = Instant::now();
+    let mut due = Vec::new();
+    {
+        let mut st = shared.lock();
+        for (tp, p) in st.partitions.iter_mut() {
+            if let Some(d) = p.delay.as_mut().filter(|d| !d.resumed && d.due <= now) {
+                d.resumed = true;
+                if !p.paused {
+                    due.push((tp.clone(), d.offset));
+                }
+            }
+        }
+    }
+    for (tp, offset) in due {
+        if let Err(e) = consumer.resume(&tpl_of(std::slice::from_ref(&tp))) {
+            warn!(error = %e, "resume after retry delay failed");
+        }
+        seek(consumer, &tp, offset);
     }
 }
 
@@ -215,6 +304,7 @@ pub(crate) fn poll_loop(shared: Arc<Shared>, consumer: &BaseConsumer<WorkerConte
                 warn!(error = %e, "resume failed");
             }
         }
+        release_due(&shared, consumer);
         if last_commit.elapsed() >= shared.settings.commit_interval {
             commit(&shared, consumer, None, CommitMode::Async);
             last_commit = Instant::now();
@@ -251,7 +341,7 @@ fn shutdown(shared: &Shared, consumer: &BaseConsumer<WorkerContext>) {
             warn!("grace period over; cancelling the remaining jobs (they will be re-delivered)");
             break;
         }
-        let _ = consumer.poll(std::time::Duration::ZERO);
+        let _ = consumer.poll(Duration::ZERO);
     }
     shared.cancel.cancel();
     commit(shared, consumer, None, CommitMode::Sync);

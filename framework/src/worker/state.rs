@@ -64,6 +64,29 @@ pub(crate) struct PartitionState {
     pub paused: bool,
     /// Revoked: dispatch nothing more, start nothing queued.
     pub revoked: bool,
+    /// A retry-tier record that is not due yet: the partition is paused and
+    /// was seeked back to it; nothing else of the partition is dispatched
+    /// until that record comes back after the due time.
+    pub delay: Option<Delay>,
+}
+
+/// A partition held back until its head record is due.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Delay {
+    /// The not-yet-due record; the partition waits for exactly this offset.
+    pub offset: i64,
+    /// When to resume.
+    pub due: Instant,
+    /// Resumed (and seeked again) at the due time; waiting for the record.
+    pub resumed: bool,
+}
+
+impl PartitionState {
+    /// Whether kjob wants the consumer paused for this partition, for any
+    /// reason (backpressure or a retry delay).
+    pub(crate) fn wants_pause(&self) -> bool {
+        self.paused || self.delay.is_some_and(|d| !d.resumed)
+    }
 }
 
 impl PartitionState {
@@ -75,6 +98,7 @@ impl PartitionState {
             tasks: HashMap::new(),
             paused: false,
             revoked: false,
+            delay: None,
         }
     }
 
@@ -103,7 +127,6 @@ pub(crate) struct Settings {
     pub group: String,
     pub ordering: Ordering,
     pub max_in_flight_per_partition: usize,
-    pub retry: RetryPolicy,
     pub shutdown_grace: Duration,
     pub revoke_timeout: Duration,
     pub commit_interval: Duration,
@@ -122,6 +145,8 @@ pub struct WorkerStats {
     pub dead_lettered: AtomicU64,
     /// Attempts that panicked (also counted in `dead_lettered`).
     pub panicked: AtomicU64,
+    /// Tier records skipped because another consumer group wrote them.
+    pub skipped_foreign: AtomicU64,
     /// Rebalances (assign or revoke) this worker went through.
     pub rebalances: AtomicU64,
     /// Set while the worker is assigned partitions and consuming.
@@ -139,11 +164,22 @@ impl WorkerStats {
     }
 }
 
+/// What the worker knows about one subscribed topic.
+#[derive(Clone)]
+pub(crate) struct RouteEntry {
+    pub route: Arc<dyn Route>,
+    /// The main topic (itself for a main topic; the origin for a tier).
+    pub main: String,
+    /// `Some(i)` when this topic is retry tier `i` of `main`.
+    pub tier: Option<usize>,
+    pub retry: Arc<RetryPolicy>,
+}
+
 pub(crate) struct Shared {
     pub state: Mutex<State>,
     /// Signalled whenever a lane finishes a record (revoke and shutdown wait on it).
     pub changed: Condvar,
-    pub routes: HashMap<String, Arc<dyn Route>>,
+    pub routes: HashMap<String, RouteEntry>,
     pub producer: Producer,
     pub settings: Settings,
     pub stats: Arc<WorkerStats>,

@@ -4,7 +4,10 @@
 //! Configured by environment: `KJOB_TEST_TOPIC`, `KJOB_TEST_GROUP`,
 //! `KJOB_TEST_RECORD` (a file; `start <seq>` and `done <seq>` lines are
 //! appended with one write each, so they survive SIGKILL), and
-//! `KJOB_TEST_DELAY_MS` (simulated handler latency).
+//! `KJOB_TEST_DELAY_MS` (simulated handler latency), `KJOB_TEST_COMMIT_MS`
+//! (commit interval, default 200) and `KJOB_TEST_TIERS_MS` (comma-separated
+//! retry tier delays, default 1000). A job whose behaviour is `fail-first`
+//! fails its first attempt with a retryable error.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -29,19 +32,40 @@ async fn main() -> Result<(), String> {
             .and_then(|d| d.parse().ok())
             .unwrap_or(0),
     );
-    let handler = move |job: TestJob, _ctx: JobContext| {
+    let ms = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|d| d.parse().ok())
+            .unwrap_or(default)
+    };
+    let commit = Duration::from_millis(ms("KJOB_TEST_COMMIT_MS", 200));
+    let tiers: Vec<Duration> = std::env::var("KJOB_TEST_TIERS_MS")
+        .unwrap_or_else(|_| "1000".into())
+        .split(',')
+        .filter_map(|t| t.trim().parse().ok())
+        .map(Duration::from_millis)
+        .collect();
+    let handler = move |job: TestJob, ctx: JobContext| {
         let record = record.clone();
         async move {
             append_line(&record, &format!("start {}", job.seq));
             tokio::time::sleep(delay).await;
+            if job.behaviour == "fail-first" && ctx.attempt == 1 {
+                append_line(&record, &format!("failed {}", job.seq));
+                return Err(JobError::server("test: first attempt fails"));
+            }
             append_line(&record, &format!("done {}", job.seq));
             Ok::<(), JobError>(())
         }
     };
-    Worker::builder(KafkaConfig::from_env(), group)
+    // The broker's minimum session timeout: a SIGKILLed member is evicted in
+    // 6 s instead of 45 s, which keeps the crash tests short.
+    let config = KafkaConfig::from_env().set("session.timeout.ms", "6000");
+    Worker::builder(config, group)
         .handle_on::<TestJob, _>(&topic, handler)
         .concurrency(64)
-        .commit_interval(Duration::from_millis(200))
+        .commit_interval(commit)
+        .retry(kjob::retry::RetryPolicy::tiers(tiers))
         .shutdown_grace(Duration::from_secs(20))
         .build()
         .map_err(|e| e.to_string())?
