@@ -294,6 +294,42 @@ impl Codec {
     }
 }
 
+impl Codec {
+    /// Decodes a framed record with its writer schema alone, to JSON: what an
+    /// operator inspecting a dead letter wants, without any Rust type.
+    pub async fn decode_to_json(
+        &self,
+        bytes: Option<&[u8]>,
+    ) -> std::result::Result<serde_json::Value, DecodeError> {
+        let (id, body) = split_frame(bytes)?;
+        let writer = self.decoder.get_schema(id).await.map_err(|e| {
+            if e.retriable {
+                DecodeError::RegistryUnavailable {
+                    id,
+                    message: e.to_string(),
+                }
+            } else {
+                DecodeError::UnknownSchema {
+                    id,
+                    message: e.to_string(),
+                }
+            }
+        })?;
+        let mut cursor = body;
+        let value = GenericDatumReader::builder(&writer.parsed)
+            .build()
+            .and_then(|r| r.read_value(&mut cursor))
+            .map_err(|e| DecodeError::Body {
+                id,
+                message: e.to_string(),
+            })?;
+        serde_json::Value::try_from(value).map_err(|e| DecodeError::Body {
+            id,
+            message: e.to_string(),
+        })
+    }
+}
+
 /// Decodes an Avro body written with `writer` as `J` via `reader`. Pure and
 /// synchronous, so the in-memory test harness and the worker share it.
 pub fn decode_body<J: Job>(

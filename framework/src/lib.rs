@@ -26,6 +26,7 @@
 //! committed: periodically, on revoke and on shutdown).
 
 pub mod classify;
+pub mod cli;
 pub mod codec;
 pub mod config;
 pub mod dlq;

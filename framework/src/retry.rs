@@ -160,6 +160,39 @@ pub fn format_delay(d: Duration) -> String {
     }
 }
 
+/// Parses a delay written by [`format_delay`] (`250ms`, `5s`, `5m`, `2h`).
+pub fn parse_delay(s: &str) -> Option<Duration> {
+    let (num, unit_ms) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1000)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60_000)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3_600_000)
+    } else {
+        return None;
+    };
+    let n: u64 = num.parse().ok()?;
+    Some(Duration::from_millis(n.checked_mul(unit_ms)?))
+}
+
+/// The retry tiers of `main` among `topics`, shortest delay first: what the
+/// CLI uses to find "the first retry tier" without knowing the worker's
+/// configured policy.
+pub fn discover_tiers(main: &str, topics: &[String]) -> Vec<(Duration, String)> {
+    let prefix = format!("{main}.retry.");
+    let mut tiers: Vec<(Duration, String)> = topics
+        .iter()
+        .filter_map(|t| {
+            let d = parse_delay(t.strip_prefix(&prefix)?)?;
+            Some((d, t.clone()))
+        })
+        .collect();
+    tiers.sort();
+    tiers
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,6 +287,34 @@ mod tests {
         assert_eq!(format_delay(Duration::from_millis(250)), "250ms");
         assert_eq!(format_delay(Duration::from_millis(1500)), "1500ms");
         assert_eq!(format_delay(s(7200)), "2h");
+    }
+
+    #[test]
+    fn delays_round_trip_and_tiers_are_discovered() {
+        for d in [Duration::from_millis(250), s(5), s(90), s(300), s(7200)] {
+            assert_eq!(parse_delay(&format_delay(d)), Some(d));
+        }
+        assert_eq!(parse_delay("5x"), None);
+        assert_eq!(parse_delay("s"), None);
+        let topics: Vec<String> = [
+            "o.retry.30s",
+            "o.retry.5s",
+            "o.dlq",
+            "o",
+            "other.retry.1s",
+            "o.retry.junk",
+        ]
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+        let tiers = discover_tiers("o", &topics);
+        assert_eq!(
+            tiers,
+            vec![
+                (s(5), "o.retry.5s".to_string()),
+                (s(30), "o.retry.30s".to_string())
+            ]
+        );
     }
 
     #[test]

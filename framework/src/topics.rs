@@ -19,6 +19,29 @@ pub fn dlq_topic(main: &str) -> String {
     format!("{main}.dlq")
 }
 
+/// The compacted audit topic of a main topic's DLQ: one record per dead
+/// letter that was re-driven or resolved, keyed by its coordinates.
+pub fn dlq_audit_topic(main: &str) -> String {
+    format!("{main}.dlq.audit")
+}
+
+/// Every topic name in the cluster. Blocking.
+pub fn list_topics(config: &KafkaConfig) -> Result<Vec<String>> {
+    let consumer: BaseConsumer = config
+        .client_config(&[])
+        .create()
+        .map_err(|e| Error::kafka("creating metadata client", e))?;
+    let md = consumer
+        .fetch_metadata(None, Duration::from_secs(10))
+        .map_err(|e| {
+            Error::kafka(
+                format!("fetching metadata from {}", config.bootstrap_servers),
+                e,
+            )
+        })?;
+    Ok(md.topics().iter().map(|t| t.name().to_string()).collect())
+}
+
 /// Partition counts of the given topics; `None` for topics that do not exist.
 /// Blocking (metadata request): call from `spawn_blocking` in async code.
 pub fn partition_counts(config: &KafkaConfig, topics: &[String]) -> Result<Vec<Option<usize>>> {
@@ -48,6 +71,15 @@ pub fn partition_counts(config: &KafkaConfig, topics: &[String]) -> Result<Vec<O
 /// Creates each `(topic, partitions)` that does not exist yet. Existing topics
 /// are left alone. A permission problem names the topic and the ACL needed.
 pub async fn create_topics(config: &KafkaConfig, topics: &[(String, i32)]) -> Result<()> {
+    create_topics_with(config, topics, &[]).await
+}
+
+/// [`create_topics`] with topic configs (e.g. `cleanup.policy=compact`).
+pub async fn create_topics_with(
+    config: &KafkaConfig,
+    topics: &[(String, i32)],
+    topic_config: &[(&str, &str)],
+) -> Result<()> {
     if topics.is_empty() {
         return Ok(());
     }
@@ -57,7 +89,12 @@ pub async fn create_topics(config: &KafkaConfig, topics: &[(String, i32)]) -> Re
         .map_err(|e| Error::kafka("creating admin client", e))?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
-        .map(|(t, p)| NewTopic::new(t, *p, TopicReplication::Fixed(-1)))
+        .map(|(t, p)| {
+            topic_config.iter().fold(
+                NewTopic::new(t, *p, TopicReplication::Fixed(-1)),
+                |n, (k, v)| n.set(k, v),
+            )
+        })
         .collect();
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let results = admin

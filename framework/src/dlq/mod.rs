@@ -1,4 +1,6 @@
-//! Dead-lettering: moving a failed record to `<topic>.dlq` with full context.
+//! Dead-lettering: moving a failed record to `<topic>.dlq` with full context,
+//! and the operator side: reading ([`store`]), re-driving and resolving
+//! ([`redrive`]) dead letters without ever losing one.
 //!
 //! The payload and key travel byte-for-byte (so a record that failed to
 //! decode is preserved exactly as it arrived), and the headers are rebuilt
@@ -6,6 +8,9 @@
 //! the original record. The source offset is released only after the broker
 //! acknowledged the DLQ write: a crash in between yields a duplicate in the
 //! DLQ, never a lost job.
+
+pub mod redrive;
+pub mod store;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

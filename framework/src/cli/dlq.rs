@@ -1,0 +1,344 @@
+//! `kjob dlq`: how an operator reviews a DLQ.
+//!
+//! `list` shows what is unresolved, `show` one record in full, `retry`
+//! re-drives (dry run first), and `resolve` closes a record without
+//! re-driving it. Every action is audited in `<topic>.dlq.audit`.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::time::{format_ms, parse_time};
+use crate::codec::Codec;
+use crate::config::KafkaConfig;
+use crate::dlq::redrive::{redrive, resolve, target_topic, AuditLog, RedriveTarget};
+use crate::dlq::store::{AuditEntry, Coordinates, DeadLetter, DlqReader, Filter};
+use crate::headers::truncate_utf8;
+use crate::producer::Producer;
+
+#[derive(Subcommand, Debug)]
+pub enum DlqCommand {
+    /// Unresolved dead letters as a table (all with --all).
+    List {
+        #[command(flatten)]
+        select: Select,
+        /// Include records already re-driven or resolved.
+        #[arg(long)]
+        all: bool,
+    },
+    /// One dead letter in full: headers and the payload decoded through the registry, as JSON.
+    Show {
+        /// DLQ topic or its main topic.
+        #[arg(long)]
+        topic: String,
+        /// `partition:offset` in the DLQ.
+        at: Coordinates,
+    },
+    /// Re-drive dead letters into the first retry tier (or the main topic). Dry run unless --execute.
+    Retry {
+        #[command(flatten)]
+        select: Select,
+        /// Specific records (`partition:offset`); otherwise the filters pick.
+        at: Vec<Coordinates>,
+        /// Where to send them.
+        #[arg(long, value_enum, default_value_t = Target::Retry)]
+        to: Target,
+        /// Show what would move (the default).
+        #[arg(long, conflicts_with = "execute")]
+        dry_run: bool,
+        /// Actually re-drive.
+        #[arg(long)]
+        execute: bool,
+        /// Records per second at most, to spare a recovering downstream.
+        #[arg(long, default_value_t = 100)]
+        rate: u32,
+        /// Who is doing this (recorded in the audit log).
+        #[arg(long, env = "USER", default_value = "unknown")]
+        by: String,
+    },
+    /// Mark dead letters handled without re-driving them (audited).
+    Resolve {
+        #[command(flatten)]
+        select: Select,
+        /// Specific records (`partition:offset`); otherwise the filters pick.
+        at: Vec<Coordinates>,
+        /// Why (required; kept in the audit log).
+        #[arg(long)]
+        reason: String,
+        /// Who is doing this.
+        #[arg(long, env = "USER", default_value = "unknown")]
+        by: String,
+    },
+}
+
+/// Which DLQ and which records.
+#[derive(Args, Debug)]
+pub struct Select {
+    /// DLQ topic or its main topic.
+    #[arg(long)]
+    topic: String,
+    /// Only this job name.
+    #[arg(long)]
+    job: Option<String>,
+    /// Only this error class (or family, e.g. `decode`).
+    #[arg(long)]
+    class: Option<String>,
+    /// Dead-lettered at or after (2026-11-29T10:00:00, or 2h for "2 hours ago").
+    #[arg(long)]
+    since: Option<String>,
+    /// Dead-lettered before.
+    #[arg(long)]
+    until: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Target {
+    /// The shortest retry tier.
+    Retry,
+    /// The main topic.
+    Main,
+}
+
+impl Select {
+    fn filter(&self) -> Result<Filter> {
+        let since_ms = self
+            .since
+            .as_deref()
+            .map(|s| parse_time("--since", s))
+            .transpose()?;
+        let until_ms = self
+            .until
+            .as_deref()
+            .map(|s| parse_time("--until", s))
+            .transpose()?;
+        if let (Some(s), Some(u)) = (since_ms, until_ms) {
+            if s >= u {
+                bail!("--since must be before --until");
+            }
+        }
+        Ok(Filter {
+            job: self.job.clone(),
+            class: self.class.clone(),
+            since_ms,
+            until_ms,
+        })
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> crate::Result<T> + Send + 'static,
+) -> Result<T> {
+    Ok(tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| anyhow!("background task: {e}"))??)
+}
+
+fn table(rows: &[(DeadLetter, Option<AuditEntry>)], with_status: bool) -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    let mut header = vec![
+        "partition:offset",
+        "job",
+        "key",
+        "attempts",
+        "error class",
+        "error",
+        "failed at",
+    ];
+    if with_status {
+        header.push("status");
+    }
+    t.set_header(header);
+    for (d, a) in rows {
+        let h = &d.headers;
+        let mut row = vec![
+            d.at.to_string(),
+            h.job.clone().unwrap_or_else(|| "-".into()),
+            d.key.clone().unwrap_or_else(|| "-".into()),
+            h.attempt.map_or("-".into(), |a| a.to_string()),
+            h.error_class.clone().unwrap_or_else(|| "-".into()),
+            truncate_utf8(h.error.as_deref().unwrap_or("-"), 60).to_string(),
+            format_ms(d.timestamp_ms),
+        ];
+        if with_status {
+            row.push(
+                a.as_ref()
+                    .map_or("unresolved".into(), |a| format!("{} by {}", a.action, a.by)),
+            );
+        }
+        t.add_row(row);
+    }
+    t
+}
+
+/// The records an action applies to: the named coordinates (all must exist
+/// and be unresolved), or every unresolved record passing the filters.
+fn pick(
+    rows: Vec<(DeadLetter, Option<AuditEntry>)>,
+    at: &[Coordinates],
+    dlq: &str,
+) -> Result<Vec<DeadLetter>> {
+    if at.is_empty() {
+        return Ok(rows
+            .into_iter()
+            .filter(|(_, a)| a.is_none())
+            .map(|(d, _)| d)
+            .collect());
+    }
+    let mut by_at: HashMap<Coordinates, (DeadLetter, Option<AuditEntry>)> =
+        rows.into_iter().map(|(d, a)| (d.at, (d, a))).collect();
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    for c in at {
+        if !seen.insert(*c) {
+            continue;
+        }
+        match by_at.remove(c) {
+            None => bail!("no dead letter at {c} in `{dlq}` (or it does not match the filters)"),
+            Some((_, Some(a))) => bail!(
+                "{c} was already {} by {} at {}",
+                a.action,
+                a.by,
+                format_ms(Some(a.at_ms))
+            ),
+            Some((d, None)) => out.push(d),
+        }
+    }
+    Ok(out)
+}
+
+pub async fn run(config: &KafkaConfig, cmd: DlqCommand) -> Result<()> {
+    match cmd {
+        DlqCommand::List { select, all } => {
+            let filter = select.filter()?;
+            let reader = DlqReader::new(config, &select.topic);
+            let rows = blocking(move || reader.list(&filter, all)).await?;
+            println!("{}", table(&rows, all));
+            let unresolved = rows.iter().filter(|(_, a)| a.is_none()).count();
+            println!("{} shown, {unresolved} unresolved", rows.len());
+            Ok(())
+        }
+        DlqCommand::Show { topic, at } => {
+            let reader = DlqReader::new(config, &topic);
+            let dlq = format!("{}.dlq", reader.main_topic());
+            let (letters, audit) =
+                blocking(move || Ok((reader.dead_letters()?, reader.audit()?))).await?;
+            let Some(d) = letters.into_iter().find(|d| d.at == at) else {
+                bail!("no dead letter at {at} in `{dlq}`");
+            };
+            let codec = Codec::new(&config.schema_registry_url)?;
+            let payload = match codec.decode_to_json(d.payload.as_deref()).await {
+                Ok(v) => v,
+                Err(e) => serde_json::json!({
+                    "undecodable": e.to_string(),
+                    "bytes": d.payload.as_deref().map(|p| p.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+                }),
+            };
+            let headers: serde_json::Map<String, serde_json::Value> = {
+                use rdkafka::message::Headers;
+                let owned = d.headers.to_owned_headers();
+                owned
+                    .iter()
+                    .map(|h| {
+                        let v = h.value.map(|v| String::from_utf8_lossy(v).into_owned());
+                        (h.key.to_string(), serde_json::json!(v))
+                    })
+                    .collect()
+            };
+            let out = serde_json::json!({
+                "dlq": dlq,
+                "at": d.at.to_string(),
+                "key": d.key,
+                "failed_at": format_ms(d.timestamp_ms),
+                "headers": headers,
+                "payload": payload,
+                "audit": audit.get(&at),
+            });
+            println!("{}", serde_json::to_string_pretty(&out)?);
+            Ok(())
+        }
+        DlqCommand::Retry {
+            select,
+            at,
+            to,
+            dry_run: _,
+            execute,
+            rate,
+            by,
+        } => {
+            if rate == 0 {
+                bail!("--rate must be at least 1 record per second");
+            }
+            let filter = select.filter()?;
+            let reader = DlqReader::new(config, &select.topic);
+            let main = reader.main_topic().to_string();
+            let dlq = format!("{main}.dlq");
+            let rows = blocking(move || reader.list(&filter, true)).await?;
+            let picked = pick(rows, &at, &dlq)?;
+            let target = match to {
+                Target::Retry => RedriveTarget::FirstTier,
+                Target::Main => RedriveTarget::Main,
+            };
+            let (cfg, m) = (config.clone(), main.clone());
+            let target_topic = blocking(move || target_topic(&cfg, &m, target)).await?;
+            let rows: Vec<(DeadLetter, Option<AuditEntry>)> =
+                picked.iter().cloned().map(|d| (d, None)).collect();
+            println!("{}", table(&rows, false));
+            if !execute {
+                println!(
+                    "dry run: {} record(s) would be re-driven to `{target_topic}`; pass --execute to do it",
+                    picked.len()
+                );
+                return Ok(());
+            }
+            let producer = Producer::new(config)?;
+            let audit = AuditLog::open(config, producer.clone(), &main).await?;
+            let bar = ProgressBar::new(picked.len() as u64).with_style(
+                ProgressStyle::with_template("re-drive [{bar:30}] {pos}/{len} {per_sec}")?,
+            );
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
+            for d in &picked {
+                tick.tick().await;
+                redrive(&producer, &audit, &main, d, &target_topic, &by).await?;
+                bar.inc(1);
+            }
+            bar.finish();
+            println!("re-drove {} record(s) to `{target_topic}`", picked.len());
+            Ok(())
+        }
+        DlqCommand::Resolve {
+            select,
+            at,
+            reason,
+            by,
+        } => {
+            if reason.trim().is_empty() {
+                bail!("--reason must say why the records need no re-drive");
+            }
+            let filter = select.filter()?;
+            let no_filter = select.job.is_none()
+                && select.class.is_none()
+                && select.since.is_none()
+                && select.until.is_none();
+            if at.is_empty() && no_filter {
+                bail!("name the records (partition:offset) or give a filter (--job, --class, --since, --until)");
+            }
+            let reader = DlqReader::new(config, &select.topic);
+            let main = reader.main_topic().to_string();
+            let dlq = format!("{main}.dlq");
+            let rows = blocking(move || reader.list(&filter, true)).await?;
+            let picked = pick(rows, &at, &dlq)?;
+            let producer = Producer::new(config)?;
+            let audit = AuditLog::open(config, producer, &main).await?;
+            for d in &picked {
+                resolve(&audit, d.at, &by, &reason).await?;
+            }
+            println!("resolved {} record(s) in `{dlq}`", picked.len());
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! The `kjob` command line, for operators. Flags follow Kafka's own tools
+//! (`--bootstrap-server`, `--topic`, `--group`, `--dry-run`, `--execute`) so
+//! muscle memory carries over.
+//!
+//! Every command reads Kafka (and the registry) directly; no worker has to
+//! run. Errors go to stderr with a non-zero exit code: 2 for bad usage
+//! (clap), 1 for everything that failed while running.
+
+mod dlq;
+mod time;
+mod topics;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::KafkaConfig;
+
+/// kjob: operate background jobs on Kafka.
+#[derive(Parser, Debug)]
+#[command(name = "kjob", version, about)]
+pub struct Cli {
+    /// Kafka bootstrap servers.
+    #[arg(long = "bootstrap-server", env = "KJOB_BOOTSTRAP_SERVERS", default_value = crate::config::DEFAULT_BOOTSTRAP_SERVERS, global = true)]
+    bootstrap_server: String,
+    /// Schema registry (Confluent-compatible API base URL).
+    #[arg(long = "schema-registry", env = "KJOB_SCHEMA_REGISTRY_URL", default_value = crate::config::DEFAULT_SCHEMA_REGISTRY_URL, global = true)]
+    schema_registry: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Inspect, re-drive and resolve dead letters.
+    #[command(subcommand)]
+    Dlq(dlq::DlqCommand),
+    /// Create a route's topics.
+    #[command(subcommand)]
+    Topics(topics::TopicsCommand),
+}
+
+/// Parses the process arguments and runs the command.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let config = KafkaConfig::new(&cli.bootstrap_server, &cli.schema_registry)
+        // Fail fast when the cluster is unreachable instead of librdkafka's
+        // long default retries: an operator is waiting.
+        .set("socket.connection.setup.timeout.ms", "10000");
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Dlq(cmd) => dlq::run(&config, cmd).await,
+            Command::Topics(cmd) => topics::run(&config, cmd).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! `kjob topics create`: a route's main topic, retry tiers and DLQ in one go.
+
+use anyhow::{anyhow, Result};
+use clap::Subcommand;
+
+use crate::config::KafkaConfig;
+use crate::retry::{parse_delay, RetryPolicy};
+use crate::topics::{create_topics, dlq_topic};
+
+#[derive(Subcommand, Debug)]
+pub enum TopicsCommand {
+    /// Create a route: `<topic>`, `<topic>.retry.<delay>` per tier and `<topic>.dlq`.
+    Create {
+        /// Main topic (the job's name).
+        #[arg(long)]
+        topic: String,
+        /// Partitions for every topic of the route.
+        #[arg(long, default_value_t = 6)]
+        partitions: i32,
+        /// Retry tiers, comma-separated (`5s,30s,5m,30m`).
+        #[arg(long, default_value = "5s,30s,5m,30m")]
+        tiers: String,
+    },
+}
+
+pub async fn run(config: &KafkaConfig, cmd: TopicsCommand) -> Result<()> {
+    match cmd {
+        TopicsCommand::Create {
+            topic,
+            partitions,
+            tiers,
+        } => {
+            if partitions < 1 {
+                return Err(anyhow!("--partitions must be at least 1, got {partitions}"));
+            }
+            let delays = tiers
+                .split(',')
+                .filter(|t| !t.trim().is_empty())
+                .map(|t| {
+                    parse_delay(t.trim()).ok_or_else(|| {
+                        anyhow!("--tiers: `{t}` is not a delay like 5s, 30s, 5m or 1h")
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let policy = RetryPolicy::tiers(delays);
+            let mut all = vec![topic.clone()];
+            all.extend(policy.tier_topics(&topic));
+            all.push(dlq_topic(&topic));
+            let wanted: Vec<(String, i32)> = all.iter().map(|t| (t.clone(), partitions)).collect();
+            create_topics(config, &wanted).await?;
+            for t in all {
+                println!("{t}");
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! Reading a DLQ and its audit trail, for operators.
+//!
+//! A dead letter is never deleted. What an operator did with it (re-drove
+//! it, or resolved it as handled) is recorded in a compacted audit topic
+//! `<topic>.dlq.audit`, keyed by the dead letter's `partition:offset`, with
+//! who, when and why. The unresolved set, which `kjob dlq list` shows, is the
+//! DLQ minus the audited coordinates; `--all` shows both.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::{Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+
+use crate::config::KafkaConfig;
+use crate::error::{Error, Result};
+use crate::headers::JobHeaders;
+use crate::topics::{dlq_audit_topic, dlq_topic, partition_counts};
+
+/// The coordinates of a dead letter inside its DLQ topic: `partition:offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Coordinates {
+    /// Partition of the DLQ topic.
+    pub partition: i32,
+    /// Offset within that partition.
+    pub offset: i64,
+}
+
+impl fmt::Display for Coordinates {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.partition, self.offset)
+    }
+}
+
+impl FromStr for Coordinates {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let (p, o) = s
+            .split_once(':')
+            .ok_or_else(|| format!("`{s}` is not partition:offset (e.g. 0:42)"))?;
+        let partition = p
+            .trim()
+            .parse::<i32>()
+            .ok()
+            .filter(|p| *p >= 0)
+            .ok_or_else(|| format!("`{p}` in `{s}` is not a partition number"))?;
+        let offset = o
+            .trim()
+            .parse::<i64>()
+            .ok()
+            .filter(|o| *o >= 0)
+            .ok_or_else(|| format!("`{o}` in `{s}` is not an offset"))?;
+        Ok(Coordinates { partition, offset })
+    }
+}
+
+/// One record of a DLQ.
+#[derive(Clone, Debug)]
+pub struct DeadLetter {
+    /// Where it is in the DLQ.
+    pub at: Coordinates,
+    /// Record key (UTF-8, lossy).
+    pub key: Option<String>,
+    /// Parsed kjob headers.
+    pub headers: JobHeaders,
+    /// The payload exactly as it failed.
+    pub payload: Option<Vec<u8>>,
+    /// When it was dead-lettered (record timestamp, epoch ms).
+    pub timestamp_ms: Option<i64>,
+}
+
+/// What an operator did with a dead letter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// `retried` or `resolved`.
+    pub action: String,
+    /// Who did it (the `--by` flag, or `$USER`).
+    pub by: String,
+    /// When (epoch ms).
+    pub at_ms: i64,
+    /// Why (required for `resolved`).
+    pub reason: Option<String>,
+    /// Where a re-drive sent it.
+    pub target: Option<String>,
+}
+
+/// Which dead letters an operation applies to.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    /// Only this job name (`kjob-job`).
+    pub job: Option<String>,
+    /// Only this error class, or a class family: `retryable` matches
+    /// `retryable.timeout` too.
+    pub class: Option<String>,
+    /// Dead-lettered at or after (epoch ms).
+    pub since_ms: Option<i64>,
+    /// Dead-lettered before (epoch ms).
+    pub until_ms: Option<i64>,
+}
+
+impl Filter {
+    /// Whether `d` passes the filter.
+    pub fn matches(&self, d: &DeadLetter) -> bool {
+        let job_ok = self
+            .job
+            .as_ref()
+            .is_none_or(|j| d.headers.job.as_ref() == Some(j));
+        let class_ok = self.class.as_ref().is_none_or(|c| {
+            d.headers
+                .error_class
+                .as_deref()
+                .is_some_and(|have| have == c || have.starts_with(&format!("{c}.")))
+        });
+        let ts = d.timestamp_ms.unwrap_or(0);
+        let since_ok = self.since_ms.is_none_or(|s| ts >= s);
+        let until_ok = self.until_ms.is_none_or(|u| ts < u);
+        job_ok && class_ok && since_ok && until_ok
+    }
+}
+
+/// Reads the DLQ of one main topic and its audit trail. Blocking.
+pub struct DlqReader {
+    config: KafkaConfig,
+    main: String,
+}
+
+impl DlqReader {
+    /// A reader for the DLQ of `topic`. Accepts the main topic or the DLQ
+    /// topic itself (`orders.dlq`), the way operators tend to type it.
+    pub fn new(config: &KafkaConfig, topic: &str) -> Self {
+        let main = topic.strip_suffix(".dlq").unwrap_or(topic).to_string();
+        Self {
+            config: config.clone(),
+            main,
+        }
+    }
+
+    /// The main topic.
+    pub fn main_topic(&self) -> &str {
+        &self.main
+    }
+
+    /// Every dead letter currently stored, in partition and offset order.
+    /// A missing DLQ topic is an error naming it.
+    pub fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
+        let topic = dlq_topic(&self.main);
+        let records = snapshot(&self.config, &topic)?.ok_or_else(|| Error::MissingTopic {
+            topic: topic.clone(),
+            bootstrap: self.config.bootstrap_servers.clone(),
+        })?;
+        Ok(records
+            .into_iter()
+            .map(|m| DeadLetter {
+                at: Coordinates {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                },
+                key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+                headers: JobHeaders::parse(m.headers()),
+                payload: m.payload().map(<[u8]>::to_vec),
+                timestamp_ms: m.timestamp().to_millis(),
+            })
+            .collect())
+    }
+
+    /// The latest audit entry per dead letter (empty if nothing was ever
+    /// re-driven or resolved).
+    pub fn audit(&self) -> Result<HashMap<Coordinates, AuditEntry>> {
+        let mut out = HashMap::new();
+        let Some(records) = snapshot(&self.config, &dlq_audit_topic(&self.main))? else {
+            return Ok(out);
+        };
+        for m in records {
+            let key = m.key().and_then(|k| std::str::from_utf8(k).ok());
+            let coords = key.and_then(|k| k.parse::<Coordinates>().ok());
+            let entry = m
+                .payload()
+                .and_then(|p| serde_json::from_slice::<AuditEntry>(p).ok());
+            if let (Some(c), Some(e)) = (coords, entry) {
+                out.insert(c, e);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Dead letters passing `filter`, each with its audit entry; unresolved
+    /// ones only unless `include_audited`.
+    pub fn list(
+        &self,
+        filter: &Filter,
+        include_audited: bool,
+    ) -> Result<Vec<(DeadLetter, Option<AuditEntry>)>> {
+        let mut audit = self.audit()?;
+        Ok(self
+            .dead_letters()?
+            .into_iter()
+            .filter(|d| filter.matches(d))
+            .map(|d| {
+                let a = audit.remove(&d.at);
+                (d, a)
+            })
+            .filter(|(_, a)| include_audited || a.is_none())
+            .collect())
+    }
+}
+
+/// Reads every record currently in `topic` (up to the end offsets taken at
+/// the start). `None` if the topic does not exist.
+fn snapshot(config: &KafkaConfig, topic: &str) -> Result<Option<Vec<OwnedMessage>>> {
+    let Some(parts) = partition_counts(config, &[topic.to_string()])?
+        .pop()
+        .flatten()
+    else {
+        return Ok(None);
+    };
+    let consumer: BaseConsumer = config
+        .client_config(&[
+            ("group.id", "kjob-cli-reader"),
+            ("enable.auto.commit", "false"),
+            ("enable.partition.eof", "false"),
+        ])
+        .create()
+        .map_err(|e| Error::kafka("creating reader", e))?;
+    let timeout = Duration::from_secs(10);
+    let mut tpl = TopicPartitionList::new();
+    let mut remaining = 0usize;
+    let mut ends = HashMap::new();
+    for p in 0..parts as i32 {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p, timeout)
+            .map_err(|e| Error::kafka(format!("watermarks of {topic}:{p}"), e))?;
+        if high > low {
+            tpl.add_partition_offset(topic, p, Offset::Offset(low))
+                .map_err(|e| Error::kafka("building assignment", e))?;
+            ends.insert(p, high);
+            remaining += 1;
+        }
+    }
+    let mut out = Vec::new();
+    if remaining == 0 {
+        return Ok(Some(out));
+    }
+    // Manual assignment: no group membership, no commits.
+    consumer
+        .assign(&tpl)
+        .map_err(|e| Error::kafka(format!("assigning {topic}"), e))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while remaining > 0 {
+        if Instant::now() > deadline {
+            return Err(Error::Worker(format!(
+                "reading {topic} timed out after 60 s"
+            )));
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let end = ends.get(&m.partition()).copied().unwrap_or(0);
+                if m.offset() < end {
+                    let last = m.offset() + 1 >= end;
+                    out.push(m.detach());
+                    if last {
+                        remaining -= 1;
+                    }
+                }
+            }
+            Some(Err(e)) => return Err(Error::kafka(format!("reading {topic}"), e)),
+            None => {}
+        }
+    }
+    out.sort_by_key(|m| (m.partition(), m.offset()));
+    Ok(Some(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coordinates_parse_strictly() {
+        assert_eq!(
+            "3:42".parse(),
+            Ok(Coordinates {
+                partition: 3,
+                offset: 42
+            })
+        );
+        for bad in ["3", "a:1", "1:b", "-1:0", "1:-5", ""] {
+            assert!(bad.parse::<Coordinates>().is_err(), "{bad}");
+        }
+    }
+
+    fn dead(class: &str, job: &str, ts: i64) -> DeadLetter {
+        DeadLetter {
+            at: Coordinates {
+                partition: 0,
+                offset: 0,
+            },
+            key: None,
+            headers: JobHeaders {
+                error_class: Some(class.into()),
+                job: Some(job.into()),
+                ..Default::default()
+            },
+            payload: None,
+            timestamp_ms: Some(ts),
+        }
+    }
+
+    #[test]
+    fn filters_combine() {
+        let d = dead("retryable.timeout", "mail", 1000);
+        assert!(Filter::default().matches(&d));
+        assert!(Filter {
+            class: Some("retryable".into()),
+            ..Default::default()
+        }
+        .matches(&d));
+        assert!(!Filter {
+            class: Some("retry".into()),
+            ..Default::default()
+        }
+        .matches(&d));
+        assert!(!Filter {
+            job: Some("pdf".into()),
+            ..Default::default()
+        }
+        .matches(&d));
+        assert!(Filter {
+            since_ms: Some(1000),
+            until_ms: Some(1001),
+            ..Default::default()
+        }
+        .matches(&d));
+        assert!(!Filter {
+            until_ms: Some(1000),
+            ..Default::default()
+        }
+        .matches(&d));
+    }
+}
