@@ -167,9 +167,8 @@ fn tpl_of(tps: &[Tp]) -> TopicPartitionList {
     tpl
 }
 
-/// A retry-tier record due within this slack runs now rather than pausing
-/// for a few milliseconds.
-const DUE_SLACK_MS: i64 = 2;
+/// A retry-tier record never runs before its due time: zero slack.
+const DUE_SLACK_MS: i64 = 0;
 
 /// Hands a polled record to its lane, starting a task if the lane is idle.
 ///
@@ -202,7 +201,9 @@ fn dispatch(shared: &Arc<Shared>, consumer: &BaseConsumer<WorkerContext>, msg: O
         if let Some(due_ms) = due_ms.filter(|d| *d > now + DUE_SLACK_MS) {
             // The placeholder keeps the watermark below the held record.
             p.tracker.start(msg.offset());
-            let wait = Duration::from_millis((due_ms - now) as u64);
+            // +1 ms: `due` is in whole milliseconds, resuming a hair early
+            // would cost a second pause/seek round trip.
+            let wait = Duration::from_millis((due_ms - now) as u64 + 1);
             p.delay = Some(Delay {
                 offset: msg.offset(),
                 due: Instant::now() + wait,
