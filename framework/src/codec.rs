@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use apache_avro::reader::datum::GenericDatumReader;
+use apache_avro::types::Value;
 use apache_avro::writer::datum::GenericDatumWriter;
 use apache_avro::{from_value, Schema};
 use schema_registry_converter::async_impl::avro::{AvroDecoder, AvroEncoder};
@@ -35,6 +36,7 @@ use schema_registry_converter::schema_registry_common::{
 use crate::classify::ErrorClass;
 use crate::error::{Error, Result};
 use crate::job::Job;
+use crate::schema::Compatibility;
 
 /// The Confluent wire-format magic byte.
 pub const MAGIC_BYTE: u8 = 0;
@@ -201,38 +203,75 @@ impl Codec {
     }
 
     /// Registers (or looks up) this binary's schema for `J` under the subject
-    /// of `topic`. Cached per topic after the first call. An incompatible
-    /// schema is rejected here, at startup, naming the subject.
+    /// of `topic`. Cached per topic after the first call.
+    ///
+    /// A subject without its own compatibility level gets `BACKWARD` first
+    /// (kjob's contract rule: a new version must read the previous one), so
+    /// the registry itself refuses a breaking change. A level someone set on
+    /// the subject is never changed. A refused schema fails here, at
+    /// startup, with the subject, the versions and the offending field.
     pub async fn register<J: Job>(&self, topic: &str) -> Result<RegisteredContract> {
         if let Some(c) = self.lock_registered().get(topic) {
             return Ok(c.clone());
         }
         let schema = parse_contract::<J>()?;
         let subject = subject_for_topic(topic);
+        let level = match crate::schema::subject_compatibility(&self.url, &subject).await? {
+            Some(level) => level,
+            None => {
+                crate::schema::set_subject_compatibility(
+                    &self.url,
+                    &subject,
+                    Compatibility::Backward,
+                )
+                .await?;
+                Compatibility::Backward
+            }
+        };
         let strategy = SubjectNameStrategy::TopicNameStrategyWithSchema(
             topic.to_string(),
             false,
             SuppliedSchema::new(None, SchemaType::Avro, J::SCHEMA.to_string()),
         );
-        let registered = self
+        let registered = match self
             .encoder
             .get_schema_and_id(&format!("{topic}/{}", J::VERSION), strategy)
             .await
-            .map_err(|e| {
-                if e.retriable {
-                    Error::Registry {
-                        url: self.url.clone(),
-                        message: format!("registering subject `{subject}`: {e}"),
-                    }
+        {
+            Ok(r) => r,
+            Err(e) if e.retriable => {
+                return Err(Error::Registry {
+                    url: self.url.clone(),
+                    message: format!("registering subject `{subject}`: {e}"),
+                })
+            }
+            Err(e) => {
+                // Explain the refusal with the same rules, locally.
+                self.encoder.remove_errors_from_cache();
+                let versions =
+                    crate::schema::registered_versions(&self.settings, &self.url, &subject).await?;
+                let reasons: Vec<String> = crate::schema::check(&schema, &versions, level)
+                    .into_iter()
+                    .map(|i| {
+                        format!(
+                            "breaks registered version {} ({}): {}",
+                            i.version, i.direction, i.reason
+                        )
+                    })
+                    .collect();
+                let message = if reasons.is_empty() {
+                    format!("{e}")
                 } else {
-                    Error::SchemaRejected {
-                        job: J::NAME.to_string(),
-                        version: J::VERSION,
-                        subject: subject.clone(),
-                        message: e.to_string(),
-                    }
-                }
-            })?;
+                    format!("{level}: {}", reasons.join("; "))
+                };
+                return Err(Error::SchemaRejected {
+                    job: J::NAME.to_string(),
+                    version: J::VERSION,
+                    subject,
+                    message,
+                });
+            }
+        };
         let contract = RegisteredContract {
             id: registered.id,
             subject,
@@ -241,6 +280,11 @@ impl Codec {
         self.lock_registered()
             .insert(topic.to_string(), contract.clone());
         Ok(contract)
+    }
+
+    /// The registry client settings, for registry calls the codec does not wrap.
+    pub fn settings(&self) -> &SrSettings {
+        &self.settings
     }
 
     fn lock_registered(&self) -> std::sync::MutexGuard<'_, HashMap<String, RegisteredContract>> {
@@ -339,18 +383,12 @@ pub fn decode_body<J: Job>(
     reader: &Schema,
 ) -> std::result::Result<J, DecodeError> {
     let mut cursor = body;
-    let value = GenericDatumReader::builder(writer)
-        .reader_schema(reader)
+    let written = GenericDatumReader::builder(writer)
         .build()
         .and_then(|r| r.read_value(&mut cursor))
-        .map_err(|e| {
-            let message = e.to_string();
-            // Resolution failures are schema mismatches; anything else is the bytes.
-            if message.contains("resolv") || message.contains("Resolv") {
-                DecodeError::Incompatible { id, message }
-            } else {
-                DecodeError::Body { id, message }
-            }
+        .map_err(|e| DecodeError::Body {
+            id,
+            message: e.to_string(),
         })?;
     if !cursor.is_empty() {
         return Err(DecodeError::Body {
@@ -358,10 +396,46 @@ pub fn decode_body<J: Job>(
             message: format!("{} trailing bytes after the record", cursor.len()),
         });
     }
+    // Avro resolution: a field renamed in the reader (with the old name as
+    // an alias) takes the writer's value; then defaults, promotions, unions.
+    let value = rename_aliased(written, reader)
+        .resolve(reader)
+        .map_err(|e| DecodeError::Incompatible {
+            id,
+            message: e.to_string(),
+        })?;
     from_value::<J>(&value).map_err(|e| DecodeError::Incompatible {
         id,
         message: e.to_string(),
     })
+}
+
+/// Renames top-level record fields the writer named by one of the reader
+/// field's aliases (apache-avro's value resolution matches names only).
+fn rename_aliased(value: Value, reader: &Schema) -> Value {
+    let Schema::Record(rs) = reader else {
+        return value;
+    };
+    let Value::Record(fields) = value else {
+        return value;
+    };
+    let renamed = fields
+        .into_iter()
+        .map(|(name, v)| {
+            if rs.fields.iter().any(|f| f.name == name) {
+                return (name, v);
+            }
+            let target = rs
+                .fields
+                .iter()
+                .find(|f| f.aliases.iter().any(|alias| *alias == name));
+            match target {
+                Some(f) => (f.name.clone(), v),
+                None => (name, v),
+            }
+        })
+        .collect();
+    Value::Record(renamed)
 }
 
 #[cfg(test)]

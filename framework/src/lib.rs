@@ -37,6 +37,7 @@ pub mod lag;
 pub mod offsets;
 pub mod producer;
 pub mod retry;
+pub mod schema;
 pub mod topics;
 pub mod worker;
 

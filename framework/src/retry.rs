@@ -320,7 +320,7 @@ mod tests {
     #[test]
     fn validation_explains() {
         assert!(RetryPolicy::default().validate().is_ok());
-        assert!(RetryPolicy::tiers([]).validate().is_err());
+        assert!(RetryPolicy::tiers([]).max_attempts(3).validate().is_err());
         assert!(RetryPolicy::tiers([s(0)]).validate().is_err());
         assert!(RetryPolicy::tiers([]).max_attempts(1).validate().is_ok());
     }
