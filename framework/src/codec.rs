@@ -428,7 +428,7 @@ fn rename_aliased(value: Value, reader: &Schema) -> Value {
             let target = rs
                 .fields
                 .iter()
-                .find(|f| f.aliases.iter().any(|alias| *alias == name));
+                .find(|f| f.aliases.contains(&name));
             match target {
                 Some(f) => (f.name.clone(), v),
                 None => (name, v),
