@@ -157,6 +157,9 @@ pub struct Codec {
     decoder: AvroDecoder,
     encoder: AvroEncoder,
     registered: Mutex<HashMap<String, RegisteredContract>>,
+    /// Serialises first-time registrations, so a batch of concurrent
+    /// enqueues registers (and configures) a subject once, not N times.
+    registering: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Codec {
@@ -182,6 +185,7 @@ impl Codec {
             encoder: AvroEncoder::new(settings.clone()),
             settings,
             registered: Mutex::new(HashMap::new()),
+            registering: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -203,7 +207,7 @@ impl Codec {
     }
 
     /// Registers (or looks up) this binary's schema for `J` under the subject
-    /// of `topic`. Cached per topic after the first call.
+    /// of `topic`. Cached per topic and contract version after the first call.
     ///
     /// A subject without its own compatibility level gets `BACKWARD` first
     /// (kjob's contract rule: a new version must read the previous one), so
@@ -211,7 +215,14 @@ impl Codec {
     /// the subject is never changed. A refused schema fails here, at
     /// startup, with the subject, the versions and the offending field.
     pub async fn register<J: Job>(&self, topic: &str) -> Result<RegisteredContract> {
-        if let Some(c) = self.lock_registered().get(topic) {
+        // One binary may carry two versions of a contract (a migration
+        // tool, a test): cache per topic *and* version.
+        let cache_key = format!("{topic}/{}/{}", J::NAME, J::VERSION);
+        if let Some(c) = self.lock_registered().get(&cache_key) {
+            return Ok(c.clone());
+        }
+        let _one_at_a_time = self.registering.lock().await;
+        if let Some(c) = self.lock_registered().get(&cache_key) {
             return Ok(c.clone());
         }
         let schema = parse_contract::<J>()?;
@@ -233,11 +244,7 @@ impl Codec {
             false,
             SuppliedSchema::new(None, SchemaType::Avro, J::SCHEMA.to_string()),
         );
-        let registered = match self
-            .encoder
-            .get_schema_and_id(&format!("{topic}/{}", J::VERSION), strategy)
-            .await
-        {
+        let registered = match self.encoder.get_schema_and_id(&cache_key, strategy).await {
             Ok(r) => r,
             Err(e) if e.retriable => {
                 return Err(Error::Registry {
@@ -277,8 +284,7 @@ impl Codec {
             subject,
             schema: Arc::new(schema),
         };
-        self.lock_registered()
-            .insert(topic.to_string(), contract.clone());
+        self.lock_registered().insert(cache_key, contract.clone());
         Ok(contract)
     }
 
@@ -425,10 +431,7 @@ fn rename_aliased(value: Value, reader: &Schema) -> Value {
             if rs.fields.iter().any(|f| f.name == name) {
                 return (name, v);
             }
-            let target = rs
-                .fields
-                .iter()
-                .find(|f| f.aliases.contains(&name));
+            let target = rs.fields.iter().find(|f| f.aliases.contains(&name));
             match target {
                 Some(f) => (f.name.clone(), v),
                 None => (name, v),

@@ -36,6 +36,7 @@ pub mod job;
 pub mod lag;
 pub mod offsets;
 pub mod producer;
+pub mod replay;
 pub mod retry;
 pub mod schema;
 pub mod topics;

@@ -7,6 +7,8 @@
 //! (clap), 1 for everything that failed while running.
 
 mod dlq;
+mod replay;
+mod schema;
 mod time;
 mod topics;
 
@@ -35,6 +37,11 @@ enum Command {
     /// Inspect, re-drive and resolve dead letters.
     #[command(subcommand)]
     Dlq(dlq::DlqCommand),
+    /// Reset a group's offsets to handle jobs again (dry run unless --execute).
+    Replay(replay::ReplayArgs),
+    /// Check or register job contracts against the schema registry.
+    #[command(subcommand)]
+    Schema(schema::SchemaCommand),
     /// Create a route's topics.
     #[command(subcommand)]
     Topics(topics::TopicsCommand),
@@ -60,6 +67,8 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Dlq(cmd) => dlq::run(&config, cmd).await,
+            Command::Replay(args) => replay::run(&config, args).await,
+            Command::Schema(cmd) => schema::run(&config, cmd).await,
             Command::Topics(cmd) => topics::run(&config, cmd).await,
         }
     });

@@ -1,0 +1,138 @@
+//! `kjob replay`: reset a group's offsets to handle jobs again, with a dry
+//! run first. Flags follow `kafka-consumer-groups --reset-offsets`.
+
+use anyhow::{anyhow, bail, Result};
+use clap::{ArgGroup, Args};
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+
+use super::time::parse_time;
+use crate::config::KafkaConfig;
+use crate::replay::{apply, plan, ReplayRow, ReplayTarget};
+use crate::retry::discover_tiers;
+use crate::topics::list_topics;
+
+#[derive(Args, Debug)]
+#[command(group(ArgGroup::new("target").required(true).args(["to_datetime", "by_duration", "to_offset", "shift_by", "to_earliest", "to_latest"])))]
+pub struct ReplayArgs {
+    /// Consumer group whose offsets move.
+    #[arg(long)]
+    group: String,
+    /// The job route's main topic.
+    #[arg(long)]
+    topic: String,
+    /// Also reset the route's retry-tier topics.
+    #[arg(long)]
+    include_tiers: bool,
+    /// Only these partitions (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    partitions: Option<Vec<i32>>,
+    /// First record at or after this time (2026-11-29T10:00:00, UTC unless an offset is given).
+    #[arg(long)]
+    to_datetime: Option<String>,
+    /// That long ago (e.g. 2h, 30m, 1day).
+    #[arg(long)]
+    by_duration: Option<String>,
+    /// An exact offset on every selected partition.
+    #[arg(long, allow_negative_numbers = true)]
+    to_offset: Option<i64>,
+    /// Move by N (negative = back), clamped to the log.
+    #[arg(long, allow_negative_numbers = true)]
+    shift_by: Option<i64>,
+    /// The log start.
+    #[arg(long)]
+    to_earliest: bool,
+    /// The log end.
+    #[arg(long)]
+    to_latest: bool,
+    /// Replay into this group (seeded with the targets); the live group is untouched.
+    #[arg(long)]
+    shadow_group: Option<String>,
+    /// Show the plan only (the default).
+    #[arg(long, conflicts_with = "execute")]
+    dry_run: bool,
+    /// Apply the plan.
+    #[arg(long)]
+    execute: bool,
+}
+
+impl ReplayArgs {
+    fn target(&self) -> Result<ReplayTarget> {
+        if let Some(t) = &self.to_datetime {
+            return Ok(ReplayTarget::ToDatetime(parse_absolute(t)?));
+        }
+        if let Some(d) = &self.by_duration {
+            let d = humantime::parse_duration(d).map_err(|e| {
+                anyhow!("--by-duration `{d}` is not a duration like 2h or 30m: {e}")
+            })?;
+            return Ok(ReplayTarget::ByDuration(d));
+        }
+        if let Some(o) = self.to_offset {
+            if o < 0 {
+                bail!("--to-offset must be 0 or more, got {o}");
+            }
+            return Ok(ReplayTarget::ToOffset(o));
+        }
+        if let Some(n) = self.shift_by {
+            return Ok(ReplayTarget::ShiftBy(n));
+        }
+        if self.to_earliest {
+            return Ok(ReplayTarget::ToEarliest);
+        }
+        Ok(ReplayTarget::ToLatest)
+    }
+}
+
+fn parse_absolute(s: &str) -> Result<i64> {
+    if humantime::parse_rfc3339_weak(s).is_err() {
+        bail!("--to-datetime `{s}` is not a date-time like 2026-11-29T10:00:00");
+    }
+    parse_time("--to-datetime", s)
+}
+
+fn table(rows: &[ReplayRow]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec![
+        "topic",
+        "partition",
+        "committed now",
+        "target",
+        "log end",
+        "jobs handled again",
+    ]);
+    for r in rows {
+        t.add_row(vec![
+            r.topic.clone(),
+            r.partition.to_string(),
+            r.committed.map_or("-".into(), |c| c.to_string()),
+            r.target.to_string(),
+            r.end.to_string(),
+            r.replayed().to_string(),
+        ]);
+    }
+    t
+}
+
+pub async fn run(config: &KafkaConfig, args: ReplayArgs) -> Result<()> {
+    let target = args.target()?;
+    let config = config.clone();
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let mut topics = vec![args.topic.clone()];
+        if args.include_tiers {
+            topics.extend(discover_tiers(&args.topic, &list_topics(&config)?).into_iter().map(|(_, t)| t));
+        }
+        let rows = plan(&config, &args.group, &topics, args.partitions.as_deref(), target)?;
+        println!("{}", table(&rows));
+        let total: i64 = rows.iter().map(|r| r.replayed().max(0)).sum();
+        let into = args.shadow_group.as_deref().unwrap_or(&args.group);
+        if !args.execute {
+            println!("dry run: {total} job(s) would be handled again by group `{into}`; pass --execute to apply");
+            return Ok(());
+        }
+        apply(&config, into, &rows)?;
+        println!("reset group `{into}`: {total} job(s) will be handled again");
+        Ok(())
+    })
+    .await
+    .map_err(|e| anyhow!("background task: {e}"))?
+}
