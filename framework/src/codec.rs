@@ -326,21 +326,7 @@ impl Codec {
         bytes: Option<&[u8]>,
         reader: &Schema,
     ) -> std::result::Result<J, DecodeError> {
-        let (id, body) = split_frame(bytes)?;
-        let writer = self.decoder.get_schema(id).await.map_err(|e| {
-            if e.retriable {
-                DecodeError::RegistryUnavailable {
-                    id,
-                    message: e.to_string(),
-                }
-            } else {
-                DecodeError::UnknownSchema {
-                    id,
-                    message: e.to_string(),
-                }
-            }
-        })?;
-        decode_body(id, &writer.parsed, body, reader)
+        decode_with::<J>(self, bytes, reader).await
     }
 }
 
@@ -380,6 +366,60 @@ impl Codec {
     }
 }
 
+/// Where writer schemas come from: the registry in production
+/// ([`Codec`]), an in-memory store in [`crate::testing`]. Decoding goes
+/// through this trait so both run the same resolution code.
+pub trait SchemaSource: Send + Sync {
+    /// Decodes a framed record to a value resolved against `reader`.
+    fn resolve<'a>(
+        &'a self,
+        bytes: Option<&'a [u8]>,
+        reader: &'a Schema,
+    ) -> futures::future::BoxFuture<'a, std::result::Result<Value, DecodeError>>;
+}
+
+impl SchemaSource for Codec {
+    fn resolve<'a>(
+        &'a self,
+        bytes: Option<&'a [u8]>,
+        reader: &'a Schema,
+    ) -> futures::future::BoxFuture<'a, std::result::Result<Value, DecodeError>> {
+        Box::pin(async move {
+            let (id, body) = split_frame(bytes)?;
+            let writer = self.decoder.get_schema(id).await.map_err(|e| {
+                if e.retriable {
+                    DecodeError::RegistryUnavailable {
+                        id,
+                        message: e.to_string(),
+                    }
+                } else {
+                    DecodeError::UnknownSchema {
+                        id,
+                        message: e.to_string(),
+                    }
+                }
+            })?;
+            decode_value(id, &writer.parsed, body, reader)
+        })
+    }
+}
+
+/// Decodes a framed record into `J` through any [`SchemaSource`].
+pub async fn decode_with<J: Job>(
+    source: &dyn SchemaSource,
+    bytes: Option<&[u8]>,
+    reader: &Schema,
+) -> std::result::Result<J, DecodeError> {
+    let value = source.resolve(bytes, reader).await?;
+    let id = bytes
+        .and_then(|b| split_frame(Some(b)).ok())
+        .map_or(0, |(id, _)| id);
+    from_value::<J>(&value).map_err(|e| DecodeError::Incompatible {
+        id,
+        message: e.to_string(),
+    })
+}
+
 /// Decodes an Avro body written with `writer` as `J` via `reader`. Pure and
 /// synchronous, so the in-memory test harness and the worker share it.
 pub fn decode_body<J: Job>(
@@ -388,6 +428,20 @@ pub fn decode_body<J: Job>(
     body: &[u8],
     reader: &Schema,
 ) -> std::result::Result<J, DecodeError> {
+    let value = decode_value(id, writer, body, reader)?;
+    from_value::<J>(&value).map_err(|e| DecodeError::Incompatible {
+        id,
+        message: e.to_string(),
+    })
+}
+
+/// Decodes an Avro body written with `writer` and resolves it to `reader`.
+pub fn decode_value(
+    id: u32,
+    writer: &Schema,
+    body: &[u8],
+    reader: &Schema,
+) -> std::result::Result<Value, DecodeError> {
     let mut cursor = body;
     let written = GenericDatumReader::builder(writer)
         .build()
@@ -404,16 +458,12 @@ pub fn decode_body<J: Job>(
     }
     // Avro resolution: a field renamed in the reader (with the old name as
     // an alias) takes the writer's value; then defaults, promotions, unions.
-    let value = rename_aliased(written, reader)
+    rename_aliased(written, reader)
         .resolve(reader)
         .map_err(|e| DecodeError::Incompatible {
             id,
             message: e.to_string(),
-        })?;
-    from_value::<J>(&value).map_err(|e| DecodeError::Incompatible {
-        id,
-        message: e.to_string(),
-    })
+        })
 }
 
 /// Renames top-level record fields the writer named by one of the reader

@@ -38,7 +38,10 @@ pub mod offsets;
 pub mod producer;
 pub mod replay;
 pub mod retry;
+pub mod routing;
 pub mod schema;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod topics;
 pub mod worker;
 

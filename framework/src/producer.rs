@@ -20,6 +20,24 @@ use crate::error::{Error, Result};
 use crate::headers::JobHeaders;
 use crate::job::Job;
 
+/// A fresh job id: a UUIDv7, so ids sort by creation time in logs and tables.
+pub fn new_job_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// The headers every enqueued job starts with (also used by the test
+/// harness, so its records look exactly like produced ones).
+pub fn enqueue_headers<J: Job>(job: &J, id: &str) -> JobHeaders {
+    JobHeaders {
+        job: Some(J::NAME.to_string()),
+        version: Some(J::VERSION),
+        id: Some(id.to_string()),
+        attempt: Some(1),
+        tenant: job.tenant(),
+        ..Default::default()
+    }
+}
+
 /// Where an enqueued job landed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Enqueued {
@@ -115,16 +133,8 @@ impl Producer {
     pub async fn enqueue_to<J: Job>(&self, topic: &str, job: &J) -> Result<Enqueued> {
         let contract = self.codec.register::<J>(topic).await?;
         let payload = Codec::encode(&contract, job)?;
-        let id = uuid::Uuid::now_v7().to_string();
-        let headers = JobHeaders {
-            job: Some(J::NAME.to_string()),
-            version: Some(J::VERSION),
-            id: Some(id.clone()),
-            attempt: Some(1),
-            tenant: job.tenant(),
-            ..Default::default()
-        }
-        .to_owned_headers();
+        let id = new_job_id();
+        let headers = enqueue_headers(job, &id).to_owned_headers();
         let key = job.key();
         let (partition, offset) = self
             .send_raw(topic, Some(key.as_bytes()), Some(&payload), headers)

@@ -36,9 +36,10 @@ pub fn forward_headers(
     attempt: u32,
     class: &str,
     message: &str,
+    now_ms: i64,
 ) -> JobHeaders {
     let mut h = JobHeaders::parse(source.headers());
-    h.record_failure(class, message, now_ms());
+    h.record_failure(class, message, now_ms);
     h.attempt = Some(attempt);
     h.group = Some(group.to_string());
     h.due_at_ms = None;
@@ -77,7 +78,7 @@ mod tests {
                 value: Some("j1"),
             }),
         );
-        let h = forward_headers(&src, "g", 3, "permanent", "boom");
+        let h = forward_headers(&src, "g", 3, "permanent", "boom", 7);
         assert_eq!(h.original_topic.as_deref(), Some("orders"));
         assert_eq!(h.original_partition, Some(2));
         assert_eq!(h.original_offset, Some(42));
@@ -95,9 +96,10 @@ mod tests {
             2,
             "retryable",
             "503",
+            1,
         );
         let hop = record("orders.retry.5s", first.to_owned_headers());
-        let second = forward_headers(&hop, "g", 3, "permanent", "404");
+        let second = forward_headers(&hop, "g", 3, "permanent", "404", 2);
         assert_eq!(second.original_topic.as_deref(), Some("orders"));
         assert_eq!(second.error_class.as_deref(), Some("permanent"));
         let owned = second.to_owned_headers();

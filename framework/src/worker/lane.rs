@@ -12,13 +12,12 @@ use std::sync::Arc;
 use rdkafka::message::{Message, OwnedMessage};
 use tracing::{debug, error, warn};
 
-use super::route::Attempt;
 use super::state::{LaneKey, Shared, Tp, WorkerStats};
 use crate::classify::ErrorClass;
-use crate::dlq::{forward_headers, now_ms};
+use crate::dlq::now_ms;
 use crate::headers::JobHeaders;
 use crate::job::JobContext;
-use crate::topics::dlq_topic;
+use crate::routing::{next_step, Next};
 
 /// Runs a lane until its queue is empty (or the partition is revoked, or the
 /// worker stops).
@@ -69,6 +68,29 @@ pub(crate) async fn run_lane(
     }
 }
 
+/// The context a handler sees for `msg`. Shared with the test harness.
+pub(crate) fn context_for(
+    msg: &OwnedMessage,
+    headers: &JobHeaders,
+    group: &str,
+    job: &str,
+) -> JobContext {
+    JobContext {
+        id: headers.id.clone().unwrap_or_default(),
+        job: headers.job.clone().unwrap_or_else(|| job.to_string()),
+        version: headers.version,
+        attempt: headers.attempt.unwrap_or(1).max(1),
+        topic: msg.topic().to_string(),
+        partition: msg.partition(),
+        offset: msg.offset(),
+        key: msg.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+        timestamp_ms: msg.timestamp().to_millis(),
+        tenant: headers.tenant.clone(),
+        group: group.to_string(),
+        due_at_ms: headers.due_at_ms,
+    }
+}
+
 /// Runs one record to a final outcome. Returns `true` when the offset may be
 /// marked done (handled, or forwarded to a retry tier or the DLQ and
 /// acknowledged), `false` when the worker is stopping and the record must be
@@ -81,32 +103,31 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
         return false;
     };
     let headers = JobHeaders::parse(msg.headers());
-    let attempt = headers.attempt.unwrap_or(1).max(1);
-    let ctx = JobContext {
-        id: headers.id.clone().unwrap_or_default(),
-        job: headers
-            .job
-            .clone()
-            .unwrap_or_else(|| entry.route.job_name().to_string()),
-        version: headers.version,
-        attempt,
-        topic: msg.topic().to_string(),
-        partition: msg.partition(),
-        offset: msg.offset(),
-        key: msg.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-        timestamp_ms: msg.timestamp().to_millis(),
-        tenant: headers.tenant.clone(),
-        group: shared.settings.group.clone(),
-        due_at_ms: headers.due_at_ms,
-    };
+    let ctx = context_for(
+        msg,
+        &headers,
+        &shared.settings.group,
+        entry.route.job_name(),
+    );
+    let attempt = ctx.attempt;
     let outcome = {
         let Ok(_permit) = shared.concurrency.acquire().await else {
             return false;
         };
         entry.route.run(msg.payload(), ctx).await
     };
-    let (class, message, retry_after) = match outcome {
-        Attempt::Done => {
+    let next = next_step(
+        &outcome,
+        msg,
+        &entry.main,
+        &shared.settings.group,
+        &entry.retry,
+        attempt,
+        rand::random::<f64>(),
+        now_ms(),
+    );
+    match next {
+        Next::Done => {
             WorkerStats::bump(&shared.stats.handled);
             debug!(
                 topic = msg.topic(),
@@ -115,70 +136,45 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
                 attempt,
                 "handled"
             );
-            return true;
+            true
         }
-        Attempt::Failed {
+        Next::Retry {
+            topic,
+            headers,
+            wait,
             class,
-            message,
-            retry_after,
-        } => (class, message, retry_after),
-    };
-    if class.is_retryable() {
-        if let Some(plan) = entry
-            .retry
-            .plan(attempt, retry_after, rand::random::<f64>())
-        {
-            let Some(target) = entry.retry.tier_topic(&entry.main, plan.tier) else {
-                return false;
-            };
-            let mut next = forward_headers(
-                msg,
-                &shared.settings.group,
-                attempt + 1,
-                class.as_str(),
-                &message,
-            );
-            next.due_at_ms = Some(now_ms() + plan.wait.as_millis() as i64);
+        } => {
             warn!(
-                topic = msg.topic(), partition = msg.partition(), offset = msg.offset(),
-                attempt, class = class.as_str(), error = %message, retry = %target,
-                wait_ms = plan.wait.as_millis() as u64, "attempt failed; scheduled a retry"
+                topic = msg.topic(), partition = msg.partition(), offset = msg.offset(), attempt,
+                class = class.as_str(), error = headers.error.as_deref().unwrap_or(""), retry = %topic,
+                wait_ms = wait.as_millis() as u64, "attempt failed; scheduled a retry"
             );
-            let sent = forward(shared, &target, msg, &next).await;
+            let sent = forward(shared, &topic, msg, &headers).await;
             if sent {
                 WorkerStats::bump(&shared.stats.retried);
             }
-            return sent;
+            sent
+        }
+        Next::DeadLetter {
+            topic,
+            headers,
+            class,
+            message,
+        } => {
+            warn!(
+                topic = msg.topic(), partition = msg.partition(), offset = msg.offset(), attempt,
+                class = class.as_str(), error = %message, dlq = %topic, "dead-lettering"
+            );
+            let sent = forward(shared, &topic, msg, &headers).await;
+            if sent {
+                WorkerStats::bump(&shared.stats.dead_lettered);
+                if class == ErrorClass::Panic {
+                    WorkerStats::bump(&shared.stats.panicked);
+                }
+            }
+            sent
         }
     }
-    let (class, message) = if class.is_retryable() {
-        (
-            ErrorClass::RetriesExhausted,
-            format!("gave up after {attempt} attempts; last failure {class}: {message}"),
-        )
-    } else {
-        (class, message)
-    };
-    let target = dlq_topic(&entry.main);
-    let headers = forward_headers(
-        msg,
-        &shared.settings.group,
-        attempt,
-        class.as_str(),
-        &message,
-    );
-    warn!(
-        topic = msg.topic(), partition = msg.partition(), offset = msg.offset(),
-        attempt, class = class.as_str(), error = %message, dlq = %target, "dead-lettering"
-    );
-    let sent = forward(shared, &target, msg, &headers).await;
-    if sent {
-        WorkerStats::bump(&shared.stats.dead_lettered);
-        if class == ErrorClass::Panic {
-            WorkerStats::bump(&shared.stats.panicked);
-        }
-    }
-    sent
 }
 
 /// Writes the record (payload and key unchanged, headers rebuilt) to

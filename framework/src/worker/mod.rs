@@ -43,7 +43,7 @@ use tokio::sync::{oneshot, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::codec::{parse_contract, Codec};
+use crate::codec::{parse_contract, Codec, SchemaSource};
 use crate::config::KafkaConfig;
 use crate::error::{Error, Result};
 use crate::job::Job;
@@ -69,7 +69,8 @@ pub enum Ordering {
 }
 
 /// Builds a route once the codec and timeout are known (at `build()`).
-type RouteFactory = Box<dyn FnOnce(Arc<Codec>, Option<Duration>) -> Result<Arc<dyn Route>> + Send>;
+type RouteFactory =
+    Box<dyn Fn(Arc<dyn SchemaSource>, Option<Duration>) -> Result<Arc<dyn Route>> + Send + Sync>;
 
 /// Configures a [`Worker`]. Every setting has a production-safe default.
 pub struct WorkerBuilder {
@@ -93,14 +94,15 @@ impl WorkerBuilder {
 
     /// Runs handlers for `J` on an explicit topic.
     pub fn handle_on<J: Job, H: Handler<J>>(mut self, topic: &str, handler: H) -> Self {
+        let handler = Arc::new(handler);
         self.routes.push((
             topic.to_string(),
-            Box::new(move |codec, timeout| {
+            Box::new(move |schemas, timeout| {
                 let reader = parse_contract::<J>()?;
-                Ok(Arc::new(TypedRoute::<J, H> {
-                    handler,
+                Ok(Arc::new(TypedRoute::<J, Arc<H>> {
+                    handler: handler.clone(),
                     reader,
-                    codec,
+                    schemas,
                     timeout,
                     _job: PhantomData,
                 }) as Arc<dyn Route>)
@@ -188,36 +190,63 @@ impl WorkerBuilder {
     /// Validates the configuration and parses every contract's schema, so a
     /// broken contract fails here rather than at the first record.
     pub fn build(self) -> Result<Worker> {
+        let codec = self
+            .codec
+            .as_ref()
+            .map_err(|e| Error::Config(e.to_string()))?
+            .clone();
+        let routes = self.build_routes(codec.clone())?;
+        Ok(Worker {
+            config: self.config,
+            settings: self.settings,
+            concurrency: self.concurrency,
+            codec,
+            routes: routes.entries,
+            mains: routes.mains,
+            static_member: self.static_member,
+            create_topics: self.create_topics,
+            stats: Arc::new(WorkerStats::default()),
+        })
+    }
+
+    /// The consumer group this builder was created for.
+    pub fn group(&self) -> &str {
+        &self.settings.group
+    }
+
+    /// Turns the registrations into routes decoding through `schemas`: the
+    /// registry for a worker, an in-memory store for the test harness. One
+    /// code path, so both route, classify and retry alike.
+    pub(crate) fn build_routes(&self, schemas: Arc<dyn SchemaSource>) -> Result<Routes> {
         if self.routes.is_empty() {
             return Err(Error::Config("a worker needs at least one handler".into()));
         }
-        let codec = self.codec?;
-        let mut routes: HashMap<String, RouteEntry> = HashMap::new();
+        let mut entries: HashMap<String, RouteEntry> = HashMap::new();
         let mut mains = Vec::new();
-        for (topic, make) in self.routes {
-            if routes.contains_key(&topic) {
+        for (topic, make) in &self.routes {
+            if entries.contains_key(topic) {
                 return Err(Error::Config(format!(
                     "two handlers registered for topic `{topic}`"
                 )));
             }
             let retry = self
                 .retry_overrides
-                .get(&topic)
+                .get(topic)
                 .unwrap_or(&self.retry)
                 .clone();
             retry
                 .validate()
                 .map_err(|e| Error::Config(format!("retry policy for `{topic}`: {e}")))?;
             let retry = Arc::new(retry);
-            let route = make(codec.clone(), self.handler_timeout)?;
-            for (i, tier) in retry.tier_topics(&topic).into_iter().enumerate() {
+            let route = make(schemas.clone(), self.handler_timeout)?;
+            for (i, tier) in retry.tier_topics(topic).into_iter().enumerate() {
                 let entry = RouteEntry {
                     route: route.clone(),
                     main: topic.clone(),
                     tier: Some(i),
                     retry: retry.clone(),
                 };
-                if routes.insert(tier.clone(), entry).is_some() {
+                if entries.insert(tier.clone(), entry).is_some() {
                     return Err(Error::Config(format!("topic `{tier}` is used twice")));
                 }
             }
@@ -227,28 +256,24 @@ impl WorkerBuilder {
                 tier: None,
                 retry,
             };
-            if routes.insert(topic.clone(), entry).is_some() {
+            if entries.insert(topic.clone(), entry).is_some() {
                 return Err(Error::Config(format!("topic `{topic}` is used twice")));
             }
-            mains.push(topic);
+            mains.push(topic.clone());
         }
         if let Some(unknown) = self.retry_overrides.keys().find(|t| !mains.contains(t)) {
             return Err(Error::Config(format!(
                 "retry policy for `{unknown}`, which has no handler"
             )));
         }
-        Ok(Worker {
-            config: self.config,
-            settings: self.settings,
-            concurrency: self.concurrency,
-            codec,
-            routes,
-            mains,
-            static_member: self.static_member,
-            create_topics: self.create_topics,
-            stats: Arc::new(WorkerStats::default()),
-        })
+        Ok(Routes { entries, mains })
     }
+}
+
+/// Routes by topic (main topics and their tiers).
+pub(crate) struct Routes {
+    pub entries: HashMap<String, RouteEntry>,
+    pub mains: Vec<String>,
 }
 
 /// A configured worker. [`Worker::run`] blocks until SIGTERM/SIGINT;

@@ -17,7 +17,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use crate::classify::{ErrorClass, JobError};
-use crate::codec::Codec;
+use crate::codec::{decode_with, SchemaSource};
 use crate::job::{Job, JobContext};
 
 /// Anything that can handle jobs of type `J`. Implemented for every
@@ -27,6 +27,14 @@ use crate::job::{Job, JobContext};
 pub trait Handler<J>: Send + Sync + 'static {
     /// Runs one attempt.
     fn call(&self, job: J, ctx: JobContext) -> BoxFuture<'static, Result<(), JobError>>;
+}
+
+/// A shared handler is a handler (the worker and the test harness can hold
+/// the same one).
+impl<J, H: Handler<J>> Handler<J> for Arc<H> {
+    fn call(&self, job: J, ctx: JobContext) -> BoxFuture<'static, Result<(), JobError>> {
+        (**self).call(job, ctx)
+    }
 }
 
 impl<J, F, Fut> Handler<J> for F
@@ -64,7 +72,7 @@ pub(crate) trait Route: Send + Sync {
 pub(crate) struct TypedRoute<J, H> {
     pub handler: H,
     pub reader: Schema,
-    pub codec: Arc<Codec>,
+    pub schemas: Arc<dyn SchemaSource>,
     pub timeout: Option<Duration>,
     pub _job: PhantomData<fn() -> J>,
 }
@@ -76,7 +84,7 @@ impl<J: Job, H: Handler<J>> Route for TypedRoute<J, H> {
 
     fn run<'a>(&'a self, payload: Option<&'a [u8]>, ctx: JobContext) -> BoxFuture<'a, Attempt> {
         Box::pin(async move {
-            let job = match self.codec.decode::<J>(payload, &self.reader).await {
+            let job = match decode_with::<J>(self.schemas.as_ref(), payload, &self.reader).await {
                 Ok(job) => job,
                 Err(e) => {
                     return Attempt::Failed {

@@ -1,0 +1,199 @@
+//! Where a record goes after an attempt: done, the next retry tier, or the
+//! DLQ. One pure function, used by the worker and by the in-memory test
+//! harness ([`crate::testing`]), so a unit test of a handler exercises the
+//! exact rules production runs.
+
+use std::time::Duration;
+
+use rdkafka::message::OwnedMessage;
+
+use crate::classify::ErrorClass;
+use crate::dlq::forward_headers;
+use crate::headers::JobHeaders;
+use crate::retry::RetryPolicy;
+use crate::topics::dlq_topic;
+use crate::worker::Attempt;
+
+/// The decision for one attempt.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Next {
+    /// Handled: mark the offset done.
+    Done,
+    /// Forward to a retry tier with these (rebuilt) headers, then mark done.
+    Retry {
+        /// Tier topic.
+        topic: String,
+        /// Headers of the forwarded record (attempt + 1, due time, failure).
+        headers: JobHeaders,
+        /// How long until it is due.
+        wait: Duration,
+        /// The failure's class.
+        class: ErrorClass,
+    },
+    /// Forward to the DLQ with these headers, then mark done.
+    DeadLetter {
+        /// DLQ topic.
+        topic: String,
+        /// Headers of the dead letter.
+        headers: JobHeaders,
+        /// Final class (`retries_exhausted` for a retryable failure out of attempts).
+        class: ErrorClass,
+        /// Final message.
+        message: String,
+    },
+}
+
+/// Decides what follows `outcome` for `source` (a record of `main` or one of
+/// its tiers) on attempt `attempt`. `unit` is a random number in `[0, 1)` for
+/// jitter and `now_ms` the clock; both are parameters so the decision is
+/// deterministic under test.
+#[allow(clippy::too_many_arguments)]
+pub fn next_step(
+    outcome: &Attempt,
+    source: &OwnedMessage,
+    main: &str,
+    group: &str,
+    policy: &RetryPolicy,
+    attempt: u32,
+    unit: f64,
+    now_ms: i64,
+) -> Next {
+    let (class, message, retry_after) = match outcome {
+        Attempt::Done => return Next::Done,
+        Attempt::Failed {
+            class,
+            message,
+            retry_after,
+        } => (*class, message.as_str(), *retry_after),
+    };
+    if class.is_retryable() {
+        if let Some(plan) = policy.plan(attempt, retry_after, unit) {
+            if let Some(topic) = policy.tier_topic(main, plan.tier) {
+                let mut headers =
+                    forward_headers(source, group, attempt + 1, class.as_str(), message, now_ms);
+                headers.due_at_ms = Some(now_ms + plan.wait.as_millis() as i64);
+                return Next::Retry {
+                    topic,
+                    headers,
+                    wait: plan.wait,
+                    class,
+                };
+            }
+        }
+    }
+    let (class, message) = if class.is_retryable() {
+        (
+            ErrorClass::RetriesExhausted,
+            format!("gave up after {attempt} attempts; last failure {class}: {message}"),
+        )
+    } else {
+        (class, message.to_string())
+    };
+    Next::DeadLetter {
+        topic: dlq_topic(main),
+        headers: forward_headers(source, group, attempt, class.as_str(), &message, now_ms),
+        class,
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::message::Timestamp;
+
+    fn record() -> OwnedMessage {
+        OwnedMessage::new(
+            Some(vec![1]),
+            None,
+            "orders".into(),
+            Timestamp::CreateTime(5),
+            0,
+            9,
+            None,
+        )
+    }
+
+    fn failed(class: ErrorClass) -> Attempt {
+        Attempt::Failed {
+            class,
+            message: "boom".into(),
+            retry_after: None,
+        }
+    }
+
+    #[test]
+    fn retryable_goes_to_the_tier_of_its_attempt() {
+        let p = RetryPolicy::tiers([Duration::from_secs(5), Duration::from_secs(30)]).jitter(0.0);
+        let next = next_step(
+            &failed(ErrorClass::RetryableServer),
+            &record(),
+            "orders",
+            "g",
+            &p,
+            2,
+            0.0,
+            1000,
+        );
+        match next {
+            Next::Retry {
+                topic,
+                headers,
+                wait,
+                ..
+            } => {
+                assert_eq!(topic, "orders.retry.30s");
+                assert_eq!(wait, Duration::from_secs(30));
+                assert_eq!(headers.attempt, Some(3));
+                assert_eq!(headers.due_at_ms, Some(31_000));
+                assert_eq!(headers.first_failed_at_ms, Some(1000));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn permanent_and_exhausted_go_to_the_dlq() {
+        let p = RetryPolicy::tiers([Duration::from_secs(5)]);
+        let next = next_step(
+            &failed(ErrorClass::PermanentNotFound),
+            &record(),
+            "orders",
+            "g",
+            &p,
+            1,
+            0.0,
+            0,
+        );
+        assert!(
+            matches!(next, Next::DeadLetter { class: ErrorClass::PermanentNotFound, ref topic, .. } if topic == "orders.dlq")
+        );
+        let next = next_step(
+            &failed(ErrorClass::RetryableTimeout),
+            &record(),
+            "orders",
+            "g",
+            &p,
+            2,
+            0.0,
+            0,
+        );
+        match next {
+            Next::DeadLetter {
+                class,
+                headers,
+                message,
+                ..
+            } => {
+                assert_eq!(class, ErrorClass::RetriesExhausted);
+                assert_eq!(headers.attempt, Some(2));
+                assert!(message.contains("retryable.timeout"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            next_step(&Attempt::Done, &record(), "orders", "g", &p, 1, 0.0, 0),
+            Next::Done
+        );
+    }
+}
