@@ -32,6 +32,7 @@ pub mod config;
 pub mod dlq;
 pub mod error;
 pub mod headers;
+pub mod idempotency;
 pub mod job;
 pub mod lag;
 pub mod offsets;

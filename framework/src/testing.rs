@@ -226,6 +226,23 @@ impl Harness {
         Ok(job_id)
     }
 
+    /// Delivers a copy of an existing record again (same key, payload and
+    /// headers, hence the same job id), as Kafka does after a worker died
+    /// between a side effect and its commit. Use it to prove a handler is
+    /// idempotent.
+    pub fn redeliver(&mut self, record: &OwnedMessage) -> Result<()> {
+        let headers = record
+            .headers()
+            .cloned()
+            .unwrap_or_else(rdkafka::message::OwnedHeaders::new);
+        self.append(
+            record.topic(),
+            record.key().map(<[u8]>::to_vec),
+            record.payload().map(<[u8]>::to_vec),
+            headers,
+        )
+    }
+
     /// Appends raw bytes (a poison record) to `topic`.
     pub fn enqueue_raw(&mut self, topic: &str, key: &str, payload: &[u8]) -> Result<()> {
         self.append(
