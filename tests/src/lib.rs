@@ -115,6 +115,35 @@ pub fn ensure_stack() -> KafkaConfig {
     config
 }
 
+/// The PostgreSQL URL of the local stack (or `KJOB_DATABASE_URL`), after
+/// making sure it answers (starting the stack if needed, failing loudly).
+pub fn ensure_postgres() -> String {
+    ensure_stack();
+    let url = std::env::var("KJOB_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:54329/kjob".to_string());
+    let host_port = url
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or("127.0.0.1:54329")
+        .to_string();
+    if !answers(&host_port) {
+        let status = Command::new(repo_root().join("dev"))
+            .args(["stack", "up"])
+            .status()
+            .expect("running ./dev stack up");
+        assert!(
+            status.success(),
+            "./dev stack up failed; the PostgreSQL tests need it"
+        );
+        assert!(
+            answers(&host_port),
+            "PostgreSQL at {host_port} does not answer after ./dev stack up"
+        );
+    }
+    url
+}
+
 /// A name unique to this test run, so tests never share topics or groups.
 pub fn unique(prefix: &str) -> String {
     format!(
