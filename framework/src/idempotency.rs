@@ -11,7 +11,7 @@
 //! * `PgMarkers` (feature `postgres`): an `INSERT ... ON CONFLICT DO NOTHING`
 //!   on a table with the key as primary key, inside the caller's transaction.
 //!
-//! ```ignore
+//! ```text
 //! let tx = client.transaction().await?;
 //! if markers.mark(&tx, &ctx.id, "invoice.render").await? == Mark::Duplicate {
 //!     return Ok(()); // the effect committed on an earlier delivery
