@@ -131,3 +131,53 @@ mod tests {
         assert_eq!(lag(Some(12), 0, 10), 0);
     }
 }
+
+/// Age in seconds of the first uncommitted record of each partition with
+/// lag, read from Kafka (the record at the committed offset). Partitions
+/// without lag are absent. Blocking.
+pub fn oldest_pending_ages(
+    config: &KafkaConfig,
+    rows: &[PartitionLag],
+) -> Result<Vec<(String, i32, f64)>> {
+    use rdkafka::Message;
+    let pending: Vec<&PartitionLag> = rows.iter().filter(|r| r.lag() > 0).collect();
+    if pending.is_empty() {
+        return Ok(Vec::new());
+    }
+    let consumer: BaseConsumer = config
+        .client_config(&[
+            ("group.id", "kjob-status-reader"),
+            ("enable.auto.commit", "false"),
+        ])
+        .create()
+        .map_err(|e| Error::kafka("creating status reader", e))?;
+    let mut tpl = TopicPartitionList::new();
+    for r in &pending {
+        let from = r.committed.unwrap_or(r.start).max(r.start);
+        tpl.add_partition_offset(&r.topic, r.partition, Offset::Offset(from))
+            .map_err(|e| Error::kafka("building status assignment", e))?;
+    }
+    consumer
+        .assign(&tpl)
+        .map_err(|e| Error::kafka("assigning status reader", e))?;
+    let now = crate::dlq::now_ms();
+    let mut out: Vec<(String, i32, f64)> = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while out.len() < pending.len() && std::time::Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            if out
+                .iter()
+                .any(|(t, p, _)| t == m.topic() && *p == m.partition())
+            {
+                continue;
+            }
+            let ts = m.timestamp().to_millis().unwrap_or(now);
+            out.push((
+                m.topic().to_string(),
+                m.partition(),
+                ((now - ts).max(0) as f64) / 1000.0,
+            ));
+        }
+    }
+    Ok(out)
+}

@@ -41,6 +41,7 @@ pub mod replay;
 pub mod retry;
 pub mod routing;
 pub mod schema;
+pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod topics;

@@ -21,12 +21,13 @@
 //! (rdkafka's `store_offset_from_message` adds the 1 itself; kjob never uses
 //! it, so the +1 lives only here.)
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 /// Per-partition bookkeeping of started and finished offsets.
 #[derive(Debug, Default, Clone)]
 pub struct OffsetTracker {
-    in_flight: BTreeSet<i64>,
+    /// In-flight offsets and their record timestamps (epoch ms), if known.
+    in_flight: BTreeMap<i64, Option<i64>>,
     highest_seen: Option<i64>,
     committed: Option<i64>,
 }
@@ -40,7 +41,16 @@ impl OffsetTracker {
     /// Registers a record as dispatched. Must be called before the record can
     /// finish, in offset order per partition (the order Kafka delivers).
     pub fn start(&mut self, offset: i64) {
-        self.in_flight.insert(offset);
+        self.start_at(offset, None);
+    }
+
+    /// [`OffsetTracker::start`] with the record's timestamp, so the age of
+    /// the oldest pending record can be reported.
+    pub fn start_at(&mut self, offset: i64, timestamp_ms: Option<i64>) {
+        let entry = self.in_flight.entry(offset).or_insert(timestamp_ms);
+        if entry.is_none() {
+            *entry = timestamp_ms;
+        }
         if self.highest_seen.is_none_or(|h| offset > h) {
             self.highest_seen = Some(offset);
         }
@@ -49,7 +59,12 @@ impl OffsetTracker {
     /// Marks a record done. Returns false if it was not in flight (a stale
     /// completion from before a rebalance), which callers may log.
     pub fn finish(&mut self, offset: i64) -> bool {
-        self.in_flight.remove(&offset)
+        self.in_flight.remove(&offset).is_some()
+    }
+
+    /// Timestamp (epoch ms) of the oldest in-flight record, if known.
+    pub fn oldest_timestamp(&self) -> Option<i64> {
+        self.in_flight.values().flatten().min().copied()
     }
 
     /// How many records are started but not finished. Records dropped
@@ -62,7 +77,7 @@ impl OffsetTracker {
     /// The next offset to read, as Kafka wants it committed: the lowest
     /// in-flight offset, or highest seen + 1. `None` before the first record.
     pub fn watermark(&self) -> Option<i64> {
-        match self.in_flight.first() {
+        match self.in_flight.keys().next() {
             Some(lowest) => Some(*lowest),
             None => self.highest_seen.map(|h| h + 1),
         }
@@ -152,6 +167,20 @@ mod tests {
         assert_eq!(t.committed(), Some(2));
         t.reset_committed();
         assert_eq!(t.committable(), Some(2));
+    }
+
+    #[test]
+    fn oldest_timestamp_follows_in_flight_records() {
+        let mut t = OffsetTracker::new();
+        t.start_at(1, Some(500));
+        t.start_at(2, Some(300));
+        t.start(3);
+        assert_eq!(t.oldest_timestamp(), Some(300));
+        t.finish(2);
+        assert_eq!(t.oldest_timestamp(), Some(500));
+        t.finish(1);
+        t.finish(3);
+        assert_eq!(t.oldest_timestamp(), None);
     }
 
     #[test]

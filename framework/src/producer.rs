@@ -13,6 +13,8 @@ use futures::future::join_all;
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::codec::Codec;
 use crate::config::KafkaConfig;
@@ -134,11 +136,32 @@ impl Producer {
         let contract = self.codec.register::<J>(topic).await?;
         let payload = Codec::encode(&contract, job)?;
         let id = new_job_id();
-        let headers = enqueue_headers(job, &id).to_owned_headers();
+        let span = tracing::info_span!(
+            "kjob.enqueue",
+            otel.kind = "producer",
+            messaging.system = "kafka",
+            messaging.operation.type = "send",
+            messaging.destination.name = %topic,
+            messaging.message.id = %id,
+            kjob.job = J::NAME,
+            kjob.version = J::VERSION,
+            messaging.destination.partition.id = tracing::field::Empty,
+            messaging.kafka.offset = tracing::field::Empty,
+        );
+        let mut headers = enqueue_headers(job, &id);
+        crate::telemetry::inject(&span.context(), &mut headers);
         let key = job.key();
         let (partition, offset) = self
-            .send_raw(topic, Some(key.as_bytes()), Some(&payload), headers)
+            .send_raw(
+                topic,
+                Some(key.as_bytes()),
+                Some(&payload),
+                headers.to_owned_headers(),
+            )
+            .instrument(span.clone())
             .await?;
+        span.record("messaging.destination.partition.id", partition);
+        span.record("messaging.kafka.offset", offset);
         Ok(Enqueued {
             id,
             topic: topic.to_string(),

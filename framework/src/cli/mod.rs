@@ -9,6 +9,7 @@
 mod dlq;
 mod replay;
 mod schema;
+mod status;
 mod time;
 mod topics;
 
@@ -42,6 +43,8 @@ enum Command {
     /// Check or register job contracts against the schema registry.
     #[command(subcommand)]
     Schema(schema::SchemaCommand),
+    /// A route's lag, oldest pending job, retry tiers and DLQ, from Kafka alone.
+    Status(status::StatusArgs),
     /// Create a route's topics.
     #[command(subcommand)]
     Topics(topics::TopicsCommand),
@@ -69,6 +72,7 @@ pub fn main() -> ExitCode {
             Command::Dlq(cmd) => dlq::run(&config, cmd).await,
             Command::Replay(args) => replay::run(&config, args).await,
             Command::Schema(cmd) => schema::run(&config, cmd).await,
+            Command::Status(args) => status::run(&config, args).await,
             Command::Topics(cmd) => topics::run(&config, cmd).await,
         }
     });

@@ -10,7 +10,8 @@
 use std::sync::Arc;
 
 use rdkafka::message::{Message, OwnedMessage};
-use tracing::{debug, error, warn};
+use tracing::{debug, error, warn, Instrument};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::state::{LaneKey, Shared, Tp, WorkerStats};
 use crate::classify::ErrorClass;
@@ -110,12 +111,29 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
         entry.route.job_name(),
     );
     let attempt = ctx.attempt;
+    let job = ctx.job.clone();
+    let span = handle_span(msg, &ctx);
+    if let Some(due) = ctx.due_at_ms {
+        shared
+            .metrics
+            .lateness(msg.topic(), ((now_ms() - due).max(0) as f64) / 1000.0);
+    }
+    let started = std::time::Instant::now();
     let outcome = {
         let Ok(_permit) = shared.concurrency.acquire().await else {
             return false;
         };
-        entry.route.run(msg.payload(), ctx).await
+        shared.metrics.in_flight(&job, 1);
+        let outcome = entry
+            .route
+            .run(msg.payload(), ctx)
+            .instrument(span.clone())
+            .await;
+        shared.metrics.in_flight(&job, -1);
+        outcome
     };
+    let elapsed = started.elapsed();
+    shared.metrics.handler_seconds(&job, elapsed.as_secs_f64());
     let next = next_step(
         &outcome,
         msg,
@@ -126,55 +144,86 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
         rand::random::<f64>(),
         now_ms(),
     );
+    let at = format!("{}:{}", msg.partition(), msg.offset());
+    let duration_ms = elapsed.as_millis() as u64;
+    let id = headers.id.as_deref().unwrap_or("");
     match next {
         Next::Done => {
             WorkerStats::bump(&shared.stats.handled);
-            debug!(
-                topic = msg.topic(),
-                partition = msg.partition(),
-                offset = msg.offset(),
-                attempt,
-                "handled"
-            );
+            shared.metrics.outcome(&job, "ok");
+            debug!(parent: &span, job.id = id, job.type = %job, attempt, at = %at, duration_ms, outcome = "ok", "job handled");
             true
         }
         Next::Retry {
             topic,
-            headers,
+            mut headers,
             wait,
             class,
         } => {
             warn!(
-                topic = msg.topic(), partition = msg.partition(), offset = msg.offset(), attempt,
+                parent: &span, job.id = id, job.type = %job, attempt, at = %at, duration_ms, outcome = "retried",
                 class = class.as_str(), error = headers.error.as_deref().unwrap_or(""), retry = %topic,
                 wait_ms = wait.as_millis() as u64, "attempt failed; scheduled a retry"
             );
+            crate::telemetry::inject(&span.context(), &mut headers);
             let sent = forward(shared, &topic, msg, &headers).await;
             if sent {
                 WorkerStats::bump(&shared.stats.retried);
+                shared.metrics.outcome(&job, "retried");
             }
             sent
         }
         Next::DeadLetter {
             topic,
-            headers,
+            mut headers,
             class,
             message,
         } => {
+            let outcome = if class == ErrorClass::Panic {
+                "panicked"
+            } else {
+                "dead_lettered"
+            };
             warn!(
-                topic = msg.topic(), partition = msg.partition(), offset = msg.offset(), attempt,
+                parent: &span, job.id = id, job.type = %job, attempt, at = %at, duration_ms, outcome,
                 class = class.as_str(), error = %message, dlq = %topic, "dead-lettering"
             );
+            crate::telemetry::inject(&span.context(), &mut headers);
             let sent = forward(shared, &topic, msg, &headers).await;
             if sent {
                 WorkerStats::bump(&shared.stats.dead_lettered);
                 if class == ErrorClass::Panic {
                     WorkerStats::bump(&shared.stats.panicked);
                 }
+                shared.metrics.outcome(&job, outcome);
             }
             sent
         }
     }
+}
+
+/// The consumer span of one attempt, with OpenTelemetry messaging attributes,
+/// continuing the trace carried in the record's `traceparent`.
+fn handle_span(msg: &OwnedMessage, ctx: &JobContext) -> tracing::Span {
+    let span = tracing::info_span!(
+        "kjob.handle",
+        otel.kind = "consumer",
+        messaging.system = "kafka",
+        messaging.operation.type = "process",
+        messaging.destination.name = %msg.topic(),
+        messaging.destination.partition.id = msg.partition(),
+        messaging.kafka.offset = msg.offset(),
+        messaging.consumer.group.name = %ctx.group,
+        messaging.message.id = %ctx.id,
+        kjob.job = %ctx.job,
+        kjob.version = ctx.version.unwrap_or(0),
+        kjob.attempt = ctx.attempt,
+    );
+    if !span.is_disabled() {
+        let parent = crate::telemetry::extract(&JobHeaders::parse(msg.headers()));
+        let _ = span.set_parent(parent);
+    }
+    span
 }
 
 /// Writes the record (payload and key unchanged, headers rebuilt) to

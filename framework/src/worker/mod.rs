@@ -41,6 +41,10 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use tokio::sync::{oneshot, Semaphore};
 use tokio_util::sync::CancellationToken;
+
+use crate::telemetry::http;
+use crate::telemetry::metrics::Metrics;
+use std::net::SocketAddr;
 use tracing::{info, warn};
 
 use crate::codec::{parse_contract, Codec, SchemaSource};
@@ -84,6 +88,7 @@ pub struct WorkerBuilder {
     create_topics: bool,
     retry: RetryPolicy,
     retry_overrides: HashMap<String, RetryPolicy>,
+    endpoint: Option<SocketAddr>,
 }
 
 impl WorkerBuilder {
@@ -187,6 +192,14 @@ impl WorkerBuilder {
         self
     }
 
+    /// Serves `/metrics` (Prometheus), `/healthz` and `/readyz` on `addr`
+    /// while the worker runs (port 0 picks a free port; see
+    /// [`WorkerStats::endpoint`]). Without it, metrics are no-ops.
+    pub fn metrics_endpoint(mut self, addr: SocketAddr) -> Self {
+        self.endpoint = Some(addr);
+        self
+    }
+
     /// Validates the configuration and parses every contract's schema, so a
     /// broken contract fails here rather than at the first record.
     pub fn build(self) -> Result<Worker> {
@@ -196,7 +209,13 @@ impl WorkerBuilder {
             .map_err(|e| Error::Config(e.to_string()))?
             .clone();
         let routes = self.build_routes(codec.clone())?;
+        let metrics = match self.endpoint {
+            Some(_) => Metrics::prometheus().map_err(Error::Config)?,
+            None => Metrics::disabled(),
+        };
         Ok(Worker {
+            metrics,
+            endpoint: self.endpoint,
             config: self.config,
             settings: self.settings,
             concurrency: self.concurrency,
@@ -288,6 +307,8 @@ pub struct Worker {
     static_member: Option<String>,
     create_topics: bool,
     stats: Arc<WorkerStats>,
+    metrics: Metrics,
+    endpoint: Option<SocketAddr>,
 }
 
 impl Worker {
@@ -313,6 +334,7 @@ impl Worker {
             create_topics: true,
             retry: RetryPolicy::default(),
             retry_overrides: HashMap::new(),
+            endpoint: None,
         }
     }
 
@@ -351,7 +373,22 @@ impl Worker {
             stopping: AtomicBool::new(false),
             cancel: CancellationToken::new(),
             runtime: tokio::runtime::Handle::current(),
+            metrics: self.metrics.clone(),
         });
+        let background = CancellationToken::new();
+        let _stop_background = background.clone().drop_guard();
+        if let Some(addr) = self.endpoint {
+            let bound = http::serve(
+                addr,
+                self.metrics.clone(),
+                self.stats.clone(),
+                background.clone(),
+            )
+            .await?;
+            let _ = self.stats.endpoint.set(bound);
+            info!(%bound, "metrics endpoint listening");
+            self.spawn_lag_refresh(background.clone());
+        }
         let consumer = self.consumer(shared.clone())?;
         let topics = self.topics();
         let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
@@ -382,6 +419,8 @@ impl Worker {
             }
         }
         info!("stop requested");
+        // Not ready from the moment shutdown begins.
+        self.stats.ready.store(false, AtomicOrdering::Release);
         shared.stopping.store(true, AtomicOrdering::Release);
         let bound = self.settings.shutdown_grace + Duration::from_secs(30);
         match tokio::time::timeout(bound, done_rx).await {
@@ -393,6 +432,37 @@ impl Worker {
                 "consumer did not close within {bound:?}; offsets up to the last commit are safe"
             ))),
         }
+    }
+
+    /// Refreshes `kjob_consumer_lag` from Kafka (committed vs end offsets of
+    /// every consumed topic) every two seconds, off the async threads.
+    fn spawn_lag_refresh(&self, stop: CancellationToken) {
+        let (config, group, topics) = (
+            self.config.clone(),
+            self.settings.group.clone(),
+            self.topics(),
+        );
+        let snapshot = self.metrics.snapshot.clone();
+        tokio::spawn(async move {
+            loop {
+                let (c, g, t) = (config.clone(), group.clone(), topics.clone());
+                if let Ok(Ok(rows)) =
+                    tokio::task::spawn_blocking(move || crate::lag::group_lag(&c, &g, &t)).await
+                {
+                    let mut snap = snapshot
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    snap.lag = rows
+                        .iter()
+                        .map(|r| ((r.topic.clone(), r.partition), r.lag()))
+                        .collect();
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                }
+            }
+        });
     }
 
     /// Fails fast, with a clear message, if the registry is down or a main

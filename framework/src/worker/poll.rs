@@ -37,6 +37,7 @@ impl ClientContext for WorkerContext {}
 impl ConsumerContext for WorkerContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         WorkerStats::bump(&self.shared.stats.rebalances);
+        self.shared.metrics.rebalance();
         match rebalance {
             Rebalance::Revoke(tpl) => on_revoke(&self.shared, consumer, tpl),
             Rebalance::Assign(tpl) => on_assign(&self.shared, tpl),
@@ -200,7 +201,8 @@ fn dispatch(shared: &Arc<Shared>, consumer: &BaseConsumer<WorkerContext>, msg: O
         let now = now_ms();
         if let Some(due_ms) = due_ms.filter(|d| *d > now + DUE_SLACK_MS) {
             // The placeholder keeps the watermark below the held record.
-            p.tracker.start(msg.offset());
+            p.tracker
+                .start_at(msg.offset(), msg.timestamp().to_millis());
             // +1 ms: `due` is in whole milliseconds, resuming a hair early
             // would cost a second pause/seek round trip.
             let wait = Duration::from_millis((due_ms - now) as u64 + 1);
@@ -223,7 +225,8 @@ fn dispatch(shared: &Arc<Shared>, consumer: &BaseConsumer<WorkerContext>, msg: O
             return;
         }
     }
-    p.tracker.start(msg.offset());
+    p.tracker
+        .start_at(msg.offset(), msg.timestamp().to_millis());
     let epoch = p.epoch;
     match p.lanes.get_mut(&lane) {
         Some(queue) => queue.push_back(msg),
@@ -293,6 +296,30 @@ fn release_due(shared: &Shared, consumer: &BaseConsumer<WorkerContext>) {
     }
 }
 
+/// Updates `kjob_oldest_pending_seconds`: per topic, the age of the oldest
+/// record this worker holds uncommitted (0 when nothing is pending).
+fn refresh_oldest_pending(shared: &Shared) {
+    let now = now_ms();
+    let mut ages: std::collections::HashMap<String, f64> = std::collections::HashMap::new();
+    {
+        let st = shared.lock();
+        for ((topic, _), p) in st.partitions.iter() {
+            let age = p
+                .tracker
+                .oldest_timestamp()
+                .map_or(0.0, |ts| ((now - ts).max(0) as f64) / 1000.0);
+            let slot = ages.entry(topic.clone()).or_insert(0.0);
+            *slot = slot.max(age);
+        }
+    }
+    let mut snap = shared
+        .metrics
+        .snapshot
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    snap.oldest_pending_seconds = ages;
+}
+
 /// The poll loop. Returns once `shared.stopping` is set and the shutdown
 /// sequence (drain, cancel, commit) is complete; the caller then closes the
 /// consumer.
@@ -308,6 +335,7 @@ pub(crate) fn poll_loop(shared: Arc<Shared>, consumer: &BaseConsumer<WorkerConte
         release_due(&shared, consumer);
         if last_commit.elapsed() >= shared.settings.commit_interval {
             commit(&shared, consumer, None, CommitMode::Async);
+            refresh_oldest_pending(&shared);
             last_commit = Instant::now();
         }
         match consumer.poll(shared.settings.poll_timeout) {

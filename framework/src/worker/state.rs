@@ -151,6 +151,8 @@ pub struct WorkerStats {
     pub rebalances: AtomicU64,
     /// Set while the worker is assigned partitions and consuming.
     pub ready: AtomicBool,
+    /// The metrics endpoint's bound address, once it listens.
+    pub endpoint: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 impl WorkerStats {
@@ -189,6 +191,7 @@ pub(crate) struct Shared {
     /// Cancels retry waits and DLQ write retries at the end of the grace period.
     pub cancel: CancellationToken,
     pub runtime: tokio::runtime::Handle,
+    pub metrics: crate::telemetry::metrics::Metrics,
 }
 
 impl Shared {

@@ -1,0 +1,185 @@
+//! `kjob status`: how a route is doing, read from Kafka alone (no worker
+//! needed): per topic of the route (main and retry tiers) the partitions,
+//! lag, age of the oldest pending job and handled per second, plus the
+//! unresolved DLQ count. `--watch` refreshes; `--json` is for scripts.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Result};
+use clap::Args;
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use serde::Serialize;
+
+use crate::config::KafkaConfig;
+use crate::dlq::store::{DlqReader, Filter};
+use crate::lag::{group_lag, oldest_pending_ages, PartitionLag};
+use crate::retry::discover_tiers;
+use crate::topics::list_topics;
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Consumer group of the workers.
+    #[arg(long)]
+    group: String,
+    /// The route's main topic.
+    #[arg(long)]
+    topic: String,
+    /// Refresh every N seconds until interrupted.
+    #[arg(long, value_name = "SECONDS")]
+    watch: Option<u64>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One topic of a route.
+#[derive(Debug, Serialize)]
+pub struct TopicStatus {
+    /// Topic name.
+    pub topic: String,
+    /// `main` or `retry tier`.
+    pub role: String,
+    /// Partition count.
+    pub partitions: usize,
+    /// Records not yet committed by the group (for a tier: jobs waiting).
+    pub lag: i64,
+    /// Age of the oldest pending record, seconds.
+    pub oldest_pending_seconds: f64,
+    /// Committed records per second over the sampling interval.
+    pub handled_per_second: f64,
+    /// Per-partition lag.
+    pub partition_lag: Vec<(i32, i64)>,
+}
+
+/// A route's status.
+#[derive(Debug, Serialize)]
+pub struct RouteStatus {
+    /// Consumer group.
+    pub group: String,
+    /// Main topic.
+    pub topic: String,
+    /// Main topic and tiers.
+    pub topics: Vec<TopicStatus>,
+    /// Dead letters without an audit entry.
+    pub dlq_unresolved: Option<usize>,
+}
+
+fn sample(config: &KafkaConfig, group: &str, topics: &[String]) -> Result<Vec<PartitionLag>> {
+    Ok(group_lag(config, group, topics)?)
+}
+
+fn committed_sum(rows: &[PartitionLag], topic: &str) -> i64 {
+    rows.iter()
+        .filter(|r| r.topic == topic)
+        .map(|r| r.committed.unwrap_or(r.start))
+        .sum()
+}
+
+/// Reads the status; `interval` is how long handled-per-second samples.
+pub fn read_status(
+    config: &KafkaConfig,
+    group: &str,
+    main: &str,
+    interval: Duration,
+) -> Result<RouteStatus> {
+    let mut topics = vec![main.to_string()];
+    topics.extend(
+        discover_tiers(main, &list_topics(config)?)
+            .into_iter()
+            .map(|(_, t)| t),
+    );
+    let first = sample(config, group, &topics)?;
+    let started = Instant::now();
+    std::thread::sleep(interval);
+    let rows = sample(config, group, &topics)?;
+    let secs = started.elapsed().as_secs_f64().max(1e-3);
+    let ages = oldest_pending_ages(config, &rows)?;
+    let dlq_unresolved = DlqReader::new(config, main)
+        .list(&Filter::default(), false)
+        .ok()
+        .map(|v| v.len());
+    let statuses = topics
+        .iter()
+        .map(|t| {
+            let mine: Vec<&PartitionLag> = rows.iter().filter(|r| &r.topic == t).collect();
+            TopicStatus {
+                topic: t.clone(),
+                role: if t == main {
+                    "main".into()
+                } else {
+                    "retry tier".into()
+                },
+                partitions: mine.len(),
+                lag: mine.iter().map(|r| r.lag()).sum(),
+                oldest_pending_seconds: ages
+                    .iter()
+                    .filter(|(at, _, _)| at == t)
+                    .map(|(_, _, a)| *a)
+                    .fold(0.0, f64::max),
+                handled_per_second: ((committed_sum(&rows, t) - committed_sum(&first, t)).max(0)
+                    as f64)
+                    / secs,
+                partition_lag: mine.iter().map(|r| (r.partition, r.lag())).collect(),
+            }
+        })
+        .collect();
+    Ok(RouteStatus {
+        group: group.to_string(),
+        topic: main.to_string(),
+        topics: statuses,
+        dlq_unresolved,
+    })
+}
+
+fn print(status: &RouteStatus, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(status)?);
+        return Ok(());
+    }
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec![
+        "topic",
+        "role",
+        "partitions",
+        "lag / waiting",
+        "oldest pending",
+        "handled/s",
+    ]);
+    for s in &status.topics {
+        t.add_row(vec![
+            s.topic.clone(),
+            s.role.clone(),
+            s.partitions.to_string(),
+            s.lag.to_string(),
+            format!("{:.1}s", s.oldest_pending_seconds),
+            format!("{:.1}", s.handled_per_second),
+        ]);
+    }
+    println!("group `{}`, route `{}`", status.group, status.topic);
+    println!("{t}");
+    match status.dlq_unresolved {
+        Some(n) => println!("DLQ `{}.dlq`: {n} unresolved", status.topic),
+        None => println!("DLQ `{}.dlq`: none", status.topic),
+    }
+    Ok(())
+}
+
+pub async fn run(config: &KafkaConfig, args: StatusArgs) -> Result<()> {
+    let config = config.clone();
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let interval = Duration::from_secs(args.watch.unwrap_or(1).max(1));
+        loop {
+            let status = read_status(&config, &args.group, &args.topic, interval)?;
+            if args.watch.is_some() && !args.json {
+                print!("\x1b[2J\x1b[H");
+            }
+            print(&status, args.json)?;
+            if args.watch.is_none() {
+                return Ok(());
+            }
+        }
+    })
+    .await
+    .map_err(|e| anyhow!("background task: {e}"))?
+}

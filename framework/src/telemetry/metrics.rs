@@ -1,0 +1,184 @@
+//! The worker's metrics, as OpenTelemetry instruments exported in Prometheus
+//! format (`/metrics`). Names follow DESIGN.md:
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `kjob_jobs_total` | counter | `job`, `outcome` (ok, retried, dead_lettered, panicked) |
+//! | `kjob_handler_seconds` | histogram | `job` |
+//! | `kjob_in_flight` | gauge | `job` |
+//! | `kjob_consumer_lag` | gauge | `topic`, `partition` |
+//! | `kjob_oldest_pending_seconds` | gauge | `topic` |
+//! | `kjob_retry_due_lateness_seconds` | histogram | `topic` |
+//! | `kjob_rebalances_total` | counter | |
+//!
+//! Each worker owns its registry, so two workers in one process (tests, a
+//! multi-tenant binary) never mix their numbers. A worker without a metrics
+//! endpoint uses no-op instruments: recording costs nothing.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _, UpDownCounter};
+use opentelemetry::KeyValue;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use prometheus::{Encoder, Registry, TextEncoder};
+
+/// Gauges the poll thread refreshes; read when `/metrics` is scraped.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// (topic, partition) -> records not yet committed.
+    pub lag: HashMap<(String, i32), i64>,
+    /// topic -> age in seconds of the oldest uncommitted record kjob holds.
+    pub oldest_pending_seconds: HashMap<String, f64>,
+}
+
+/// The instruments a worker records into.
+#[derive(Clone)]
+pub struct Metrics {
+    jobs: Counter<u64>,
+    handler_seconds: Histogram<f64>,
+    in_flight: UpDownCounter<i64>,
+    lateness: Histogram<f64>,
+    rebalances: Counter<u64>,
+    /// Refreshed by the poll thread.
+    pub snapshot: Arc<Mutex<Snapshot>>,
+    exporter: Option<Arc<(SdkMeterProvider, Registry)>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("exported", &self.exporter.is_some())
+            .finish()
+    }
+}
+
+impl Metrics {
+    /// No-op instruments (no endpoint configured).
+    pub fn disabled() -> Self {
+        let meter = opentelemetry::global::meter_provider().meter("kjob-disabled");
+        Self::with_meter(&meter, Arc::default(), None)
+    }
+
+    /// Instruments exported to a fresh Prometheus registry.
+    pub fn prometheus() -> Result<Self, String> {
+        let registry = Registry::new();
+        let exporter = opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .without_units()
+            .without_target_info()
+            .build()
+            .map_err(|e| format!("building the Prometheus exporter: {e}"))?;
+        let provider = SdkMeterProvider::builder().with_reader(exporter).build();
+        let meter = provider.meter("kjob");
+        let snapshot: Arc<Mutex<Snapshot>> = Arc::default();
+        Ok(Self::with_meter(
+            &meter,
+            snapshot,
+            Some(Arc::new((provider, registry))),
+        ))
+    }
+
+    fn with_meter(
+        meter: &Meter,
+        snapshot: Arc<Mutex<Snapshot>>,
+        exporter: Option<Arc<(SdkMeterProvider, Registry)>>,
+    ) -> Self {
+        let lag_snapshot = snapshot.clone();
+        meter
+            .i64_observable_gauge("kjob_consumer_lag")
+            .with_description("Records in a partition not yet committed by the group")
+            .with_callback(move |obs| {
+                let snap = lag_snapshot.lock().unwrap_or_else(PoisonError::into_inner);
+                for ((topic, partition), lag) in &snap.lag {
+                    obs.observe(
+                        *lag,
+                        &[
+                            KeyValue::new("topic", topic.clone()),
+                            KeyValue::new("partition", i64::from(*partition)),
+                        ],
+                    );
+                }
+            })
+            .build();
+        let age_snapshot = snapshot.clone();
+        meter
+            .f64_observable_gauge("kjob_oldest_pending_seconds")
+            .with_description("Age of the oldest record the worker holds but has not committed")
+            .with_callback(move |obs| {
+                let snap = age_snapshot.lock().unwrap_or_else(PoisonError::into_inner);
+                for (topic, age) in &snap.oldest_pending_seconds {
+                    obs.observe(*age, &[KeyValue::new("topic", topic.clone())]);
+                }
+            })
+            .build();
+        Self {
+            jobs: meter
+                .u64_counter("kjob_jobs")
+                .with_description("Attempts by job type and outcome")
+                .build(),
+            handler_seconds: meter
+                .f64_histogram("kjob_handler_seconds")
+                .with_description("Handler duration per attempt")
+                .build(),
+            in_flight: meter
+                .i64_up_down_counter("kjob_in_flight")
+                .with_description("Attempts running now")
+                .build(),
+            lateness: meter
+                .f64_histogram("kjob_retry_due_lateness_seconds")
+                .with_description("How long after its due time a retry ran")
+                .build(),
+            rebalances: meter
+                .u64_counter("kjob_rebalances")
+                .with_description("Partition assignments and revocations")
+                .build(),
+            snapshot,
+            exporter,
+        }
+    }
+
+    /// Counts one final outcome of an attempt.
+    pub fn outcome(&self, job: &str, outcome: &'static str) {
+        self.jobs.add(
+            1,
+            &[
+                KeyValue::new("job", job.to_string()),
+                KeyValue::new("outcome", outcome),
+            ],
+        );
+    }
+
+    /// Records a handler's duration.
+    pub fn handler_seconds(&self, job: &str, seconds: f64) {
+        self.handler_seconds
+            .record(seconds, &[KeyValue::new("job", job.to_string())]);
+    }
+
+    /// One more (or one less) attempt running.
+    pub fn in_flight(&self, job: &str, delta: i64) {
+        self.in_flight
+            .add(delta, &[KeyValue::new("job", job.to_string())]);
+    }
+
+    /// A retry ran `seconds` after its due time.
+    pub fn lateness(&self, topic: &str, seconds: f64) {
+        self.lateness
+            .record(seconds, &[KeyValue::new("topic", topic.to_string())]);
+    }
+
+    /// A rebalance happened.
+    pub fn rebalance(&self) {
+        self.rebalances.add(1, &[]);
+    }
+
+    /// The Prometheus text exposition, or `None` when metrics are disabled.
+    pub fn render(&self) -> Option<String> {
+        let (_, registry) = self.exporter.as_deref()?;
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&registry.gather(), &mut out)
+            .ok()?;
+        String::from_utf8(out).ok()
+    }
+}

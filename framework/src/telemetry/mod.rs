@@ -1,0 +1,155 @@
+//! Observability: logs, traces and metrics.
+//!
+//! * **Logs** go through `tracing`: human-readable by default, JSON with
+//!   `KJOB_LOG_FORMAT=json`, filtered by `RUST_LOG`. Every job log line
+//!   carries the job id, job type, attempt, `partition:offset` and duration;
+//!   payloads are never logged.
+//! * **Traces**: a span per enqueue (`kjob.enqueue`, kind producer) and per
+//!   attempt (`kjob.handle`, kind consumer) with OpenTelemetry messaging
+//!   attributes. W3C `traceparent`/`tracestate` travel in the record headers
+//!   on enqueue and on every retry and DLQ hop, so one trace shows
+//!   enqueue → handle → retry → handle. Export is OTLP/gRPC, configured by
+//!   the standard `OTEL_*` variables and **off unless
+//!   `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`) is set**; off,
+//!   the spans are disabled `tracing` spans and cost next to nothing.
+//! * **Metrics**: see [`metrics`]; served with `/healthz` and `/readyz` by
+//!   [`http`] when a worker is given an address.
+
+pub mod http;
+pub mod metrics;
+
+use std::collections::HashMap;
+
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::Resource;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+use crate::error::{Error, Result};
+use crate::headers::JobHeaders;
+
+/// Writes the OpenTelemetry context `cx` into the headers as W3C trace
+/// context. Writes nothing when `cx` carries no sampled span (tracing off).
+pub fn inject(cx: &opentelemetry::Context, headers: &mut JobHeaders) {
+    let mut carrier: HashMap<String, String> = HashMap::new();
+    TraceContextPropagator::new().inject_context(cx, &mut carrier);
+    if let Some(tp) = carrier.remove("traceparent") {
+        headers.traceparent = Some(tp);
+        headers.tracestate = carrier.remove("tracestate").filter(|s| !s.is_empty());
+    }
+}
+
+/// Reads the W3C trace context from the headers (empty if absent).
+pub fn extract(headers: &JobHeaders) -> opentelemetry::Context {
+    let mut carrier: HashMap<String, String> = HashMap::new();
+    if let Some(tp) = &headers.traceparent {
+        carrier.insert("traceparent".into(), tp.clone());
+    }
+    if let Some(ts) = &headers.tracestate {
+        carrier.insert("tracestate".into(), ts.clone());
+    }
+    TraceContextPropagator::new().extract(&carrier)
+}
+
+/// Keeps the trace exporter alive; flushes pending spans when dropped.
+#[must_use = "dropping the guard shuts the trace exporter down"]
+pub struct TelemetryGuard {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl TelemetryGuard {
+    /// Whether spans are being exported.
+    pub fn exporting(&self) -> bool {
+        self.provider.is_some()
+    }
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.provider.take() {
+            if let Err(e) = p.shutdown() {
+                eprintln!("kjob: flushing traces failed: {e}");
+            }
+        }
+    }
+}
+
+fn otlp_configured() -> bool {
+    let set = |k: &str| std::env::var(k).is_ok_and(|v| !v.trim().is_empty());
+    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"))
+        || std::env::var("OTEL_TRACES_EXPORTER").is_ok_and(|v| v.eq_ignore_ascii_case("none"));
+    !disabled && (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+}
+
+/// Installs the global `tracing` subscriber: logs (human, or JSON with
+/// `KJOB_LOG_FORMAT=json`; `RUST_LOG` filters, default `info`) and, when the
+/// `OTEL_*` variables ask for it, the OTLP trace exporter. Call once at the
+/// start of `main` and keep the guard until the end.
+pub fn init() -> Result<TelemetryGuard> {
+    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = std::env::var("KJOB_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
+    let logs = if json {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_filter(filter())
+            .boxed()
+    } else {
+        tracing_subscriber::fmt::layer()
+            .with_filter(filter())
+            .boxed()
+    };
+    let provider = if otlp_configured() {
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .build()
+            .map_err(|e| Error::Config(format!("OTLP trace exporter: {e}")))?;
+        let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "kjob".into());
+        Some(
+            SdkTracerProvider::builder()
+                .with_batch_exporter(exporter)
+                .with_resource(Resource::builder().with_service_name(service).build())
+                .build(),
+        )
+    } else {
+        None
+    };
+    let otel = provider.as_ref().map(|p| {
+        opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("kjob"))
+            .with_filter(EnvFilter::new("kjob=info"))
+    });
+    tracing_subscriber::registry()
+        .with(logs)
+        .with(otel)
+        .try_init()
+        .map_err(|e| Error::Config(format!("a tracing subscriber is already installed: {e}")))?;
+    Ok(TelemetryGuard { provider })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trace_context_round_trips_through_headers() {
+        let mut h = JobHeaders {
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+            ..Default::default()
+        };
+        let cx = extract(&h);
+        h.traceparent = None;
+        inject(&cx, &mut h);
+        assert_eq!(
+            h.traceparent.as_deref(),
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        );
+        let mut empty = JobHeaders::default();
+        inject(&opentelemetry::Context::new(), &mut empty);
+        assert_eq!(empty.traceparent, None, "no span, no header");
+    }
+}
