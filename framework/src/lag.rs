@@ -99,39 +99,6 @@ pub fn group_lag(
     Ok(out)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn lag(committed: Option<i64>, start: i64, end: i64) -> i64 {
-        PartitionLag {
-            topic: "t".into(),
-            partition: 0,
-            committed,
-            start,
-            end,
-        }
-        .lag()
-    }
-
-    #[test]
-    fn lag_arithmetic() {
-        assert_eq!(lag(Some(10), 0, 10), 0);
-        assert_eq!(lag(Some(4), 0, 10), 6);
-        assert_eq!(
-            lag(None, 3, 10),
-            7,
-            "no commit: everything stored is pending"
-        );
-        assert_eq!(
-            lag(Some(1), 5, 10),
-            5,
-            "commit below log start: retention removed the rest"
-        );
-        assert_eq!(lag(Some(12), 0, 10), 0);
-    }
-}
-
 /// Age in seconds of the first uncommitted record of each partition with
 /// lag, read from Kafka (the record at the committed offset). Partitions
 /// without lag are absent. Blocking.
@@ -180,4 +147,37 @@ pub fn oldest_pending_ages(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lag(committed: Option<i64>, start: i64, end: i64) -> i64 {
+        PartitionLag {
+            topic: "t".into(),
+            partition: 0,
+            committed,
+            start,
+            end,
+        }
+        .lag()
+    }
+
+    #[test]
+    fn lag_arithmetic() {
+        assert_eq!(lag(Some(10), 0, 10), 0);
+        assert_eq!(lag(Some(4), 0, 10), 6);
+        assert_eq!(
+            lag(None, 3, 10),
+            7,
+            "no commit: everything stored is pending"
+        );
+        assert_eq!(
+            lag(Some(1), 5, 10),
+            5,
+            "commit below log start: retention removed the rest"
+        );
+        assert_eq!(lag(Some(12), 0, 10), 0);
+    }
 }
