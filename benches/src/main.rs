@@ -21,7 +21,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Message};
 use serde::{Deserialize, Serialize};
 
+/// Serde name = the Avro record name, so decoding takes the direct path.
 #[derive(Clone, Serialize, Deserialize)]
+#[serde(rename = "TestJob")]
 struct BenchJob {
     key: String,
     seq: i64,

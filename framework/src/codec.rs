@@ -326,7 +326,9 @@ impl Codec {
         bytes: Option<&[u8]>,
         reader: &Schema,
     ) -> std::result::Result<J, DecodeError> {
-        decode_with::<J>(self, bytes, reader).await
+        let (id, body) = split_frame(bytes)?;
+        let writer = self.writer(id).await?;
+        decode_body::<J>(id, writer.schema(), body, reader)
     }
 }
 
@@ -366,58 +368,146 @@ impl Codec {
     }
 }
 
+/// A writer schema as a [`SchemaSource`] holds it (shared, never copied
+/// per record).
+#[derive(Clone)]
+pub enum WriterSchema {
+    /// From the registry client's cache.
+    Registry(Arc<schema_registry_converter::avro_common::AvroSchema>),
+    /// From an in-memory store.
+    Owned(Arc<Schema>),
+}
+
+impl WriterSchema {
+    /// The parsed schema.
+    pub fn schema(&self) -> &Schema {
+        match self {
+            WriterSchema::Registry(s) => &s.parsed,
+            WriterSchema::Owned(s) => s,
+        }
+    }
+}
+
 /// Where writer schemas come from: the registry in production
 /// ([`Codec`]), an in-memory store in [`crate::testing`]. Decoding goes
 /// through this trait so both run the same resolution code.
 pub trait SchemaSource: Send + Sync {
-    /// Decodes a framed record to a value resolved against `reader`.
-    fn resolve<'a>(
-        &'a self,
-        bytes: Option<&'a [u8]>,
-        reader: &'a Schema,
-    ) -> futures::future::BoxFuture<'a, std::result::Result<Value, DecodeError>>;
+    /// The writer schema with this id.
+    fn writer(
+        &self,
+        id: u32,
+    ) -> futures::future::BoxFuture<'_, std::result::Result<WriterSchema, DecodeError>>;
 }
 
 impl SchemaSource for Codec {
-    fn resolve<'a>(
-        &'a self,
-        bytes: Option<&'a [u8]>,
-        reader: &'a Schema,
-    ) -> futures::future::BoxFuture<'a, std::result::Result<Value, DecodeError>> {
+    fn writer(
+        &self,
+        id: u32,
+    ) -> futures::future::BoxFuture<'_, std::result::Result<WriterSchema, DecodeError>> {
         Box::pin(async move {
-            let (id, body) = split_frame(bytes)?;
-            let writer = self.decoder.get_schema(id).await.map_err(|e| {
-                if e.retriable {
-                    DecodeError::RegistryUnavailable {
-                        id,
-                        message: e.to_string(),
+            self.decoder
+                .get_schema(id)
+                .await
+                .map(WriterSchema::Registry)
+                .map_err(|e| {
+                    if e.retriable {
+                        DecodeError::RegistryUnavailable {
+                            id,
+                            message: e.to_string(),
+                        }
+                    } else {
+                        DecodeError::UnknownSchema {
+                            id,
+                            message: e.to_string(),
+                        }
                     }
-                } else {
-                    DecodeError::UnknownSchema {
-                        id,
-                        message: e.to_string(),
-                    }
-                }
-            })?;
-            decode_value(id, &writer.parsed, body, reader)
+                })
         })
     }
 }
 
-/// Decodes a framed record into `J` through any [`SchemaSource`].
-pub async fn decode_with<J: Job>(
-    source: &dyn SchemaSource,
-    bytes: Option<&[u8]>,
-    reader: &Schema,
-) -> std::result::Result<J, DecodeError> {
-    let value = source.resolve(bytes, reader).await?;
-    let id = bytes
-        .and_then(|b| split_frame(Some(b)).ok())
-        .map_or(0, |(id, _)| id);
-    from_value::<J>(&value).map_err(|e| DecodeError::Incompatible {
-        id,
-        message: e.to_string(),
-    })
+/// A contract's reader schema plus what kjob learned about each writer
+/// schema it met: when a writer is identical to the reader (the steady
+/// state outside a deploy), records deserialize straight from the bytes into
+/// the Rust type, with no intermediate value tree and no resolution.
+pub struct ReaderSchema {
+    schema: Schema,
+    canonical: String,
+    identical: std::sync::RwLock<HashMap<u32, bool>>,
+}
+
+impl ReaderSchema {
+    /// Wraps a parsed reader schema.
+    pub fn new(schema: Schema) -> Self {
+        Self {
+            canonical: schema.canonical_form(),
+            schema,
+            identical: std::sync::RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    fn is_identical(&self, id: u32, writer: &Schema) -> bool {
+        if let Some(known) = self
+            .identical
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&id)
+        {
+            return *known;
+        }
+        let same = writer.canonical_form() == self.canonical;
+        self.identical
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id, same);
+        same
+    }
+
+    /// Decodes a framed record into `J`, fetching the writer schema from
+    /// `source`.
+    pub async fn decode<J: Job>(
+        &self,
+        source: &dyn SchemaSource,
+        bytes: Option<&[u8]>,
+    ) -> std::result::Result<J, DecodeError> {
+        let (id, body) = split_frame(bytes)?;
+        let writer = source.writer(id).await?;
+        let writer = writer.schema();
+        if self.is_identical(id, writer) {
+            let mut cursor = body;
+            let fast = GenericDatumReader::builder(writer)
+                .build()
+                .and_then(|r| r.read_deser::<J>(&mut cursor));
+            match fast {
+                Ok(job) if cursor.is_empty() => return Ok(job),
+                Ok(_) => {
+                    return Err(DecodeError::Body {
+                        id,
+                        message: format!("{} trailing bytes after the record", cursor.len()),
+                    })
+                }
+                Err(_) => {
+                    // The direct path is stricter than value resolution
+                    // (e.g. about Rust type names). If the general path
+                    // reads this record, use it for this writer from now on.
+                    let slow = decode_body::<J>(id, writer, body, &self.schema);
+                    if slow.is_ok() {
+                        self.identical
+                            .write()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .insert(id, false);
+                    }
+                    return slow;
+                }
+            }
+        }
+        decode_body::<J>(id, writer, body, &self.schema)
+    }
 }
 
 /// Decodes an Avro body written with `writer` as `J` via `reader`. Pure and

@@ -35,15 +35,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use apache_avro::types::Value;
 use apache_avro::Schema;
 use futures::future::BoxFuture;
 use rdkafka::message::{Message, OwnedMessage, Timestamp};
 
 use crate::classify::ErrorClass;
 use crate::codec::{
-    decode_value, parse_contract, split_frame, subject_for_topic, Codec, DecodeError,
-    RegisteredContract, SchemaSource,
+    parse_contract, subject_for_topic, Codec, DecodeError, RegisteredContract, SchemaSource,
+    WriterSchema,
 };
 use crate::error::{Error, Result};
 use crate::headers::{self, JobHeaders};
@@ -81,24 +80,20 @@ impl MemorySchemas {
 }
 
 impl SchemaSource for MemorySchemas {
-    fn resolve<'a>(
-        &'a self,
-        bytes: Option<&'a [u8]>,
-        reader: &'a Schema,
-    ) -> BoxFuture<'a, std::result::Result<Value, DecodeError>> {
+    fn writer(&self, id: u32) -> BoxFuture<'_, std::result::Result<WriterSchema, DecodeError>> {
+        let found = self
+            .by_id
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&id)
+            .cloned();
         Box::pin(async move {
-            let (id, body) = split_frame(bytes)?;
-            let writer = self
-                .by_id
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get(&id)
-                .cloned()
+            found
+                .map(WriterSchema::Owned)
                 .ok_or_else(|| DecodeError::UnknownSchema {
                     id,
                     message: "not in the harness's schema store".into(),
-                })?;
-            decode_value(id, &writer, body, reader)
+                })
         })
     }
 }

@@ -18,7 +18,9 @@ use kjob::{Job, JobContext, JobError, KafkaConfig, Producer, Worker, WorkerStats
 use rdkafka::message::{Header, OwnedHeaders};
 use serde::{Deserialize, Serialize};
 
+/// Serde name = the Avro record name, so decoding takes the direct path.
 #[derive(Clone, Serialize, Deserialize)]
+#[serde(rename = "TestJob")]
 struct BenchJob {
     key: String,
     seq: i64,

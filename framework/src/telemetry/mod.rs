@@ -90,6 +90,33 @@ fn otlp_configured() -> bool {
 /// `OTEL_*` variables ask for it, the OTLP trace exporter. Call once at the
 /// start of `main` and keep the guard until the end.
 pub fn init() -> Result<TelemetryGuard> {
+    let provider = if otlp_configured() {
+        Some(otlp_provider()?)
+    } else {
+        None
+    };
+    install(provider)
+}
+
+/// [`init`] with a tracer provider of your own (a custom exporter or
+/// sampler, or none at all to measure instrumentation overhead).
+pub fn init_with_provider(provider: SdkTracerProvider) -> Result<TelemetryGuard> {
+    install(Some(provider))
+}
+
+fn otlp_provider() -> Result<SdkTracerProvider> {
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .build()
+        .map_err(|e| Error::Config(format!("OTLP trace exporter: {e}")))?;
+    let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "kjob".into());
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(Resource::builder().with_service_name(service).build())
+        .build())
+}
+
+fn install(provider: Option<SdkTracerProvider>) -> Result<TelemetryGuard> {
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let json = std::env::var("KJOB_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
     let logs = if json {
@@ -101,21 +128,6 @@ pub fn init() -> Result<TelemetryGuard> {
         tracing_subscriber::fmt::layer()
             .with_filter(filter())
             .boxed()
-    };
-    let provider = if otlp_configured() {
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .build()
-            .map_err(|e| Error::Config(format!("OTLP trace exporter: {e}")))?;
-        let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "kjob".into());
-        Some(
-            SdkTracerProvider::builder()
-                .with_batch_exporter(exporter)
-                .with_resource(Resource::builder().with_service_name(service).build())
-                .build(),
-        )
-    } else {
-        None
     };
     let otel = provider.as_ref().map(|p| {
         opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());

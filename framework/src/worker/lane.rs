@@ -111,8 +111,9 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
         entry.route.job_name(),
     );
     let attempt = ctx.attempt;
-    let job = ctx.job.clone();
-    let span = handle_span(msg, &ctx);
+    // The route's static contract name: metric labels without allocation.
+    let job: &'static str = entry.route.job_name();
+    let span = handle_span(msg, &ctx, &headers);
     if let Some(due) = ctx.due_at_ms {
         shared
             .metrics
@@ -123,17 +124,17 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
         let Ok(_permit) = shared.concurrency.acquire().await else {
             return false;
         };
-        shared.metrics.in_flight(&job, 1);
+        shared.metrics.in_flight(job, 1);
         let outcome = entry
             .route
             .run(msg.payload(), ctx)
             .instrument(span.clone())
             .await;
-        shared.metrics.in_flight(&job, -1);
+        shared.metrics.in_flight(job, -1);
         outcome
     };
     let elapsed = started.elapsed();
-    shared.metrics.handler_seconds(&job, elapsed.as_secs_f64());
+    shared.metrics.handler_seconds(job, elapsed.as_secs_f64());
     let next = next_step(
         &outcome,
         msg,
@@ -150,8 +151,8 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
     match next {
         Next::Done => {
             WorkerStats::bump(&shared.stats.handled);
-            shared.metrics.outcome(&job, "ok");
-            debug!(parent: &span, job.id = id, job.type = %job, attempt, at = %at, duration_ms, outcome = "ok", "job handled");
+            shared.metrics.outcome(job, "ok");
+            debug!(parent: &span, job.id = id, job.type = job, attempt, at = %at, duration_ms, outcome = "ok", "job handled");
             true
         }
         Next::Retry {
@@ -161,7 +162,7 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
             class,
         } => {
             warn!(
-                parent: &span, job.id = id, job.type = %job, attempt, at = %at, duration_ms, outcome = "retried",
+                parent: &span, job.id = id, job.type = job, attempt, at = %at, duration_ms, outcome = "retried",
                 class = class.as_str(), error = headers.error.as_deref().unwrap_or(""), retry = %topic,
                 wait_ms = wait.as_millis() as u64, "attempt failed; scheduled a retry"
             );
@@ -169,7 +170,7 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
             let sent = forward(shared, &topic, msg, &headers).await;
             if sent {
                 WorkerStats::bump(&shared.stats.retried);
-                shared.metrics.outcome(&job, "retried");
+                shared.metrics.outcome(job, "retried");
             }
             sent
         }
@@ -185,7 +186,7 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
                 "dead_lettered"
             };
             warn!(
-                parent: &span, job.id = id, job.type = %job, attempt, at = %at, duration_ms, outcome,
+                parent: &span, job.id = id, job.type = job, attempt, at = %at, duration_ms, outcome,
                 class = class.as_str(), error = %message, dlq = %topic, "dead-lettering"
             );
             crate::telemetry::inject(&span.context(), &mut headers);
@@ -195,7 +196,7 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
                 if class == ErrorClass::Panic {
                     WorkerStats::bump(&shared.stats.panicked);
                 }
-                shared.metrics.outcome(&job, outcome);
+                shared.metrics.outcome(job, outcome);
             }
             sent
         }
@@ -204,7 +205,7 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
 
 /// The consumer span of one attempt, with OpenTelemetry messaging attributes,
 /// continuing the trace carried in the record's `traceparent`.
-fn handle_span(msg: &OwnedMessage, ctx: &JobContext) -> tracing::Span {
+fn handle_span(msg: &OwnedMessage, ctx: &JobContext, headers: &JobHeaders) -> tracing::Span {
     let span = tracing::info_span!(
         "kjob.handle",
         otel.kind = "consumer",
@@ -220,7 +221,7 @@ fn handle_span(msg: &OwnedMessage, ctx: &JobContext) -> tracing::Span {
         kjob.attempt = ctx.attempt,
     );
     if !span.is_disabled() {
-        let parent = crate::telemetry::extract(&JobHeaders::parse(msg.headers()));
+        let parent = crate::telemetry::extract(headers);
         let _ = span.set_parent(parent);
     }
     span

@@ -47,7 +47,7 @@ use crate::telemetry::metrics::Metrics;
 use std::net::SocketAddr;
 use tracing::{info, warn};
 
-use crate::codec::{parse_contract, Codec, SchemaSource};
+use crate::codec::{parse_contract, Codec, ReaderSchema, SchemaSource};
 use crate::config::KafkaConfig;
 use crate::error::{Error, Result};
 use crate::job::Job;
@@ -103,7 +103,7 @@ impl WorkerBuilder {
         self.routes.push((
             topic.to_string(),
             Box::new(move |schemas, timeout| {
-                let reader = parse_contract::<J>()?;
+                let reader = ReaderSchema::new(parse_contract::<J>()?);
                 Ok(Arc::new(TypedRoute::<J, Arc<H>> {
                     handler: handler.clone(),
                     reader,

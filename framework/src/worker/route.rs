@@ -12,12 +12,11 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use apache_avro::Schema;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use crate::classify::{ErrorClass, JobError};
-use crate::codec::{decode_with, SchemaSource};
+use crate::codec::{ReaderSchema, SchemaSource};
 use crate::job::{Job, JobContext};
 
 /// Anything that can handle jobs of type `J`. Implemented for every
@@ -71,7 +70,7 @@ pub(crate) trait Route: Send + Sync {
 
 pub(crate) struct TypedRoute<J, H> {
     pub handler: H,
-    pub reader: Schema,
+    pub reader: ReaderSchema,
     pub schemas: Arc<dyn SchemaSource>,
     pub timeout: Option<Duration>,
     pub _job: PhantomData<fn() -> J>,
@@ -84,7 +83,11 @@ impl<J: Job, H: Handler<J>> Route for TypedRoute<J, H> {
 
     fn run<'a>(&'a self, payload: Option<&'a [u8]>, ctx: JobContext) -> BoxFuture<'a, Attempt> {
         Box::pin(async move {
-            let job = match decode_with::<J>(self.schemas.as_ref(), payload, &self.reader).await {
+            let job = match self
+                .reader
+                .decode::<J>(self.schemas.as_ref(), payload)
+                .await
+            {
                 Ok(job) => job,
                 Err(e) => {
                     return Attempt::Failed {
