@@ -4,6 +4,7 @@
 //! ```text
 //! ./dev stack up
 //! KJOB_DATABASE_URL=postgres://postgres@127.0.0.1:54329/kjob cargo run -p kjob-example-handler-crate
+//! curl -s 127.0.0.1:9464/metrics | grep kjob_
 //! ```
 
 use std::sync::Arc;
