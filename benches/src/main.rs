@@ -16,28 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use kjob::{Job, JobContext, JobError, KafkaConfig, Producer, Worker, WorkerStats};
+use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker, WorkerStats};
+use kjob_benches::BenchJob;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Message};
-use serde::{Deserialize, Serialize};
-
-/// Serde name = the Avro record name, so decoding takes the direct path.
-#[derive(Clone, Serialize, Deserialize)]
-#[serde(rename = "TestJob")]
-struct BenchJob {
-    key: String,
-    seq: i64,
-    behaviour: String,
-}
-
-impl Job for BenchJob {
-    const NAME: &'static str = "kjob.bench.job";
-    const VERSION: u32 = 1;
-    const SCHEMA: &'static str = include_str!("../../schemas/kjob.test.job.v1.avsc");
-    fn key(&self) -> String {
-        self.key.clone()
-    }
-}
 
 fn arg(name: &str, default: u64) -> u64 {
     let flag = format!("--{name}");

@@ -340,21 +340,9 @@ impl Codec {
         bytes: Option<&[u8]>,
     ) -> std::result::Result<serde_json::Value, DecodeError> {
         let (id, body) = split_frame(bytes)?;
-        let writer = self.decoder.get_schema(id).await.map_err(|e| {
-            if e.retriable {
-                DecodeError::RegistryUnavailable {
-                    id,
-                    message: e.to_string(),
-                }
-            } else {
-                DecodeError::UnknownSchema {
-                    id,
-                    message: e.to_string(),
-                }
-            }
-        })?;
+        let writer = self.writer(id).await?;
         let mut cursor = body;
-        let value = GenericDatumReader::builder(&writer.parsed)
+        let value = GenericDatumReader::builder(writer.schema())
             .build()
             .and_then(|r| r.read_value(&mut cursor))
             .map_err(|e| DecodeError::Body {

@@ -27,36 +27,30 @@ pub fn dlq_audit_topic(main: &str) -> String {
 
 /// Every topic name in the cluster. Blocking.
 pub fn list_topics(config: &KafkaConfig) -> Result<Vec<String>> {
+    let md = cluster_metadata(config)?;
+    Ok(md.topics().iter().map(|t| t.name().to_string()).collect())
+}
+
+/// Metadata of every topic in the cluster, from a short-lived client.
+fn cluster_metadata(config: &KafkaConfig) -> Result<rdkafka::metadata::Metadata> {
     let consumer: BaseConsumer = config
         .client_config(&[])
         .create()
         .map_err(|e| Error::kafka("creating metadata client", e))?;
-    let md = consumer
+    consumer
         .fetch_metadata(None, Duration::from_secs(10))
         .map_err(|e| {
             Error::kafka(
                 format!("fetching metadata from {}", config.bootstrap_servers),
                 e,
             )
-        })?;
-    Ok(md.topics().iter().map(|t| t.name().to_string()).collect())
+        })
 }
 
 /// Partition counts of the given topics; `None` for topics that do not exist.
 /// Blocking (metadata request): call from `spawn_blocking` in async code.
 pub fn partition_counts(config: &KafkaConfig, topics: &[String]) -> Result<Vec<Option<usize>>> {
-    let consumer: BaseConsumer = config
-        .client_config(&[])
-        .create()
-        .map_err(|e| Error::kafka("creating metadata client", e))?;
-    let md = consumer
-        .fetch_metadata(None, Duration::from_secs(10))
-        .map_err(|e| {
-            Error::kafka(
-                format!("fetching metadata from {}", config.bootstrap_servers),
-                e,
-            )
-        })?;
+    let md = cluster_metadata(config)?;
     Ok(topics
         .iter()
         .map(|t| {

@@ -341,6 +341,49 @@ pub fn read_lines(path: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A worker running on the test's runtime until [`Running::stop`].
+pub struct Running {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<kjob::Result<()>>,
+    /// The worker's live counters.
+    pub stats: std::sync::Arc<kjob::WorkerStats>,
+}
+
+impl Running {
+    /// Asks the worker to shut down gracefully and waits for it, failing the
+    /// test if it did not stop cleanly.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.task
+            .await
+            .expect("worker task")
+            .expect("worker stopped cleanly");
+    }
+
+    /// Starts the graceful shutdown without waiting for it.
+    pub fn begin_stop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// Runs `worker` in a task until [`Running::stop`].
+pub fn start(worker: kjob::Worker) -> Running {
+    let stats = worker.stats();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(worker.run_until(async move {
+        let _ = rx.await;
+    }));
+    Running {
+        stop: Some(tx),
+        task,
+        stats,
+    }
+}
+
 /// Initialises test logging once (RUST_LOG controls it; warnings by default).
 pub fn init_logging() {
     let _ = tracing_subscriber::fmt()

@@ -9,7 +9,6 @@ use std::time::Duration;
 use kjob::retry::RetryPolicy;
 use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker, WorkerStats};
 use kjob_integration_tests::*;
-use tokio::sync::oneshot;
 
 struct Out {
     code: i32,
@@ -52,13 +51,7 @@ fn fails(config: &KafkaConfig, args: &[&str], code: i32, needle: &str) {
     );
 }
 
-struct Running {
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<kjob::Result<()>>,
-    stats: Arc<WorkerStats>,
-}
-
-fn start(
+fn start_worker(
     config: &KafkaConfig,
     topic: &str,
     group: &str,
@@ -81,19 +74,7 @@ fn start(
         .retry(RetryPolicy::tiers([Duration::from_secs(1)]))
         .build()
         .unwrap();
-    let stats = w.stats();
-    let (stop, rx) = oneshot::channel();
-    let task = tokio::spawn(w.run_until(async move {
-        let _ = rx.await;
-    }));
-    Running { stop, task, stats }
-}
-
-impl Running {
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        self.task.await.unwrap().unwrap();
-    }
+    start(w)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,7 +95,7 @@ async fn an_operator_reviews_redrives_and_resolves_dead_letters() {
     // A broken deploy dead-letters all six.
     let broken = Arc::new(AtomicBool::new(true));
     let handled: Arc<Mutex<Vec<i64>>> = Default::default();
-    let w = start(&config, &topic, &group, broken.clone(), handled.clone());
+    let w = start_worker(&config, &topic, &group, broken.clone(), handled.clone());
     eventually(Duration::from_secs(30), "six dead letters", || {
         WorkerStats::get(&w.stats.dead_lettered) == 6
     })
@@ -203,7 +184,7 @@ async fn an_operator_reviews_redrives_and_resolves_dead_letters() {
 
     // Fix the deploy, re-drive, and the worker handles them.
     broken.store(false, Ordering::SeqCst);
-    let w = start(&config, &topic, &group, broken.clone(), handled.clone());
+    let w = start_worker(&config, &topic, &group, broken.clone(), handled.clone());
     let done = ok(
         &config,
         &[

@@ -13,7 +13,6 @@ use kjob_integration_tests::*;
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, ThreadedProducer};
 use rdkafka::ClientConfig;
-use tokio::sync::oneshot;
 
 /// One handler call: seq, attempt, wall time (ms), due time of the retry.
 #[derive(Clone, Debug)]
@@ -28,37 +27,6 @@ type Calls = Arc<Mutex<Vec<Call>>>;
 
 fn now_ms() -> i64 {
     kjob::dlq::now_ms()
-}
-
-struct Running {
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<kjob::Result<()>>,
-    stats: Arc<WorkerStats>,
-}
-
-impl Running {
-    async fn stop(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        self.task
-            .await
-            .expect("worker task")
-            .expect("worker stopped cleanly");
-    }
-}
-
-fn start(worker: Worker) -> Running {
-    let stats = worker.stats();
-    let (tx, rx) = oneshot::channel();
-    let task = tokio::spawn(worker.run_until(async move {
-        let _ = rx.await;
-    }));
-    Running {
-        stop: Some(tx),
-        task,
-        stats,
-    }
 }
 
 /// A handler acting out `behaviour`; `down` simulates an outage.

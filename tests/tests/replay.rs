@@ -9,7 +9,6 @@ use std::time::{Duration, SystemTime};
 
 use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker};
 use kjob_integration_tests::*;
-use tokio::sync::oneshot;
 
 fn kjob(config: &KafkaConfig, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_kjob-cli"))
@@ -25,12 +24,12 @@ fn kjob(config: &KafkaConfig, args: &[&str]) -> (i32, String, String) {
     )
 }
 
-struct Running {
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<kjob::Result<()>>,
-}
-
-fn start(config: &KafkaConfig, topic: &str, group: &str, seen: Arc<Mutex<Vec<i64>>>) -> Running {
+fn start_worker(
+    config: &KafkaConfig,
+    topic: &str,
+    group: &str,
+    seen: Arc<Mutex<Vec<i64>>>,
+) -> Running {
     let w = Worker::builder(config.clone(), group)
         .handle_on::<TestJob, _>(topic, move |job: TestJob, _c: JobContext| {
             let seen = seen.clone();
@@ -42,23 +41,12 @@ fn start(config: &KafkaConfig, topic: &str, group: &str, seen: Arc<Mutex<Vec<i64
         .commit_interval(Duration::from_millis(200))
         .build()
         .unwrap();
-    let (stop, rx) = oneshot::channel();
-    let task = tokio::spawn(w.run_until(async move {
-        let _ = rx.await;
-    }));
-    Running { stop, task }
-}
-
-impl Running {
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        self.task.await.unwrap().unwrap();
-    }
+    start(w)
 }
 
 async fn drain(config: &KafkaConfig, topic: &str, group: &str, n: usize) -> Vec<i64> {
     let seen: Arc<Mutex<Vec<i64>>> = Default::default();
-    let w = start(config, topic, group, seen.clone());
+    let w = start_worker(config, topic, group, seen.clone());
     eventually(Duration::from_secs(30), "jobs handled", || {
         seen.lock().unwrap().len() >= n
     })
@@ -129,7 +117,7 @@ async fn replay_by_datetime_dry_run_refusal_and_shadow_group() {
 
     // Refused while a member is live, naming it.
     let live_seen: Arc<Mutex<Vec<i64>>> = Default::default();
-    let live = start(&config, &topic, &group, live_seen.clone());
+    let live = start_worker(&config, &topic, &group, live_seen.clone());
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (code, out, err) = kjob(
         &config,

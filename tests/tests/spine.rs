@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use kjob::{Error, Job, JobContext, JobError, KafkaConfig, Producer, Worker};
 use kjob_integration_tests::*;
 use rdkafka::message::{Headers, Message};
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::Notify;
 
 type Seen = Arc<Mutex<HashMap<i64, u32>>>;
 
@@ -35,34 +35,6 @@ fn recording_handler(
             *seen.lock().unwrap().entry(job.seq).or_default() += 1;
             Ok(())
         })
-    }
-}
-
-struct Running {
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<kjob::Result<()>>,
-}
-
-impl Running {
-    async fn stop(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        self.task
-            .await
-            .expect("worker task")
-            .expect("worker stopped cleanly");
-    }
-}
-
-fn start(worker: Worker) -> Running {
-    let (tx, rx) = oneshot::channel();
-    let task = tokio::spawn(worker.run_until(async move {
-        let _ = rx.await;
-    }));
-    Running {
-        stop: Some(tx),
-        task,
     }
 }
 

@@ -14,27 +14,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use kjob::headers;
 use kjob::retry::RetryPolicy;
-use kjob::{Job, JobContext, JobError, KafkaConfig, Producer, Worker, WorkerStats};
+use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker, WorkerStats};
+use kjob_benches::BenchJob;
 use rdkafka::message::{Header, OwnedHeaders};
-use serde::{Deserialize, Serialize};
-
-/// Serde name = the Avro record name, so decoding takes the direct path.
-#[derive(Clone, Serialize, Deserialize)]
-#[serde(rename = "TestJob")]
-struct BenchJob {
-    key: String,
-    seq: i64,
-    behaviour: String,
-}
-
-impl Job for BenchJob {
-    const NAME: &'static str = "kjob.bench.job";
-    const VERSION: u32 = 1;
-    const SCHEMA: &'static str = include_str!("../../../schemas/kjob.test.job.v1.avsc");
-    fn key(&self) -> String {
-        self.key.clone()
-    }
-}
 
 fn unique(prefix: &str) -> String {
     format!(

@@ -6,27 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use kjob::{Job, JobContext, JobError, KafkaConfig, Producer, Worker, WorkerStats};
+use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker, WorkerStats};
+use kjob_benches::BenchJob;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use serde::{Deserialize, Serialize};
-
-/// Serde name = the Avro record name, so decoding takes the direct path.
-#[derive(Clone, Serialize, Deserialize)]
-#[serde(rename = "TestJob")]
-struct BenchJob {
-    key: String,
-    seq: i64,
-    behaviour: String,
-}
-
-impl Job for BenchJob {
-    const NAME: &'static str = "kjob.bench.job";
-    const VERSION: u32 = 1;
-    const SCHEMA: &'static str = include_str!("../../../schemas/kjob.test.job.v1.avsc");
-    fn key(&self) -> String {
-        self.key.clone()
-    }
-}
 
 async fn rate(config: &KafkaConfig, topic: &str, n: u64, metrics: bool) -> anyhow::Result<f64> {
     let group = format!("bench-tel-{}", uuid::Uuid::new_v4().simple());
