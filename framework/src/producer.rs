@@ -10,11 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
+use opentelemetry::KeyValue;
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
-use tracing::Instrument;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::telemetry::spans::JobSpan;
 
 use crate::codec::Codec;
 use crate::config::KafkaConfig;
@@ -136,32 +137,39 @@ impl Producer {
         let contract = self.codec.register::<J>(topic).await?;
         let payload = Codec::encode(&contract, job)?;
         let id = new_job_id();
-        let span = tracing::info_span!(
-            "kjob.enqueue",
-            otel.kind = "producer",
-            messaging.system = "kafka",
-            messaging.operation.type = "send",
-            messaging.destination.name = %topic,
-            messaging.message.id = %id,
-            kjob.job = J::NAME,
-            kjob.version = J::VERSION,
-            messaging.destination.partition.id = tracing::field::Empty,
-            messaging.kafka.offset = tracing::field::Empty,
-        );
+        let span = JobSpan::producer(|| {
+            vec![
+                KeyValue::new("messaging.system", "kafka"),
+                KeyValue::new("messaging.operation.type", "send"),
+                KeyValue::new("messaging.destination.name", topic.to_string()),
+                KeyValue::new("messaging.message.id", id.clone()),
+                KeyValue::new("kjob.job", J::NAME),
+                KeyValue::new("kjob.version", i64::from(J::VERSION)),
+            ]
+        });
         let mut headers = enqueue_headers(job, &id);
-        crate::telemetry::inject(&span.context(), &mut headers);
+        span.inject(&mut headers);
         let key = job.key();
-        let (partition, offset) = self
+        let sent = self
             .send_raw(
                 topic,
                 Some(key.as_bytes()),
                 Some(&payload),
                 headers.to_owned_headers(),
             )
-            .instrument(span.clone())
-            .await?;
-        span.record("messaging.destination.partition.id", partition);
-        span.record("messaging.kafka.offset", offset);
+            .await;
+        let (partition, offset) = match sent {
+            Ok(at) => at,
+            Err(e) => {
+                span.fail(&e.to_string());
+                return Err(e);
+            }
+        };
+        span.set(KeyValue::new(
+            "messaging.destination.partition.id",
+            i64::from(partition),
+        ));
+        span.set(KeyValue::new("messaging.kafka.offset", offset));
         Ok(Enqueued {
             id,
             topic: topic.to_string(),

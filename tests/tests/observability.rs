@@ -65,6 +65,25 @@ async fn metrics_lag_age_and_readiness_follow_the_work() {
         .metrics_endpoint("127.0.0.1:0".parse().unwrap())
         .build()
         .unwrap();
+    // A member that joined the group and then stopped polling: the worker's
+    // join waits for it (up to its max.poll.interval.ms), so there is a
+    // window where the worker runs but owns no partition.
+    let blocker: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .set("group.id", &group)
+        .set("session.timeout.ms", "6000")
+        .set("max.poll.interval.ms", "7000")
+        .create()
+        .unwrap();
+    {
+        use rdkafka::consumer::Consumer;
+        blocker.subscribe(&[&topic]).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while blocker.assignment().map(|a| a.count()).unwrap_or(0) == 0 {
+            assert!(std::time::Instant::now() < deadline, "blocker never joined");
+            let _ = blocker.poll(Duration::from_millis(100));
+        }
+    }
     let stats = worker.stats();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let task = tokio::spawn(worker.run_until(async {
@@ -78,7 +97,9 @@ async fn metrics_lag_age_and_readiness_follow_the_work() {
     .await;
     let addr = *stats.endpoint.get().unwrap();
     let mut saw_not_ready = false;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
+        assert!(std::time::Instant::now() < deadline, "never became ready");
         match get(addr, "/readyz").await {
             Some((503, _)) => saw_not_ready = true,
             Some((200, _)) => break,

@@ -17,6 +17,7 @@
 
 pub mod http;
 pub mod metrics;
+pub mod spans;
 
 use std::collections::HashMap;
 
@@ -131,6 +132,8 @@ fn install(provider: Option<SdkTracerProvider>) -> Result<TelemetryGuard> {
     };
     let otel = provider.as_ref().map(|p| {
         opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+        opentelemetry::global::set_tracer_provider(p.clone());
+        spans::enable();
         tracing_opentelemetry::layer()
             .with_tracer(p.tracer("kjob"))
             .with_filter(EnvFilter::new("kjob=info"))

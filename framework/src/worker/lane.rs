@@ -9,9 +9,12 @@
 
 use std::sync::Arc;
 
+use opentelemetry::trace::FutureExt as _;
+use opentelemetry::KeyValue;
 use rdkafka::message::{Message, OwnedMessage};
-use tracing::{debug, error, warn, Instrument};
-use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing::{debug, error, warn};
+
+use crate::telemetry::spans::JobSpan;
 
 use super::state::{LaneKey, Shared, Tp, WorkerStats};
 use crate::classify::ErrorClass;
@@ -113,7 +116,7 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
     let attempt = ctx.attempt;
     // The route's static contract name: metric labels without allocation.
     let job: &'static str = entry.route.job_name();
-    let span = handle_span(msg, &ctx, &headers);
+    let span = handle_span(msg, &ctx, &headers, job);
     if let Some(due) = ctx.due_at_ms {
         shared
             .metrics
@@ -125,11 +128,11 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
             return false;
         };
         shared.metrics.in_flight(job, 1);
-        let outcome = entry
-            .route
-            .run(msg.payload(), ctx)
-            .instrument(span.clone())
-            .await;
+        let run = entry.route.run(msg.payload(), ctx);
+        let outcome = match span.context() {
+            Some(cx) => run.with_context(cx.clone()).await,
+            None => run.await,
+        };
         shared.metrics.in_flight(job, -1);
         outcome
     };
@@ -152,7 +155,7 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
         Next::Done => {
             WorkerStats::bump(&shared.stats.handled);
             shared.metrics.outcome(job, "ok");
-            debug!(parent: &span, job.id = id, job.type = job, attempt, at = %at, duration_ms, outcome = "ok", "job handled");
+            debug!(job.id = id, job.type = job, attempt, at = %at, duration_ms, outcome = "ok", "job handled");
             true
         }
         Next::Retry {
@@ -162,11 +165,12 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
             class,
         } => {
             warn!(
-                parent: &span, job.id = id, job.type = job, attempt, at = %at, duration_ms, outcome = "retried",
+                job.id = id, job.type = job, attempt, at = %at, duration_ms, outcome = "retried",
                 class = class.as_str(), error = headers.error.as_deref().unwrap_or(""), retry = %topic,
                 wait_ms = wait.as_millis() as u64, "attempt failed; scheduled a retry"
             );
-            crate::telemetry::inject(&span.context(), &mut headers);
+            span.fail(headers.error.as_deref().unwrap_or("retryable failure"));
+            span.inject(&mut headers);
             let sent = forward(shared, &topic, msg, &headers).await;
             if sent {
                 WorkerStats::bump(&shared.stats.retried);
@@ -186,10 +190,11 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
                 "dead_lettered"
             };
             warn!(
-                parent: &span, job.id = id, job.type = job, attempt, at = %at, duration_ms, outcome,
+                job.id = id, job.type = job, attempt, at = %at, duration_ms, outcome,
                 class = class.as_str(), error = %message, dlq = %topic, "dead-lettering"
             );
-            crate::telemetry::inject(&span.context(), &mut headers);
+            span.fail(&message);
+            span.inject(&mut headers);
             let sent = forward(shared, &topic, msg, &headers).await;
             if sent {
                 WorkerStats::bump(&shared.stats.dead_lettered);
@@ -205,28 +210,30 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
 
 /// The consumer span of one attempt, with OpenTelemetry messaging attributes,
 /// continuing the trace carried in the record's `traceparent`.
-fn handle_span(msg: &OwnedMessage, ctx: &JobContext, headers: &JobHeaders) -> tracing::Span {
-    let span = tracing::info_span!(
-        "kjob.handle",
-        otel.kind = "consumer",
-        messaging.system = "kafka",
-        messaging.operation.type = "process",
-        messaging.destination.name = %msg.topic(),
-        messaging.destination.partition.id = msg.partition(),
-        messaging.kafka.offset = msg.offset(),
-        messaging.consumer.group.name = %ctx.group,
-        messaging.message.id = %ctx.id,
-        kjob.job = %ctx.job,
-        kjob.version = ctx.version.unwrap_or(0),
-        kjob.attempt = ctx.attempt,
-    );
-    if !span.is_disabled() {
-        let parent = crate::telemetry::extract(headers);
-        let _ = span.set_parent(parent);
-    }
-    span
+fn handle_span(
+    msg: &OwnedMessage,
+    ctx: &JobContext,
+    headers: &JobHeaders,
+    job: &'static str,
+) -> JobSpan {
+    JobSpan::consumer(headers, || {
+        vec![
+            KeyValue::new("messaging.system", "kafka"),
+            KeyValue::new("messaging.operation.type", "process"),
+            KeyValue::new("messaging.destination.name", msg.topic().to_string()),
+            KeyValue::new(
+                "messaging.destination.partition.id",
+                i64::from(msg.partition()),
+            ),
+            KeyValue::new("messaging.kafka.offset", msg.offset()),
+            KeyValue::new("messaging.consumer.group.name", ctx.group.clone()),
+            KeyValue::new("messaging.message.id", ctx.id.clone()),
+            KeyValue::new("kjob.job", job),
+            KeyValue::new("kjob.version", i64::from(ctx.version.unwrap_or(0))),
+            KeyValue::new("kjob.attempt", i64::from(ctx.attempt)),
+        ]
+    })
 }
-
 /// Writes the record (payload and key unchanged, headers rebuilt) to
 /// `target` and waits for the broker's acknowledgement, retrying the write
 /// until it succeeds or the worker gives up at the end of its grace period.
