@@ -11,7 +11,9 @@
 //!   enqueue → handle → retry → handle. Export is OTLP/gRPC, configured by
 //!   the standard `OTEL_*` variables and **off unless
 //!   `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`) is set**; off,
-//!   the spans are disabled `tracing` spans and cost next to nothing.
+//!   no span is created (one atomic load per attempt). Job spans use the
+//!   OpenTelemetry API directly ([`spans`]); `tracing` spans your handlers
+//!   create are bridged and nest under the job's span.
 //! * **Metrics**: see [`metrics`]; served with `/healthz` and `/readyz` by
 //!   [`http`] when a worker is given an address.
 
