@@ -377,7 +377,7 @@ impl WriterSchema {
 }
 
 /// Where writer schemas come from: the registry in production
-/// ([`Codec`]), an in-memory store in [`crate::testing`]. Decoding goes
+/// ([`Codec`]), an in-memory store in `kjob::testing` (feature `testing`). Decoding goes
 /// through this trait so both run the same resolution code.
 pub trait SchemaSource: Send + Sync {
     /// The writer schema with this id.

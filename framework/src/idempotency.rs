@@ -7,7 +7,7 @@
 //! second delivery finds the marker and skips the effect, and a crash before
 //! the commit leaves neither the marker nor the effect.
 //!
-//! * [`MemoryMarkers`]: for unit tests with [`crate::testing`].
+//! * [`MemoryMarkers`]: for unit tests with `kjob::testing` (feature `testing`).
 //! * `PgMarkers` (feature `postgres`): an `INSERT ... ON CONFLICT DO NOTHING`
 //!   on a table with the key as primary key, inside the caller's transaction.
 //!

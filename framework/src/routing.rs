@@ -1,6 +1,6 @@
 //! Where a record goes after an attempt: done, the next retry tier, or the
 //! DLQ. One pure function, used by the worker and by the in-memory test
-//! harness ([`crate::testing`]), so a unit test of a handler exercises the
+//! harness (`kjob::testing` (feature `testing`)), so a unit test of a handler exercises the
 //! exact rules production runs.
 
 use std::time::Duration;

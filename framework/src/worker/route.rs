@@ -1,7 +1,7 @@
 //! Handlers and the typed-to-untyped bridge the worker dispatches through.
 //!
 //! A handler is a plain `async fn(job, ctx) -> Result<(), JobError>`. The
-//! worker keeps one [`Route`] per topic; the route knows the job type, so it
+//! worker keeps one `Route` per topic; the route knows the job type, so it
 //! can decode the record with that contract's reader schema before calling
 //! the handler. Everything that can go wrong in one attempt (decode failure,
 //! a returned error, a timeout, a panic) comes back as one [`Attempt`].
