@@ -150,13 +150,18 @@ pub fn subject_for_topic(topic: &str) -> String {
     format!("{topic}-value")
 }
 
+/// topic -> (contract name, version) -> registered contract.
+type ContractCache = HashMap<String, HashMap<(&'static str, u32), RegisteredContract>>;
+
 /// Registry client plus caches. One per process is plenty; clone the `Arc`.
 pub struct Codec {
     url: String,
     settings: SrSettings,
     decoder: AvroDecoder,
     encoder: AvroEncoder,
-    registered: Mutex<HashMap<String, RegisteredContract>>,
+    /// topic -> (contract name, version) -> contract. Nested so the hot
+    /// path (every enqueue) looks up by `&str` without allocating a key.
+    registered: Mutex<ContractCache>,
     /// Serialises first-time registrations, so a batch of concurrent
     /// enqueues registers (and configures) a subject once, not N times.
     registering: tokio::sync::Mutex<()>,
@@ -217,14 +222,14 @@ impl Codec {
     pub async fn register<J: Job>(&self, topic: &str) -> Result<RegisteredContract> {
         // One binary may carry two versions of a contract (a migration
         // tool, a test): cache per topic *and* version.
-        let cache_key = format!("{topic}/{}/{}", J::NAME, J::VERSION);
-        if let Some(c) = self.lock_registered().get(&cache_key) {
-            return Ok(c.clone());
+        if let Some(c) = self.cached::<J>(topic) {
+            return Ok(c);
         }
         let _one_at_a_time = self.registering.lock().await;
-        if let Some(c) = self.lock_registered().get(&cache_key) {
-            return Ok(c.clone());
+        if let Some(c) = self.cached::<J>(topic) {
+            return Ok(c);
         }
+        let cache_key = format!("{topic}/{}/{}", J::NAME, J::VERSION);
         let schema = parse_contract::<J>()?;
         let subject = subject_for_topic(topic);
         let level = match crate::schema::subject_compatibility(&self.url, &subject).await? {
@@ -284,7 +289,10 @@ impl Codec {
             subject,
             schema: Arc::new(schema),
         };
-        self.lock_registered().insert(cache_key, contract.clone());
+        self.lock_registered()
+            .entry(topic.to_string())
+            .or_default()
+            .insert((J::NAME, J::VERSION), contract.clone());
         Ok(contract)
     }
 
@@ -293,7 +301,18 @@ impl Codec {
         &self.settings
     }
 
-    fn lock_registered(&self) -> std::sync::MutexGuard<'_, HashMap<String, RegisteredContract>> {
+    fn cached<J: Job>(&self, topic: &str) -> Option<RegisteredContract> {
+        self.lock_registered()
+            .get(topic)?
+            .get(&(J::NAME, J::VERSION))
+            .cloned()
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn lock_registered(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<(&'static str, u32), RegisteredContract>>>
+    {
         // A poisoned cache is still a valid cache: entries are inserted whole.
         self.registered
             .lock()
@@ -317,18 +336,6 @@ impl Codec {
             message: e.to_string(),
         })?;
         Ok(out)
-    }
-
-    /// Decodes a framed record into `J`, resolving the writer schema (fetched
-    /// by id, cached) to `reader`.
-    pub async fn decode<J: Job>(
-        &self,
-        bytes: Option<&[u8]>,
-        reader: &Schema,
-    ) -> std::result::Result<J, DecodeError> {
-        let (id, body) = split_frame(bytes)?;
-        let writer = self.writer(id).await?;
-        decode_body::<J>(id, writer.schema(), body, reader)
     }
 }
 

@@ -148,14 +148,13 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
         rand::random::<f64>(),
         now_ms(),
     );
-    let at = format!("{}:{}", msg.partition(), msg.offset());
     let duration_ms = elapsed.as_millis() as u64;
     let id = headers.id.as_deref().unwrap_or("");
     match next {
         Next::Done => {
             WorkerStats::bump(&shared.stats.handled);
             shared.metrics.outcome(job, "ok");
-            debug!(job.id = id, job.type = job, attempt, at = %at, duration_ms, outcome = "ok", "job handled");
+            debug!(job.id = id, job.type = job, attempt, at = %format_args!("{}:{}", msg.partition(), msg.offset()), duration_ms, outcome = "ok", "job handled");
             true
         }
         Next::Retry {
@@ -165,7 +164,7 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
             class,
         } => {
             warn!(
-                job.id = id, job.type = job, attempt, at = %at, duration_ms, outcome = "retried",
+                job.id = id, job.type = job, attempt, at = %format_args!("{}:{}", msg.partition(), msg.offset()), duration_ms, outcome = "retried",
                 class = class.as_str(), error = headers.error.as_deref().unwrap_or(""), retry = %topic,
                 wait_ms = wait.as_millis() as u64, "attempt failed; scheduled a retry"
             );
@@ -190,7 +189,7 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
                 "dead_lettered"
             };
             warn!(
-                job.id = id, job.type = job, attempt, at = %at, duration_ms, outcome,
+                job.id = id, job.type = job, attempt, at = %format_args!("{}:{}", msg.partition(), msg.offset()), duration_ms, outcome,
                 class = class.as_str(), error = %message, dlq = %topic, "dead-lettering"
             );
             span.fail(&message);
@@ -234,6 +233,7 @@ fn handle_span(
         ]
     })
 }
+
 /// Writes the record (payload and key unchanged, headers rebuilt) to
 /// `target` and waits for the broker's acknowledgement, retrying the write
 /// until it succeeds or the worker gives up at the end of its grace period.

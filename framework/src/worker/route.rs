@@ -156,3 +156,94 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         "non-string panic payload".to_string()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{frame, DecodeError, WriterSchema};
+    use crate::retry::RetryPolicy;
+    use crate::routing::{next_step, Next};
+    use rdkafka::message::{OwnedMessage, Timestamp};
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Ping {
+        id: String,
+    }
+    impl Job for Ping {
+        const NAME: &'static str = "ping";
+        const VERSION: u32 = 1;
+        const SCHEMA: &'static str =
+            r#"{"type":"record","name":"Ping","fields":[{"name":"id","type":"string"}]}"#;
+        fn key(&self) -> String {
+            self.id.clone()
+        }
+    }
+
+    /// A registry that is down: every lookup fails as transient.
+    struct DownRegistry;
+    impl SchemaSource for DownRegistry {
+        fn writer(&self, id: u32) -> BoxFuture<'_, Result<WriterSchema, DecodeError>> {
+            Box::pin(async move {
+                Err(DecodeError::RegistryUnavailable {
+                    id,
+                    message: "connection refused".into(),
+                })
+            })
+        }
+    }
+
+    fn ctx() -> JobContext {
+        JobContext {
+            id: "j".into(),
+            job: "ping".into(),
+            version: Some(1),
+            attempt: 1,
+            topic: "ping".into(),
+            partition: 0,
+            offset: 0,
+            key: None,
+            timestamp_ms: None,
+            tenant: None,
+            group: "g".into(),
+            due_at_ms: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_registry_outage_while_decoding_is_retried_not_dead_lettered() {
+        let route = TypedRoute::<Ping, _> {
+            handler: |_j: Ping, _c: JobContext| async { Ok::<(), JobError>(()) },
+            reader: ReaderSchema::new(crate::codec::parse_contract::<Ping>().unwrap()),
+            schemas: Arc::new(DownRegistry),
+            timeout: None,
+            _job: PhantomData,
+        };
+        let payload = frame(7, b"\x02a");
+        let outcome = route.run(Some(&payload), ctx()).await;
+        assert!(
+            matches!(
+                &outcome,
+                Attempt::Failed {
+                    class: ErrorClass::RetryableNetwork,
+                    ..
+                }
+            ),
+            "{outcome:?}"
+        );
+        let record = OwnedMessage::new(
+            Some(payload),
+            None,
+            "ping".into(),
+            Timestamp::NotAvailable,
+            0,
+            0,
+            None,
+        );
+        let policy = RetryPolicy::tiers([Duration::from_secs(5)]);
+        let next = next_step(&outcome, &record, "ping", "g", &policy, 1, 0.0, 0);
+        assert!(
+            matches!(next, Next::Retry { ref topic, .. } if topic == "ping.retry.5s"),
+            "{next:?}"
+        );
+    }
+}
