@@ -12,6 +12,7 @@ use std::sync::Arc;
 use opentelemetry::trace::FutureExt as _;
 use opentelemetry::KeyValue;
 use rdkafka::message::{Message, OwnedMessage};
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
 use crate::telemetry::spans::JobSpan;
@@ -31,10 +32,11 @@ pub(crate) async fn run_lane(
     epoch: u64,
     lane: LaneKey,
     first: OwnedMessage,
+    cancel: CancellationToken,
 ) {
     let mut msg = first;
     loop {
-        let finished = process(&shared, &msg).await;
+        let finished = process(&shared, &msg, &cancel).await;
         let next = {
             let mut st = shared.lock();
             let resume_below = shared.settings.max_in_flight_per_partition / 2;
@@ -97,9 +99,10 @@ pub(crate) fn context_for(
 
 /// Runs one record to a final outcome. Returns `true` when the offset may be
 /// marked done (handled, or forwarded to a retry tier or the DLQ and
-/// acknowledged), `false` when the worker is stopping and the record must be
-/// re-delivered instead.
-async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
+/// acknowledged), `false` when the worker is stopping or the partition was
+/// revoked before the handler started, so the record must be re-delivered
+/// instead.
+async fn process(shared: &Shared, msg: &OwnedMessage, cancel: &CancellationToken) -> bool {
     let Some(entry) = shared.routes.get(msg.topic()) else {
         // Unreachable: the consumer subscribes to route topics only. Do not
         // mark it done, so it is never lost.
@@ -124,7 +127,14 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
     }
     let started = std::time::Instant::now();
     let outcome = {
-        let Ok(_permit) = shared.concurrency.acquire().await else {
+        // Waiting for a slot is not running: a revoke or a shutdown must not
+        // wait for it. The record stays uncommitted; the next owner runs it.
+        let permit = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => None,
+            p = shared.concurrency.acquire() => p.ok(),
+        };
+        let Some(_permit) = permit else {
             return false;
         };
         shared.metrics.in_flight(job, 1);

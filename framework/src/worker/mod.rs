@@ -27,6 +27,7 @@
 //! The watermark arithmetic is in [`crate::offsets`].
 
 pub mod lane;
+pub mod membership;
 pub mod poll;
 pub mod route;
 pub mod state;
@@ -54,6 +55,7 @@ use crate::job::Job;
 use crate::producer::Producer;
 use crate::retry::RetryPolicy;
 use crate::topics::{create_topics, dlq_topic, partition_counts};
+pub use membership::GroupProtocol;
 pub use route::{run_handler, Attempt, Handler};
 use route::{Route, TypedRoute};
 pub use state::WorkerStats;
@@ -85,6 +87,7 @@ pub struct WorkerBuilder {
     codec: Result<Arc<Codec>>,
     routes: Vec<(String, RouteFactory)>,
     static_member: Option<String>,
+    protocol: Option<GroupProtocol>,
     create_topics: bool,
     retry: RetryPolicy,
     retry_overrides: HashMap<String, RetryPolicy>,
@@ -176,11 +179,23 @@ impl WorkerBuilder {
         self
     }
 
-    /// Static group membership (`group.instance.id`): a restarting member
-    /// gets its partitions back without a rebalance, which suits rolling
-    /// deploys.
+    /// Static group membership (`group.instance.id`): a member that restarts
+    /// within the session timeout gets its partitions back without a
+    /// rebalance of the others, which suits rolling deploys and crash loops.
+    /// Defaults to `KJOB_INSTANCE_ID` when that is set. Use a stable,
+    /// per-replica name (a StatefulSet pod name); two live processes must
+    /// never share one. See [`membership`].
     pub fn static_member(mut self, instance_id: impl Into<String>) -> Self {
         self.static_member = Some(instance_id.into());
+        self
+    }
+
+    /// The rebalance protocol (default: `KJOB_GROUP_PROTOCOL`, else
+    /// [`GroupProtocol::Classic`]). A `group.protocol` set on the
+    /// [`KafkaConfig`] is honoured too. See [`membership`] for what each
+    /// costs on a deploy and on a crash.
+    pub fn group_protocol(mut self, protocol: GroupProtocol) -> Self {
+        self.protocol = Some(protocol);
         self
     }
 
@@ -209,6 +224,13 @@ impl WorkerBuilder {
             .map_err(|e| Error::Config(e.to_string()))?
             .clone();
         let routes = self.build_routes(codec.clone())?;
+        let protocol = match self.protocol {
+            Some(p) => p,
+            None => match self.config.overrides.get("group.protocol") {
+                Some(v) => GroupProtocol::parse(v)?,
+                None => GroupProtocol::from_env()?.unwrap_or_default(),
+            },
+        };
         let metrics = match self.endpoint {
             Some(_) => Metrics::prometheus().map_err(Error::Config)?,
             None => Metrics::disabled(),
@@ -222,7 +244,8 @@ impl WorkerBuilder {
             codec,
             routes: routes.entries,
             mains: routes.mains,
-            static_member: self.static_member,
+            static_member: self.static_member.or_else(membership::instance_id_from_env),
+            protocol,
             create_topics: self.create_topics,
             stats: Arc::new(WorkerStats::default()),
         })
@@ -305,6 +328,7 @@ pub struct Worker {
     routes: HashMap<String, RouteEntry>,
     mains: Vec<String>,
     static_member: Option<String>,
+    protocol: GroupProtocol,
     create_topics: bool,
     stats: Arc<WorkerStats>,
     metrics: Metrics,
@@ -331,6 +355,7 @@ impl Worker {
             codec,
             routes: Vec::new(),
             static_member: None,
+            protocol: None,
             create_topics: true,
             retry: RetryPolicy::default(),
             retry_overrides: HashMap::new(),
@@ -371,6 +396,7 @@ impl Worker {
             stats: self.stats.clone(),
             concurrency: Arc::new(Semaphore::new(self.concurrency)),
             stopping: AtomicBool::new(false),
+            stop_token: CancellationToken::new(),
             cancel: CancellationToken::new(),
             runtime: tokio::runtime::Handle::current(),
             metrics: self.metrics.clone(),
@@ -395,7 +421,7 @@ impl Worker {
         consumer
             .subscribe(&topic_refs)
             .map_err(|e| Error::kafka(format!("subscribing to {topics:?}"), e))?;
-        info!(group = %self.settings.group, ?topics, "worker started");
+        info!(group = %self.settings.group, ?topics, protocol = self.protocol.as_str(), static_member = ?self.static_member, "worker started");
 
         let (done_tx, mut done_rx) = oneshot::channel::<()>();
         let thread_shared = shared.clone();
@@ -421,7 +447,7 @@ impl Worker {
         info!("stop requested");
         // Not ready from the moment shutdown begins.
         self.stats.ready.store(false, AtomicOrdering::Release);
-        shared.stopping.store(true, AtomicOrdering::Release);
+        shared.begin_stop();
         let bound = self.settings.shutdown_grace + Duration::from_secs(30);
         match tokio::time::timeout(bound, done_rx).await {
             Ok(_) => {
@@ -519,8 +545,8 @@ impl Worker {
     }
 
     fn consumer(&self, shared: Arc<Shared>) -> Result<BaseConsumer<poll::WorkerContext>> {
-        let mut cfg = self.config.client_config(&[
-            ("group.id", &self.settings.group),
+        let mut defaults = vec![
+            ("group.id", self.settings.group.as_str()),
             ("enable.auto.commit", "false"),
             ("enable.auto.offset.store", "false"),
             ("auto.offset.reset", "earliest"),
@@ -529,7 +555,9 @@ impl Worker {
             // only after the broker's long-poll returns; librdkafka's 500 ms
             // default made every resume cost half a second of idle time.
             ("fetch.wait.max.ms", "100"),
-        ]);
+        ];
+        defaults.extend(membership::consumer_settings(self.protocol));
+        let mut cfg = self.config.client_config(&defaults);
         if let Some(id) = &self.static_member {
             cfg.set("group.instance.id", id);
         }

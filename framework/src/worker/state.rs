@@ -68,6 +68,11 @@ pub(crate) struct PartitionState {
     /// was seeked back to it; nothing else of the partition is dispatched
     /// until that record comes back after the due time.
     pub delay: Option<Delay>,
+    /// Cancelled when the partition is revoked or the worker stops: lanes
+    /// still *waiting* for a concurrency slot give up at once (their records
+    /// are uncommitted, so the next owner gets them); only handlers that are
+    /// already running are waited for.
+    pub cancel: CancellationToken,
 }
 
 /// A partition held back until its head record is due.
@@ -90,8 +95,9 @@ impl PartitionState {
 }
 
 impl PartitionState {
-    pub(crate) fn new(epoch: u64) -> Self {
+    pub(crate) fn new(epoch: u64, cancel: CancellationToken) -> Self {
         Self {
+            cancel,
             epoch,
             tracker: OffsetTracker::new(),
             lanes: HashMap::new(),
@@ -119,6 +125,12 @@ pub(crate) struct State {
     pub to_resume: Vec<Tp>,
     /// An async commit failed; recommit everything at the next interval.
     pub commit_failed: bool,
+    /// Partitions kjob has paused on the consumer and not resumed since.
+    /// librdkafka keeps an application's pause across a revoke and a
+    /// re-assignment of the same partition, so this outlives the partition's
+    /// state: after every assignment the poll thread compares it with kjob's
+    /// own view and corrects the consumer (see `poll::reapply_pause_view`).
+    pub applied_pause: std::collections::HashSet<Tp>,
 }
 
 /// Worker settings resolved at build time.
@@ -188,6 +200,9 @@ pub(crate) struct Shared {
     pub concurrency: Arc<Semaphore>,
     /// Stop dispatching and starting queued work.
     pub stopping: AtomicBool,
+    /// Cancelled together with `stopping`; the parent of every partition's
+    /// `cancel` token.
+    pub stop_token: CancellationToken,
     /// Cancels retry waits and DLQ write retries at the end of the grace period.
     pub cancel: CancellationToken,
     pub runtime: tokio::runtime::Handle,
@@ -203,6 +218,13 @@ impl Shared {
 
     pub(crate) fn is_stopping(&self) -> bool {
         self.stopping.load(AtomicOrdering::Acquire)
+    }
+
+    /// Begins the shutdown: no more dispatch, and lanes waiting for a
+    /// concurrency slot give up.
+    pub(crate) fn begin_stop(&self) {
+        self.stopping.store(true, AtomicOrdering::Release);
+        self.stop_token.cancel();
     }
 
     /// Waits (bounded) until no lane of `tps` is running. Returns whether
