@@ -39,6 +39,9 @@ pub fn forward_headers(
     now_ms: i64,
 ) -> JobHeaders {
     let mut h = JobHeaders::parse(source.headers());
+    // A record from a foreign producer has no kjob-id; its derived id is
+    // written now, so it stays the same on every later hop.
+    h.id = Some(h.job_id(source.topic(), source.partition(), source.offset()));
     h.record_failure(class, message, now_ms);
     h.attempt = Some(attempt);
     h.group = Some(group.to_string());
@@ -101,6 +104,11 @@ mod tests {
         let hop = record("orders.retry.5s", first.to_owned_headers());
         let second = forward_headers(&hop, "g", 3, "permanent", "404", 2);
         assert_eq!(second.original_topic.as_deref(), Some("orders"));
+        assert_eq!(
+            second.id.as_deref(),
+            Some("orders:2:42"),
+            "a foreign record's derived id is written on the first hop and kept"
+        );
         assert_eq!(second.error_class.as_deref(), Some("permanent"));
         let owned = second.to_owned_headers();
         assert_eq!(

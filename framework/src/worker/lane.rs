@@ -82,7 +82,7 @@ pub(crate) fn context_for(
     job: &str,
 ) -> JobContext {
     JobContext {
-        id: headers.id.clone().unwrap_or_default(),
+        id: headers.job_id(msg.topic(), msg.partition(), msg.offset()),
         job: headers.job.clone().unwrap_or_else(|| job.to_string()),
         version: headers.version,
         attempt: headers.attempt.unwrap_or(1).max(1),
@@ -117,6 +117,7 @@ async fn process(shared: &Shared, msg: &OwnedMessage, cancel: &CancellationToken
         entry.route.job_name(),
     );
     let attempt = ctx.attempt;
+    let ctx_id = ctx.id.clone();
     // The route's static contract name: metric labels without allocation.
     let job: &'static str = entry.route.job_name();
     let span = handle_span(msg, &ctx, &headers, job);
@@ -159,7 +160,7 @@ async fn process(shared: &Shared, msg: &OwnedMessage, cancel: &CancellationToken
         now_ms(),
     );
     let duration_ms = elapsed.as_millis() as u64;
-    let id = headers.id.as_deref().unwrap_or("");
+    let id = ctx_id.as_str();
     match next {
         Next::Done => {
             WorkerStats::bump(&shared.stats.handled);
