@@ -55,6 +55,45 @@ pub fn forward_headers(
     h
 }
 
+/// Header on a dead-letter envelope: the payload is not in this record,
+/// and where the original can still be read (`<size> bytes at
+/// <topic>:<partition>:<offset>`).
+pub const PAYLOAD_OMITTED: &str = "kjob-payload-omitted";
+
+/// The headers of an envelope: what kjob dead-letters when the broker
+/// refused the record itself (too large for the tier or DLQ, not
+/// authorized). Everything the forward would have carried, re-classed as
+/// [`ErrorClass::ForwardRejected`](crate::ErrorClass::ForwardRejected), plus
+/// [`PAYLOAD_OMITTED`] naming the source record, which still holds the
+/// payload until its topic's retention removes it.
+pub fn envelope_headers(
+    intended: &JobHeaders,
+    source: &OwnedMessage,
+    target: &str,
+    cause: &str,
+) -> JobHeaders {
+    let mut h = intended.clone();
+    h.due_at_ms = None;
+    h.record_failure(
+        crate::ErrorClass::ForwardRejected.as_str(),
+        &format!("could not write the record to `{target}`: {cause}"),
+        now_ms(),
+    );
+    let size = source.payload().map_or(0, <[u8]>::len);
+    h.extra.retain(|(k, _)| k != PAYLOAD_OMITTED);
+    h.extra.push((
+        PAYLOAD_OMITTED.to_string(),
+        format!(
+            "{size} bytes at {}:{}:{}",
+            source.topic(),
+            source.partition(),
+            source.offset()
+        )
+        .into_bytes(),
+    ));
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -54,7 +54,7 @@ use crate::error::{Error, Result};
 use crate::job::Job;
 use crate::producer::Producer;
 use crate::retry::RetryPolicy;
-use crate::topics::{create_topics, dlq_topic, partition_counts};
+use crate::topics::{create_topics, create_topics_with, dlq_topic, partition_counts};
 pub use membership::GroupProtocol;
 pub use route::{run_handler, Attempt, Handler};
 use route::{Route, TypedRoute};
@@ -541,7 +541,34 @@ impl Worker {
                 }
             }
         }
-        create_topics(&self.config, &missing).await
+        // A tier or DLQ must take whatever its main topic accepted, plus
+        // kjob's headers; otherwise a large record could never be forwarded.
+        let mains_of_missing: Vec<String> = {
+            let mut m: Vec<String> = missing
+                .iter()
+                .filter_map(|(t, _)| wanted.iter().find(|(w, _)| w == t).map(|(_, m)| m.clone()))
+                .collect();
+            m.sort();
+            m.dedup();
+            m
+        };
+        let limits = crate::topics::max_message_bytes(&self.config, &mains_of_missing).await;
+        for (main, limit) in mains_of_missing.iter().zip(limits) {
+            let topics: Vec<(String, i32)> = missing
+                .iter()
+                .filter(|(t, _)| wanted.iter().any(|(w, m)| w == t && m == main))
+                .cloned()
+                .collect();
+            match limit {
+                Some(bytes) => {
+                    let sized = (bytes + crate::topics::FORWARD_HEADROOM_BYTES).to_string();
+                    create_topics_with(&self.config, &topics, &[("max.message.bytes", &sized)])
+                        .await?
+                }
+                None => create_topics(&self.config, &topics).await?,
+            }
+        }
+        Ok(())
     }
 
     fn consumer(&self, shared: Arc<Shared>) -> Result<BaseConsumer<poll::WorkerContext>> {
