@@ -37,7 +37,11 @@ async fn register_by_rest(registry: &str, subject: &str) -> u32 {
 fn confluent_frame(schema_id: u32, job: &TestJob) -> Vec<u8> {
     let schema = apache_avro::Schema::parse_str(TestJob::SCHEMA).expect("schema");
     let value = apache_avro::to_value(job).expect("to avro value");
-    let body = apache_avro::to_avro_datum(&schema, value).expect("avro body");
+    let body = apache_avro::writer::datum::GenericDatumWriter::builder(&schema)
+        .build()
+        .expect("datum writer")
+        .write_value_to_vec(value)
+        .expect("avro body");
     let mut out = vec![0u8];
     out.extend_from_slice(&schema_id.to_be_bytes());
     out.extend_from_slice(&body);

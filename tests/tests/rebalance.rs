@@ -182,3 +182,66 @@ async fn a_held_retry_tier_survives_a_join_and_a_leave_cooperative() {
 async fn a_held_retry_tier_survives_a_join_and_a_leave_kip848() {
     tier_hold(Protocol::Kip848).await;
 }
+
+/// Static membership: a member that restarts with the same instance id
+/// within the session timeout takes its partitions back, and the other
+/// member goes through no rebalance at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_member_restarting_gets_its_partitions_back_without_a_rebalance() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("rebalance.static");
+    let group = unique("g");
+    create_topic(&config, &topic, 4).await;
+    let producer = Producer::new(&config).expect("producer");
+    let seen: Seen = Default::default();
+    let make = |instance: &str, seen: Seen| {
+        Worker::builder(config.clone(), &group)
+            .static_member(format!("{group}-{instance}"))
+            .handle_on::<TestJob, _>(&topic, move |job: TestJob, _ctx: JobContext| {
+                let seen = seen.clone();
+                async move {
+                    *seen.lock().unwrap().entry(job.seq).or_default() += 1;
+                    Ok::<(), JobError>(())
+                }
+            })
+            .commit_interval(Duration::from_millis(200))
+            .build()
+            .expect("worker builds")
+    };
+    let a = start(make("a", seen.clone()));
+    let b = start(make("b", seen.clone()));
+    enqueue_n(&producer, &topic, 400, 40, "ok").await;
+    eventually(
+        Duration::from_secs(60),
+        "both members settled and working",
+        || seen.lock().unwrap().len() == 400,
+    )
+    .await;
+    // Let the group settle completely, then take B's count as the baseline.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = kjob::WorkerStats::get(&b.stats.rebalances);
+
+    a.stop().await;
+    let a = start(make("a", seen.clone()));
+    let more: Vec<TestJob> = (400..800)
+        .map(|i| TestJob::ok(format!("k{}", i % 40), i))
+        .collect();
+    for r in producer.enqueue_batch_to(&topic, &more).await {
+        r.expect("enqueued");
+    }
+    eventually(
+        Duration::from_secs(60),
+        "every job after the restart ran",
+        || seen.lock().unwrap().len() == 800,
+    )
+    .await;
+    wait_committed_at_end(&config, &group, &topic, 4).await;
+    assert_eq!(
+        kjob::WorkerStats::get(&b.stats.rebalances),
+        before,
+        "the other member saw no rebalance while A restarted"
+    );
+    a.stop().await;
+    b.stop().await;
+}

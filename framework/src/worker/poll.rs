@@ -70,6 +70,7 @@ fn tps_of(tpl: &TopicPartitionList) -> Vec<Tp> {
 fn on_assign(shared: &Shared, tpl: &TopicPartitionList) {
     let tps = tps_of(tpl);
     info!(partitions = ?tps, "assigned");
+    shared.stats.set_assigned(&tps, true);
     let mut st = shared.lock();
     for tp in tps {
         st.next_epoch += 1;
@@ -90,6 +91,7 @@ fn on_revoke(shared: &Shared, consumer: &BaseConsumer<WorkerContext>, tpl: &Topi
     let tps = tps_of(tpl);
     let lost = consumer.assignment_lost();
     info!(partitions = ?tps, lost, "revoking");
+    shared.stats.set_assigned(&tps, false);
     {
         let mut st = shared.lock();
         for tp in &tps {

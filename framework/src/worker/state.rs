@@ -165,6 +165,8 @@ pub struct WorkerStats {
     pub ready: AtomicBool,
     /// The metrics endpoint's bound address, once it listens.
     pub endpoint: std::sync::OnceLock<std::net::SocketAddr>,
+    /// The partitions currently assigned to this worker.
+    assigned: Mutex<std::collections::BTreeSet<Tp>>,
 }
 
 impl WorkerStats {
@@ -175,6 +177,28 @@ impl WorkerStats {
 
     pub(crate) fn bump(counter: &AtomicU64) {
         counter.fetch_add(1, AtomicOrdering::Relaxed);
+    }
+
+    /// The `(topic, partition)`s this worker holds now, sorted: what an
+    /// operator (or a test) checks to see how a group spread its work.
+    pub fn assignment(&self) -> Vec<(String, i32)> {
+        self.assigned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    pub(crate) fn set_assigned(&self, tps: &[Tp], assigned: bool) {
+        let mut set = self.assigned.lock().unwrap_or_else(PoisonError::into_inner);
+        for tp in tps {
+            if assigned {
+                set.insert(tp.clone());
+            } else {
+                set.remove(tp);
+            }
+        }
     }
 }
 
