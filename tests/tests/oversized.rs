@@ -90,14 +90,36 @@ async fn run(dlq_limit: Option<&str>) -> (String, rdkafka::message::OwnedMessage
     (topic, dlq.into_iter().next().expect("one dead letter"))
 }
 
+/// `kjob dlq show --json` on a dead letter, parsed.
+fn show(topic: &str, at: &str) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kjob-cli"))
+        .args(["dlq", "show", "--topic", topic, at, "--json"])
+        .output()
+        .expect("running kjob");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("show --json prints JSON")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_near_the_brokers_limit_is_dead_lettered_whole() {
-    let (_topic, dead) = run(None).await;
+    let (topic, dead) = run(None).await;
     assert_eq!(dead.payload().map(<[u8]>::len), Some(BIG));
     assert_eq!(
         kjob::headers::find(dead.headers(), kjob::headers::ERROR_CLASS),
         Some("decode.not_framed")
     );
+    // show caps the hex dump and says how much it left out.
+    let shown = show(&topic, "0:0");
+    assert_eq!(shown["payload"]["size"], BIG);
+    assert_eq!(
+        shown["payload"]["hex"].as_str().map(str::len),
+        Some(2 * 4096)
+    );
+    assert_eq!(shown["payload"]["hex_omitted_bytes"], BIG - 4096);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,4 +140,7 @@ async fn a_record_its_dlq_refuses_is_dead_lettered_as_an_envelope_with_its_coord
         kjob::headers::find(dead.headers(), kjob::headers::ORIGINAL_OFFSET),
         Some("20")
     );
+    let shown = show(&topic, "0:0");
+    let omitted = shown["payload"]["omitted"].as_str().unwrap_or("");
+    assert!(omitted.contains(&format!("{topic}:0:20")), "{shown}");
 }
