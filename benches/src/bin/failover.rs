@@ -21,7 +21,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker};
+use kjob::{KafkaConfig, Producer};
 use kjob_benches::BenchJob;
 
 const PARTITIONS: i32 = 4;
@@ -30,7 +30,7 @@ const PARTITIONS: i32 = 4;
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("worker") {
-        return worker().await;
+        return kjob_benches::printing_worker().await;
     }
     let settings: [(&str, &[(&str, &str)]); 3] = [
         (
@@ -55,30 +55,6 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The worker process: handles jobs and prints each one's partition.
-async fn worker() -> anyhow::Result<()> {
-    let topic = std::env::var("BENCH_TOPIC")?;
-    let group = std::env::var("BENCH_GROUP")?;
-    let mut config = KafkaConfig::from_env();
-    if let Ok(o) = std::env::var("BENCH_RDKAFKA") {
-        for kv in o.split(',').filter(|s| !s.is_empty()) {
-            if let Some((k, v)) = kv.split_once('=') {
-                config = config.set(k, v);
-            }
-        }
-    }
-    let handler = |_job: BenchJob, ctx: JobContext| async move {
-        println!("{}", ctx.partition);
-        Ok::<(), JobError>(())
-    };
-    Worker::builder(config, group)
-        .handle_on::<BenchJob, _>(&topic, handler)
-        .build()?
-        .run()
-        .await?;
-    Ok(())
-}
-
 fn spawn_worker(topic: &str, group: &str, overrides: &[(&str, &str)]) -> anyhow::Result<Child> {
     let o: Vec<String> = overrides.iter().map(|(k, v)| format!("{k}={v}")).collect();
     Ok(Command::new(std::env::current_exe()?)
@@ -95,7 +71,11 @@ fn watch(child: &mut Child, id: usize, tx: mpsc::Sender<(usize, i32, Instant)>) 
     if let Some(out) = child.stdout.take() {
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if let Ok(p) = line.trim().parse::<i32>() {
+                let partition = line
+                    .split_whitespace()
+                    .next()
+                    .and_then(|p| p.parse::<i32>().ok());
+                if let Some(p) = partition {
                     if tx.send((id, p, Instant::now())).is_err() {
                         return;
                     }
