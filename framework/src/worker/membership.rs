@@ -105,7 +105,7 @@ pub(crate) fn consumer_settings(protocol: GroupProtocol) -> Vec<(&'static str, &
     match protocol {
         GroupProtocol::Classic => {
             out.push(("session.timeout.ms", "10000"));
-            out.push(("heartbeat.interval.ms", "2000"));
+            out.push(("heartbeat.interval.ms", "500"));
         }
         // Session and heartbeat are the broker's under KIP-848; librdkafka
         // refuses the classic settings with this protocol.

@@ -30,6 +30,7 @@ pub mod lane;
 pub mod membership;
 pub mod poll;
 pub mod route;
+pub(crate) mod scheduler;
 pub mod state;
 
 use std::collections::HashMap;
