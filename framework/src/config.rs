@@ -217,6 +217,15 @@ impl KafkaConfig {
         self
     }
 
+    /// The principal Kafka's ACLs see for this config, for error messages:
+    /// `User:<sasl.username>`, or a description when SASL is not used.
+    pub fn principal(&self) -> String {
+        match (&self.sasl_username, self.overrides.get("sasl.username")) {
+            (_, Some(u)) | (Some(u), None) => format!("User:{u}"),
+            (None, None) => "User:ANONYMOUS (or the TLS certificate's principal)".to_string(),
+        }
+    }
+
     /// A librdkafka config with the bootstrap servers and the security
     /// settings, for clients kjob does not build itself (tools, tests, an
     /// application's own consumer), so they reach a secured cluster the same
@@ -234,7 +243,10 @@ impl KafkaConfig {
             ("security.protocol", self.security_protocol.as_deref()),
             ("sasl.mechanism", self.sasl_mechanism.as_deref()),
             ("sasl.username", self.sasl_username.as_deref()),
-            ("sasl.password", self.sasl_password.as_ref().map(Secret::expose)),
+            (
+                "sasl.password",
+                self.sasl_password.as_ref().map(Secret::expose),
+            ),
             ("ssl.ca.location", self.ssl_ca_location.as_deref()),
         ];
         for (k, v) in security {
@@ -302,7 +314,12 @@ mod tests {
         ] {
             assert!(is_secret_property(k), "{k}");
         }
-        for k in ["ssl.ca.location", "ssl.key.location", "sasl.username", "linger.ms"] {
+        for k in [
+            "ssl.ca.location",
+            "ssl.key.location",
+            "sasl.username",
+            "linger.ms",
+        ] {
             assert!(!is_secret_property(k), "{k}");
         }
     }

@@ -65,6 +65,31 @@ pub enum Error {
         /// The bootstrap servers in use.
         bootstrap: String,
     },
+    /// The cluster refused this client's credentials (SASL or TLS).
+    #[error("authentication with Kafka at {bootstrap} failed: {message}. Check KJOB_SASL_USERNAME and KJOB_SASL_PASSWORD (and KJOB_SECURITY_PROTOCOL, KJOB_SASL_MECHANISM, KJOB_SSL_CA_LOCATION)")]
+    Authentication {
+        /// The bootstrap servers in use.
+        bootstrap: String,
+        /// librdkafka's reason (never contains the password).
+        message: String,
+    },
+    /// Kafka's ACLs do not allow an operation kjob needs, so it stops
+    /// instead of waiting for a permission that will not come.
+    #[error("not authorized by Kafka ACLs: principal {principal} may not {operation} {resource}; grant it, e.g. `kafka-acls --bootstrap-server {bootstrap} --add --allow-principal {principal} --operation {operation} {acl_args}` (broker said: {message})")]
+    NotAuthorized {
+        /// The principal (`User:<sasl.username>`), as ACLs name it.
+        principal: String,
+        /// The ACL operation needed (`Describe`, `Read`, `Write`, ...).
+        operation: String,
+        /// What it is needed on, e.g. ``topic `orders` ``.
+        resource: String,
+        /// The `kafka-acls` resource arguments, e.g. `--topic orders`.
+        acl_args: String,
+        /// The bootstrap servers in use.
+        bootstrap: String,
+        /// The broker's or librdkafka's words.
+        message: String,
+    },
     /// An rdkafka call failed; `context` says which.
     #[error("kafka: {context}: {source}")]
     Kafka {

@@ -32,7 +32,11 @@ pub struct Cli {
     /// Kafka `security.protocol` (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL).
     /// The SASL password is read from `KJOB_SASL_PASSWORD` only: a flag
     /// would show it in `ps`.
-    #[arg(long = "security-protocol", env = "KJOB_SECURITY_PROTOCOL", global = true)]
+    #[arg(
+        long = "security-protocol",
+        env = "KJOB_SECURITY_PROTOCOL",
+        global = true
+    )]
     security_protocol: Option<String>,
     /// Kafka `sasl.mechanism`, e.g. SCRAM-SHA-512.
     #[arg(long = "sasl-mechanism", env = "KJOB_SASL_MECHANISM", global = true)]

@@ -397,25 +397,28 @@ impl Worker {
             .map_err(|e| Error::kafka(format!("subscribing to {topics:?}"), e))?;
         info!(group = %self.settings.group, ?topics, "worker started");
 
-        let (done_tx, mut done_rx) = oneshot::channel::<()>();
+        let (done_tx, mut done_rx) = oneshot::channel::<Result<(), poll::FatalConsumerError>>();
         let thread_shared = shared.clone();
         std::thread::Builder::new()
             .name("kjob-poll".into())
             .spawn(move || {
-                poll::poll_loop(thread_shared, &consumer);
+                let outcome = poll::poll_loop(thread_shared, &consumer);
                 // Dropping the consumer closes it: final revoke, leave group.
                 // It happens here, off the async runtime, because a close can
                 // block; the async side waits for it with a bound.
                 consumer.unsubscribe();
                 drop(consumer);
-                let _ = done_tx.send(());
+                let _ = done_tx.send(outcome);
             })
             .map_err(|e| Error::Worker(format!("spawning the poll thread: {e}")))?;
 
         tokio::select! {
             _ = stop => {}
-            _ = &mut done_rx => {
-                return Err(Error::Worker("the poll thread ended unexpectedly".into()));
+            ended = &mut done_rx => {
+                return Err(match ended {
+                    Ok(Err(fatal)) => self.refused(fatal),
+                    _ => Error::Worker("the poll thread ended unexpectedly".into()),
+                });
             }
         }
         info!("stop requested");
@@ -424,6 +427,7 @@ impl Worker {
         shared.stopping.store(true, AtomicOrdering::Release);
         let bound = self.settings.shutdown_grace + Duration::from_secs(30);
         match tokio::time::timeout(bound, done_rx).await {
+            Ok(Ok(Err(fatal))) => Err(self.refused(fatal)),
             Ok(_) => {
                 info!("worker stopped");
                 Ok(())
@@ -431,6 +435,45 @@ impl Worker {
             Err(_) => Err(Error::Worker(format!(
                 "consumer did not close within {bound:?}; offsets up to the last commit are safe"
             ))),
+        }
+    }
+
+    /// Turns a consumer error the cluster will not change its mind about
+    /// into an error naming the credentials or the ACL to grant.
+    fn refused(&self, fatal: poll::FatalConsumerError) -> Error {
+        use rdkafka::types::RDKafkaErrorCode as C;
+        let group = &self.settings.group;
+        let (operation, resource, acl_args) = match fatal.code {
+            C::GroupAuthorizationFailed => (
+                "Read",
+                format!("group `{group}`"),
+                format!("--group {group}"),
+            ),
+            C::ClusterAuthorizationFailed => {
+                ("ClusterAction", "the cluster".into(), "--cluster".into())
+            }
+            C::TopicAuthorizationFailed => {
+                let topics = self.topics().join(" --topic ");
+                (
+                    "Read",
+                    "one of its topics (see the broker's words)".into(),
+                    format!("--topic {topics}"),
+                )
+            }
+            _ => {
+                return Error::Authentication {
+                    bootstrap: self.config.bootstrap_servers.clone(),
+                    message: fatal.message,
+                }
+            }
+        };
+        Error::NotAuthorized {
+            principal: self.config.principal(),
+            operation: operation.into(),
+            resource,
+            acl_args,
+            bootstrap: self.config.bootstrap_servers.clone(),
+            message: fatal.message,
         }
     }
 
@@ -533,8 +576,11 @@ impl Worker {
         if let Some(id) = &self.static_member {
             cfg.set("group.instance.id", id);
         }
-        cfg.create_with_context(poll::WorkerContext { shared })
-            .map_err(|e| Error::kafka("creating consumer", e))
+        cfg.create_with_context(poll::WorkerContext {
+            shared,
+            last_error: Mutex::new(None),
+        })
+        .map_err(|e| Error::kafka("creating consumer", e))
     }
 }
 

@@ -30,9 +30,60 @@ use crate::headers;
 /// rdkafka context: routes rebalance and commit callbacks into kjob's state.
 pub(crate) struct WorkerContext {
     pub shared: Arc<Shared>,
+    /// librdkafka's words for the last error event (they name the topic an
+    /// authorization failure is about; the error code alone does not).
+    pub last_error: std::sync::Mutex<Option<String>>,
 }
 
-impl ClientContext for WorkerContext {}
+impl ClientContext for WorkerContext {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        warn!(%error, reason, "librdkafka error");
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reason.to_string());
+    }
+}
+
+/// A consumer error that waiting cannot fix: an ACL or the credentials
+/// refuse the worker. The poll loop stops on it (drains, commits, leaves)
+/// and the worker returns it, instead of polling into the void forever.
+#[derive(Debug)]
+pub(crate) struct FatalConsumerError {
+    /// The error code.
+    pub code: rdkafka::types::RDKafkaErrorCode,
+    /// librdkafka's description, including the topic where it names one.
+    pub message: String,
+}
+
+fn fatal_consumer_error(
+    consumer: &BaseConsumer<WorkerContext>,
+    e: &rdkafka::error::KafkaError,
+) -> Option<FatalConsumerError> {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    let code = e.rdkafka_error_code()?;
+    let fatal = matches!(
+        code,
+        C::TopicAuthorizationFailed
+            | C::GroupAuthorizationFailed
+            | C::ClusterAuthorizationFailed
+            | C::SaslAuthenticationFailed
+            | C::Authentication
+    );
+    if !fatal {
+        return None;
+    }
+    let reason = consumer
+        .context()
+        .last_error
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    Some(FatalConsumerError {
+        code,
+        message: reason.unwrap_or_else(|| e.to_string()),
+    })
+}
 
 impl ConsumerContext for WorkerContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -320,11 +371,16 @@ fn refresh_oldest_pending(shared: &Shared) {
     snap.oldest_pending_seconds = ages;
 }
 
-/// The poll loop. Returns once `shared.stopping` is set and the shutdown
+/// The poll loop. Returns once `shared.stopping` is set, or a fatal
+/// consumer error (an ACL, the credentials) was seen, and the shutdown
 /// sequence (drain, cancel, commit) is complete; the caller then closes the
 /// consumer.
-pub(crate) fn poll_loop(shared: Arc<Shared>, consumer: &BaseConsumer<WorkerContext>) {
+pub(crate) fn poll_loop(
+    shared: Arc<Shared>,
+    consumer: &BaseConsumer<WorkerContext>,
+) -> Result<(), FatalConsumerError> {
     let mut last_commit = Instant::now();
+    let mut fatal = None;
     while !shared.is_stopping() {
         let resumes = std::mem::take(&mut shared.lock().to_resume);
         if !resumes.is_empty() {
@@ -341,10 +397,18 @@ pub(crate) fn poll_loop(shared: Arc<Shared>, consumer: &BaseConsumer<WorkerConte
         match consumer.poll(shared.settings.poll_timeout) {
             None => {}
             Some(Ok(m)) => dispatch(&shared, consumer, m.detach()),
-            Some(Err(e)) => warn!(error = %e, "consumer error"),
+            Some(Err(e)) => match fatal_consumer_error(consumer, &e) {
+                Some(f) => {
+                    tracing::error!(error = %e, reason = %f.message, "consumer refused by the cluster; stopping");
+                    fatal = Some(f);
+                    break;
+                }
+                None => warn!(error = %e, "consumer error"),
+            },
         }
     }
     shutdown(&shared, consumer);
+    fatal.map_or(Ok(()), Err)
 }
 
 /// Shutdown: stop fetching, let in-flight jobs finish within the grace
