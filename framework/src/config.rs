@@ -303,6 +303,24 @@ mod tests {
     }
 
     #[test]
+    fn sasl_ssl_without_openssl_names_the_tls_feature() {
+        let config = KafkaConfig::new("127.0.0.1:1", "http://r")
+            .security_protocol("SASL_SSL")
+            .sasl("SCRAM-SHA-512", "u", Secret::new("p"));
+        let created: std::result::Result<rdkafka::consumer::BaseConsumer, _> =
+            config.client_config(&[]).create();
+        let tls = cfg!(feature = "tls");
+        match created {
+            Ok(_) => assert!(tls, "SASL_SSL accepted without OpenSSL"),
+            Err(e) => {
+                assert!(!tls, "{e}");
+                let err = crate::Error::kafka("creating consumer", e).to_string();
+                assert!(err.contains("`tls` feature"), "{err}");
+            }
+        }
+    }
+
+    #[test]
     fn secret_property_names() {
         for k in [
             "sasl.password",

@@ -75,7 +75,7 @@ pub enum Error {
     },
     /// Kafka's ACLs do not allow an operation kjob needs, so it stops
     /// instead of waiting for a permission that will not come.
-    #[error("not authorized by Kafka ACLs: principal {principal} may not {operation} {resource}; grant it, e.g. `kafka-acls --bootstrap-server {bootstrap} --add --allow-principal {principal} --operation {operation} {acl_args}` (broker said: {message})")]
+    #[error("not authorized by Kafka ACLs: principal {principal} may not {operation} {resource}; grant it, e.g. `{grant}` (broker said: {message})")]
     NotAuthorized {
         /// The principal (`User:<sasl.username>`), as ACLs name it.
         principal: String,
@@ -83,10 +83,8 @@ pub enum Error {
         operation: String,
         /// What it is needed on, e.g. ``topic `orders` ``.
         resource: String,
-        /// The `kafka-acls` resource arguments, e.g. `--topic orders`.
-        acl_args: String,
-        /// The bootstrap servers in use.
-        bootstrap: String,
+        /// The `kafka-acls` command that grants it.
+        grant: String,
         /// The broker's or librdkafka's words.
         message: String,
     },
@@ -116,11 +114,42 @@ pub enum Error {
 }
 
 impl Error {
+    /// [`Error::NotAuthorized`] for `config`'s principal, with the
+    /// `kafka-acls` command that grants `operation` on the resource that
+    /// `acl_args` names (e.g. `--topic orders`).
+    pub(crate) fn not_authorized(
+        config: &crate::KafkaConfig,
+        operation: &str,
+        resource: String,
+        acl_args: &str,
+        message: String,
+    ) -> Self {
+        let principal = config.principal();
+        Error::NotAuthorized {
+            grant: format!(
+                "kafka-acls --bootstrap-server {} --add --allow-principal {principal} --operation {operation} {acl_args}",
+                config.bootstrap_servers
+            ),
+            principal,
+            operation: operation.to_string(),
+            resource,
+            message,
+        }
+    }
+
     /// Wraps an rdkafka error with what kjob was trying to do.
     pub(crate) fn kafka(context: impl Into<String>, source: rdkafka::error::KafkaError) -> Self {
-        Error::Kafka {
-            context: context.into(),
-            source,
+        let mut context = context.into();
+        // librdkafka built without OpenSSL refuses SSL settings at client
+        // creation; say which switch builds it in.
+        let text = source.to_string();
+        if text.contains("OpenSSL not available")
+            || text.contains("SSL") && text.contains("not available")
+        {
+            context.push_str(
+                " (this build of librdkafka has no TLS: enable kjob's `tls` feature, which needs libssl-dev)",
+            );
         }
+        Error::Kafka { context, source }
     }
 }

@@ -172,14 +172,13 @@ pub fn partition_counts(config: &KafkaConfig, topics: &[String]) -> Result<Vec<O
         let entry = one.topics().iter().find(|m| m.name() == t);
         match entry.and_then(|m| m.error()) {
             Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::TopicAuthorizationFailed => {
-                return Err(Error::NotAuthorized {
-                    principal: config.principal(),
-                    operation: "Describe".into(),
-                    resource: format!("topic `{t}` (it may exist)"),
-                    acl_args: format!("--topic {t}"),
-                    bootstrap: config.bootstrap_servers.clone(),
-                    message: RDKafkaErrorCode::from(e).to_string(),
-                })
+                return Err(Error::not_authorized(
+                    config,
+                    "Describe",
+                    format!("topic `{t}` (it may exist)"),
+                    &format!("--topic {t}"),
+                    RDKafkaErrorCode::from(e).to_string(),
+                ))
             }
             Some(_) => counts.push(None),
             None => counts.push(entry.map(|m| m.partitions().len()).filter(|n| *n > 0)),

@@ -358,7 +358,7 @@ pub fn cluster() -> Cluster {
     };
     let bootstrap = var("KJOB_BOOTSTRAP_SERVERS");
     assert!(
-        bootstrap.split(',').all(|b| answers(b)),
+        bootstrap.split(',').all(answers),
         "the three-broker cluster at {bootstrap} does not answer: ./dev stack up --brokers 3"
     );
     let registry = KafkaConfig::from_env().schema_registry_url;

@@ -467,14 +467,7 @@ impl Worker {
                 }
             }
         };
-        Error::NotAuthorized {
-            principal: self.config.principal(),
-            operation: operation.into(),
-            resource,
-            acl_args,
-            bootstrap: self.config.bootstrap_servers.clone(),
-            message: fatal.message,
-        }
+        Error::not_authorized(&self.config, operation, resource, &acl_args, fatal.message)
     }
 
     /// Refreshes `kjob_consumer_lag` from Kafka (committed vs end offsets of
