@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::KafkaConfig;
@@ -52,9 +53,20 @@ pub fn group_lag(
         let md = consumer
             .fetch_metadata(Some(topic), timeout)
             .map_err(|e| Error::kafka(format!("metadata for `{topic}`"), e))?;
-        let parts = md
-            .topics()
-            .first()
+        let entry = md.topics().first();
+        if let Some(code) = entry.and_then(|t| t.error()).map(RDKafkaErrorCode::from) {
+            if code == RDKafkaErrorCode::TopicAuthorizationFailed {
+                // Hidden by ACLs, which is not the same as missing.
+                return Err(Error::not_authorized(
+                    config,
+                    "Describe",
+                    format!("topic `{topic}` (it may exist)"),
+                    &format!("--topic {topic}"),
+                    code.to_string(),
+                ));
+            }
+        }
+        let parts = entry
             .filter(|t| t.error().is_none())
             .map(|t| t.partitions().len())
             .unwrap_or(0);
