@@ -126,9 +126,24 @@ pub enum Error {
     /// A worker's internal thread failed or shutdown exceeded its bound.
     #[error("worker: {0}")]
     Worker(String),
+    /// A worker limit fired and the worker stopped gracefully (drained,
+    /// committed, left the group); a supervisor should start a new one.
+    #[error("worker limit reached: {0}; stopped gracefully, restart the worker")]
+    LimitReached(crate::worker::limits::Limit),
 }
 
 impl Error {
+    /// A process exit status for this error: a worker limit's own code
+    /// (81 jobs, 82 memory, 83 time, see [`crate::worker::limits`]) so a
+    /// supervisor and a human can tell a planned restart from a failure
+    /// (1).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::LimitReached(limit) => limit.exit_code(),
+            _ => 1,
+        }
+    }
+
     /// Whether retrying the same operation can never succeed (a refused
     /// record), as opposed to a transient failure such as an unreachable
     /// broker.

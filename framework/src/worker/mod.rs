@@ -31,6 +31,7 @@
 //! [`crate::offsets`].
 
 mod dispatcher;
+pub mod limits;
 pub mod membership;
 pub(crate) mod pipeline;
 pub(crate) mod poll;
@@ -117,6 +118,7 @@ pub struct WorkerBuilder {
     route_layers: HashMap<String, Vec<LayerFn>>,
     static_member: Option<String>,
     protocol: Option<GroupProtocol>,
+    run_limits: limits::Limits,
     create_topics: bool,
     retry: RetryPolicy,
     retry_overrides: HashMap<String, RetryPolicy>,
@@ -272,6 +274,27 @@ impl WorkerBuilder {
         self
     }
 
+    /// Stops gracefully after `n` jobs were handled, for a supervisor to
+    /// restart (see [`limits`]; also `KJOB_STOP_AFTER_JOBS`).
+    pub fn stop_after_jobs(mut self, n: u64) -> Self {
+        self.run_limits.jobs = Some(n);
+        self
+    }
+
+    /// Stops gracefully once the process's resident memory exceeds `bytes`
+    /// (see [`limits`]; also `KJOB_STOP_ABOVE_RSS`).
+    pub fn stop_above_rss(mut self, bytes: u64) -> Self {
+        self.run_limits.rss = Some(bytes);
+        self
+    }
+
+    /// Stops gracefully after running for `d` (see [`limits`]; also
+    /// `KJOB_STOP_AFTER`).
+    pub fn stop_after(mut self, d: Duration) -> Self {
+        self.run_limits.time = Some(d);
+        self
+    }
+
     /// The rebalance protocol (default: `KJOB_GROUP_PROTOCOL`, else
     /// [`GroupProtocol::Classic`]). A `group.protocol` set on the
     /// [`KafkaConfig`] is honoured too. See [`membership`] for what each
@@ -318,8 +341,10 @@ impl WorkerBuilder {
             None => Metrics::disabled(),
         };
         let (_, limits) = self.scheduler_settings();
+        let run_limits = self.run_limits.with_env()?;
         Ok(Worker {
             limits,
+            run_limits,
             metrics,
             endpoint: self.endpoint,
             config: self.config,
@@ -436,6 +461,7 @@ pub(crate) struct Routes {
 /// [`Worker::run_until`] until a future of your choice completes.
 pub struct Worker {
     limits: Limits,
+    run_limits: limits::Limits,
     config: KafkaConfig,
     settings: Settings,
     codec: Arc<Codec>,
@@ -473,6 +499,7 @@ impl Worker {
             route_layers: HashMap::new(),
             static_member: None,
             protocol: None,
+            run_limits: limits::Limits::default(),
             create_topics: true,
             retry: RetryPolicy::default(),
             retry_overrides: HashMap::new(),
@@ -562,6 +589,7 @@ impl Worker {
             stats: self.stats.clone(),
             metrics: self.metrics.clone(),
             stopping: AtomicBool::new(false),
+            close_gaps: AtomicBool::new(false),
             last_error: std::sync::Mutex::new(None),
         };
         let consumer = Arc::new(self.consumer(context)?);
@@ -598,8 +626,14 @@ impl Worker {
             })
             .map_err(|e| Error::Worker(format!("spawning the poll thread: {e}")))?;
 
+        let watch = self.run_limits.watch(self.stats.clone());
+        let mut fired = None;
         tokio::select! {
             _ = stop => {}
+            limit = watch => {
+                warn!(%limit, exit_code = limit.exit_code(), "worker limit reached; stopping gracefully so that a supervisor restarts the worker");
+                fired = Some(limit);
+            }
             ended = &mut closed_rx => {
                 return Err(match ended {
                     Ok(Err(fatal)) => self.refused(fatal),
@@ -620,7 +654,10 @@ impl Worker {
             Ok(Ok(Err(fatal))) => Err(self.refused(fatal)),
             Ok(_) => {
                 info!("worker stopped");
-                Ok(())
+                match fired {
+                    Some(limit) => Err(Error::LimitReached(limit)),
+                    None => Ok(()),
+                }
             }
             Err(_) => Err(Error::Worker(format!(
                 "consumer did not close within {bound:?}; offsets up to the last commit are safe"
