@@ -7,8 +7,11 @@
 //! repoints a whole deployment.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use rdkafka::ClientConfig;
+
+use crate::registry::{RegistryAuth, RegistryOptions, Secret};
 
 /// Bootstrap servers used when `KJOB_BOOTSTRAP_SERVERS` is unset: the local
 /// stack started by `./dev stack up`.
@@ -20,6 +23,7 @@ pub const DEFAULT_SCHEMA_REGISTRY_URL: &str = "http://127.0.0.1:8081/apis/ccompa
 /// Where Kafka and the schema registry are, plus any librdkafka overrides.
 ///
 /// Cloning is cheap enough for setup code; nothing clones it per message.
+/// `Debug` prints registry credentials as `<redacted>`.
 #[derive(Clone, Debug)]
 pub struct KafkaConfig {
     /// Comma-separated `host:port` list, Kafka's `bootstrap.servers`.
@@ -29,6 +33,10 @@ pub struct KafkaConfig {
     /// Extra librdkafka properties applied to every client kjob creates.
     /// They win over kjob's defaults, so an operator can always override.
     pub overrides: BTreeMap<String, String>,
+    /// Schema-registry timeouts and credentials. Unset fields fall back to
+    /// `KJOB_SCHEMA_REGISTRY_*` variables, then to defaults (5 s connect,
+    /// 10 s per request): see [`crate::registry`].
+    pub registry: RegistryOptions,
 }
 
 impl KafkaConfig {
@@ -56,7 +64,39 @@ impl KafkaConfig {
             bootstrap_servers: bootstrap_servers.into(),
             schema_registry_url: schema_registry_url.into().trim_end_matches('/').to_string(),
             overrides: BTreeMap::new(),
+            registry: RegistryOptions::default(),
         }
+    }
+
+    /// Schema-registry timeouts: `connect` bounds the TCP/TLS handshake,
+    /// `request` a whole call. An enqueue that has to register its contract
+    /// first fails after at most a few `request`s when the registry hangs,
+    /// instead of hanging with it.
+    pub fn registry_timeouts(mut self, connect: Duration, request: Duration) -> Self {
+        self.registry.connect_timeout = Some(connect);
+        self.registry.request_timeout = Some(request);
+        self
+    }
+
+    /// HTTP basic auth for the schema registry (Confluent Cloud: API key and
+    /// secret). Overrides `KJOB_SCHEMA_REGISTRY_USER`/`_PASSWORD`.
+    pub fn registry_basic_auth(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.registry.auth = Some(RegistryAuth::Basic {
+            user: user.into(),
+            password: Secret::new(password),
+        });
+        self
+    }
+
+    /// A bearer token for the schema registry. Overrides
+    /// `KJOB_SCHEMA_REGISTRY_TOKEN`.
+    pub fn registry_bearer_token(mut self, token: impl Into<String>) -> Self {
+        self.registry.auth = Some(RegistryAuth::Bearer(Secret::new(token)));
+        self
     }
 
     /// Sets a librdkafka property (standard Kafka name) on every client kjob

@@ -6,13 +6,24 @@
 //! registry URL), because the person reading it is usually an operator at
 //! 3 a.m. who did not write the code.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::retry::RetryPolicyError;
 
 /// Shorthand used across the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything kjob itself can fail at.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Clone` (wrapped sources are `Arc`ed) so a setup error can be kept and
+/// reported again, as the worker builder does with a codec that failed to
+/// build. `#[non_exhaustive]`: new failure modes get their own variant
+/// rather than a catch-all string, so match with a `_` arm.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The schema registry could not be reached or answered with an error.
     #[error("schema registry at {url}: {message}")]
@@ -21,6 +32,26 @@ pub enum Error {
         url: String,
         /// What the registry (or the HTTP client) said.
         message: String,
+    },
+    /// The schema registry did not answer within the configured timeout.
+    #[error("schema registry at {url} did not answer within {timeout:?} while {during}; check that it is up and reachable from here, or raise the timeout (KafkaConfig::registry_request_timeout / KJOB_SCHEMA_REGISTRY_TIMEOUT_MS)")]
+    RegistryTimeout {
+        /// The registry base URL that was called.
+        url: String,
+        /// The timeout that ran out (connect or request).
+        timeout: Duration,
+        /// What kjob was asking for.
+        during: String,
+    },
+    /// The schema registry refused kjob's credentials (HTTP 401 or 403).
+    #[error("schema registry at {url} answered HTTP {status} while {during}: set KJOB_SCHEMA_REGISTRY_USER and KJOB_SCHEMA_REGISTRY_PASSWORD, or KJOB_SCHEMA_REGISTRY_TOKEN (or KafkaConfig::registry_basic_auth / registry_bearer_token), to credentials allowed to do that")]
+    RegistryUnauthorized {
+        /// The registry base URL that was called.
+        url: String,
+        /// 401 or 403.
+        status: u16,
+        /// What kjob was asking for.
+        during: String,
     },
     /// The registry refused to register this binary's contract, typically
     /// because it is incompatible with versions already registered.
@@ -89,9 +120,127 @@ pub enum Error {
         #[source]
         source: rdkafka::error::KafkaError,
     },
-    /// A configuration value was invalid.
-    #[error("invalid configuration: {0}")]
-    Config(String),
+    /// A setting (a builder argument, an environment variable, a librdkafka
+    /// property kjob interprets) has a value kjob cannot use.
+    #[error("invalid setting `{name}` = `{value}`: {reason}")]
+    InvalidSetting {
+        /// The setting's name, as the user spells it (`group.protocol`,
+        /// `KJOB_SCHEMA_REGISTRY_USER`, ...).
+        name: String,
+        /// The value given (never a secret: credentials are redacted).
+        value: String,
+        /// What is wrong and what would be accepted.
+        reason: String,
+    },
+    /// `WorkerBuilder::build` was called without any handler.
+    #[error("a worker needs at least one handler: register one with WorkerBuilder::handle (or handle_on) before build()")]
+    NoHandlers,
+    /// Two routes of one worker would consume the same topic.
+    #[error("topic `{topic}` is used twice in one worker (two handlers, or one route's main topic equal to another's retry tier); give each route its own topic")]
+    DuplicateTopic {
+        /// The topic claimed twice.
+        topic: String,
+    },
+    /// A retry policy is unusable for this route.
+    #[error("retry policy for `{topic}`: {reason}")]
+    RetryPolicy {
+        /// The route's main topic.
+        topic: String,
+        /// What is wrong with the policy.
+        #[source]
+        reason: RetryPolicyError,
+    },
+    /// The Prometheus exporter could not be set up.
+    #[error("metrics: {reason}")]
+    Metrics {
+        /// The exporter's error.
+        reason: String,
+    },
+    /// The metrics/health endpoint could not listen.
+    #[error("metrics endpoint on {addr}: {source}; pick a free port (or port 0)")]
+    Endpoint {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The socket error.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// Logging or trace export could not be set up.
+    #[error("telemetry: {what}: {reason}")]
+    Telemetry {
+        /// Which part (`OTLP trace exporter`, `tracing subscriber`).
+        what: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The caller asked for something this build of kjob left out.
+    #[error("{what} needs kjob's `{feature}` cargo feature, which this build was compiled without; enable it in Cargo.toml (it is on by default)")]
+    FeatureDisabled {
+        /// The cargo feature.
+        feature: &'static str,
+        /// What was asked for.
+        what: &'static str,
+    },
+    /// A file or directory kjob reads (contracts) could not be read.
+    #[error("reading {}: {source}", path.display())]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// A contract file's name does not say which contract and version it is.
+    #[error("{}: contract files are named <name>.v<N>.avsc (e.g. orders.confirmation.v2.avsc)", path.display())]
+    ContractFileName {
+        /// The offending file.
+        path: PathBuf,
+    },
+    /// Creating a topic failed for a reason other than its existing already.
+    #[error("creating topic `{topic}` failed: {reason}")]
+    CreateTopic {
+        /// The topic.
+        topic: String,
+        /// The broker's reason, with what to do about it.
+        reason: String,
+    },
+    /// A consumer group kjob was asked about has no members and no offsets.
+    #[error("group `{group}` is unknown: no members and no committed offsets for {topics:?}; check the group name (kjob status lists groups)")]
+    UnknownGroup {
+        /// The group.
+        group: String,
+        /// The topics looked at.
+        topics: Vec<String>,
+    },
+    /// An offset reset was refused because the group is running.
+    #[error("group `{group}` has {} live member(s): {}; stop them first (or replay into a --shadow-group)", members.len(), members.join(", "))]
+    GroupHasMembers {
+        /// The group.
+        group: String,
+        /// `id (client on host)` of each live member.
+        members: Vec<String>,
+    },
+    /// A replay target does not exist in the log.
+    #[error("replay target: {reason}")]
+    ReplayTarget {
+        /// What is out of range, with the valid range.
+        reason: String,
+    },
+    /// A re-drive into the first retry tier of a route that has none.
+    #[error("`{topic}` has no retry tier topics (`{topic}.retry.<delay>`); re-drive with `--to main` instead")]
+    NoRetryTiers {
+        /// The main topic.
+        topic: String,
+    },
+    /// kjob could not serialize one of its own JSON records (an audit entry).
+    #[error("serializing {what}: {source}")]
+    Json {
+        /// What was being written.
+        what: &'static str,
+        /// The serializer's error.
+        #[source]
+        source: Arc<serde_json::Error>,
+    },
     /// Encoding a job to Avro failed (the value does not fit its schema).
     #[error("encoding `{job}`: {message}")]
     Encode {

@@ -37,6 +37,7 @@ pub mod job;
 pub mod lag;
 pub mod offsets;
 pub mod producer;
+pub mod registry;
 pub mod replay;
 pub mod retry;
 pub mod routing;
@@ -47,9 +48,27 @@ pub mod testing;
 pub mod topics;
 pub mod worker;
 
-pub use classify::{ErrorClass, JobError};
+pub use classify::{ErrorClass, JobError, OptionExt, ResponseExt, ResultExt};
 pub use config::KafkaConfig;
 pub use error::{Error, Result};
 pub use job::{Job, JobContext};
 pub use producer::{Enqueued, Producer};
-pub use worker::{GroupProtocol, Ordering, Worker, WorkerBuilder, WorkerStats};
+#[allow(deprecated)]
+pub use worker::Ordering;
+pub use worker::{GroupProtocol, OrderingMode, Worker, WorkerBuilder, WorkerStats};
+
+/// What a handler crate needs, in one import: `use kjob::prelude::*;`.
+///
+/// Kept to the names a handler and its worker binary use (contracts,
+/// handlers, errors, building and running a worker, enqueueing), so a glob
+/// import does not shadow the crate's own names. `ResultExt`, `OptionExt`
+/// and `ResponseExt` are here for their methods (`.permanent()`,
+/// `.or_not_found(..)`, `.classify_status()`).
+pub mod prelude {
+    pub use crate::classify::{JobError, OptionExt, ResponseExt, ResultExt};
+    pub use crate::config::KafkaConfig;
+    pub use crate::job::{Job, JobContext};
+    pub use crate::producer::{Enqueued, Producer};
+    pub use crate::retry::RetryPolicy;
+    pub use crate::worker::{OrderingMode, Worker, WorkerBuilder};
+}

@@ -62,8 +62,11 @@ pub use state::WorkerStats;
 use state::{RouteEntry, Settings, Shared, State};
 
 /// Which jobs of a partition may run at the same time.
+///
+/// Named `OrderingMode`, not `Ordering`, so a handler crate can import it
+/// next to `std::sync::atomic::Ordering` and `std::cmp::Ordering`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Ordering {
+pub enum OrderingMode {
     /// Same key: one after another; different keys: in parallel, even within
     /// one partition. The right default for entity-scoped jobs.
     #[default]
@@ -73,6 +76,11 @@ pub enum Ordering {
     /// No ordering: every record may run in parallel.
     Unordered,
 }
+
+/// The old name of [`OrderingMode`]; it clashed with
+/// `std::sync::atomic::Ordering` in handler crates.
+#[deprecated(since = "0.2.0", note = "renamed to `OrderingMode`")]
+pub type Ordering = OrderingMode;
 
 /// Builds a route once the codec and timeout are known (at `build()`).
 type RouteFactory =
@@ -119,8 +127,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Ordering mode (default [`Ordering::PerKey`]).
-    pub fn ordering(mut self, ordering: Ordering) -> Self {
+    /// Ordering mode (default [`OrderingMode::PerKey`]).
+    pub fn ordering(mut self, ordering: OrderingMode) -> Self {
         self.settings.ordering = ordering;
         self
     }
@@ -218,11 +226,7 @@ impl WorkerBuilder {
     /// Validates the configuration and parses every contract's schema, so a
     /// broken contract fails here rather than at the first record.
     pub fn build(self) -> Result<Worker> {
-        let codec = self
-            .codec
-            .as_ref()
-            .map_err(|e| Error::Config(e.to_string()))?
-            .clone();
+        let codec = self.codec.as_ref().map_err(Error::clone)?.clone();
         let routes = self.build_routes(codec.clone())?;
         let protocol = match self.protocol {
             Some(p) => p,
@@ -232,7 +236,7 @@ impl WorkerBuilder {
             },
         };
         let metrics = match self.endpoint {
-            Some(_) => Metrics::prometheus().map_err(Error::Config)?,
+            Some(_) => Metrics::prometheus()?,
             None => Metrics::disabled(),
         };
         Ok(Worker {
@@ -261,24 +265,25 @@ impl WorkerBuilder {
     /// code path, so both route, classify and retry alike.
     pub(crate) fn build_routes(&self, schemas: Arc<dyn SchemaSource>) -> Result<Routes> {
         if self.routes.is_empty() {
-            return Err(Error::Config("a worker needs at least one handler".into()));
+            return Err(Error::NoHandlers);
         }
         let mut entries: HashMap<String, RouteEntry> = HashMap::new();
         let mut mains = Vec::new();
         for (topic, make) in &self.routes {
             if entries.contains_key(topic) {
-                return Err(Error::Config(format!(
-                    "two handlers registered for topic `{topic}`"
-                )));
+                return Err(Error::DuplicateTopic {
+                    topic: topic.clone(),
+                });
             }
             let retry = self
                 .retry_overrides
                 .get(topic)
                 .unwrap_or(&self.retry)
                 .clone();
-            retry
-                .validate()
-                .map_err(|e| Error::Config(format!("retry policy for `{topic}`: {e}")))?;
+            retry.validate().map_err(|reason| Error::RetryPolicy {
+                topic: topic.clone(),
+                reason,
+            })?;
             let retry = Arc::new(retry);
             let route = make(schemas.clone(), self.handler_timeout)?;
             for (i, tier) in retry.tier_topics(topic).into_iter().enumerate() {
@@ -289,7 +294,7 @@ impl WorkerBuilder {
                     retry: retry.clone(),
                 };
                 if entries.insert(tier.clone(), entry).is_some() {
-                    return Err(Error::Config(format!("topic `{tier}` is used twice")));
+                    return Err(Error::DuplicateTopic { topic: tier });
                 }
             }
             let entry = RouteEntry {
@@ -299,14 +304,17 @@ impl WorkerBuilder {
                 retry,
             };
             if entries.insert(topic.clone(), entry).is_some() {
-                return Err(Error::Config(format!("topic `{topic}` is used twice")));
+                return Err(Error::DuplicateTopic {
+                    topic: topic.clone(),
+                });
             }
             mains.push(topic.clone());
         }
         if let Some(unknown) = self.retry_overrides.keys().find(|t| !mains.contains(t)) {
-            return Err(Error::Config(format!(
-                "retry policy for `{unknown}`, which has no handler"
-            )));
+            return Err(Error::RetryPolicy {
+                topic: unknown.clone(),
+                reason: crate::retry::RetryPolicyError::NoSuchRoute,
+            });
         }
         Ok(Routes { entries, mains })
     }
@@ -343,7 +351,7 @@ impl Worker {
             config,
             settings: Settings {
                 group: group.into(),
-                ordering: Ordering::PerKey,
+                ordering: OrderingMode::PerKey,
                 max_in_flight_per_partition: 5000,
                 shutdown_grace: Duration::from_secs(30),
                 revoke_timeout: Duration::from_secs(15),

@@ -18,7 +18,7 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::route::Route;
-use super::Ordering;
+use super::OrderingMode as Ordering;
 use crate::offsets::OffsetTracker;
 use crate::producer::Producer;
 use crate::retry::RetryPolicy;
