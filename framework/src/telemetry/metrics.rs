@@ -23,7 +23,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _, UpDownCounter};
+use opentelemetry::metrics::{Counter, Histogram, Meter, UpDownCounter};
+#[cfg(feature = "metrics-http")]
+use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::KeyValue;
 #[cfg(feature = "metrics-http")]
 use opentelemetry_sdk::metrics::SdkMeterProvider;
