@@ -23,9 +23,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use opentelemetry::metrics::{Counter, Histogram, Meter, UpDownCounter};
 #[cfg(feature = "metrics-http")]
 use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry::metrics::{Counter, Histogram, Meter, UpDownCounter};
 use opentelemetry::KeyValue;
 #[cfg(feature = "metrics-http")]
 use opentelemetry_sdk::metrics::SdkMeterProvider;
