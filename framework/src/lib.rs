@@ -21,6 +21,14 @@
 //!   errors and handler panics are forwarded to a dead-letter topic
 //!   ([`dlq`]) *before* their source offset is released.
 //!
+//! **Cargo features.** `metrics-http` (the worker's `/metrics`, `/healthz`
+//! and `/readyz` endpoint: axum and the Prometheus exporter) and `otlp`
+//! (OTLP/gRPC trace export: tonic) are on by default; a handler crate that
+//! does not serve them can turn them off with `default-features = false`.
+//! `postgres` adds `idempotency::PgMarkers` and the `From<tokio_postgres::Error>`
+//! classification, `testing` the in-memory harness, `tls` TLS for Kafka and
+//! the registry.
+//!
 //! Start with the `orders` example and the README's Quickstart. The commit
 //! path lives in [`offsets`] (the watermark) and [`worker`] (when it is
 //! committed: periodically, on revoke and on shutdown).

@@ -16,10 +16,11 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use crate::error::{Error, Result};
-use crate::registry::RegistryClient;
 use apache_avro::schema_compatibility::SchemaCompatibility;
 use apache_avro::Schema;
+
+use crate::error::{Error, Result};
+use crate::registry::RegistryClient;
 
 /// A subject's compatibility level, as the Confluent API names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,8 +42,8 @@ pub enum Compatibility {
 }
 
 impl FromStr for Compatibility {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
         Ok(match s.to_ascii_uppercase().replace('-', "_").as_str() {
             "NONE" => Compatibility::None,
             "BACKWARD" => Compatibility::Backward,
@@ -51,10 +52,12 @@ impl FromStr for Compatibility {
             "FORWARD_TRANSITIVE" => Compatibility::ForwardTransitive,
             "FULL" => Compatibility::Full,
             "FULL_TRANSITIVE" => Compatibility::FullTransitive,
-            other => {
-                return Err(format!(
-                    "unknown compatibility `{other}` (NONE, BACKWARD, BACKWARD_TRANSITIVE, FORWARD, FORWARD_TRANSITIVE, FULL, FULL_TRANSITIVE)"
-                ))
+            _ => {
+                return Err(Error::InvalidSetting {
+                    name: "compatibility".into(),
+                    value: s.to_string(),
+                    reason: "use NONE, BACKWARD, BACKWARD_TRANSITIVE, FORWARD, FORWARD_TRANSITIVE, FULL or FULL_TRANSITIVE".into(),
+                })
             }
         })
     }
@@ -311,8 +314,14 @@ mod tests {
 
     #[test]
     fn levels_parse() {
-        assert_eq!("full_transitive".parse(), Ok(Compatibility::FullTransitive));
-        assert_eq!("BACKWARD".parse(), Ok(Compatibility::Backward));
+        assert_eq!(
+            "full_transitive".parse::<Compatibility>().ok(),
+            Some(Compatibility::FullTransitive)
+        );
+        assert_eq!(
+            "BACKWARD".parse::<Compatibility>().ok(),
+            Some(Compatibility::Backward)
+        );
         assert!("sideways".parse::<Compatibility>().is_err());
     }
 }
