@@ -620,6 +620,7 @@ fn rename_aliased(value: Value, reader: &Schema) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn frames_round_trip() {
@@ -645,5 +646,71 @@ mod tests {
                 "{bad:?} -> {err:?}"
             );
         }
+    }
+
+    async fn decode_error_for(status: u16, body: &'static str) -> Option<DecodeError> {
+        let (url, server) = crate::registry::test_server::answering(status, body)
+            .await
+            .ok()?;
+        let codec = Codec::with_client(
+            RegistryClient::new(RegistrySettings {
+                url,
+                connect_timeout: Duration::from_secs(2),
+                request_timeout: Duration::from_secs(2),
+                auth: None,
+            })
+            .ok()?,
+        );
+        let got = codec.writer(7).await.err();
+        server.abort();
+        got
+    }
+
+    #[tokio::test]
+    async fn only_a_404_dead_letters_a_record_for_its_schema() {
+        let unknown = decode_error_for(404, "{}").await;
+        assert!(
+            matches!(unknown, Some(DecodeError::UnknownSchema { id: 7, .. })),
+            "{unknown:?}"
+        );
+        assert_eq!(
+            unknown.and_then(|e| e.class()),
+            Some(ErrorClass::DecodeUnknownSchema)
+        );
+        // Refused credentials, a broken registry, a rate limit: the record
+        // waits for the registry (no class: not dead-lettered).
+        for status in [401, 403, 429, 500, 503] {
+            let e = decode_error_for(status, r#"{"message":"x"}"#).await;
+            assert!(
+                matches!(e, Some(DecodeError::RegistryUnavailable { id: 7, .. })),
+                "{status}: {e:?}"
+            );
+            assert_eq!(e.and_then(|e| e.class()), None, "{status}");
+        }
+    }
+
+    #[tokio::test]
+    async fn writer_schemas_are_fetched_once() {
+        let Ok((url, server)) =
+            crate::registry::test_server::answering(200, r#"{"schema":"\"string\""}"#).await
+        else {
+            panic!("test server");
+        };
+        let Ok(client) = RegistryClient::new(RegistrySettings {
+            url,
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(2),
+            auth: None,
+        }) else {
+            panic!("client");
+        };
+        let codec = Codec::with_client(client);
+        let first = codec.writer(3).await.map(|w| w.schema().clone());
+        assert_eq!(first.ok(), Some(Schema::String));
+        // The registry is gone; the cached schema still decodes.
+        server.abort();
+        let _ = server.await;
+        let again = codec.writer(3).await.map(|w| w.schema().clone());
+        assert_eq!(again.ok(), Some(Schema::String));
     }
 }

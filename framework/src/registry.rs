@@ -514,6 +514,44 @@ fn registry_message(body: &str) -> String {
     body[..end].trim().to_string()
 }
 
+/// A one-answer HTTP server on 127.0.0.1 for tests: every request gets
+/// `status` with `body`.
+#[cfg(test)]
+pub(crate) mod test_server {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Starts the server; returns its base URL and the task to abort.
+    pub(crate) async fn answering(
+        status: u16,
+        body: &'static str,
+    ) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut buf = vec![0u8; 8192];
+                let mut read = 0;
+                while read < buf.len() {
+                    match socket.read(&mut buf[read..]).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => read += n,
+                    }
+                    if buf[..read].windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+                let resp = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(resp.as_bytes()).await;
+                let _ = socket.shutdown().await;
+            }
+        });
+        Ok((format!("http://{addr}"), task))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -614,5 +652,101 @@ mod tests {
             "incompatible: field x"
         );
         assert_eq!(registry_message("  Bad Gateway "), "Bad Gateway");
+    }
+
+    fn client(url: &str) -> Result<RegistryClient> {
+        RegistryClient::new(resolve_at(url)?)
+    }
+
+    fn resolve_at(url: &str) -> Result<RegistrySettings> {
+        RegistrySettings::resolve_with(url, &RegistryOptions::default(), |_| None)
+    }
+
+    #[tokio::test]
+    async fn a_404_is_told_apart_by_status_not_text() -> Result<()> {
+        // The body says nothing about "404": only the status does.
+        let (url, server) = test_server::answering(404, r#"{"message":"nope"}"#)
+            .await
+            .map_err(|e| Error::Registry {
+                url: "test".into(),
+                message: e.to_string(),
+            })?;
+        let c = client(&url)?;
+        assert_eq!(c.schema_by_id(7).await?, None);
+        assert_eq!(c.versions("s-value").await?, Vec::<u32>::new());
+        assert_eq!(c.compatibility("s-value").await?, None);
+        server.abort();
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn other_statuses_are_errors_that_name_the_registry() -> Result<()> {
+        let (url, server) = test_server::answering(500, r#"{"message":"store down"}"#)
+            .await
+            .map_err(|e| Error::Registry {
+                url: "test".into(),
+                message: e.to_string(),
+            })?;
+        let c = client(&url)?;
+        match c.schema_by_id(7).await {
+            Err(Error::Registry {
+                url: named,
+                message,
+            }) => {
+                assert_eq!(named, url);
+                assert!(
+                    message.contains("500") && message.contains("store down"),
+                    "{message}"
+                );
+            }
+            other => panic!("expected a registry error, got {other:?}"),
+        }
+        server.abort();
+        let (url, server) =
+            test_server::answering(401, "{}")
+                .await
+                .map_err(|e| Error::Registry {
+                    url: "test".into(),
+                    message: e.to_string(),
+                })?;
+        let c = client(&url)?;
+        assert!(matches!(
+            c.versions("s-value").await,
+            Err(Error::RegistryUnauthorized { status: 401, .. })
+        ));
+        server.abort();
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn registration_refusals_are_answers_not_errors() -> Result<()> {
+        let (url, server) =
+            test_server::answering(409, r#"{"error_code":409,"message":"incompatible"}"#)
+                .await
+                .map_err(|e| Error::Registry {
+                    url: "test".into(),
+                    message: e.to_string(),
+                })?;
+        let got = client(&url)?.register("s-value", "\"string\"").await?;
+        assert_eq!(
+            got,
+            Registration::Refused {
+                status: 409,
+                message: "incompatible".into()
+            }
+        );
+        server.abort();
+        let (url, server) = test_server::answering(200, r#"{"id":42}"#)
+            .await
+            .map_err(|e| Error::Registry {
+                url: "test".into(),
+                message: e.to_string(),
+            })?;
+        assert_eq!(
+            client(&url)?.register("s-value", "\"string\"").await?,
+            Registration::Id(42)
+        );
+        server.abort();
+        Ok(())
     }
 }
