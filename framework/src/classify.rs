@@ -12,6 +12,27 @@
 //! A handler panic is a bug, not an error the handler chose: it is dead-lettered
 //! with [`ErrorClass::Panic`] and counted separately. Records that cannot even
 //! be decoded get one of the `Decode*` classes.
+//!
+//! ## `?` in handlers
+//!
+//! `JobError` converts from the errors handlers meet most, so `?` works and
+//! picks a sensible class; the original error stays reachable through
+//! [`std::error::Error::source`], and its `Display` chain becomes the message:
+//!
+//! | error | class |
+//! |---|---|
+//! | `std::io::Error` | `retryable.network` (connection kinds), `retryable.timeout` (`TimedOut`), else `retryable` |
+//! | `tokio::time::error::Elapsed` | `retryable.timeout` |
+//! | `serde_json::Error` | `permanent.invalid_input` (an I/O error while reading: `retryable.network`) |
+//! | `tokio_postgres::Error` (feature `postgres`) | SQLSTATE 22: `permanent.invalid_input`; 23: `permanent`; 57014: `retryable.timeout`; no answer, 08, 53, 57: `retryable.network`; else `retryable` |
+//! | `reqwest::Error` | by status ([`for_http_status`]), else timeout, network, or a bad URL: `permanent.invalid_input` |
+//! | [`crate::Error`] | `permanent` for a refused record or a contract that does not fit, else retried |
+//!
+//! Where the default is wrong for a handler, [`ResultExt`] reclassifies
+//! (`.permanent()`, `.not_found()`, `.retry_after(d)`, ...), [`OptionExt`]
+//! turns a missing row into `permanent.not_found`, and
+//! [`ResponseExt::classify_status`] classifies an HTTP response honouring
+//! its `Retry-After`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -54,8 +75,8 @@ pub type ErrorSource = Arc<dyn std::error::Error + Send + Sync + 'static>;
 ///
 /// Build one with the constructors ([`JobError::server`],
 /// [`JobError::not_found`], ...), with `?` on a common error type (the
-/// `From` impls below pick a class: see the module docs of
-/// [`crate::classify`]), or reclassify any `Result` explicitly with
+/// `From` impls pick a class: see the table in the [module
+/// docs](crate::classify)), or reclassify any `Result` explicitly with
 /// [`ResultExt`].
 ///
 /// Equality compares the class, the message and the retry delay, not the
