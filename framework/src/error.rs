@@ -270,3 +270,117 @@ impl Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Serialize};
+
+    use super::*;
+    use crate::retry::RetryPolicy;
+    use crate::{Job, JobContext, JobError, KafkaConfig, Worker, WorkerBuilder};
+
+    #[derive(Serialize, Deserialize)]
+    struct Ping {
+        id: String,
+    }
+
+    impl Job for Ping {
+        const NAME: &'static str = "kjob.unit.ping";
+        const VERSION: u32 = 1;
+        const SCHEMA: &'static str =
+            r#"{"type":"record","name":"Ping","fields":[{"name":"id","type":"string"}]}"#;
+        fn key(&self) -> String {
+            self.id.clone()
+        }
+    }
+
+    fn builder() -> WorkerBuilder {
+        // Nothing is contacted before `run`: no stack needed.
+        Worker::builder(KafkaConfig::new("127.0.0.1:1", "http://127.0.0.1:1"), "g")
+    }
+
+    async fn ok(_: Ping, _: JobContext) -> std::result::Result<(), JobError> {
+        Ok(())
+    }
+
+    fn build_error(b: WorkerBuilder) -> Option<Error> {
+        b.build().err()
+    }
+
+    #[test]
+    fn worker_setup_errors_are_precise() {
+        assert!(matches!(build_error(builder()), Some(Error::NoHandlers)));
+
+        let twice = builder()
+            .handle_on::<Ping, _>("t", ok)
+            .handle_on::<Ping, _>("t", ok);
+        assert!(matches!(
+            build_error(twice),
+            Some(Error::DuplicateTopic { topic }) if topic == "t"
+        ));
+
+        // A main topic equal to another route's retry tier.
+        let clash = builder()
+            .retry(RetryPolicy::tiers([Duration::from_secs(5)]))
+            .handle_on::<Ping, _>("a", ok)
+            .handle_on::<Ping, _>("a.retry.5s", ok);
+        assert!(matches!(
+            build_error(clash),
+            Some(Error::DuplicateTopic { topic }) if topic == "a.retry.5s"
+        ));
+
+        let no_tiers = builder()
+            .handle_on::<Ping, _>("t", ok)
+            .retry(RetryPolicy::tiers([]).max_attempts(3));
+        let err = build_error(no_tiers);
+        assert!(
+            matches!(
+                &err,
+                Some(Error::RetryPolicy { topic, reason: RetryPolicyError::NoTiers { max_attempts: 3 } })
+                    if topic == "t"
+            ),
+            "{err:?}"
+        );
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("add a tier"), "says what to change: {text}");
+
+        let unknown = builder()
+            .handle_on::<Ping, _>("t", ok)
+            .retry_for("typo", RetryPolicy::default());
+        assert!(matches!(
+            build_error(unknown),
+            Some(Error::RetryPolicy { topic, reason: RetryPolicyError::NoSuchRoute }) if topic == "typo"
+        ));
+    }
+
+    #[test]
+    fn errors_name_the_fix() {
+        assert!(Error::NoHandlers
+            .to_string()
+            .contains("WorkerBuilder::handle"));
+        let e = Error::FeatureDisabled {
+            feature: "metrics-http",
+            what: "a metrics endpoint",
+        };
+        assert!(e.to_string().contains("`metrics-http` cargo feature"));
+        let e = Error::RegistryTimeout {
+            url: "http://r:8081".into(),
+            timeout: Duration::from_millis(1500),
+            during: "listing subjects".into(),
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("http://r:8081") && text.contains("1.5s"),
+            "{text}"
+        );
+        // Clone keeps the source.
+        let io = Error::Io {
+            path: "schemas".into(),
+            source: Arc::new(std::io::Error::from(std::io::ErrorKind::NotFound)),
+        };
+        let copy = io.clone();
+        assert!(std::error::Error::source(&copy).is_some());
+    }
+}
