@@ -23,8 +23,10 @@ pub const DEFAULT_SCHEMA_REGISTRY_URL: &str = "http://127.0.0.1:8081/apis/ccompa
 /// Where Kafka and the schema registry are, plus any librdkafka overrides.
 ///
 /// Cloning is cheap enough for setup code; nothing clones it per message.
-/// `Debug` prints registry credentials as `<redacted>`.
-#[derive(Clone, Debug)]
+/// `Debug` prints credentials as `<redacted>`: the registry's, any
+/// `user:password@` in its URL, and librdkafka overrides such as
+/// `sasl.password`.
+#[derive(Clone)]
 pub struct KafkaConfig {
     /// Comma-separated `host:port` list, Kafka's `bootstrap.servers`.
     pub bootstrap_servers: String,
@@ -37,6 +39,32 @@ pub struct KafkaConfig {
     /// `KJOB_SCHEMA_REGISTRY_*` variables, then to defaults (5 s connect,
     /// 10 s per request): see [`crate::registry`].
     pub registry: RegistryOptions,
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field(
+                "schema_registry_url",
+                &crate::registry::redact_url(&self.schema_registry_url),
+            )
+            .field(
+                "overrides",
+                &self
+                    .overrides
+                    .iter()
+                    .map(|(k, v)| {
+                        let secret = ["password", "secret", "token", "sasl.jaas"]
+                            .iter()
+                            .any(|s| k.contains(s));
+                        (k.as_str(), if secret { "<redacted>" } else { v.as_str() })
+                    })
+                    .collect::<BTreeMap<_, _>>(),
+            )
+            .field("registry", &self.registry)
+            .finish()
+    }
 }
 
 impl KafkaConfig {

@@ -99,7 +99,8 @@ pub struct RegistryOptions {
 }
 
 /// The settings a [`RegistryClient`] is built with, fully resolved.
-#[derive(Clone, Debug)]
+/// `Debug` redacts credentials, including any `user:password@` in the URL.
+#[derive(Clone)]
 pub struct RegistrySettings {
     /// Base URL of a Confluent-compatible API (no trailing slash).
     pub url: String,
@@ -109,6 +110,30 @@ pub struct RegistrySettings {
     pub request_timeout: Duration,
     /// Credentials, if any.
     pub auth: Option<RegistryAuth>,
+}
+
+impl fmt::Debug for RegistrySettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistrySettings")
+            .field("url", &redact_url(&self.url))
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("auth", &self.auth)
+            .finish()
+    }
+}
+
+/// `url` with any `user:password@` replaced by `<redacted>@`, for messages
+/// and logs. (A URL may carry credentials: reqwest sends them as basic auth.)
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((_, host)) => format!("{scheme}://<redacted>@{host}{path}"),
+        None => url.to_string(),
+    }
 }
 
 impl RegistrySettings {
@@ -213,13 +238,15 @@ impl RegistrySettings {
 #[derive(Clone)]
 pub struct RegistryClient {
     settings: RegistrySettings,
+    /// The URL as messages show it (credentials redacted).
+    shown: String,
     http: reqwest::Client,
 }
 
 impl fmt::Debug for RegistryClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RegistryClient")
-            .field("url", &self.settings.url)
+            .field("url", &self.shown)
             .field("connect_timeout", &self.settings.connect_timeout)
             .field("request_timeout", &self.settings.request_timeout)
             .field(
@@ -273,15 +300,20 @@ impl RegistryClient {
             .timeout(settings.request_timeout)
             .build()
             .map_err(|e| Error::Registry {
-                url: settings.url.clone(),
+                url: redact_url(&settings.url),
                 message: format!("building the HTTP client: {e}"),
             })?;
-        Ok(Self { settings, http })
+        Ok(Self {
+            shown: redact_url(&settings.url),
+            settings,
+            http,
+        })
     }
 
-    /// The registry base URL.
+    /// The registry base URL, as messages and logs may show it
+    /// (`user:password@` redacted).
     pub fn url(&self) -> &str {
-        &self.settings.url
+        &self.shown
     }
 
     /// The resolved settings (credentials print redacted).
@@ -320,7 +352,7 @@ impl RegistryClient {
         let text = resp.text().await.map_err(transport)?;
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
             return Err(Error::RegistryUnauthorized {
-                url: self.settings.url.clone(),
+                url: self.shown.clone(),
                 status: status.as_u16(),
                 during: during.to_string(),
             });
@@ -331,7 +363,7 @@ impl RegistryClient {
     fn transport_error(&self, e: reqwest::Error, during: &str) -> Error {
         if e.is_timeout() {
             return Error::RegistryTimeout {
-                url: self.settings.url.clone(),
+                url: self.shown.clone(),
                 timeout: if e.is_connect() {
                     self.settings.connect_timeout
                 } else {
@@ -351,21 +383,21 @@ impl RegistryClient {
             source = inner.source();
         }
         Error::Registry {
-            url: self.settings.url.clone(),
+            url: self.shown.clone(),
             message,
         }
     }
 
     fn unexpected(&self, status: StatusCode, body: &str, during: &str) -> Error {
         Error::Registry {
-            url: self.settings.url.clone(),
+            url: self.shown.clone(),
             message: format!("{during}: HTTP {status}: {}", registry_message(body)),
         }
     }
 
     fn parse<T: for<'de> Deserialize<'de>>(&self, body: &str, during: &str) -> Result<T> {
         serde_json::from_str(body).map_err(|e| Error::Registry {
-            url: self.settings.url.clone(),
+            url: self.shown.clone(),
             message: format!("{during}: unexpected answer ({e}); is this a Confluent-compatible API base URL (for Apicurio: .../apis/ccompat/v7)?"),
         })
     }
@@ -642,6 +674,35 @@ mod tests {
             !err.contains("hunter2") && !err.contains("tok-123") && !err.is_empty(),
             "{err}"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn credentials_in_the_url_never_print() -> Result<()> {
+        assert_eq!(
+            redact_url("https://key:secret@sr.example:443/apis/ccompat/v7"),
+            "https://<redacted>@sr.example:443/apis/ccompat/v7"
+        );
+        assert_eq!(redact_url("http://r:8081/a@b"), "http://r:8081/a@b");
+        assert_eq!(redact_url("http://r:8081"), "http://r:8081");
+        let s = resolve_at("http://key:secret@127.0.0.1:1")?;
+        let client = RegistryClient::new(s.clone())?;
+        for printed in [
+            format!("{s:?}"),
+            format!("{client:?}"),
+            client.url().to_string(),
+        ] {
+            assert!(!printed.contains("secret"), "{printed}");
+        }
+        let config = KafkaConfig::new("b:9092", "http://key:secret@r")
+            .set("sasl.password", "hunter2")
+            .set("client.id", "visible");
+        let printed = format!("{config:?}");
+        assert!(
+            !printed.contains("secret") && !printed.contains("hunter2"),
+            "{printed}"
+        );
+        assert!(printed.contains("visible"), "{printed}");
         Ok(())
     }
 
