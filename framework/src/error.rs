@@ -141,6 +141,22 @@ pub enum Error {
         /// The topic claimed twice.
         topic: String,
     },
+    /// A handler takes `State<T>` for a `T` the builder was not given.
+    #[error("the handler for `{topic}` takes State<{state}>, which is not registered: call WorkerBuilder::state(...) with it")]
+    MissingState {
+        /// The route's main topic.
+        topic: String,
+        /// The state's type name.
+        state: &'static str,
+    },
+    /// A per-route setting names a topic no handler is registered for.
+    #[error("{setting}(`{topic}`) names a topic no handler is registered for; register a handler for it or fix the topic name")]
+    NoSuchRoute {
+        /// The topic named.
+        topic: String,
+        /// The builder method (`layer_for`, ...).
+        setting: &'static str,
+    },
     /// A retry policy is unusable for this route.
     #[error("retry policy for `{topic}`: {reason}")]
     RetryPolicy {

@@ -43,6 +43,7 @@ pub mod headers;
 pub mod idempotency;
 pub mod job;
 pub mod lag;
+pub mod layers;
 pub mod offsets;
 pub mod producer;
 pub mod registry;
@@ -63,12 +64,13 @@ pub use job::{Job, JobContext};
 pub use producer::{Enqueued, Producer};
 #[allow(deprecated)]
 pub use worker::Ordering;
-pub use worker::{GroupProtocol, OrderingMode, Worker, WorkerBuilder, WorkerStats};
+pub use worker::{Ext, GroupProtocol, OrderingMode, State, Worker, WorkerBuilder, WorkerStats};
 
 /// What a handler crate needs, in one import: `use kjob::prelude::*;`.
 ///
 /// Kept to the names a handler and its worker binary use (contracts,
-/// handlers, errors, building and running a worker, enqueueing), so a glob
+/// handlers and their `State`/`Ext` extractors, errors, building and running
+/// a worker, enqueueing), so a glob
 /// import does not shadow the crate's own names. `ResultExt`, `OptionExt`
 /// and `ResponseExt` are here for their methods (`.permanent()`,
 /// `.or_not_found(..)`, `.classify_status()`).
@@ -78,5 +80,5 @@ pub mod prelude {
     pub use crate::job::{Job, JobContext};
     pub use crate::producer::{Enqueued, Producer};
     pub use crate::retry::RetryPolicy;
-    pub use crate::worker::{OrderingMode, Worker, WorkerBuilder};
+    pub use crate::worker::{Ext, OrderingMode, State, Worker, WorkerBuilder};
 }
