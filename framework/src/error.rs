@@ -372,6 +372,37 @@ mod tests {
     }
 
     #[test]
+    fn missing_state_and_unknown_layer_routes_are_named() {
+        async fn needs_state(
+            _: Ping,
+            _: JobContext,
+            crate::State(_n): crate::State<u64>,
+        ) -> std::result::Result<(), JobError> {
+            Ok(())
+        }
+        let err = build_error(builder().handle_on::<Ping, _>("t", needs_state));
+        assert!(
+            matches!(&err, Some(Error::MissingState { topic, state }) if topic == "t" && state.contains("u64")),
+            "{err:?}"
+        );
+        assert!(builder()
+            .handle_on::<Ping, _>("t", needs_state)
+            .state(7u64)
+            .build()
+            .is_ok());
+
+        let err = build_error(
+            builder()
+                .handle_on::<Ping, _>("t", ok)
+                .layer_for("typo", tower::layer::util::Identity::new()),
+        );
+        assert!(
+            matches!(&err, Some(Error::NoSuchRoute { topic, setting: "layer_for" }) if topic == "typo"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
     fn errors_name_the_fix() {
         assert!(Error::NoHandlers
             .to_string()
