@@ -265,6 +265,24 @@ impl JobError {
         }
     }
 
+    /// A constructor for this error's class (and wait), for a new message.
+    fn same_class(&self) -> Make {
+        match self {
+            JobError::Retryable { reason, .. } => {
+                let reason = *reason;
+                Box::new(move |m| JobError::retry(reason, m))
+            }
+            JobError::RetryAfter { after, .. } => {
+                let after = *after;
+                Box::new(move |m| JobError::retry_after(after, m))
+            }
+            JobError::Permanent { reason, .. } => {
+                let reason = *reason;
+                Box::new(move |m| JobError::perm(reason, m))
+            }
+        }
+    }
+
     fn source_arc(&self) -> Option<ErrorSource> {
         match self {
             JobError::Retryable { source, .. }
@@ -395,23 +413,30 @@ impl<T> OptionExt<T> for Option<T> {
 /// means the job itself is bad (a missing input file, say).
 impl From<std::io::Error> for JobError {
     fn from(e: std::io::Error) -> Self {
-        use std::io::ErrorKind as K;
-        let make = match e.kind() {
-            K::TimedOut => JobError::timeout,
-            K::ConnectionRefused
-            | K::ConnectionReset
-            | K::ConnectionAborted
-            | K::NotConnected
-            | K::AddrInUse
-            | K::AddrNotAvailable
-            | K::BrokenPipe
-            | K::UnexpectedEof
-            | K::HostUnreachable
-            | K::NetworkUnreachable
-            | K::NetworkDown => JobError::network,
-            _ => JobError::retryable,
-        };
+        let make = io_class(&e);
         JobError::from_error(e, make)
+    }
+}
+
+/// A class constructor: takes the message, returns the classified error.
+type Make = Box<dyn FnOnce(String) -> JobError>;
+
+fn io_class(e: &std::io::Error) -> fn(String) -> JobError {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::TimedOut => JobError::timeout,
+        K::ConnectionRefused
+        | K::ConnectionReset
+        | K::ConnectionAborted
+        | K::NotConnected
+        | K::AddrInUse
+        | K::AddrNotAvailable
+        | K::BrokenPipe
+        | K::UnexpectedEof
+        | K::HostUnreachable
+        | K::NetworkUnreachable
+        | K::NetworkDown => JobError::network,
+        _ => JobError::retryable,
     }
 }
 
@@ -428,12 +453,16 @@ impl From<tokio::time::error::Elapsed> for JobError {
 /// exception is an I/O failure while reading the JSON, which is retried.
 impl From<serde_json::Error> for JobError {
     fn from(e: serde_json::Error) -> Self {
-        let make = if e.is_io() {
-            JobError::network
-        } else {
-            JobError::invalid_input
-        };
+        let make = json_class(&e);
         JobError::from_error(e, make)
+    }
+}
+
+fn json_class(e: &serde_json::Error) -> fn(String) -> JobError {
+    if e.is_io() {
+        JobError::network
+    } else {
+        JobError::invalid_input
     }
 }
 
@@ -443,15 +472,17 @@ impl From<serde_json::Error> for JobError {
 /// registry) is retried.
 impl From<crate::Error> for JobError {
     fn from(e: crate::Error) -> Self {
-        use crate::Error as E;
-        let make = match &e {
-            E::Rejected { .. } | E::Contract { .. } | E::Encode { .. } => JobError::permanent,
-            E::Delivery { .. } | E::Registry { .. } | E::RegistryTimeout { .. } => {
-                JobError::network
-            }
-            _ => JobError::retryable,
-        };
+        let make = kjob_class(&e);
         JobError::from_error(e, make)
+    }
+}
+
+fn kjob_class(e: &crate::Error) -> fn(String) -> JobError {
+    use crate::Error as E;
+    match e {
+        E::Rejected { .. } | E::Contract { .. } | E::Encode { .. } => JobError::permanent,
+        E::Delivery { .. } | E::Registry { .. } | E::RegistryTimeout { .. } => JobError::network,
+        _ => JobError::retryable,
     }
 }
 
@@ -492,10 +523,62 @@ mod postgres {
     /// violated) is `permanent`. A lost connection is a network failure.
     impl From<tokio_postgres::Error> for JobError {
         fn from(e: tokio_postgres::Error) -> Self {
-            let make = for_sqlstate(e.code().map(|c| c.code()));
+            let make = pg_class(&e);
             JobError::from_error(e, make)
         }
     }
+
+    pub(super) fn pg_class(e: &tokio_postgres::Error) -> fn(String) -> JobError {
+        for_sqlstate(e.code().map(|c| c.code()))
+    }
+}
+
+/// `anyhow::Error`, the usual error type of application code (a store
+/// trait returning `anyhow::Result`): classified by the first error in its
+/// chain that kjob knows (a `JobError`, an I/O, `Elapsed`, JSON, `reqwest`,
+/// PostgreSQL or kjob error, each as above), else `retryable`. The message
+/// is the whole chain, `.context(..)` included.
+///
+/// (`ResultExt` cannot cover `anyhow::Result`, because `anyhow::Error` is
+/// not a `std::error::Error`; reclassify with `.map_err(JobError::from)`
+/// and a constructor, or `?` for the default.)
+impl From<anyhow::Error> for JobError {
+    fn from(e: anyhow::Error) -> Self {
+        let make = anyhow_class(&e);
+        let message = format!("{e:#}");
+        let source: Box<dyn std::error::Error + Send + Sync + 'static> = e.into();
+        let mut out = make(message);
+        out.set_source(Arc::from(source));
+        out
+    }
+}
+
+fn anyhow_class(e: &anyhow::Error) -> Make {
+    for cause in e.chain() {
+        if let Some(j) = cause.downcast_ref::<JobError>() {
+            return j.same_class();
+        }
+        if let Some(x) = cause.downcast_ref::<std::io::Error>() {
+            return Box::new(io_class(x));
+        }
+        if cause.is::<tokio::time::error::Elapsed>() {
+            return Box::new(|m: String| JobError::timeout(m));
+        }
+        if let Some(x) = cause.downcast_ref::<serde_json::Error>() {
+            return Box::new(json_class(x));
+        }
+        if let Some(x) = cause.downcast_ref::<reqwest::Error>() {
+            return reqwest_class(x);
+        }
+        if let Some(x) = cause.downcast_ref::<crate::Error>() {
+            return Box::new(kjob_class(x));
+        }
+        #[cfg(feature = "postgres")]
+        if let Some(x) = cause.downcast_ref::<tokio_postgres::Error>() {
+            return Box::new(postgres::pg_class(x));
+        }
+    }
+    Box::new(|m: String| JobError::retryable(m))
 }
 
 /// Default wait for a 429 that says nothing about when to come back.
@@ -565,22 +648,26 @@ pub fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Dura
 /// crate on another major version gets no `From` and uses [`ResultExt`].
 impl From<reqwest::Error> for JobError {
     fn from(e: reqwest::Error) -> Self {
-        if let Some(make) = e.status().and_then(|s| status_class(s.as_u16(), None)) {
-            return JobError::from_error(e, make);
-        }
-        let make = if e.is_timeout() {
-            JobError::timeout
-        } else if e.is_connect() {
-            JobError::network
-        } else if e.is_builder() {
-            JobError::invalid_input
-        } else if e.is_request() {
-            JobError::network
-        } else {
-            JobError::retryable
-        };
+        let make = reqwest_class(&e);
         JobError::from_error(e, make)
     }
+}
+
+fn reqwest_class(e: &reqwest::Error) -> Make {
+    if let Some(make) = e.status().and_then(|s| status_class(s.as_u16(), None)) {
+        return Box::new(make);
+    }
+    Box::new(if e.is_timeout() {
+        JobError::timeout
+    } else if e.is_connect() {
+        JobError::network
+    } else if e.is_builder() {
+        JobError::invalid_input
+    } else if e.is_request() {
+        JobError::network
+    } else {
+        JobError::retryable
+    })
 }
 
 /// Classifies an HTTP response by its status, honouring `Retry-After`:
@@ -835,6 +922,43 @@ mod tests {
             Some(ErrorClass::PermanentNotFound)
         );
         assert!(again.and_then(|e| e.source().map(|s| s.is::<io::Error>())) == Some(true));
+    }
+
+    #[test]
+    fn anyhow_errors_take_the_class_of_what_they_wrap() {
+        use anyhow::Context as _;
+        let io: anyhow::Result<()> =
+            Err(io::Error::from(io::ErrorKind::ConnectionRefused)).context("loading order 7");
+        let e = io.map_err(JobError::from).err();
+        assert_eq!(
+            e.as_ref().map(JobError::class),
+            Some(ErrorClass::RetryableNetwork)
+        );
+        let message = e
+            .as_ref()
+            .map(|e| e.message().to_string())
+            .unwrap_or_default();
+        assert!(message.starts_with("loading order 7: "), "{message}");
+        assert!(e.and_then(|e| e.source().map(|_| ())).is_some());
+
+        let json = serde_json::from_str::<u32>("x").map_err(anyhow::Error::from);
+        let e = json.map_err(JobError::from).err();
+        assert_eq!(
+            e.map(|e| e.class()),
+            Some(ErrorClass::PermanentInvalidInput)
+        );
+
+        let inner: anyhow::Result<()> =
+            Err(JobError::retry_after(Duration::from_secs(4), "429")).context("calling the CRM");
+        let e = inner.map_err(JobError::from).err();
+        assert_eq!(
+            e.as_ref().and_then(JobError::retry_after_hint),
+            Some(Duration::from_secs(4))
+        );
+
+        let plain = JobError::from(anyhow::anyhow!("something odd"));
+        assert_eq!(plain.class(), ErrorClass::Retryable);
+        assert_eq!(plain.message(), "something odd");
     }
 
     #[test]
