@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::KafkaConfig;
@@ -54,6 +55,7 @@ pub struct LagReader {
     consumer: BaseConsumer,
     group: String,
     bootstrap: String,
+    config: KafkaConfig,
 }
 
 impl LagReader {
@@ -67,6 +69,7 @@ impl LagReader {
             consumer,
             group: group.to_string(),
             bootstrap: config.bootstrap_servers.clone(),
+            config: config.clone(),
         })
     }
 
@@ -86,10 +89,7 @@ impl LagReader {
                 .find(|t| t.name() == topic && t.error().is_none())
                 .map_or(0, |t| t.partitions().len());
             if parts == 0 {
-                return Err(Error::MissingTopic {
-                    topic: topic.clone(),
-                    bootstrap: self.bootstrap.clone(),
-                });
+                return Err(self.missing_or_hidden(topic, timeout));
             }
             for p in 0..parts as i32 {
                 tpl.add_partition(topic, p);
@@ -135,6 +135,30 @@ impl LagReader {
             });
         }
         Ok(out)
+    }
+
+    /// A topic absent from the metadata is either missing or hidden by
+    /// ACLs, which are different fixes: ask for it by name to tell.
+    fn missing_or_hidden(&self, topic: &str, timeout: Duration) -> Error {
+        let code = self
+            .consumer
+            .fetch_metadata(Some(topic), timeout)
+            .ok()
+            .and_then(|md| md.topics().first().and_then(|t| t.error()))
+            .map(RDKafkaErrorCode::from);
+        if code == Some(RDKafkaErrorCode::TopicAuthorizationFailed) {
+            return Error::not_authorized(
+                &self.config,
+                "Describe",
+                format!("topic `{topic}` (it may exist)"),
+                &format!("--topic {topic}"),
+                RDKafkaErrorCode::TopicAuthorizationFailed.to_string(),
+            );
+        }
+        Error::MissingTopic {
+            topic: topic.to_string(),
+            bootstrap: self.bootstrap.clone(),
+        }
     }
 }
 

@@ -58,7 +58,7 @@ pub mod topics;
 pub mod worker;
 
 pub use classify::{ErrorClass, JobError, OptionExt, ResponseExt, ResultExt};
-pub use config::KafkaConfig;
+pub use config::{KafkaConfig, Secret};
 pub use error::{Error, Result};
 pub use job::{Job, JobContext};
 pub use producer::{Enqueued, Producer};

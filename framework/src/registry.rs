@@ -22,7 +22,7 @@
 //! | `KJOB_SCHEMA_REGISTRY_CONNECT_TIMEOUT_MS` | TCP/TLS connect timeout | 5000 |
 //! | `KJOB_SCHEMA_REGISTRY_TIMEOUT_MS` | whole-request timeout | 10000 |
 //!
-//! Credentials are never logged: their `Debug` prints `<redacted>`, and no
+//! Credentials are never logged: their `Debug` prints `***`, and no
 //! error message includes them.
 //!
 //! [`Codec`]: crate::codec::Codec
@@ -34,7 +34,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 
-use crate::config::KafkaConfig;
+use crate::config::{KafkaConfig, Secret};
 use crate::error::{Error, Result};
 use crate::schema::Compatibility;
 
@@ -49,28 +49,6 @@ const ENV_TOKEN: &str = "KJOB_SCHEMA_REGISTRY_TOKEN";
 const ENV_CONNECT_TIMEOUT: &str = "KJOB_SCHEMA_REGISTRY_CONNECT_TIMEOUT_MS";
 const ENV_TIMEOUT: &str = "KJOB_SCHEMA_REGISTRY_TIMEOUT_MS";
 const CONTENT_TYPE: &str = "application/vnd.schemaregistry.v1+json";
-
-/// A credential: printed as `<redacted>` by `Debug`, so a config dumped to a
-/// log never leaks it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a secret value.
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-    /// The value, for the one place that sends it.
-    fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
 
 /// How kjob authenticates to the schema registry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,7 +101,7 @@ impl fmt::Debug for RegistrySettings {
     }
 }
 
-/// `url` with any `user:password@` replaced by `<redacted>@`, for messages
+/// `url` with any `user:password@` replaced by `***@`, for messages
 /// and logs. (A URL may carry credentials: reqwest sends them as basic auth.)
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -131,7 +109,7 @@ pub fn redact_url(url: &str) -> String {
     };
     let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
     match authority.rsplit_once('@') {
-        Some((_, host)) => format!("{scheme}://<redacted>@{host}{path}"),
+        Some((_, host)) => format!("{scheme}://***@{host}{path}"),
         None => url.to_string(),
     }
 }
@@ -199,7 +177,7 @@ impl RegistrySettings {
                 (Some(_), _, Some(_)) | (None, Some(_), Some(_)) => {
                     return Err(Error::InvalidSetting {
                         name: ENV_TOKEN.into(),
-                        value: "<redacted>".into(),
+                        value: "***".into(),
                         reason: format!("set either {ENV_USER}/{ENV_PASSWORD} (basic auth) or {ENV_TOKEN} (bearer), not both"),
                     })
                 }
@@ -681,7 +659,7 @@ mod tests {
     fn credentials_in_the_url_never_print() -> Result<()> {
         assert_eq!(
             redact_url("https://key:secret@sr.example:443/apis/ccompat/v7"),
-            "https://<redacted>@sr.example:443/apis/ccompat/v7"
+            "https://***@sr.example:443/apis/ccompat/v7"
         );
         assert_eq!(redact_url("http://r:8081/a@b"), "http://r:8081/a@b");
         assert_eq!(redact_url("http://r:8081"), "http://r:8081");

@@ -572,6 +572,7 @@ impl Worker {
             stats: self.stats.clone(),
             metrics: self.metrics.clone(),
             stopping: AtomicBool::new(false),
+            last_error: std::sync::Mutex::new(None),
         };
         let consumer = Arc::new(self.consumer(context)?);
         let topics = self.topics();
@@ -581,14 +582,15 @@ impl Worker {
             .map_err(|e| Error::kafka(format!("subscribing to {topics:?}"), e))?;
         info!(group = %self.settings.group, ?topics, protocol = self.protocol.as_str(), static_member = ?self.static_member, "worker started");
 
-        let (closed_tx, mut closed_rx) = oneshot::channel::<()>();
+        let (closed_tx, mut closed_rx) =
+            oneshot::channel::<std::result::Result<(), poll::FatalConsumerError>>();
         let thread_consumer = consumer.clone();
         let abandon_cancel = cancel.clone();
         std::thread::Builder::new()
             .name("kjob-poll".into())
             .spawn(move || {
                 let consumer = thread_consumer;
-                poll::poll_loop(consumer.context(), &consumer, move || {
+                let outcome = poll::poll_loop(consumer.context(), &consumer, move || {
                     // End of the grace period: forwards give up, handlers
                     // still running are dropped; their records stay
                     // uncommitted and are re-delivered.
@@ -602,14 +604,17 @@ impl Worker {
                 // block; the async side waits for it with a bound.
                 consumer.unsubscribe();
                 drop(consumer);
-                let _ = closed_tx.send(());
+                let _ = closed_tx.send(outcome);
             })
             .map_err(|e| Error::Worker(format!("spawning the poll thread: {e}")))?;
 
         tokio::select! {
             _ = stop => {}
-            _ = &mut closed_rx => {
-                return Err(Error::Worker("the poll thread ended unexpectedly".into()));
+            ended = &mut closed_rx => {
+                return Err(match ended {
+                    Ok(Err(fatal)) => self.refused(fatal),
+                    _ => Error::Worker("the poll thread ended unexpectedly".into()),
+                });
             }
         }
         info!("stop requested");
@@ -622,6 +627,7 @@ impl Worker {
         drop(consumer);
         let bound = self.settings.shutdown_grace + Duration::from_secs(30);
         match tokio::time::timeout(bound, closed_rx).await {
+            Ok(Ok(Err(fatal))) => Err(self.refused(fatal)),
             Ok(_) => {
                 info!("worker stopped");
                 Ok(())
@@ -630,6 +636,38 @@ impl Worker {
                 "consumer did not close within {bound:?}; offsets up to the last commit are safe"
             ))),
         }
+    }
+
+    /// Turns a consumer error the cluster will not change its mind about
+    /// into an error naming the credentials or the ACL to grant.
+    fn refused(&self, fatal: poll::FatalConsumerError) -> Error {
+        use rdkafka::types::RDKafkaErrorCode as C;
+        let group = &self.settings.group;
+        let (operation, resource, acl_args) = match fatal.code {
+            C::GroupAuthorizationFailed => (
+                "Read",
+                format!("group `{group}`"),
+                format!("--group {group}"),
+            ),
+            C::ClusterAuthorizationFailed => {
+                ("ClusterAction", "the cluster".into(), "--cluster".into())
+            }
+            C::TopicAuthorizationFailed => {
+                let topics = self.topics().join(" --topic ");
+                (
+                    "Read",
+                    "one of its topics (see the broker's words)".into(),
+                    format!("--topic {topics}"),
+                )
+            }
+            _ => {
+                return Error::Authentication {
+                    bootstrap: self.config.bootstrap_servers.clone(),
+                    message: fatal.message,
+                }
+            }
+        };
+        Error::not_authorized(&self.config, operation, resource, &acl_args, fatal.message)
     }
 
     /// Refreshes `kjob_consumer_lag` from Kafka (committed vs end offsets of
