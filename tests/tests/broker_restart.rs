@@ -250,9 +250,11 @@ async fn the_worker_recovers_by_itself_when_the_single_broker_restarts() {
     let at_back = handled.load(Ordering::Relaxed);
     // Broker back -> the worker handles jobs again (it fetches from the
     // restarted broker; nothing was prefetched for this long).
-    eventually(Duration::from_secs(60), "jobs handled again after the broker came back", || {
-        handled.load(Ordering::Relaxed) > at_back
-    })
+    eventually(
+        Duration::from_secs(60),
+        "jobs handled again after the broker came back",
+        || handled.load(Ordering::Relaxed) > at_back,
+    )
     .await;
     let working_again = back_at.elapsed();
     enqueue(JOBS / 2..JOBS).await;

@@ -69,25 +69,32 @@ impl Limits {
         };
         if self.jobs.is_none() {
             if let Some(v) = var("KJOB_STOP_AFTER_JOBS") {
-                self.jobs = Some(v.parse().map_err(|_| {
-                    Error::Config(format!("KJOB_STOP_AFTER_JOBS=`{v}` is not a whole number"))
+                self.jobs = Some(v.parse().map_err(|_| Error::InvalidSetting {
+                    name: "KJOB_STOP_AFTER_JOBS".into(),
+                    value: v.clone(),
+                    reason: "not a whole number of jobs".into(),
                 })?);
             }
         }
         if self.rss.is_none() {
             if let Some(v) = var("KJOB_STOP_ABOVE_RSS") {
-                self.rss = Some(parse_bytes(&v).ok_or_else(|| {
-                    Error::Config(format!(
-                        "KJOB_STOP_ABOVE_RSS=`{v}` is not a size: use bytes or a K/M/G suffix, e.g. 512M"
-                    ))
+                self.rss = Some(parse_bytes(&v).ok_or_else(|| Error::InvalidSetting {
+                    name: "KJOB_STOP_ABOVE_RSS".into(),
+                    value: v.clone(),
+                    reason: "not a size: use bytes or a K/M/G suffix, e.g. 512M".into(),
                 })?);
             }
         }
         if self.time.is_none() {
             if let Some(v) = var("KJOB_STOP_AFTER") {
-                self.time = Some(humantime::parse_duration(&v).map_err(|e| {
-                    Error::Config(format!("KJOB_STOP_AFTER=`{v}`: {e} (e.g. 90s, 1h)"))
-                })?);
+                self.time =
+                    Some(
+                        humantime::parse_duration(&v).map_err(|e| Error::InvalidSetting {
+                            name: "KJOB_STOP_AFTER".into(),
+                            value: v.clone(),
+                            reason: format!("{e} (e.g. 90s, 1h)"),
+                        })?,
+                    );
             }
         }
         Ok(self)

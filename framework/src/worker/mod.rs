@@ -72,8 +72,11 @@ pub use state::WorkerStats;
 use state::{RouteEntry, Settings};
 
 /// Which jobs of a partition may run at the same time.
+///
+/// Named `OrderingMode`, not `Ordering`, so a handler crate can import it
+/// next to `std::sync::atomic::Ordering` and `std::cmp::Ordering`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Ordering {
+pub enum OrderingMode {
     /// Same key: one after another; different keys: in parallel, even within
     /// one partition. The right default for entity-scoped jobs.
     #[default]
@@ -83,6 +86,11 @@ pub enum Ordering {
     /// No ordering: every record may run in parallel.
     Unordered,
 }
+
+/// The old name of [`OrderingMode`]; it clashed with
+/// `std::sync::atomic::Ordering` in handler crates.
+#[deprecated(since = "0.2.0", note = "renamed to `OrderingMode`")]
+pub type Ordering = OrderingMode;
 
 /// Builds a route once the codec, timeout, state and layers are known (at
 /// `build()`).
@@ -203,8 +211,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Ordering mode (default [`Ordering::PerKey`]).
-    pub fn ordering(mut self, ordering: Ordering) -> Self {
+    /// Ordering mode (default [`OrderingMode::PerKey`]).
+    pub fn ordering(mut self, ordering: OrderingMode) -> Self {
         self.settings.ordering = ordering;
         self
     }
@@ -323,11 +331,7 @@ impl WorkerBuilder {
     /// Validates the configuration and parses every contract's schema, so a
     /// broken contract fails here rather than at the first record.
     pub fn build(self) -> Result<Worker> {
-        let codec = self
-            .codec
-            .as_ref()
-            .map_err(|e| Error::Config(e.to_string()))?
-            .clone();
+        let codec = self.codec.as_ref().map_err(Error::clone)?.clone();
         let routes = self.build_routes(codec.clone())?;
         let protocol = match self.protocol {
             Some(p) => p,
@@ -337,7 +341,7 @@ impl WorkerBuilder {
             },
         };
         let metrics = match self.endpoint {
-            Some(_) => Metrics::prometheus().map_err(Error::Config)?,
+            Some(_) => Metrics::prometheus()?,
             None => Metrics::disabled(),
         };
         let (_, limits) = self.scheduler_settings();
@@ -366,7 +370,7 @@ impl WorkerBuilder {
 
     /// The ordering mode and the scheduler limits this builder configures,
     /// shared by the worker and the test harness.
-    pub(crate) fn scheduler_settings(&self) -> (Ordering, Limits) {
+    pub(crate) fn scheduler_settings(&self) -> (OrderingMode, Limits) {
         (
             self.settings.ordering,
             Limits {
@@ -382,30 +386,32 @@ impl WorkerBuilder {
     /// code path, so both route, classify and retry alike.
     pub(crate) fn build_routes(&self, schemas: Arc<dyn SchemaSource>) -> Result<Routes> {
         if self.routes.is_empty() {
-            return Err(Error::Config("a worker needs at least one handler".into()));
+            return Err(Error::NoHandlers);
         }
         let mut entries: HashMap<String, RouteEntry> = HashMap::new();
         let mut mains = Vec::new();
         let states = Arc::new(self.states.clone());
         for Registration { topic, make, needs } in &self.routes {
             if let Some((_, name)) = needs.iter().find(|(id, _)| !states.contains(*id)) {
-                return Err(Error::Config(format!(
-                    "the handler for `{topic}` takes State<{name}>, which is not registered: call WorkerBuilder::state(...) with it"
-                )));
+                return Err(Error::MissingState {
+                    topic: topic.clone(),
+                    state: name,
+                });
             }
             if entries.contains_key(topic) {
-                return Err(Error::Config(format!(
-                    "two handlers registered for topic `{topic}`"
-                )));
+                return Err(Error::DuplicateTopic {
+                    topic: topic.clone(),
+                });
             }
             let retry = self
                 .retry_overrides
                 .get(topic)
                 .unwrap_or(&self.retry)
                 .clone();
-            retry
-                .validate()
-                .map_err(|e| Error::Config(format!("retry policy for `{topic}`: {e}")))?;
+            retry.validate().map_err(|reason| Error::RetryPolicy {
+                topic: topic.clone(),
+                reason,
+            })?;
             let retry = Arc::new(retry);
             let mut layers = self.layers.clone();
             layers.extend(self.route_layers.get(topic).into_iter().flatten().cloned());
@@ -423,7 +429,7 @@ impl WorkerBuilder {
                     retry: retry.clone(),
                 };
                 if entries.insert(tier.clone(), entry).is_some() {
-                    return Err(Error::Config(format!("topic `{tier}` is used twice")));
+                    return Err(Error::DuplicateTopic { topic: tier });
                 }
             }
             let entry = RouteEntry {
@@ -433,19 +439,23 @@ impl WorkerBuilder {
                 retry,
             };
             if entries.insert(topic.clone(), entry).is_some() {
-                return Err(Error::Config(format!("topic `{topic}` is used twice")));
+                return Err(Error::DuplicateTopic {
+                    topic: topic.clone(),
+                });
             }
             mains.push(topic.clone());
         }
         if let Some(unknown) = self.route_layers.keys().find(|t| !mains.contains(t)) {
-            return Err(Error::Config(format!(
-                "layer_for(`{unknown}`), which has no handler"
-            )));
+            return Err(Error::NoSuchRoute {
+                topic: unknown.clone(),
+                setting: "layer_for",
+            });
         }
         if let Some(unknown) = self.retry_overrides.keys().find(|t| !mains.contains(t)) {
-            return Err(Error::Config(format!(
-                "retry policy for `{unknown}`, which has no handler"
-            )));
+            return Err(Error::RetryPolicy {
+                topic: unknown.clone(),
+                reason: crate::retry::RetryPolicyError::NoSuchRoute,
+            });
         }
         Ok(Routes { entries, mains })
     }
@@ -478,12 +488,12 @@ pub struct Worker {
 impl Worker {
     /// Starts configuring a worker in consumer group `group`.
     pub fn builder(config: KafkaConfig, group: impl Into<String>) -> WorkerBuilder {
-        let codec = Codec::new(&config.schema_registry_url).map(Arc::new);
+        let codec = Codec::from_config(&config).map(Arc::new);
         WorkerBuilder {
             config,
             settings: Settings {
                 group: group.into(),
-                ordering: Ordering::PerKey,
+                ordering: OrderingMode::PerKey,
                 max_in_flight_per_partition: 5000,
                 shutdown_grace: Duration::from_secs(30),
                 revoke_timeout: Duration::from_secs(15),

@@ -348,7 +348,8 @@ impl<R: Located> Scheduler<R> {
             let Some(p) = part.as_mut() else { continue };
             let limit = p.max_dispatched.filter(|_| close_gaps);
             p.lanes.retain(|lane, l| {
-                l.queue.retain(|j| limit.is_some_and(|m| j.ticket.offset < m));
+                l.queue
+                    .retain(|j| limit.is_some_and(|m| j.ticket.offset < m));
                 l.running || !l.queue.is_empty() || kept.contains(&(slot, *lane))
             });
             out.push(Action::Pause(p.tp.clone()));
@@ -775,7 +776,10 @@ mod tests {
         out.clear();
         s.dispatch(&mut out);
         let started = runs(&out);
-        assert_eq!(started.iter().map(|t| t.offset).collect::<Vec<_>>(), vec![0, 3, 4]);
+        assert_eq!(
+            started.iter().map(|t| t.offset).collect::<Vec<_>>(),
+            vec![0, 3, 4]
+        );
         out.clear();
         s.stop(true, &mut out);
         // 1 and 2 lie below 4 (started): they still run; nothing above 4 exists.
@@ -795,7 +799,10 @@ mod tests {
         assert!(s.idle());
         out.clear();
         s.commit_all(&mut out);
-        assert!(matches!(&out[..], [Action::Commit(c)] if c == &vec![(tp(0), 5)]), "{out:?}");
+        assert!(
+            matches!(&out[..], [Action::Commit(c)] if c == &vec![(tp(0), 5)]),
+            "{out:?}"
+        );
         // A SIGTERM-like stop drops them instead.
         let mut s = Scheduler::new(limits(8, 100));
         s.assign(&[tp(0)], &mut out);
