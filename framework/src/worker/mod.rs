@@ -654,6 +654,13 @@ impl Worker {
         info!("stop requested");
         // Not ready from the moment shutdown begins.
         self.stats.ready.store(false, AtomicOrdering::Release);
+        if fired.is_some() {
+            // A planned stop: close the gaps so the restart repeats nothing.
+            consumer
+                .context()
+                .close_gaps
+                .store(true, AtomicOrdering::Release);
+        }
         consumer
             .context()
             .stopping
