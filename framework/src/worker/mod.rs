@@ -59,7 +59,7 @@ use crate::codec::{parse_contract, Codec, ReaderSchema, SchemaSource};
 use crate::config::KafkaConfig;
 use crate::error::{Error, Result};
 use crate::job::Job;
-use crate::layers::{AttemptService, LayerFn, Request as LayerRequest};
+use crate::layers::{AttemptLayer, LayerFn};
 use crate::producer::Producer;
 use crate::retry::RetryPolicy;
 use crate::topics::{create_topics, create_topics_with, dlq_topic, partition_counts};
@@ -177,37 +177,19 @@ impl WorkerBuilder {
 
     /// Wraps every route's attempts in a [`tower::Layer`] (see
     /// [`crate::layers`] for the order). Layers added first are outermost.
-    pub fn layer<L>(mut self, layer: L) -> Self
-    where
-        L: tower::Layer<AttemptService> + Send + Sync + 'static,
-        L::Service: tower::Service<LayerRequest, Response = (), Error = crate::JobError>
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        <L::Service as tower::Service<LayerRequest>>::Future: Send + 'static,
-    {
-        self.layers.push(crate::layers::erase(layer));
+    pub fn layer(mut self, layer: impl AttemptLayer) -> Self {
+        self.layers.push(layer.erase());
         self
     }
 
     /// Wraps the attempts of the route on main topic `topic` (and its retry
     /// tiers) in a layer, inside the worker-wide ones: a breaker or a rate
     /// limit for the downstream that route calls.
-    pub fn layer_for<L>(mut self, topic: &str, layer: L) -> Self
-    where
-        L: tower::Layer<AttemptService> + Send + Sync + 'static,
-        L::Service: tower::Service<LayerRequest, Response = (), Error = crate::JobError>
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        <L::Service as tower::Service<LayerRequest>>::Future: Send + 'static,
-    {
+    pub fn layer_for(mut self, topic: &str, layer: impl AttemptLayer) -> Self {
         self.route_layers
             .entry(topic.to_string())
             .or_default()
-            .push(crate::layers::erase(layer));
+            .push(layer.erase());
         self
     }
 
