@@ -47,6 +47,11 @@ pub(crate) type Done = Vec<(Ticket, bool)>;
 /// the lock and the wake-ups, small enough to keep completions flowing.
 const MAX_BATCH: usize = 1024;
 
+/// How long a busy poll thread waits for completions before it looks at
+/// the consumer again: short, so new records are picked up within a couple
+/// of milliseconds even when no job finishes.
+const BUSY_WAIT: Duration = Duration::from_millis(2);
+
 /// What only the poll thread touches (rebalance callbacks run on it too,
 /// inside `poll`). Locked once per turn or callback, never per record.
 pub(crate) struct Core {
@@ -418,13 +423,26 @@ pub(crate) fn poll_loop(
             ctx.refresh_oldest_pending();
             last_gauges = Instant::now();
         }
-        // While jobs run, completions free slots: come back soon for them.
+        // While jobs run, completions are what lets more work start: take
+        // what the consumer already has without blocking, and if it has
+        // nothing, block on the completion channel instead (it wakes the
+        // moment a dispatcher reports), never in a Kafka poll timeout.
         let timeout = if busy {
-            Duration::from_millis(1)
+            Duration::ZERO
         } else {
             ctx.settings.poll_timeout
         };
         let mut next = consumer.poll(timeout);
+        if next.is_none() && busy {
+            let mut out = Vec::new();
+            {
+                let mut core = ctx.lock();
+                core.wait_done(BUSY_WAIT, &mut out);
+                core.sched.dispatch(&mut out);
+            }
+            ctx.execute(consumer, out, CommitMode::Async, false);
+            continue;
+        }
         while let Some(result) = next {
             match result {
                 Ok(m) => batch.push(m.detach()),
