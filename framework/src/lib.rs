@@ -36,6 +36,8 @@ pub mod idempotency;
 pub mod job;
 pub mod lag;
 pub mod offsets;
+#[cfg(feature = "postgres")]
+pub mod outbox;
 pub mod producer;
 pub mod replay;
 pub mod retry;

@@ -1,0 +1,725 @@
+//! The relay: publishes committed outbox rows in per-key commit order.
+//! The design (ordering, buckets, retention) is in the [module docs](super).
+
+use std::collections::{BTreeSet, HashSet};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use futures::StreamExt;
+use rand::seq::SliceRandom;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{DeliveryFuture, FutureRecord};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Notify;
+use tokio_postgres::types::Type;
+use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Statement};
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::{serve, OutboxMetrics};
+use super::{live_relays, OutboxError, OutboxTable, BUCKETS, PRESENCE_LOCK};
+use crate::codec::Codec;
+use crate::config::KafkaConfig;
+use crate::producer::{Producer, DEFAULT_DELIVERY_TIMEOUT};
+
+/// librdkafka settings the relay adds to the kjob producer's (`acks=all`,
+/// idempotence). A user's [`KafkaConfig::set`] still wins.
+///
+/// * No local message timeout: PostgreSQL is the buffer, the relay never
+///   gives up on a row; and a locally timed-out message is exactly what
+///   would open a gap (a later row of the key landing before an earlier
+///   one) in librdkafka's idempotent producer.
+/// * `enable.gapless.guarantee`: any other error that could leave a gap
+///   becomes fatal; the relay then recreates the producer and republishes.
+/// * Reconnect within a second once the broker is back.
+const RELAY_DEFAULTS: &[(&str, &str)] = &[
+    ("delivery.timeout.ms", "0"),
+    ("enable.gapless.guarantee", "true"),
+    ("reconnect.backoff.max.ms", "1000"),
+];
+
+/// How long a batch may wait for acknowledgements before each `stalled`
+/// error is counted and logged.
+const STALL_WARNING: Duration = Duration::from_secs(10);
+
+/// How often buckets are rebalanced between relays.
+const REBALANCE_EVERY: Duration = Duration::from_secs(1);
+
+/// How often the lag gauges are refreshed.
+const GAUGES_EVERY: Duration = Duration::from_secs(1);
+
+/// How often sent rows past their retention are deleted.
+const CLEANUP_EVERY: Duration = Duration::from_secs(30);
+
+/// Rows deleted per cleanup statement (keeps each statement short).
+const CLEANUP_CHUNK: i64 = 10_000;
+
+/// Live counters of a relay, for tests, benchmarks and embedding programs.
+#[derive(Debug, Default)]
+pub struct RelayStats {
+    /// Rows acknowledged by the broker and marked sent.
+    pub published: AtomicU64,
+    /// Rows whose publish failed (each failure counted once).
+    pub publish_errors: AtomicU64,
+    /// Batches published.
+    pub batches: AtomicU64,
+    /// Buckets this relay holds now.
+    pub buckets_held: AtomicUsize,
+}
+
+/// Publishes outbox rows to Kafka. Run it in its own process
+/// (`kjob outbox relay`) or next to a worker with
+/// `tokio::spawn(relay.run_until(stop))`; several may run at once.
+#[derive(Debug)]
+pub struct Relay {
+    database_url: String,
+    kafka: KafkaConfig,
+    table: OutboxTable,
+    batch_size: i64,
+    poll_interval: Duration,
+    retention: Duration,
+    metrics: OutboxMetrics,
+    metrics_addr: Option<SocketAddr>,
+    stats: Arc<RelayStats>,
+}
+
+impl Relay {
+    /// A relay for [`super::DEFAULT_TABLE`] in the database at
+    /// `database_url` (a libpq-style URL or key-value string), publishing to
+    /// the cluster in `kafka`.
+    pub fn new(database_url: impl Into<String>, kafka: KafkaConfig) -> Self {
+        let table = OutboxTable::default();
+        Self {
+            database_url: database_url.into(),
+            kafka,
+            metrics: OutboxMetrics::disabled(table.name()),
+            table,
+            batch_size: 1000,
+            poll_interval: Duration::from_millis(500),
+            retention: Duration::from_secs(3600),
+            metrics_addr: None,
+            stats: Arc::default(),
+        }
+    }
+
+    /// Relays `name` instead of `kjob_outbox` (it must match the
+    /// [`super::Outbox::table`] the rows were written with).
+    pub fn table(mut self, name: &str) -> Result<Self, OutboxError> {
+        self.table = OutboxTable::new(name)?;
+        if self.metrics_addr.is_none() {
+            self.metrics = OutboxMetrics::disabled(self.table.name());
+        }
+        Ok(self)
+    }
+
+    /// Rows read and published per round trip (default 1000). Larger
+    /// batches raise throughput; the commit-to-publish delay does not
+    /// depend on it at moderate rates.
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n.clamp(1, 100_000) as i64;
+        self
+    }
+
+    /// How often the relay looks for rows without a notification (default
+    /// 500 ms). Bounds the delay when notifications are off or lost.
+    pub fn poll_interval(mut self, d: Duration) -> Self {
+        self.poll_interval = d.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How long sent rows are kept (default 1 h); `Duration::ZERO` deletes
+    /// them as soon as they are acknowledged.
+    pub fn retention(mut self, d: Duration) -> Self {
+        self.retention = d;
+        self
+    }
+
+    /// Serves `/metrics` (Prometheus) and `/healthz` on `addr` while running.
+    pub fn metrics_endpoint(mut self, addr: SocketAddr) -> Result<Self, OutboxError> {
+        self.metrics = OutboxMetrics::prometheus(self.table.name())?;
+        self.metrics_addr = Some(addr);
+        Ok(self)
+    }
+
+    /// Records into `metrics` (for example one created with
+    /// [`OutboxMetrics::prometheus`] and served by your own endpoint).
+    pub fn with_metrics(mut self, metrics: OutboxMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The relay's instruments and gauge values.
+    pub fn metrics(&self) -> OutboxMetrics {
+        self.metrics.clone()
+    }
+
+    /// Live counters.
+    pub fn stats(&self) -> Arc<RelayStats> {
+        self.stats.clone()
+    }
+
+    /// Runs until SIGTERM or SIGINT.
+    pub async fn run(self) -> Result<(), OutboxError> {
+        self.run_until(crate::worker::shutdown_signal()).await
+    }
+
+    /// Runs until `stop` completes. Rows in flight at that moment are left
+    /// unmarked and published again by the next relay (same `kjob-id`).
+    /// Database outages are retried with backoff; only a configuration error
+    /// ends the relay early.
+    pub async fn run_until<F: Future<Output = ()>>(self, stop: F) -> Result<(), OutboxError> {
+        let cancel = CancellationToken::new();
+        let run = self.run_cancellable(cancel.clone());
+        tokio::pin!(run);
+        tokio::pin!(stop);
+        tokio::select! {
+            r = &mut run => r,
+            () = &mut stop => {
+                cancel.cancel();
+                run.await
+            }
+        }
+    }
+
+    fn producer(&self) -> Result<Producer, OutboxError> {
+        let mut config = self.kafka.clone();
+        for (k, v) in RELAY_DEFAULTS {
+            config
+                .overrides
+                .entry((*k).to_string())
+                .or_insert_with(|| (*v).to_string());
+        }
+        // The relay never encodes: the rows hold finished payloads. The
+        // codec is only there because a Producer carries one.
+        let codec = Arc::new(Codec::new(&self.kafka.schema_registry_url)?);
+        Ok(Producer::with_codec(
+            &config,
+            codec,
+            DEFAULT_DELIVERY_TIMEOUT,
+        )?)
+    }
+
+    async fn run_cancellable(self, cancel: CancellationToken) -> Result<(), OutboxError> {
+        let mut producer = self.producer()?;
+        let _endpoint_stop = cancel.clone().drop_guard();
+        if let Some(addr) = self.metrics_addr {
+            let bound = serve(addr, self.metrics.clone(), cancel.child_token()).await?;
+            tracing::info!(%bound, "outbox relay metrics endpoint");
+        }
+        let gauges = tokio::spawn(refresh_gauges(
+            self.database_url.clone(),
+            self.table.clone(),
+            self.metrics.clone(),
+            cancel.child_token(),
+        ));
+        let _gauges = AbortOnDrop(gauges);
+        tracing::info!(table = self.table.name(), "outbox relay started");
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.session(&mut producer, &cancel).await {
+                Ok(()) => {
+                    tracing::info!(table = self.table.name(), "outbox relay stopped");
+                    return Ok(());
+                }
+                Err(e) => {
+                    self.stats.buckets_held.store(0, Ordering::Relaxed);
+                    self.metrics.update(|s| s.buckets_held = 0);
+                    self.metrics.error("database", 1);
+                    tracing::warn!(error = %e, retry_in = ?backoff, "outbox relay: database session failed; reconnecting");
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        () = cancel.cancelled() => return Ok(()),
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    /// One database session: its advisory locks live and die with it.
+    async fn session(
+        &self,
+        producer: &mut Producer,
+        cancel: &CancellationToken,
+    ) -> Result<(), OutboxError> {
+        let (client, connection) = tokio_postgres::connect(&self.database_url, NoTls)
+            .await
+            .map_err(OutboxError::db("connecting to the outbox database"))?;
+        let wake = Arc::new(Notify::new());
+        let _driver = AbortOnDrop(tokio::spawn(drive(connection, wake.clone())));
+        client
+            .batch_execute(&format!("LISTEN \"{}\"", self.table.channel()))
+            .await
+            .map_err(OutboxError::db("LISTEN on the outbox channel"))?;
+        client
+            .execute(
+                "SELECT pg_advisory_lock_shared($1, $2)",
+                &[&self.table.relay_class(), &PRESENCE_LOCK],
+            )
+            .await
+            .map_err(OutboxError::db("taking the relay presence lock"))?;
+        let s = Statements::prepare(&client, &self.table, self.retention.is_zero()).await?;
+        let mut held: BTreeSet<i16> = BTreeSet::new();
+        let mut next_rebalance = Instant::now();
+        let mut next_cleanup = Instant::now() + CLEANUP_EVERY;
+        loop {
+            if cancel.is_cancelled() {
+                // Hand buckets over now rather than when the session closes.
+                let _ = client.execute("SELECT pg_advisory_unlock_all()", &[]).await;
+                return Ok(());
+            }
+            if Instant::now() >= next_rebalance {
+                self.rebalance(&client, &mut held).await?;
+                next_rebalance = Instant::now() + REBALANCE_EVERY;
+            }
+            let rows = if held.is_empty() {
+                Vec::new()
+            } else {
+                let buckets: Vec<i16> = held.iter().copied().collect();
+                client
+                    .query(&s.select, &[&buckets, &self.batch_size])
+                    .await
+                    .map_err(OutboxError::db("reading unsent outbox rows"))?
+            };
+            if rows.is_empty() {
+                let until_rebalance = next_rebalance.saturating_duration_since(Instant::now());
+                tokio::select! {
+                    () = wake.notified() => {}
+                    () = tokio::time::sleep(self.poll_interval.min(until_rebalance.max(Duration::from_millis(10)))) => {}
+                    () = cancel.cancelled() => {}
+                }
+                continue;
+            }
+            let batch = rows.iter().map(Row::read).collect::<Result<Vec<_>, _>>()?;
+            let Some(outcomes) = self.publish(producer, &batch, cancel).await else {
+                continue; // cancelled: unmarked rows go to the next relay
+            };
+            self.settle(&client, &s, producer, &batch, outcomes).await?;
+            if held.contains(&0) && !self.retention.is_zero() && Instant::now() >= next_cleanup {
+                self.cleanup(&client, &s).await?;
+                next_cleanup = Instant::now() + CLEANUP_EVERY;
+            }
+        }
+    }
+
+    /// Takes free buckets up to a fair share and releases any surplus, so
+    /// relays started later get work without anyone coordinating.
+    async fn rebalance(
+        &self,
+        client: &Client,
+        held: &mut BTreeSet<i16>,
+    ) -> Result<(), OutboxError> {
+        let relays = live_relays(client, &self.table).await?.max(1);
+        let fair = (i64::from(BUCKETS) + relays - 1) / relays;
+        let fair = usize::try_from(fair).unwrap_or(BUCKETS as usize);
+        while held.len() > fair {
+            let Some(b) = held.pop_last() else { break };
+            client
+                .execute(
+                    "SELECT pg_advisory_unlock($1, $2)",
+                    &[&self.table.relay_class(), &i32::from(b)],
+                )
+                .await
+                .map_err(OutboxError::db("releasing an outbox bucket"))?;
+        }
+        if held.len() < fair {
+            // Only buckets nobody holds are worth trying; random order, so
+            // relays starting together do not all contend for the same ones.
+            let free = client
+                .query(
+                    "SELECT b FROM generate_series(0, $2 - 1) AS b
+                     WHERE NOT EXISTS (
+                         SELECT 1 FROM pg_locks
+                         WHERE locktype = 'advisory' AND classid::bigint = $1
+                           AND objid::bigint = b AND objsubid = 2)",
+                    &[&i64::from(self.table.relay_class()), &i32::from(BUCKETS)],
+                )
+                .await
+                .map_err(OutboxError::db("listing free outbox buckets"))?;
+            let mut free: Vec<i32> = free
+                .iter()
+                .filter_map(|r| r.try_get::<_, i32>(0).ok())
+                .collect();
+            free.shuffle(&mut rand::rng());
+            for b in free {
+                if held.len() >= fair {
+                    break;
+                }
+                let row = client
+                    .query_one(
+                        "SELECT pg_try_advisory_lock($1, $2)",
+                        &[&self.table.relay_class(), &b],
+                    )
+                    .await
+                    .map_err(OutboxError::db("taking an outbox bucket"))?;
+                if row.try_get::<_, bool>(0).unwrap_or(false) {
+                    held.insert(b as i16);
+                }
+            }
+        }
+        self.stats.buckets_held.store(held.len(), Ordering::Relaxed);
+        self.metrics.update(|s| {
+            s.buckets_held = held.len() as i64;
+            s.relays = relays;
+        });
+        Ok(())
+    }
+
+    /// Produces the batch in id order and waits for every acknowledgement.
+    /// `None` if cancelled meanwhile.
+    async fn publish(
+        &self,
+        producer: &Producer,
+        batch: &[Row],
+        cancel: &CancellationToken,
+    ) -> Option<Vec<Result<(), String>>> {
+        let mut pending = Vec::with_capacity(batch.len());
+        for row in batch {
+            let mut headers = OwnedHeaders::new_with_capacity(row.headers.len());
+            for (k, v) in &row.headers {
+                headers = headers.insert(Header {
+                    key: k.as_str(),
+                    value: Some(v.as_bytes()),
+                });
+            }
+            let mut record = FutureRecord::to(&row.topic)
+                .key(row.key.as_bytes())
+                .payload(row.payload.as_slice())
+                .headers(headers);
+            loop {
+                match producer.raw().send_result(record) {
+                    Ok(delivery) => {
+                        pending.push(Pending::Sent(delivery));
+                        break;
+                    }
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                        record = r;
+                        tokio::select! {
+                            () = tokio::time::sleep(Duration::from_millis(5)) => {}
+                            () = cancel.cancelled() => return None,
+                        }
+                    }
+                    Err((e, _)) => {
+                        pending.push(Pending::Refused(e.to_string()));
+                        break;
+                    }
+                }
+            }
+        }
+        let all = join_all(pending.into_iter().map(|p| async move {
+            match p {
+                Pending::Sent(delivery) => match delivery.await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err((e, _))) => Err(e.to_string()),
+                    Err(_) => Err("the producer was dropped before acknowledging".to_string()),
+                },
+                Pending::Refused(e) => Err(e),
+            }
+        }));
+        tokio::pin!(all);
+        let started = Instant::now();
+        let results = loop {
+            tokio::select! {
+                r = &mut all => break r,
+                () = tokio::time::sleep(STALL_WARNING) => {
+                    self.metrics.error("stalled", 1);
+                    tracing::warn!(
+                        rows = batch.len(),
+                        waited = ?started.elapsed(),
+                        bootstrap = %self.kafka.bootstrap_servers,
+                        "outbox relay: no broker acknowledgement yet; rows stay in the outbox until the broker is reachable"
+                    );
+                }
+                () = cancel.cancelled() => return None,
+            }
+        };
+        Some(results)
+    }
+
+    /// Marks what may be marked: per key, the rows up to its first failure.
+    /// Failed rows get a backoff that holds their key back.
+    async fn settle(
+        &self,
+        client: &Client,
+        s: &Statements,
+        producer: &mut Producer,
+        batch: &[Row],
+        outcomes: Vec<Result<(), String>>,
+    ) -> Result<(), OutboxError> {
+        let mut failed_keys: HashSet<&str> = HashSet::new();
+        let mut done: Vec<i64> = Vec::with_capacity(batch.len());
+        let mut failed: Vec<i64> = Vec::new();
+        let mut first_error: Option<String> = None;
+        for (row, outcome) in batch.iter().zip(outcomes) {
+            match outcome {
+                Ok(()) if !failed_keys.contains(row.key.as_str()) => done.push(row.id),
+                // Acknowledged, but an earlier row of its key was not: it
+                // is published again after that one, keeping first
+                // occurrences in order.
+                Ok(()) => {}
+                Err(e) => {
+                    failed_keys.insert(row.key.as_str());
+                    failed.push(row.id);
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if !done.is_empty() {
+            client
+                .execute(&s.mark, &[&done])
+                .await
+                .map_err(OutboxError::db("marking outbox rows sent"))?;
+            self.stats
+                .published
+                .fetch_add(done.len() as u64, Ordering::Relaxed);
+            self.metrics.published(done.len() as u64);
+        }
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        if let Some(error) = first_error {
+            self.stats
+                .publish_errors
+                .fetch_add(failed.len() as u64, Ordering::Relaxed);
+            self.metrics.error("delivery", failed.len() as u64);
+            tracing::warn!(rows = failed.len(), %error, "outbox relay: publish failed; retrying with backoff");
+            client
+                .execute(&s.fail, &[&failed, &error])
+                .await
+                .map_err(OutboxError::db("recording an outbox publish failure"))?;
+            // A failed delivery may have been fatal (gapless guarantee):
+            // start from a fresh producer.
+            *producer = self.producer()?;
+        }
+        Ok(())
+    }
+
+    async fn cleanup(&self, client: &Client, s: &Statements) -> Result<(), OutboxError> {
+        let secs = self.retention.as_secs_f64();
+        let mut deleted_total = 0;
+        for _ in 0..100 {
+            let n = client
+                .execute(&s.cleanup, &[&secs, &CLEANUP_CHUNK])
+                .await
+                .map_err(OutboxError::db("deleting sent outbox rows past retention"))?;
+            deleted_total += n;
+            if n < CLEANUP_CHUNK as u64 {
+                break;
+            }
+        }
+        if deleted_total > 0 {
+            tracing::debug!(rows = deleted_total, "outbox retention cleanup");
+        }
+        Ok(())
+    }
+}
+
+/// A produced record awaiting its acknowledgement, or one librdkafka
+/// refused to queue.
+enum Pending {
+    Sent(DeliveryFuture),
+    Refused(String),
+}
+
+/// One unsent row.
+struct Row {
+    id: i64,
+    topic: String,
+    key: String,
+    payload: Vec<u8>,
+    headers: Vec<(String, String)>,
+}
+
+impl Row {
+    fn read(row: &tokio_postgres::Row) -> Result<Self, OutboxError> {
+        let e = OutboxError::db;
+        let headers: serde_json::Value = row.try_get("headers").map_err(e("reading headers"))?;
+        let headers = match headers {
+            serde_json::Value::Object(map) => map
+                .into_iter()
+                .map(|(k, v)| match v {
+                    serde_json::Value::String(s) => (k, s),
+                    other => (k, other.to_string()),
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        Ok(Self {
+            id: row.try_get("id").map_err(e("reading id"))?,
+            topic: row.try_get("topic").map_err(e("reading topic"))?,
+            key: row.try_get("key").map_err(e("reading key"))?,
+            payload: row.try_get("payload").map_err(e("reading payload"))?,
+            headers,
+        })
+    }
+}
+
+struct Statements {
+    select: Statement,
+    mark: Statement,
+    fail: Statement,
+    cleanup: Statement,
+}
+
+impl Statements {
+    async fn prepare(
+        client: &Client,
+        table: &OutboxTable,
+        delete_on_send: bool,
+    ) -> Result<Self, OutboxError> {
+        let t = table.name();
+        let prep = |sql: String, types: &'static [Type]| async move {
+            client.prepare_typed(&sql, types).await.map_err(|e| {
+                if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) {
+                    OutboxError::NotMigrated {
+                        table: t.to_string(),
+                    }
+                } else {
+                    OutboxError::db(format!("preparing outbox statements on `{t}`"))(e)
+                }
+            })
+        };
+        // A key whose earliest failing row is not due yet is held back from
+        // that row on, so nothing overtakes it.
+        let select = prep(
+            format!(
+                "WITH blocked AS (
+                     SELECT key, min(id) AS first FROM {t}
+                     WHERE sent_at IS NULL AND retry_at > clock_timestamp()
+                     GROUP BY key)
+                 SELECT id, topic, key, payload, headers FROM {t} o
+                 WHERE sent_at IS NULL AND bucket = ANY($1)
+                   AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.key = o.key AND b.first <= o.id)
+                 ORDER BY id LIMIT $2"
+            ),
+            &[Type::INT2_ARRAY, Type::INT8],
+        )
+        .await?;
+        let mark = if delete_on_send {
+            prep(
+                format!("DELETE FROM {t} WHERE id = ANY($1)"),
+                &[Type::INT8_ARRAY],
+            )
+            .await?
+        } else {
+            prep(
+                format!(
+                    "UPDATE {t} SET sent_at = clock_timestamp(), retry_at = NULL WHERE id = ANY($1)"
+                ),
+                &[Type::INT8_ARRAY],
+            )
+            .await?
+        };
+        let fail = prep(
+            format!(
+                "UPDATE {t} SET attempts = attempts + 1, last_error = left($2, 1024),
+                     retry_at = clock_timestamp()
+                         + make_interval(secs => least(60, 0.5 * power(2, least(attempts, 10))))
+                 WHERE id = ANY($1)"
+            ),
+            &[Type::INT8_ARRAY, Type::TEXT],
+        )
+        .await?;
+        let cleanup = prep(
+            format!(
+                "DELETE FROM {t} WHERE id IN (
+                     SELECT id FROM {t}
+                     WHERE sent_at < clock_timestamp() - make_interval(secs => $1)
+                     LIMIT $2)"
+            ),
+            &[Type::FLOAT8, Type::INT8],
+        )
+        .await?;
+        Ok(Self {
+            select,
+            mark,
+            fail,
+            cleanup,
+        })
+    }
+}
+
+/// Drives the connection and turns notifications into wake-ups.
+async fn drive<S, T>(mut connection: Connection<S, T>, wake: Arc<Notify>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+    while let Some(message) = messages.next().await {
+        match message {
+            Ok(AsyncMessage::Notification(_)) => wake.notify_one(),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "outbox relay: database connection closed");
+                break;
+            }
+        }
+    }
+    // Wake the loop so its next query reports the broken connection.
+    wake.notify_one();
+}
+
+/// Refreshes lag and unsent on its own connection, so they keep moving
+/// while the publishing loop waits for a broker that is away.
+async fn refresh_gauges(
+    url: String,
+    table: OutboxTable,
+    metrics: OutboxMetrics,
+    cancel: CancellationToken,
+) {
+    let sql = format!(
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE sent_at IS NULL LIMIT 100000) u),
+                coalesce((SELECT extract(epoch FROM clock_timestamp() - created_at)::float8
+                          FROM {t} WHERE sent_at IS NULL ORDER BY id LIMIT 1), 0)",
+        t = table.name()
+    );
+    while !cancel.is_cancelled() {
+        tokio::select! {
+            r = gauge_session(&url, &sql, &metrics) => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "outbox gauges: database error; retrying");
+                }
+            }
+            () = cancel.cancelled() => return,
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            () = cancel.cancelled() => return,
+        }
+    }
+}
+
+async fn gauge_session(
+    url: &str,
+    sql: &str,
+    metrics: &OutboxMetrics,
+) -> Result<(), tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    let _driver = AbortOnDrop(tokio::spawn(async move {
+        let _ = connection.await;
+    }));
+    let stmt = client.prepare(sql).await?;
+    loop {
+        let row = client.query_one(&stmt, &[]).await?;
+        let unsent: i64 = row.try_get(0)?;
+        let lag: f64 = row.try_get(1)?;
+        metrics.update(|s| {
+            s.unsent = unsent;
+            s.lag_seconds = lag;
+        });
+        tokio::time::sleep(GAUGES_EVERY).await;
+    }
+}
+
+/// Aborts a spawned task when dropped (a session's connection driver dies
+/// with the session, which releases its advisory locks).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
