@@ -273,7 +273,9 @@ fn verify(
     rolled_back: &[String],
 ) -> usize {
     let records = read_all(config, topic);
-    let mut first: HashMap<String, (Option<Vec<u8>>, Option<Vec<u8>>)> = HashMap::new();
+    // kjob-id -> (key, payload) of its first copy.
+    type Body = (Option<Vec<u8>>, Option<Vec<u8>>);
+    let mut first: HashMap<String, Body> = HashMap::new();
     let mut order: HashMap<String, Vec<String>> = HashMap::new();
     let mut duplicates = 0;
     for m in &records {
@@ -372,7 +374,10 @@ async fn rollback_publishes_nothing_and_commit_publishes_exactly_its_jobs() {
     assert_eq!(fx.count("true").await, 5, "the rollback left no rows");
     assert_eq!(stats.published.load(Ordering::Relaxed), 5);
     let _ = stop.send(());
-    running.await.expect("relay task").expect("relay stopped cleanly");
+    running
+        .await
+        .expect("relay task")
+        .expect("relay stopped cleanly");
 
     let records = read_all(&fx.config, &fx.topic);
     assert_eq!(records.len(), 5, "exactly the committed jobs");
@@ -397,7 +402,10 @@ async fn rollback_publishes_nothing_and_commit_publishes_exactly_its_jobs() {
         got.push((id, job.seq));
     }
     got.sort_by_key(|(_, seq)| *seq);
-    assert_eq!(got, ids, "the kjob-id assigned at insert is the one published");
+    assert_eq!(
+        got, ids,
+        "the kjob-id assigned at insert is the one published"
+    );
     fx.drop_tables().await;
 }
 
@@ -491,9 +499,7 @@ async fn two_relays_at_once_share_buckets_without_reordering_a_key() {
     };
     let (a, stop_a, task_a) = start(fx.relay().batch_size(200));
     let (b, stop_b, task_b) = start(fx.relay().batch_size(200));
-    let rolled_back = writers(&fx, &keys, 4, 500, 4, 10)
-        .await
-        .expect("writers");
+    let rolled_back = writers(&fx, &keys, 4, 500, 4, 10).await.expect("writers");
     fx.wait_all_sent(Duration::from_secs(60)).await;
     // Each relay ends up with its fair share of the 64 buckets.
     eventually(Duration::from_secs(10), "buckets split 32/32", || {
@@ -516,7 +522,10 @@ async fn two_relays_at_once_share_buckets_without_reordering_a_key() {
         duplicates, 0,
         "bucket locks: no double publishing without a crash"
     );
-    assert_eq!((pa + pb) as usize, expected.values().map(Vec::len).sum::<usize>());
+    assert_eq!(
+        (pa + pb) as usize,
+        expected.values().map(Vec::len).sum::<usize>()
+    );
     println!("relay a published {pa}, relay b {pb}");
     fx.drop_tables().await;
 }
