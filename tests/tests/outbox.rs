@@ -609,6 +609,30 @@ async fn broker_unreachable_for_20s_commits_still_succeed_and_the_relay_catches_
     assert_eq!(status["unsent"], seq);
     assert_eq!(status["relays"], 1);
     assert!(status["oldest_unsent_seconds"].as_f64().unwrap_or(0.0) > 15.0);
+    // `kjob status` shows the outbox feeding the route.
+    let route = Command::new(env!("CARGO_BIN_EXE_kjob-cli"))
+        .args([
+            "status",
+            "--json",
+            "--group",
+            &unique("kjob-tests-nobody"),
+            "--topic",
+            &fx.topic,
+            "--database-url",
+            &fx.url,
+            "--outbox-table",
+            &fx.table,
+        ])
+        .output()
+        .expect("kjob status");
+    let route: serde_json::Value = serde_json::from_slice(&route.stdout).unwrap_or_else(|e| {
+        panic!(
+            "kjob status --json: {e}: {}",
+            String::from_utf8_lossy(&route.stderr)
+        )
+    });
+    assert_eq!(route["outbox"]["unsent_for_topic"], seq);
+    assert_eq!(route["topics"][0]["lag"], 0, "nothing in Kafka yet");
 
     // The broker is back (a relay that reaches it): it catches up.
     let stopping = Instant::now();
