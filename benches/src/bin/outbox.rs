@@ -37,7 +37,10 @@ fn arg(name: &str, default: u64) -> u64 {
 }
 
 fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}", &uuid::Uuid::new_v4().simple().to_string()[..10])
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    )
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
