@@ -682,3 +682,106 @@ fn decode_seq(framed: &[u8]) -> i64 {
     let job: TestJob = kjob::codec::decode_body(0, &schema, body, &schema).expect("decodes");
     job.seq
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_row_the_broker_refuses_holds_back_only_its_key() {
+    let mut fx = Fixture::new(3).await;
+    let relay = fx.relay();
+    let stats = relay.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run_until(async {
+        let _ = stopped.await;
+    }));
+    // Larger than the producer's message.max.bytes (1 MB): refused for good.
+    let outbox = fx.outbox.clone();
+    let topic = fx.topic.clone();
+    let tx = fx.client.transaction().await.expect("BEGIN");
+    let poison = outbox
+        .enqueue_to(
+            &tx,
+            &topic,
+            &TestJob::with("poisoned", 1, &"x".repeat(1_200_000)),
+        )
+        .await
+        .expect("enqueue");
+    let behind = outbox
+        .enqueue_to(&tx, &topic, &TestJob::ok("poisoned", 2))
+        .await
+        .expect("enqueue");
+    let other = outbox
+        .enqueue_to(&tx, &topic, &TestJob::ok("healthy", 3))
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("COMMIT");
+
+    let attempts = format!("id = {} AND attempts >= 2", poison.row);
+    let start = Instant::now();
+    while fx.count(&attempts).await == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the refused row was not retried"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        fx.count(&format!("id = {} AND sent_at IS NOT NULL", other.row))
+            .await,
+        1
+    );
+    assert_eq!(
+        fx.count(&format!("id = {} AND sent_at IS NULL", behind.row))
+            .await,
+        1,
+        "the row behind the refused one waits"
+    );
+    let ids = |records: &[rdkafka::message::OwnedMessage]| -> Vec<String> {
+        records
+            .iter()
+            .filter_map(|m| kjob::headers::find(m.headers(), kjob::headers::ID).map(str::to_string))
+            .collect()
+    };
+    assert_eq!(
+        ids(&read_all(&fx.config, &fx.topic)),
+        vec![other.id.clone()],
+        "only the healthy key reached Kafka; nothing overtook the refused row"
+    );
+    assert!(stats.publish_errors.load(Ordering::Relaxed) >= 2);
+    let status = Command::new(env!("CARGO_BIN_EXE_kjob-cli"))
+        .args([
+            "outbox",
+            "status",
+            "--json",
+            "--database-url",
+            &fx.url,
+            "--table",
+            &fx.table,
+        ])
+        .output()
+        .expect("kjob outbox status");
+    let status: serde_json::Value =
+        serde_json::from_slice(&status.stdout).expect("status prints JSON");
+    assert_eq!(status["failing"], 1);
+    let error = status["last_error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_lowercase();
+    assert!(error.contains("too large"), "last error: {error}");
+
+    // The operator's fix: drop the refused row; its key moves on.
+    fx.client
+        .execute(
+            &format!("DELETE FROM {} WHERE id = $1", fx.table),
+            &[&poison.row],
+        )
+        .await
+        .expect("deleting the refused row");
+    fx.wait_all_sent(Duration::from_secs(20)).await;
+    let _ = stop.send(());
+    running.await.expect("relay task").expect("relay stopped");
+    let mut got = ids(&read_all(&fx.config, &fx.topic));
+    got.sort();
+    let mut want = vec![other.id, behind.id];
+    want.sort();
+    assert_eq!(got, want, "each once, the refused row never");
+    fx.drop_tables().await;
+}

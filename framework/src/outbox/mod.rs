@@ -63,6 +63,12 @@
 //!   key back, so a later row never overtakes it. While the broker is away the
 //!   batch simply waits (rows stay in PostgreSQL; nothing is dropped) and a
 //!   `stalled` publish error is counted every 10 s.
+//! * **A row the broker will never take** (larger than `message.max.bytes`,
+//!   a topic that does not exist while auto-creation is off) is retried with
+//!   backoff (up to a minute apart) and holds its key back; other keys flow.
+//!   `kjob outbox status` counts it as failing and shows the error. Fix the
+//!   cause, or delete the row (`DELETE FROM kjob_outbox WHERE id = ...`);
+//!   the key then moves on.
 //! * **Duplicates, never losses**: a relay killed after the broker's ack but
 //!   before marking republishes the row. It keeps its `kjob-id`, so
 //!   [`PgMarkers`](crate::idempotency::PgMarkers) recognises it; and since

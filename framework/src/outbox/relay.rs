@@ -276,6 +276,11 @@ impl Relay {
                 self.rebalance(&client, &mut held).await?;
                 next_rebalance = Instant::now() + REBALANCE_EVERY;
             }
+            // One relay (whoever holds bucket 0) trims sent rows.
+            if held.contains(&0) && !self.retention.is_zero() && Instant::now() >= next_cleanup {
+                self.cleanup(&client, &s).await?;
+                next_cleanup = Instant::now() + CLEANUP_EVERY;
+            }
             let rows = if held.is_empty() {
                 Vec::new()
             } else {
@@ -376,9 +381,16 @@ impl Relay {
         producer: &Producer,
         batch: &[Row],
         cancel: &CancellationToken,
-    ) -> Option<Vec<Result<(), String>>> {
+    ) -> Option<Vec<Outcome>> {
         let mut pending = Vec::with_capacity(batch.len());
+        // Keys with a row librdkafka refused to queue (say, too large):
+        // their later rows are not even sent, so none lands before it.
+        let mut refused: HashSet<&str> = HashSet::new();
         for row in batch {
+            if refused.contains(row.key.as_str()) {
+                pending.push(Pending::HeldBack);
+                continue;
+            }
             let mut headers = OwnedHeaders::new_with_capacity(row.headers.len());
             for (k, v) in &row.headers {
                 headers = headers.insert(Header {
@@ -404,6 +416,7 @@ impl Relay {
                         }
                     }
                     Err((e, _)) => {
+                        refused.insert(row.key.as_str());
                         pending.push(Pending::Refused(e.to_string()));
                         break;
                     }
@@ -413,11 +426,14 @@ impl Relay {
         let all = join_all(pending.into_iter().map(|p| async move {
             match p {
                 Pending::Sent(delivery) => match delivery.await {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err((e, _))) => Err(e.to_string()),
-                    Err(_) => Err("the producer was dropped before acknowledging".to_string()),
+                    Ok(Ok(_)) => Outcome::Acked,
+                    Ok(Err((e, _))) => Outcome::Failed(e.to_string()),
+                    Err(_) => {
+                        Outcome::Failed("the producer was dropped before acknowledging".to_string())
+                    }
                 },
-                Pending::Refused(e) => Err(e),
+                Pending::Refused(e) => Outcome::Failed(e),
+                Pending::HeldBack => Outcome::HeldBack,
             }
         }));
         tokio::pin!(all);
@@ -448,26 +464,13 @@ impl Relay {
         s: &Statements,
         producer: &mut Producer,
         batch: &[Row],
-        outcomes: Vec<Result<(), String>>,
+        outcomes: Vec<Outcome>,
     ) -> Result<(), OutboxError> {
-        let mut failed_keys: HashSet<&str> = HashSet::new();
-        let mut done: Vec<i64> = Vec::with_capacity(batch.len());
-        let mut failed: Vec<i64> = Vec::new();
-        let mut first_error: Option<String> = None;
-        for (row, outcome) in batch.iter().zip(outcomes) {
-            match outcome {
-                Ok(()) if !failed_keys.contains(row.key.as_str()) => done.push(row.id),
-                // Acknowledged, but an earlier row of its key was not: it
-                // is published again after that one, keeping first
-                // occurrences in order.
-                Ok(()) => {}
-                Err(e) => {
-                    failed_keys.insert(row.key.as_str());
-                    failed.push(row.id);
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
+        let Plan {
+            done,
+            failed,
+            first_error,
+        } = plan(batch.iter().map(|r| (r.id, r.key.as_str())), outcomes);
         if !done.is_empty() {
             client
                 .execute(&s.mark, &[&done])
@@ -490,8 +493,10 @@ impl Relay {
                 .await
                 .map_err(OutboxError::db("recording an outbox publish failure"))?;
             // A failed delivery may have been fatal (gapless guarantee):
-            // start from a fresh producer.
-            *producer = self.producer()?;
+            // start from a fresh producer. Dropping the old one purges and
+            // flushes (up to 500 ms): off the async runtime.
+            let old = std::mem::replace(producer, self.producer()?);
+            tokio::task::spawn_blocking(move || drop(old));
         }
         Ok(())
     }
@@ -516,11 +521,60 @@ impl Relay {
     }
 }
 
-/// A produced record awaiting its acknowledgement, or one librdkafka
-/// refused to queue.
+/// What to record after a batch.
+#[derive(Debug, PartialEq, Eq)]
+struct Plan {
+    /// Rows to mark sent: per key, those acknowledged before its first
+    /// failure.
+    done: Vec<i64>,
+    /// Rows whose publish failed (they and the rest of their key wait).
+    failed: Vec<i64>,
+    /// The first failure's message.
+    first_error: Option<String>,
+}
+
+/// Decides, from the batch (id order) and each row's outcome, which rows may
+/// be marked sent. A row acknowledged after an earlier row of its key failed
+/// is *not* marked: it is published again after that one, so the first
+/// occurrences in Kafka stay in commit order.
+fn plan<'a>(rows: impl IntoIterator<Item = (i64, &'a str)>, outcomes: Vec<Outcome>) -> Plan {
+    let mut failed_keys: HashSet<&str> = HashSet::new();
+    let mut out = Plan {
+        done: Vec::new(),
+        failed: Vec::new(),
+        first_error: None,
+    };
+    for ((id, key), outcome) in rows.into_iter().zip(outcomes) {
+        match outcome {
+            Outcome::Acked if !failed_keys.contains(key) => out.done.push(id),
+            Outcome::Acked | Outcome::HeldBack => {}
+            Outcome::Failed(e) => {
+                failed_keys.insert(key);
+                out.failed.push(id);
+                out.first_error.get_or_insert(e);
+            }
+        }
+    }
+    out
+}
+
+/// A produced record awaiting its acknowledgement, one librdkafka refused
+/// to queue, or one not sent because an earlier row of its key was refused.
 enum Pending {
     Sent(DeliveryFuture),
     Refused(String),
+    HeldBack,
+}
+
+/// What became of one row of a batch.
+#[derive(Debug)]
+enum Outcome {
+    /// The broker acknowledged it.
+    Acked,
+    /// Not published; the reason.
+    Failed(String),
+    /// Not sent: an earlier row of its key failed. It waits for that row.
+    HeldBack,
 }
 
 /// One unsent row.
@@ -721,5 +775,53 @@ struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_marked_only_up_to_its_first_failure() {
+        let rows = [(1, "a"), (2, "b"), (3, "a"), (4, "a"), (5, "b"), (6, "c")];
+        let outcomes = vec![
+            Outcome::Acked,
+            Outcome::Acked,
+            Outcome::Failed("refused".to_string()),
+            Outcome::Acked, // acked after a's failure: must not be marked
+            Outcome::Acked,
+            Outcome::Failed("later".to_string()),
+        ];
+        let p = plan(rows, outcomes);
+        assert_eq!(p.done, vec![1, 2, 5]);
+        assert_eq!(p.failed, vec![3, 6]);
+        assert_eq!(p.first_error.as_deref(), Some("refused"));
+    }
+
+    #[test]
+    fn held_back_rows_are_neither_marked_nor_counted_as_failures() {
+        let p = plan(
+            [(1, "a"), (2, "a"), (3, "b")],
+            vec![
+                Outcome::Failed("too large".into()),
+                Outcome::HeldBack,
+                Outcome::Acked,
+            ],
+        );
+        assert_eq!((p.done, p.failed), (vec![3], vec![1]));
+    }
+
+    #[test]
+    fn an_all_good_batch_marks_everything() {
+        let p = plan([(7, "a"), (8, "a")], vec![Outcome::Acked, Outcome::Acked]);
+        assert_eq!(
+            p,
+            Plan {
+                done: vec![7, 8],
+                failed: vec![],
+                first_error: None
+            }
+        );
     }
 }
