@@ -785,3 +785,40 @@ async fn a_row_the_broker_refuses_holds_back_only_its_key() {
     assert_eq!(got, want, "each once, the refused row never");
     fx.drop_tables().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_can_run_the_relay_in_process() {
+    let mut fx = Fixture::new(3).await;
+    let handled: Arc<std::sync::Mutex<Vec<i64>>> = Arc::default();
+    let h = handled.clone();
+    let worker = kjob::Worker::builder(fx.config.clone(), unique("kjob-tests-outbox"))
+        .handle_on::<TestJob, _>(&fx.topic, move |job: TestJob, _ctx: kjob::JobContext| {
+            let h = h.clone();
+            async move {
+                if let Ok(mut v) = h.lock() {
+                    v.push(job.seq);
+                }
+                Ok::<(), kjob::JobError>(())
+            }
+        })
+        .outbox_relay(fx.relay())
+        .build()
+        .expect("worker");
+    let running = start(worker);
+    let tx = fx.client.transaction().await.expect("BEGIN");
+    for seq in 1..=3 {
+        fx.outbox
+            .enqueue_to(&tx, &fx.topic, &TestJob::ok("k", seq))
+            .await
+            .expect("enqueue");
+    }
+    tx.commit().await.expect("COMMIT");
+    eventually(Duration::from_secs(30), "3 jobs handled", || {
+        handled.lock().map(|v| v.len() == 3).unwrap_or(false)
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(*handled.lock().expect("lock"), vec![1, 2, 3]);
+    assert_eq!(fx.count("sent_at IS NULL").await, 0);
+    fx.drop_tables().await;
+}
