@@ -72,8 +72,10 @@ pub struct RelayStats {
 }
 
 /// Publishes outbox rows to Kafka. Run it in its own process
-/// (`kjob outbox relay`) or next to a worker with
-/// `tokio::spawn(relay.run_until(stop))`; several may run at once.
+/// (`kjob outbox relay`), with a worker
+/// ([`WorkerBuilder::outbox_relay`](crate::WorkerBuilder::outbox_relay)), or
+/// anywhere with `tokio::spawn(relay.run_until(stop))`; several may run at
+/// once.
 #[derive(Debug)]
 pub struct Relay {
     database_url: String,
