@@ -1,7 +1,6 @@
 -- The kjob transactional outbox: kjob::outbox::Outbox::migrate and
--- `kjob outbox migrate` run exactly this text. `{table}` is the configured
--- table (default kjob_outbox), `{name}` its unqualified name (for index names).
--- Idempotent: safe to run on every deploy.
+-- `kjob outbox migrate` run exactly this text, with the configured table
+-- name (default kjob_outbox) filled in. Idempotent: safe on every deploy.
 
 CREATE TABLE IF NOT EXISTS {table} (
     -- Relay order. Assigned while the inserting transaction holds its key's
