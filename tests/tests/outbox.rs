@@ -431,8 +431,8 @@ async fn sigkilled_relay_loses_nothing_and_keeps_commit_order_per_key() {
         String::from_utf8_lossy(&migrated.stderr)
     );
     let keys = Arc::new(fx.keys(100).await);
-    // 6 writers x 700 transactions x 5 jobs, every 7th rolled back:
-    // 18 000 committed jobs... plus the 20 000 floor below.
+    // 6 writers x 800 transactions x 5 jobs, every 7th rolled back:
+    // 20 580 committed jobs.
     let writing = writers(&fx, &keys, 6, 800, 5, 7);
 
     let mut kills = 0;
@@ -448,8 +448,13 @@ async fn sigkilled_relay_loses_nothing_and_keeps_commit_order_per_key() {
                 break;
             }
             assert!(
+                !(writing.is_finished() && fx.count("sent_at IS NULL").await == 0),
+                "the writers finished and everything was relayed before kill {}",
+                kills + 1
+            );
+            assert!(
                 start.elapsed() < Duration::from_secs(60),
-                "relay made no progress"
+                "relay made no progress in 60 s"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
