@@ -76,7 +76,6 @@ pub struct RelayStats {
 /// ([`WorkerBuilder::outbox_relay`](crate::WorkerBuilder::outbox_relay)), or
 /// anywhere with `tokio::spawn(relay.run_until(stop))`; several may run at
 /// once.
-#[derive(Debug)]
 pub struct Relay {
     database_url: String,
     kafka: KafkaConfig,
@@ -87,6 +86,19 @@ pub struct Relay {
     metrics: OutboxMetrics,
     metrics_addr: Option<SocketAddr>,
     stats: Arc<RelayStats>,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The database URL may carry a password: never print it.
+        f.debug_struct("Relay")
+            .field("table", &self.table.name())
+            .field("bootstrap", &self.kafka.bootstrap_servers)
+            .field("batch_size", &self.batch_size)
+            .field("poll_interval", &self.poll_interval)
+            .field("retention", &self.retention)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Relay {
@@ -812,6 +824,17 @@ mod tests {
             ],
         );
         assert_eq!((p.done, p.failed), (vec![3], vec![1]));
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_database_password() {
+        let relay = Relay::new(
+            "postgres://app:s3cret@db.internal/shop",
+            KafkaConfig::new("k:9092", "http://r"),
+        );
+        let printed = format!("{relay:?}");
+        assert!(!printed.contains("s3cret"), "{printed}");
+        assert!(printed.contains("kjob_outbox"), "{printed}");
     }
 
     #[test]
