@@ -234,12 +234,18 @@ impl Relay {
         tracing::info!(table = self.table.name(), "outbox relay started");
         let mut backoff = Duration::from_millis(100);
         loop {
+            let began = Instant::now();
             match self.session(&mut producer, &cancel).await {
                 Ok(()) => {
                     tracing::info!(table = self.table.name(), "outbox relay stopped");
                     return Ok(());
                 }
                 Err(e) => {
+                    if began.elapsed() > Duration::from_secs(30) {
+                        // A session that ran a while was healthy: a new
+                        // failure starts the backoff from the beginning.
+                        backoff = Duration::from_millis(100);
+                    }
                     self.stats.buckets_held.store(0, Ordering::Relaxed);
                     self.metrics.update(|s| s.buckets_held = 0);
                     self.metrics.error("database", 1);
@@ -318,10 +324,6 @@ impl Relay {
                 continue; // cancelled: unmarked rows go to the next relay
             };
             self.settle(&client, &s, producer, &batch, outcomes).await?;
-            if held.contains(&0) && !self.retention.is_zero() && Instant::now() >= next_cleanup {
-                self.cleanup(&client, &s).await?;
-                next_cleanup = Instant::now() + CLEANUP_EVERY;
-            }
         }
     }
 
