@@ -827,3 +827,51 @@ async fn a_worker_can_run_the_relay_in_process() {
     assert_eq!(fx.count("sent_at IS NULL").await, 0);
     fx.drop_tables().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_reconnects_when_postgres_ends_its_session() {
+    let mut fx = Fixture::new(3).await;
+    let relay = fx.relay();
+    let stats = relay.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run_until(async {
+        let _ = stopped.await;
+    }));
+    let (outbox, topic) = (fx.outbox.clone(), fx.topic.clone());
+    for seq in 1..=50 {
+        request(&mut fx.client, &outbox, &topic, seq).await;
+    }
+    fx.wait_all_sent(Duration::from_secs(20)).await;
+    // What a failover or an administrator's pg_terminate_backend does.
+    let killed: i64 = fx
+        .client
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE application_name = $1",
+            &[&format!("kjob-relay {}", fx.table)],
+        )
+        .await
+        .expect("terminating the relay's sessions")
+        .get(0);
+    assert!(
+        killed >= 1,
+        "the relay's sessions carry application_name `kjob-relay <table>`"
+    );
+    for seq in 51..=100 {
+        request(&mut fx.client, &outbox, &topic, seq).await;
+    }
+    fx.wait_all_sent(Duration::from_secs(20)).await;
+    let _ = stop.send(());
+    running.await.expect("relay task").expect("relay stopped");
+    assert_eq!(stats.published.load(Ordering::Relaxed), 100);
+    let records = read_all(&fx.config, &fx.topic);
+    assert_eq!(records.len(), 100, "each job once");
+    let mut last: HashMap<Vec<u8>, i64> = HashMap::new();
+    for m in &records {
+        let s = decode_seq(m.payload().unwrap_or_default());
+        if let Some(prev) = last.insert(m.key().unwrap_or_default().to_vec(), s) {
+            assert!(prev < s, "key order: {prev} then {s}");
+        }
+    }
+    fx.drop_tables().await;
+}

@@ -151,7 +151,7 @@ pub enum OutboxError {
         table: String,
     },
     /// A PostgreSQL call failed; `context` says which.
-    #[error("PostgreSQL: {context}: {source}")]
+    #[error("PostgreSQL: {context}: {}", describe(.source))]
     Database {
         /// What kjob was doing.
         context: String,
@@ -168,6 +168,18 @@ impl OutboxError {
     pub(crate) fn db(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Self {
         let context = context.into();
         move |source| OutboxError::Database { context, source }
+    }
+}
+
+/// The server's message and SQLSTATE when there is one: tokio-postgres'
+/// own `Display` says only "db error".
+pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
     }
 }
 

@@ -266,7 +266,8 @@ impl Relay {
         producer: &mut Producer,
         cancel: &CancellationToken,
     ) -> Result<(), OutboxError> {
-        let (client, connection) = tokio_postgres::connect(&self.database_url, NoTls)
+        let (client, connection) = pg_config(&self.database_url, &self.table)?
+            .connect(NoTls)
             .await
             .map_err(OutboxError::db("connecting to the outbox database"))?;
         let wake = Arc::new(Notify::new());
@@ -711,6 +712,22 @@ impl Statements {
     }
 }
 
+/// The connection settings, with `application_name` set (unless the URL
+/// sets one) to `kjob-relay <table>`, so relays are recognisable in
+/// `pg_stat_activity`.
+fn pg_config(url: &str, table: &OutboxTable) -> Result<tokio_postgres::Config, OutboxError> {
+    let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
+        // The error, not the URL: it may carry a password.
+        OutboxError::Config(format!("the database URL does not parse: {e}"))
+    })?;
+    if config.get_application_name().is_none() {
+        let mut name = format!("kjob-relay {}", table.name());
+        name.truncate(63);
+        config.application_name(&name);
+    }
+    Ok(config)
+}
+
 /// Drives the connection and turns notifications into wake-ups.
 async fn drive<S, T>(mut connection: Connection<S, T>, wake: Arc<Notify>)
 where
@@ -723,7 +740,7 @@ where
             Ok(AsyncMessage::Notification(_)) => wake.notify_one(),
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(error = %e, "outbox relay: database connection closed");
+                tracing::warn!(error = %super::describe(&e), "outbox relay: database connection closed");
                 break;
             }
         }
@@ -746,11 +763,14 @@ async fn refresh_gauges(
                           FROM {t} WHERE sent_at IS NULL ORDER BY id LIMIT 1), 0)",
         t = table.name()
     );
+    let Ok(url) = pg_config(&url, &table) else {
+        return; // the publishing session reports the bad URL
+    };
     while !cancel.is_cancelled() {
         tokio::select! {
             r = gauge_session(&url, &sql, &metrics) => {
                 if let Err(e) = r {
-                    tracing::debug!(error = %e, "outbox gauges: database error; retrying");
+                    tracing::debug!(error = %super::describe(&e), "outbox gauges: database error; retrying");
                 }
             }
             () = cancel.cancelled() => return,
@@ -763,11 +783,11 @@ async fn refresh_gauges(
 }
 
 async fn gauge_session(
-    url: &str,
+    url: &tokio_postgres::Config,
     sql: &str,
     metrics: &OutboxMetrics,
 ) -> Result<(), tokio_postgres::Error> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    let (client, connection) = url.connect(NoTls).await?;
     let _driver = AbortOnDrop(tokio::spawn(async move {
         let _ = connection.await;
     }));
