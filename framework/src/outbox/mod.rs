@@ -62,7 +62,13 @@
 //!   failure; the failed row is retried with backoff and holds the rest of its
 //!   key back, so a later row never overtakes it. While the broker is away the
 //!   batch simply waits (rows stay in PostgreSQL; nothing is dropped) and a
-//!   `stalled` publish error is counted every 10 s.
+//!   `stalled` publish error is counted every 10 s. Why no timeout: in
+//!   librdkafka's idempotent producer, a queued message that times out is
+//!   skipped while later ones are still sent, which would let a key's later
+//!   row land before an earlier one; `enable.gapless.guarantee` (marked
+//!   experimental by librdkafka, which logs a `CONFWARN` for it) turns the
+//!   remaining gap-prone errors into a fatal error, after which the relay
+//!   starts a fresh producer and republishes.
 //! * **A row the broker will never take** (larger than `message.max.bytes`,
 //!   a topic that does not exist while auto-creation is off) is retried with
 //!   backoff (up to a minute apart) and holds its key back; other keys flow.
@@ -83,7 +89,10 @@
 //!   holds about 64 / (live relays) of them and hands surplus buckets back
 //!   between batches, so relays share the load, a bucket (hence a key) is
 //!   only ever relayed by one of them at a time, and a crashed relay's
-//!   buckets are taken over as soon as PostgreSQL ends its session.
+//!   buckets are taken over as soon as PostgreSQL ends its session. Relay
+//!   sessions show as `kjob-relay <table>` in `pg_stat_activity`; a lost
+//!   session is reconnected with backoff (its unmarked rows are published
+//!   again, with the same `kjob-id`).
 //! * **Retention**: sent rows are kept for [`Relay::retention`] (default one
 //!   hour: enough to answer "was job X published, when?") and then deleted in
 //!   batches by the relay holding bucket 0. `Duration::ZERO` deletes rows as
