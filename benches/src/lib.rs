@@ -35,3 +35,32 @@ impl Job for BenchJob {
         self.key.clone()
     }
 }
+
+/// A worker *process* for the multi-process harnesses (`failover`,
+/// `rolling`): serves `BENCH_TOPIC` in `BENCH_GROUP` with a no-op handler
+/// and prints `<partition> <seq>` for every job it handles, so the driver
+/// can timestamp progress per partition. `BENCH_RDKAFKA=k=v,...` adds
+/// librdkafka settings; `BENCH_INSTANCE` sets a static-member id.
+pub async fn printing_worker() -> anyhow::Result<()> {
+    use kjob::{JobContext, JobError, KafkaConfig, Worker};
+    let topic = std::env::var("BENCH_TOPIC")?;
+    let group = std::env::var("BENCH_GROUP")?;
+    let mut config = KafkaConfig::from_env();
+    if let Ok(o) = std::env::var("BENCH_RDKAFKA") {
+        for kv in o.split(',').filter(|s| !s.is_empty()) {
+            if let Some((k, v)) = kv.split_once('=') {
+                config = config.set(k, v);
+            }
+        }
+    }
+    let handler = |job: BenchJob, ctx: JobContext| async move {
+        println!("{} {}", ctx.partition, job.seq);
+        Ok::<(), JobError>(())
+    };
+    let mut builder = Worker::builder(config, group).handle_on::<BenchJob, _>(&topic, handler);
+    if let Ok(id) = std::env::var("BENCH_INSTANCE") {
+        builder = builder.static_member(id);
+    }
+    builder.build()?.run().await?;
+    Ok(())
+}

@@ -198,6 +198,11 @@ pub enum ErrorClass {
     DecodeBody,
     /// The writer schema cannot be resolved to this binary's reader schema.
     DecodeIncompatible,
+    /// The broker refused to take the record where kjob had to forward it
+    /// (too large for the target topic, not authorized, invalid): the DLQ
+    /// holds an envelope with every header and the coordinates where the
+    /// original can still be read, but not the payload.
+    ForwardRejected,
 }
 
 impl ErrorClass {
@@ -218,6 +223,7 @@ impl ErrorClass {
             ErrorClass::DecodeUnknownSchema => "decode.unknown_schema",
             ErrorClass::DecodeBody => "decode.body",
             ErrorClass::DecodeIncompatible => "decode.incompatible",
+            ErrorClass::ForwardRejected => "forward.rejected",
         }
     }
 

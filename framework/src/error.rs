@@ -57,6 +57,21 @@ pub enum Error {
         /// librdkafka's error.
         message: String,
     },
+    /// The broker (or librdkafka, before sending) refused this record for
+    /// good: retrying the same write cannot succeed. Distinct from
+    /// [`Error::Delivery`] so forwarding can route around it instead of
+    /// retrying forever.
+    #[error("topic `{topic}` refused the record ({reason}): {message}; {hint}")]
+    Rejected {
+        /// Target topic.
+        topic: String,
+        /// Short cause, e.g. `record too large`.
+        reason: &'static str,
+        /// librdkafka's error.
+        message: String,
+        /// What an operator can do about it.
+        hint: &'static str,
+    },
     /// A topic the caller relies on does not exist.
     #[error("topic `{topic}` does not exist on {bootstrap}; create it first, e.g. `kjob topics create --topic {topic} --partitions 6`")]
     MissingTopic {
@@ -91,6 +106,13 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether retrying the same operation can never succeed (a refused
+    /// record), as opposed to a transient failure such as an unreachable
+    /// broker.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, Error::Rejected { .. })
+    }
+
     /// Wraps an rdkafka error with what kjob was trying to do.
     pub(crate) fn kafka(context: impl Into<String>, source: rdkafka::error::KafkaError) -> Self {
         Error::Kafka {

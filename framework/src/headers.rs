@@ -100,7 +100,9 @@ impl JobHeaders {
             match h.key {
                 JOB => out.job = s(),
                 VERSION => out.version = text.and_then(|t| t.parse().ok()),
-                ID => out.id = s(),
+                // An empty id is no id: it would collide with every other
+                // record that has one.
+                ID => out.id = s().filter(|v| !v.trim().is_empty()),
                 ATTEMPT => out.attempt = text.and_then(|t| t.parse().ok()),
                 DUE_AT => out.due_at_ms = text.and_then(|t| t.parse().ok()),
                 FIRST_FAILED_AT => out.first_failed_at_ms = text.and_then(|t| t.parse().ok()),
@@ -122,6 +124,30 @@ impl JobHeaders {
             }
         }
         out
+    }
+
+    /// The job's id: `kjob-id` when the producer set one; otherwise an id
+    /// derived from where the job first entered its route,
+    /// `<topic>:<partition>:<offset>` of the original main-topic record (from
+    /// the `kjob-original-*` headers on a forwarded hop, or the record
+    /// itself). Records from producers that are not kjob's (a Java or Python
+    /// service with its own Confluent serializer) carry no `kjob-id`; this
+    /// gives each a stable, unique idempotency key, and forwarding writes it
+    /// into `kjob-id` so it never changes across tiers, the DLQ or a
+    /// re-drive. Topic names cannot contain `:`, so a derived id never
+    /// collides with another record's.
+    pub fn job_id(&self, topic: &str, partition: i32, offset: i64) -> String {
+        if let Some(id) = &self.id {
+            return id.clone();
+        }
+        match (
+            &self.original_topic,
+            self.original_partition,
+            self.original_offset,
+        ) {
+            (Some(t), Some(p), Some(o)) => format!("{t}:{p}:{o}"),
+            _ => format!("{topic}:{partition}:{offset}"),
+        }
     }
 
     /// Records a failure: class, message (truncated on a UTF-8 boundary) and,
@@ -246,6 +272,33 @@ mod tests {
         let again = JobHeaders::parse(Some(&parsed.to_owned_headers()));
         assert_eq!(again, parsed);
         assert_eq!(again.extra, vec![("x-app".to_string(), b"1".to_vec())]);
+    }
+
+    #[test]
+    fn a_record_without_an_id_gets_one_from_where_it_entered_the_route() {
+        let none = JobHeaders::default();
+        assert_eq!(none.job_id("orders", 3, 17), "orders:3:17");
+        let forwarded = JobHeaders {
+            original_topic: Some("orders".into()),
+            original_partition: Some(3),
+            original_offset: Some(17),
+            ..Default::default()
+        };
+        assert_eq!(
+            forwarded.job_id("orders.retry.5s", 0, 99),
+            "orders:3:17",
+            "a hop keeps the id of the original record"
+        );
+        let own = JobHeaders {
+            id: Some("j1".into()),
+            ..Default::default()
+        };
+        assert_eq!(own.job_id("orders", 3, 17), "j1");
+        let empty = OwnedHeaders::new().insert(Header {
+            key: ID,
+            value: Some(""),
+        });
+        assert_eq!(JobHeaders::parse(Some(&empty)).id, None);
     }
 
     #[test]

@@ -54,4 +54,4 @@ pub use config::KafkaConfig;
 pub use error::{Error, Result};
 pub use job::{Job, JobContext};
 pub use producer::{Enqueued, Producer};
-pub use worker::{Ordering, Worker, WorkerBuilder, WorkerStats};
+pub use worker::{GroupProtocol, Ordering, Worker, WorkerBuilder, WorkerStats};

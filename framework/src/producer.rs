@@ -11,8 +11,10 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use opentelemetry::KeyValue;
+use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
 
 use crate::telemetry::spans::JobSpan;
@@ -53,6 +55,11 @@ pub struct Enqueued {
     /// Offset the broker acknowledged.
     pub offset: i64,
 }
+
+/// The producer-side size cap kjob sets (64 MiB): far above any broker
+/// default, so the target topic's `max.message.bytes` is what limits a
+/// forward, and a refusal is reported by the broker with its reason.
+pub const MAX_MESSAGE_BYTES: &str = "67108864";
 
 /// Default `delivery.timeout.ms`: how long an enqueue may wait for the broker.
 pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -98,6 +105,11 @@ impl Producer {
                 ("delivery.timeout.ms", &timeout_ms),
                 ("linger.ms", "5"),
                 ("compression.type", "lz4"),
+                // librdkafka's own 1 000 000-byte cap is below the broker's
+                // default (1 048 588), so a record a Java producer wrote to
+                // a main topic could not be forwarded to its tier or DLQ.
+                // The broker and the topic's max.message.bytes decide.
+                ("message.max.bytes", MAX_MESSAGE_BYTES),
             ])
             .create()
             .map_err(|e| Error::kafka("creating producer", e))?;
@@ -213,12 +225,45 @@ impl Producer {
             .await
         {
             Ok(d) => Ok((d.partition, d.offset)),
-            Err((e, _)) => Err(Error::Delivery {
-                topic: topic.to_string(),
-                timeout: self.delivery_timeout,
-                bootstrap: self.bootstrap.clone(),
-                message: e.to_string(),
+            Err((e, _)) => Err(match rejection(&e) {
+                Some((reason, hint)) => Error::Rejected {
+                    topic: topic.to_string(),
+                    reason,
+                    message: e.to_string(),
+                    hint,
+                },
+                None => Error::Delivery {
+                    topic: topic.to_string(),
+                    timeout: self.delivery_timeout,
+                    bootstrap: self.bootstrap.clone(),
+                    message: e.to_string(),
+                },
             }),
         }
     }
+}
+
+/// Splits produce errors into permanent refusals (with their cause and a
+/// fix) and everything else, which is transient and worth retrying.
+fn rejection(e: &KafkaError) -> Option<(&'static str, &'static str)> {
+    use RDKafkaErrorCode as C;
+    let KafkaError::MessageProduction(code) = e else {
+        return None;
+    };
+    Some(match code {
+        C::MessageSizeTooLarge | C::InvalidMessageSize | C::MessageBatchTooLarge => (
+            "record too large",
+            "raise the topic's max.message.bytes, or read the original where the dead letter points",
+        ),
+        C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed => (
+            "not authorized",
+            "grant WRITE on this topic to the worker's principal (kafka-acls --add --operation Write)",
+        ),
+        C::InvalidRecord | C::InvalidMessage | C::PolicyViolation => (
+            "invalid record",
+            "the broker's validation rejected it; see the broker log for the rule",
+        ),
+        C::InvalidTopic => ("invalid topic name", "check the route's topic name"),
+        _ => return None,
+    })
 }

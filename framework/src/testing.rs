@@ -339,6 +339,7 @@ impl Harness {
         let headers = JobHeaders::parse(msg.headers());
         let ctx = context_for(msg, &headers, &self.group, entry.route.job_name());
         let attempt = ctx.attempt;
+        let id = ctx.id.clone();
         let outcome = entry.route.run(msg.payload(), ctx).await;
         let unit = self.jitter.unwrap_or_else(rand::random::<f64>);
         let next = next_step(
@@ -353,7 +354,7 @@ impl Harness {
         );
         match next {
             Next::Done => self.handled.push(Handled {
-                id: headers.id.unwrap_or_default(),
+                id,
                 job: headers
                     .job
                     .unwrap_or_else(|| entry.route.job_name().to_string()),
@@ -408,7 +409,7 @@ impl Harness {
                 let h = JobHeaders::parse(m.headers());
                 out.push(Waiting {
                     topic: topic.clone(),
-                    id: h.id.unwrap_or_default(),
+                    id: h.job_id(topic, m.partition(), m.offset()),
                     attempt: h.attempt.unwrap_or(1),
                     due_at_ms: h.due_at_ms.unwrap_or(self.now_ms),
                     class: h.error_class.unwrap_or_default(),
@@ -429,7 +430,7 @@ impl Harness {
                     let h = JobHeaders::parse(m.headers());
                     DeadLetter {
                         topic: t.clone(),
-                        id: h.id.clone().unwrap_or_default(),
+                        id: h.job_id(t, m.partition(), m.offset()),
                         class: h.error_class.clone().unwrap_or_default(),
                         error: h.error.clone().unwrap_or_default(),
                         attempt: h.attempt.unwrap_or(1),

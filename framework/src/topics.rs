@@ -62,6 +62,42 @@ pub fn partition_counts(config: &KafkaConfig, topics: &[String]) -> Result<Vec<O
         .collect())
 }
 
+/// Room for kjob's headers on top of a main-topic record when it is
+/// forwarded: a tier or DLQ topic accepts this much more than its main topic.
+pub const FORWARD_HEADROOM_BYTES: i64 = 64 * 1024;
+
+/// The effective `max.message.bytes` of each topic (the broker's default
+/// where the topic sets none); `None` where it could not be read (a missing
+/// topic, or no DescribeConfigs permission).
+pub async fn max_message_bytes(config: &KafkaConfig, topics: &[String]) -> Vec<Option<i64>> {
+    use rdkafka::admin::ResourceSpecifier;
+    let Ok(admin) = config
+        .client_config(&[])
+        .create::<AdminClient<DefaultClientContext>>()
+    else {
+        return vec![None; topics.len()];
+    };
+    let specs: Vec<ResourceSpecifier<'_>> = topics
+        .iter()
+        .map(|t| ResourceSpecifier::Topic(t.as_str()))
+        .collect();
+    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
+    let Ok(results) = admin.describe_configs(&specs, &opts).await else {
+        return vec![None; topics.len()];
+    };
+    results
+        .into_iter()
+        .map(|r| {
+            r.ok()?
+                .get("max.message.bytes")?
+                .value
+                .as_deref()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
 /// Creates each `(topic, partitions)` that does not exist yet. Existing topics
 /// are left alone. A permission problem names the topic and the ACL needed.
 pub async fn create_topics(config: &KafkaConfig, topics: &[(String, i32)]) -> Result<()> {

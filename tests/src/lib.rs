@@ -384,6 +384,40 @@ pub fn start(worker: kjob::Worker) -> Running {
     }
 }
 
+/// Enqueues `n` test jobs with `behaviour` over `keys` distinct keys
+/// (seq `0..n`), failing the test if the broker did not take one.
+pub async fn enqueue_n(producer: &kjob::Producer, topic: &str, n: i64, keys: i64, behaviour: &str) {
+    let jobs: Vec<TestJob> = (0..n)
+        .map(|i| TestJob::with(format!("k{}", i % keys), i, behaviour))
+        .collect();
+    for r in producer.enqueue_batch_to(topic, &jobs).await {
+        r.expect("enqueue acknowledged");
+    }
+}
+
+/// Waits (30 s at most) until `group` has committed the end offset of every
+/// non-empty partition of `topic`: nothing is pending, nothing was skipped.
+pub async fn wait_committed_at_end(
+    config: &KafkaConfig,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) {
+    let ends = end_offsets(config, topic, partitions);
+    eventually(
+        Duration::from_secs(30),
+        "committed offsets == end offsets",
+        || {
+            let committed = committed_offsets(config, group, topic, partitions);
+            committed
+                .iter()
+                .zip(&ends)
+                .all(|(c, e)| *e == 0 || *c == Some(*e))
+        },
+    )
+    .await;
+}
+
 /// Initialises test logging once (RUST_LOG controls it; warnings by default).
 pub fn init_logging() {
     let _ = tracing_subscriber::fmt()

@@ -129,6 +129,20 @@ async fn an_operator_reviews_redrives_and_resolves_dead_letters() {
         &["dlq", "list", "--topic", &topic, "--class", "decode"],
     );
     assert!(none.contains("0 shown"), "{none}");
+    // --json: the same rows for scripts.
+    let rows: serde_json::Value =
+        serde_json::from_str(&ok(&config, &["dlq", "list", "--topic", &topic, "--json"]))
+            .expect("list --json prints JSON");
+    let rows = rows.as_array().expect("an array");
+    assert_eq!(rows.len(), 6);
+    assert!(rows
+        .iter()
+        .all(|r| r["error_class"] == "permanent.invalid_input" && r["status"] == "unresolved"));
+    let compact = ok(
+        &config,
+        &["dlq", "show", "--topic", &topic, "0:2", "--json"],
+    );
+    assert_eq!(compact.trim().lines().count(), 1, "one line: {compact}");
 
     // show: headers and the payload decoded through the registry.
     let shown = ok(&config, &["dlq", "show", "--topic", &topic, "0:2"]);

@@ -46,31 +46,6 @@ fn worker(config: &KafkaConfig, group: &str, topic: &str, seen: Seen, gate: Arc<
         .expect("worker builds")
 }
 
-async fn enqueue_n(producer: &Producer, topic: &str, n: i64, keys: i64, behaviour: &str) {
-    let jobs: Vec<TestJob> = (0..n)
-        .map(|i| TestJob::with(format!("k{}", i % keys), i, behaviour))
-        .collect();
-    for r in producer.enqueue_batch_to(topic, &jobs).await {
-        r.expect("enqueue acknowledged");
-    }
-}
-
-async fn wait_committed_at_end(config: &KafkaConfig, group: &str, topic: &str, partitions: i32) {
-    let ends = end_offsets(config, topic, partitions);
-    eventually(
-        Duration::from_secs(30),
-        "committed offsets == end offsets",
-        || {
-            let committed = committed_offsets(config, group, topic, partitions);
-            committed
-                .iter()
-                .zip(&ends)
-                .all(|(c, e)| *e == 0 || *c == Some(*e))
-        },
-    )
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_job_is_handled_and_kafka_reports_zero_lag() {
     init_logging();

@@ -29,6 +29,9 @@ pub enum DlqCommand {
         /// Include records already re-driven or resolved.
         #[arg(long)]
         all: bool,
+        /// One JSON array instead of a table, for scripts.
+        #[arg(long)]
+        json: bool,
     },
     /// One dead letter in full: headers and the payload decoded through the registry, as JSON.
     Show {
@@ -37,6 +40,9 @@ pub enum DlqCommand {
         topic: String,
         /// `partition:offset` in the DLQ.
         at: Coordinates,
+        /// Compact JSON on one line (the default is indented JSON).
+        #[arg(long)]
+        json: bool,
     },
     /// Re-drive dead letters into the first retry tier (or the main topic). Dry run unless --execute.
     Retry {
@@ -175,6 +181,51 @@ fn table(rows: &[(DeadLetter, Option<AuditEntry>)], with_status: bool) -> Table 
     t
 }
 
+/// The most of an undecodable payload `show` prints as hex: enough to
+/// recognise a format, without flooding a terminal with a 1 MB record.
+pub const HEX_CAP_BYTES: usize = 4096;
+
+/// An undecodable payload: the reason, the first [`HEX_CAP_BYTES`] as hex,
+/// and how much was left out.
+fn undecodable(reason: &str, payload: Option<&[u8]>) -> serde_json::Value {
+    let bytes = payload.unwrap_or(&[]);
+    let shown = &bytes[..bytes.len().min(HEX_CAP_BYTES)];
+    serde_json::json!({
+        "undecodable": reason,
+        "size": bytes.len(),
+        "hex": shown.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+        "hex_omitted_bytes": bytes.len() - shown.len(),
+    })
+}
+
+/// Where the original of an envelope (a dead letter without its payload)
+/// can still be read.
+fn omitted_payload(d: &DeadLetter) -> Option<String> {
+    d.headers
+        .extra
+        .iter()
+        .find(|(k, _)| k == crate::dlq::PAYLOAD_OMITTED)
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+}
+
+/// One row of `list --json`.
+fn summary(d: &DeadLetter, a: &Option<AuditEntry>) -> serde_json::Value {
+    let h = &d.headers;
+    serde_json::json!({
+        "at": d.at.to_string(),
+        "id": h.id,
+        "job": h.job,
+        "key": d.key,
+        "attempt": h.attempt,
+        "error_class": h.error_class,
+        "error": h.error,
+        "failed_at_ms": d.timestamp_ms,
+        "payload_omitted": omitted_payload(d),
+        "status": a.as_ref().map_or("unresolved".to_string(), |a| a.action.clone()),
+        "audit": a,
+    })
+}
+
 /// The records an action applies to: the named coordinates (all must exist
 /// and be unresolved), or every unresolved record passing the filters.
 fn pick(
@@ -213,16 +264,21 @@ fn pick(
 
 pub async fn run(config: &KafkaConfig, cmd: DlqCommand) -> Result<()> {
     match cmd {
-        DlqCommand::List { select, all } => {
+        DlqCommand::List { select, all, json } => {
             let filter = select.filter()?;
             let reader = DlqReader::new(config, &select.topic);
             let rows = blocking(move || reader.list(&filter, all)).await?;
+            if json {
+                let out: Vec<serde_json::Value> = rows.iter().map(|(d, a)| summary(d, a)).collect();
+                println!("{}", serde_json::to_string(&out)?);
+                return Ok(());
+            }
             println!("{}", table(&rows, all));
             let unresolved = rows.iter().filter(|(_, a)| a.is_none()).count();
             println!("{} shown, {unresolved} unresolved", rows.len());
             Ok(())
         }
-        DlqCommand::Show { topic, at } => {
+        DlqCommand::Show { topic, at, json } => {
             let reader = DlqReader::new(config, &topic);
             let dlq = format!("{}.dlq", reader.main_topic());
             let (letters, audit) =
@@ -231,12 +287,14 @@ pub async fn run(config: &KafkaConfig, cmd: DlqCommand) -> Result<()> {
                 bail!("no dead letter at {at} in `{dlq}`");
             };
             let codec = Codec::new(&config.schema_registry_url)?;
-            let payload = match codec.decode_to_json(d.payload.as_deref()).await {
-                Ok(v) => v,
-                Err(e) => serde_json::json!({
-                    "undecodable": e.to_string(),
-                    "bytes": d.payload.as_deref().map(|p| p.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+            let payload = match (&d.payload, omitted_payload(&d)) {
+                (None, Some(where_)) => serde_json::json!({
+                    "omitted": format!("the broker refused the full record; the original ({where_}) can still be read there until that topic's retention removes it"),
                 }),
+                _ => match codec.decode_to_json(d.payload.as_deref()).await {
+                    Ok(v) => v,
+                    Err(e) => undecodable(&e.to_string(), d.payload.as_deref()),
+                },
             };
             let headers: serde_json::Map<String, serde_json::Value> = {
                 use rdkafka::message::Headers;
@@ -258,7 +316,11 @@ pub async fn run(config: &KafkaConfig, cmd: DlqCommand) -> Result<()> {
                 "payload": payload,
                 "audit": audit.get(&at),
             });
-            println!("{}", serde_json::to_string_pretty(&out)?);
+            if json {
+                println!("{}", serde_json::to_string(&out)?);
+            } else {
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            }
             Ok(())
         }
         DlqCommand::Retry {

@@ -39,6 +39,9 @@ pub fn forward_headers(
     now_ms: i64,
 ) -> JobHeaders {
     let mut h = JobHeaders::parse(source.headers());
+    // A record from a foreign producer has no kjob-id; its derived id is
+    // written now, so it stays the same on every later hop.
+    h.id = Some(h.job_id(source.topic(), source.partition(), source.offset()));
     h.record_failure(class, message, now_ms);
     h.attempt = Some(attempt);
     h.group = Some(group.to_string());
@@ -49,6 +52,45 @@ pub fn forward_headers(
         h.original_offset = Some(source.offset());
         h.original_timestamp_ms = source.timestamp().to_millis();
     }
+    h
+}
+
+/// Header on a dead-letter envelope: the payload is not in this record,
+/// and where the original can still be read (`<size> bytes at
+/// <topic>:<partition>:<offset>`).
+pub const PAYLOAD_OMITTED: &str = "kjob-payload-omitted";
+
+/// The headers of an envelope: what kjob dead-letters when the broker
+/// refused the record itself (too large for the tier or DLQ, not
+/// authorized). Everything the forward would have carried, re-classed as
+/// [`ErrorClass::ForwardRejected`](crate::ErrorClass::ForwardRejected), plus
+/// [`PAYLOAD_OMITTED`] naming the source record, which still holds the
+/// payload until its topic's retention removes it.
+pub fn envelope_headers(
+    intended: &JobHeaders,
+    source: &OwnedMessage,
+    target: &str,
+    cause: &str,
+) -> JobHeaders {
+    let mut h = intended.clone();
+    h.due_at_ms = None;
+    h.record_failure(
+        crate::ErrorClass::ForwardRejected.as_str(),
+        &format!("could not write the record to `{target}`: {cause}"),
+        now_ms(),
+    );
+    let size = source.payload().map_or(0, <[u8]>::len);
+    h.extra.retain(|(k, _)| k != PAYLOAD_OMITTED);
+    h.extra.push((
+        PAYLOAD_OMITTED.to_string(),
+        format!(
+            "{size} bytes at {}:{}:{}",
+            source.topic(),
+            source.partition(),
+            source.offset()
+        )
+        .into_bytes(),
+    ));
     h
 }
 
@@ -101,6 +143,11 @@ mod tests {
         let hop = record("orders.retry.5s", first.to_owned_headers());
         let second = forward_headers(&hop, "g", 3, "permanent", "404", 2);
         assert_eq!(second.original_topic.as_deref(), Some("orders"));
+        assert_eq!(
+            second.id.as_deref(),
+            Some("orders:2:42"),
+            "a foreign record's derived id is written on the first hop and kept"
+        );
         assert_eq!(second.error_class.as_deref(), Some("permanent"));
         let owned = second.to_owned_headers();
         assert_eq!(

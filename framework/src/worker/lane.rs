@@ -12,16 +12,19 @@ use std::sync::Arc;
 use opentelemetry::trace::FutureExt as _;
 use opentelemetry::KeyValue;
 use rdkafka::message::{Message, OwnedMessage};
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
 use crate::telemetry::spans::JobSpan;
 
 use super::state::{LaneKey, Shared, Tp, WorkerStats};
 use crate::classify::ErrorClass;
+use crate::dlq::envelope_headers;
 use crate::dlq::now_ms;
 use crate::headers::JobHeaders;
 use crate::job::JobContext;
 use crate::routing::{next_step, Next};
+use crate::topics::dlq_topic;
 
 /// Runs a lane until its queue is empty (or the partition is revoked, or the
 /// worker stops).
@@ -31,10 +34,11 @@ pub(crate) async fn run_lane(
     epoch: u64,
     lane: LaneKey,
     first: OwnedMessage,
+    cancel: CancellationToken,
 ) {
     let mut msg = first;
     loop {
-        let finished = process(&shared, &msg).await;
+        let finished = process(&shared, &msg, &cancel).await;
         let next = {
             let mut st = shared.lock();
             let resume_below = shared.settings.max_in_flight_per_partition / 2;
@@ -80,7 +84,7 @@ pub(crate) fn context_for(
     job: &str,
 ) -> JobContext {
     JobContext {
-        id: headers.id.clone().unwrap_or_default(),
+        id: headers.job_id(msg.topic(), msg.partition(), msg.offset()),
         job: headers.job.clone().unwrap_or_else(|| job.to_string()),
         version: headers.version,
         attempt: headers.attempt.unwrap_or(1).max(1),
@@ -97,9 +101,10 @@ pub(crate) fn context_for(
 
 /// Runs one record to a final outcome. Returns `true` when the offset may be
 /// marked done (handled, or forwarded to a retry tier or the DLQ and
-/// acknowledged), `false` when the worker is stopping and the record must be
-/// re-delivered instead.
-async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
+/// acknowledged), `false` when the worker is stopping or the partition was
+/// revoked before the handler started, so the record must be re-delivered
+/// instead.
+async fn process(shared: &Shared, msg: &OwnedMessage, cancel: &CancellationToken) -> bool {
     let Some(entry) = shared.routes.get(msg.topic()) else {
         // Unreachable: the consumer subscribes to route topics only. Do not
         // mark it done, so it is never lost.
@@ -114,6 +119,7 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
         entry.route.job_name(),
     );
     let attempt = ctx.attempt;
+    let ctx_id = ctx.id.clone();
     // The route's static contract name: metric labels without allocation.
     let job: &'static str = entry.route.job_name();
     let span = handle_span(msg, &ctx, &headers, job);
@@ -124,7 +130,14 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
     }
     let started = std::time::Instant::now();
     let outcome = {
-        let Ok(_permit) = shared.concurrency.acquire().await else {
+        // Waiting for a slot is not running: a revoke or a shutdown must not
+        // wait for it. The record stays uncommitted; the next owner runs it.
+        let permit = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => None,
+            p = shared.concurrency.acquire() => p.ok(),
+        };
+        let Some(_permit) = permit else {
             return false;
         };
         shared.metrics.in_flight(job, 1);
@@ -149,7 +162,7 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
         now_ms(),
     );
     let duration_ms = elapsed.as_millis() as u64;
-    let id = headers.id.as_deref().unwrap_or("");
+    let id = ctx_id.as_str();
     match next {
         Next::Done => {
             WorkerStats::bump(&shared.stats.handled);
@@ -170,12 +183,19 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
             );
             span.fail(headers.error.as_deref().unwrap_or("retryable failure"));
             span.inject(&mut headers);
-            let sent = forward(shared, &topic, msg, &headers).await;
-            if sent {
-                WorkerStats::bump(&shared.stats.retried);
-                shared.metrics.outcome(job, "retried");
+            match forward(shared, &topic, &entry.main, msg, &headers).await {
+                Forwarded::Sent => {
+                    WorkerStats::bump(&shared.stats.retried);
+                    shared.metrics.outcome(job, "retried");
+                    true
+                }
+                Forwarded::Enveloped => {
+                    WorkerStats::bump(&shared.stats.dead_lettered);
+                    shared.metrics.outcome(job, "dead_lettered");
+                    true
+                }
+                Forwarded::Cancelled => false,
             }
-            sent
         }
         Next::DeadLetter {
             topic,
@@ -194,15 +214,15 @@ async fn process(shared: &Shared, msg: &OwnedMessage) -> bool {
             );
             span.fail(&message);
             span.inject(&mut headers);
-            let sent = forward(shared, &topic, msg, &headers).await;
-            if sent {
+            let sent = forward(shared, &topic, &entry.main, msg, &headers).await;
+            if sent != Forwarded::Cancelled {
                 WorkerStats::bump(&shared.stats.dead_lettered);
                 if class == ErrorClass::Panic {
                     WorkerStats::bump(&shared.stats.panicked);
                 }
                 shared.metrics.outcome(job, outcome);
             }
-            sent
+            sent != Forwarded::Cancelled
         }
     }
 }
@@ -234,25 +254,68 @@ fn handle_span(
     })
 }
 
+/// How a forward ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Forwarded {
+    /// Written to its target and acknowledged.
+    Sent,
+    /// The target refused the record for good; an envelope without the
+    /// payload was dead-lettered and acknowledged instead.
+    Enveloped,
+    /// The worker gave up at the end of its grace period; not written.
+    Cancelled,
+}
+
 /// Writes the record (payload and key unchanged, headers rebuilt) to
-/// `target` and waits for the broker's acknowledgement, retrying the write
-/// until it succeeds or the worker gives up at the end of its grace period.
-/// Only an acknowledged forward releases the source offset: a crash in
-/// between yields a duplicate, never a loss.
-async fn forward(shared: &Shared, target: &str, msg: &OwnedMessage, headers: &JobHeaders) -> bool {
+/// `target` and waits for the broker's acknowledgement. Only an acknowledged
+/// forward releases the source offset: a crash in between yields a
+/// duplicate, never a loss.
+///
+/// Transient failures (broker unreachable, timeouts) are retried with
+/// backoff until the worker's grace period ends. A permanent refusal (the
+/// record is too large for the target, the principal may not write there,
+/// the broker rejects it as invalid) can never succeed, so instead of
+/// blocking the partition forever the worker dead-letters an *envelope*:
+/// every header, class `forward.rejected`, and the coordinates where the
+/// original can still be read, without the payload. Only if the DLQ refuses
+/// even that is the write retried until an operator fixes the cause, which
+/// the log line names.
+async fn forward(
+    shared: &Shared,
+    target: &str,
+    main: &str,
+    msg: &OwnedMessage,
+    headers: &JobHeaders,
+) -> Forwarded {
     let mut wait = std::time::Duration::from_millis(200);
+    let mut envelope: Option<(String, JobHeaders)> = None;
     loop {
+        let (topic, hdrs, payload) = match &envelope {
+            None => (target, headers, msg.payload()),
+            Some((dlq, h)) => (dlq.as_str(), h, None),
+        };
         match shared
             .producer
-            .send_raw(target, msg.key(), msg.payload(), headers.to_owned_headers())
+            .send_raw(topic, msg.key(), payload, hdrs.to_owned_headers())
             .await
         {
-            Ok(_) => return true,
+            Ok(_) if envelope.is_some() => return Forwarded::Enveloped,
+            Ok(_) => return Forwarded::Sent,
+            Err(e) if e.is_permanent() && envelope.is_none() => {
+                error!(
+                    target, at = %format_args!("{}:{}:{}", msg.topic(), msg.partition(), msg.offset()),
+                    cause = %e, "forward refused for good; dead-lettering an envelope without the payload"
+                );
+                envelope = Some((
+                    dlq_topic(main),
+                    envelope_headers(headers, msg, target, &e.to_string()),
+                ));
+            }
             Err(e) => {
-                error!(target, error = %e, "forward failed; the source offset stays uncommitted and the write is retried");
+                error!(topic, error = %e, "forward failed; the source offset stays uncommitted and the write is retried");
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
-                    _ = shared.cancel.cancelled() => return false,
+                    _ = shared.cancel.cancelled() => return Forwarded::Cancelled,
                 }
                 wait = (wait * 2).min(std::time::Duration::from_secs(10));
             }

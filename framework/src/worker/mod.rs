@@ -27,8 +27,10 @@
 //! The watermark arithmetic is in [`crate::offsets`].
 
 pub mod lane;
+pub mod membership;
 pub mod poll;
 pub mod route;
+pub(crate) mod scheduler;
 pub mod state;
 
 use std::collections::HashMap;
@@ -53,7 +55,8 @@ use crate::error::{Error, Result};
 use crate::job::Job;
 use crate::producer::Producer;
 use crate::retry::RetryPolicy;
-use crate::topics::{create_topics, dlq_topic, partition_counts};
+use crate::topics::{create_topics, create_topics_with, dlq_topic, partition_counts};
+pub use membership::GroupProtocol;
 pub use route::{run_handler, Attempt, Handler};
 use route::{Route, TypedRoute};
 pub use state::WorkerStats;
@@ -85,6 +88,7 @@ pub struct WorkerBuilder {
     codec: Result<Arc<Codec>>,
     routes: Vec<(String, RouteFactory)>,
     static_member: Option<String>,
+    protocol: Option<GroupProtocol>,
     create_topics: bool,
     retry: RetryPolicy,
     retry_overrides: HashMap<String, RetryPolicy>,
@@ -178,11 +182,23 @@ impl WorkerBuilder {
         self
     }
 
-    /// Static group membership (`group.instance.id`): a restarting member
-    /// gets its partitions back without a rebalance, which suits rolling
-    /// deploys.
+    /// Static group membership (`group.instance.id`): a member that restarts
+    /// within the session timeout gets its partitions back without a
+    /// rebalance of the others, which suits rolling deploys and crash loops.
+    /// Defaults to `KJOB_INSTANCE_ID` when that is set. Use a stable,
+    /// per-replica name (a StatefulSet pod name); two live processes must
+    /// never share one. See [`membership`].
     pub fn static_member(mut self, instance_id: impl Into<String>) -> Self {
         self.static_member = Some(instance_id.into());
+        self
+    }
+
+    /// The rebalance protocol (default: `KJOB_GROUP_PROTOCOL`, else
+    /// [`GroupProtocol::Classic`]). A `group.protocol` set on the
+    /// [`KafkaConfig`] is honoured too. See [`membership`] for what each
+    /// costs on a deploy and on a crash.
+    pub fn group_protocol(mut self, protocol: GroupProtocol) -> Self {
+        self.protocol = Some(protocol);
         self
     }
 
@@ -220,6 +236,13 @@ impl WorkerBuilder {
             .map_err(|e| Error::Config(e.to_string()))?
             .clone();
         let routes = self.build_routes(codec.clone())?;
+        let protocol = match self.protocol {
+            Some(p) => p,
+            None => match self.config.overrides.get("group.protocol") {
+                Some(v) => GroupProtocol::parse(v)?,
+                None => GroupProtocol::from_env()?.unwrap_or_default(),
+            },
+        };
         let metrics = match self.endpoint {
             Some(_) => Metrics::prometheus().map_err(Error::Config)?,
             None => Metrics::disabled(),
@@ -233,7 +256,8 @@ impl WorkerBuilder {
             codec,
             routes: routes.entries,
             mains: routes.mains,
-            static_member: self.static_member,
+            static_member: self.static_member.or_else(membership::instance_id_from_env),
+            protocol,
             create_topics: self.create_topics,
             stats: Arc::new(WorkerStats::default()),
             #[cfg(feature = "postgres")]
@@ -318,6 +342,7 @@ pub struct Worker {
     routes: HashMap<String, RouteEntry>,
     mains: Vec<String>,
     static_member: Option<String>,
+    protocol: GroupProtocol,
     create_topics: bool,
     stats: Arc<WorkerStats>,
     metrics: Metrics,
@@ -346,6 +371,7 @@ impl Worker {
             codec,
             routes: Vec::new(),
             static_member: None,
+            protocol: None,
             create_topics: true,
             retry: RetryPolicy::default(),
             retry_overrides: HashMap::new(),
@@ -391,6 +417,7 @@ impl Worker {
             stats: self.stats.clone(),
             concurrency: Arc::new(Semaphore::new(self.concurrency)),
             stopping: AtomicBool::new(false),
+            stop_token: CancellationToken::new(),
             cancel: CancellationToken::new(),
             runtime: tokio::runtime::Handle::current(),
             metrics: self.metrics.clone(),
@@ -424,7 +451,7 @@ impl Worker {
         consumer
             .subscribe(&topic_refs)
             .map_err(|e| Error::kafka(format!("subscribing to {topics:?}"), e))?;
-        info!(group = %self.settings.group, ?topics, "worker started");
+        info!(group = %self.settings.group, ?topics, protocol = self.protocol.as_str(), static_member = ?self.static_member, "worker started");
 
         let (done_tx, mut done_rx) = oneshot::channel::<()>();
         let thread_shared = shared.clone();
@@ -450,7 +477,7 @@ impl Worker {
         info!("stop requested");
         // Not ready from the moment shutdown begins.
         self.stats.ready.store(false, AtomicOrdering::Release);
-        shared.stopping.store(true, AtomicOrdering::Release);
+        shared.begin_stop();
         let bound = self.settings.shutdown_grace + Duration::from_secs(30);
         match tokio::time::timeout(bound, done_rx).await {
             Ok(_) => {
@@ -544,12 +571,39 @@ impl Worker {
                 }
             }
         }
-        create_topics(&self.config, &missing).await
+        // A tier or DLQ must take whatever its main topic accepted, plus
+        // kjob's headers; otherwise a large record could never be forwarded.
+        let mains_of_missing: Vec<String> = {
+            let mut m: Vec<String> = missing
+                .iter()
+                .filter_map(|(t, _)| wanted.iter().find(|(w, _)| w == t).map(|(_, m)| m.clone()))
+                .collect();
+            m.sort();
+            m.dedup();
+            m
+        };
+        let limits = crate::topics::max_message_bytes(&self.config, &mains_of_missing).await;
+        for (main, limit) in mains_of_missing.iter().zip(limits) {
+            let topics: Vec<(String, i32)> = missing
+                .iter()
+                .filter(|(t, _)| wanted.iter().any(|(w, m)| w == t && m == main))
+                .cloned()
+                .collect();
+            match limit {
+                Some(bytes) => {
+                    let sized = (bytes + crate::topics::FORWARD_HEADROOM_BYTES).to_string();
+                    create_topics_with(&self.config, &topics, &[("max.message.bytes", &sized)])
+                        .await?
+                }
+                None => create_topics(&self.config, &topics).await?,
+            }
+        }
+        Ok(())
     }
 
     fn consumer(&self, shared: Arc<Shared>) -> Result<BaseConsumer<poll::WorkerContext>> {
-        let mut cfg = self.config.client_config(&[
-            ("group.id", &self.settings.group),
+        let mut defaults = vec![
+            ("group.id", self.settings.group.as_str()),
             ("enable.auto.commit", "false"),
             ("enable.auto.offset.store", "false"),
             ("auto.offset.reset", "earliest"),
@@ -558,7 +612,9 @@ impl Worker {
             // only after the broker's long-poll returns; librdkafka's 500 ms
             // default made every resume cost half a second of idle time.
             ("fetch.wait.max.ms", "100"),
-        ]);
+        ];
+        defaults.extend(membership::consumer_settings(self.protocol));
+        let mut cfg = self.config.client_config(&defaults);
         if let Some(id) = &self.static_member {
             cfg.set("group.instance.id", id);
         }

@@ -45,6 +45,13 @@ impl ConsumerContext for WorkerContext {
         }
     }
 
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            // Only now is the assignment in effect on the consumer.
+            reapply_pause_view(&self.shared, consumer, &tps_of(tpl));
+        }
+    }
+
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
         if let Err(e) = result {
             warn!(error = %e, partitions = offsets.count(), "offset commit failed; will recommit");
@@ -63,11 +70,13 @@ fn tps_of(tpl: &TopicPartitionList) -> Vec<Tp> {
 fn on_assign(shared: &Shared, tpl: &TopicPartitionList) {
     let tps = tps_of(tpl);
     info!(partitions = ?tps, "assigned");
+    shared.stats.set_assigned(&tps, true);
     let mut st = shared.lock();
     for tp in tps {
         st.next_epoch += 1;
         let epoch = st.next_epoch;
-        st.partitions.insert(tp, PartitionState::new(epoch));
+        let cancel = shared.stop_token.child_token();
+        st.partitions.insert(tp, PartitionState::new(epoch, cancel));
     }
     shared
         .stats
@@ -82,11 +91,13 @@ fn on_revoke(shared: &Shared, consumer: &BaseConsumer<WorkerContext>, tpl: &Topi
     let tps = tps_of(tpl);
     let lost = consumer.assignment_lost();
     info!(partitions = ?tps, lost, "revoking");
+    shared.stats.set_assigned(&tps, false);
     {
         let mut st = shared.lock();
         for tp in &tps {
             if let Some(p) = st.partitions.get_mut(tp) {
                 p.revoked = true;
+                p.cancel.cancel();
                 p.drop_queued();
             }
         }
@@ -212,7 +223,7 @@ fn dispatch(shared: &Arc<Shared>, consumer: &BaseConsumer<WorkerContext>, msg: O
                 resumed: false,
             });
             drop(st);
-            hold(consumer, &tp, msg.offset(), wait);
+            hold(shared, consumer, &tp, msg.offset(), wait);
             return;
         }
         p.delay = None;
@@ -228,6 +239,7 @@ fn dispatch(shared: &Arc<Shared>, consumer: &BaseConsumer<WorkerContext>, msg: O
     p.tracker
         .start_at(msg.offset(), msg.timestamp().to_millis());
     let epoch = p.epoch;
+    let cancel = p.cancel.clone();
     match p.lanes.get_mut(&lane) {
         Some(queue) => queue.push_back(msg),
         None => {
@@ -238,30 +250,92 @@ fn dispatch(shared: &Arc<Shared>, consumer: &BaseConsumer<WorkerContext>, msg: O
                 epoch,
                 lane.clone(),
                 msg,
+                cancel,
             ));
             p.tasks.insert(lane, task.abort_handle());
         }
     }
     if !p.paused && p.tracker.in_flight() >= shared.settings.max_in_flight_per_partition {
-        let already = p.wants_pause();
         p.paused = true;
         drop(st);
         debug!(topic = %tp.0, partition = tp.1, "in-flight bound reached; pausing");
-        if !already {
-            if let Err(e) = consumer.pause(&tpl_of(std::slice::from_ref(&tp))) {
-                warn!(error = %e, "pause failed");
-            }
+        set_paused(shared, consumer, std::slice::from_ref(&tp), true);
+    }
+}
+
+/// Pauses (or resumes) partitions on the consumer and records it in
+/// `applied_pause`, the only record of what librdkafka was told. Every pause
+/// and resume kjob makes goes through here.
+fn set_paused(shared: &Shared, consumer: &BaseConsumer<WorkerContext>, tps: &[Tp], pause: bool) {
+    if tps.is_empty() {
+        return;
+    }
+    let tpl = tpl_of(tps);
+    let result = if pause {
+        consumer.pause(&tpl)
+    } else {
+        consumer.resume(&tpl)
+    };
+    if let Err(e) = result {
+        warn!(error = %e, pause, partitions = ?tps, "pause/resume failed");
+        return;
+    }
+    let mut st = shared.lock();
+    for tp in tps {
+        if pause {
+            st.applied_pause.insert(tp.clone());
+        } else {
+            st.applied_pause.remove(tp);
         }
     }
 }
 
+/// After an assignment, makes the consumer's pause state match kjob's view
+/// of each newly assigned partition. kjob's view is the truth: librdkafka
+/// keeps an application's pause across a revoke and a re-assignment of the
+/// same partition (under the eager, cooperative and KIP-848 protocols alike),
+/// while kjob starts the partition afresh, so without this a partition
+/// paused at the in-flight bound, or held for a retry's due time, when the
+/// rebalance began would stay paused forever.
+pub(crate) fn reapply_pause_view(
+    shared: &Shared,
+    consumer: &BaseConsumer<WorkerContext>,
+    assigned: &[Tp],
+) {
+    let (mut pause, mut resume) = (Vec::new(), Vec::new());
+    {
+        let st = shared.lock();
+        let stopping = shared.is_stopping();
+        for tp in assigned {
+            let want = stopping || st.partitions.get(tp).is_some_and(|p| p.wants_pause());
+            let applied = st.applied_pause.contains(tp);
+            if want != applied {
+                debug!(topic = %tp.0, partition = tp.1, paused = want, "correcting the consumer's pause state after an assignment");
+            }
+            if want {
+                pause.push(tp.clone());
+            } else {
+                // Resumed even when kjob thinks it is running: a resume of a
+                // running partition is a no-op, and it costs nothing to be sure.
+                resume.push(tp.clone());
+            }
+        }
+    }
+    set_paused(shared, consumer, &pause, true);
+    set_paused(shared, consumer, &resume, false);
+}
+
 /// Pauses a partition and seeks it back to `offset`, so the not-yet-due
 /// record (and everything behind it) is fetched again after the resume.
-fn hold(consumer: &BaseConsumer<WorkerContext>, tp: &Tp, offset: i64, wait: Duration) {
+fn hold(
+    shared: &Shared,
+    consumer: &BaseConsumer<WorkerContext>,
+    tp: &Tp,
+    offset: i64,
+    wait: Duration,
+) {
     debug!(topic = %tp.0, partition = tp.1, offset, wait_ms = wait.as_millis() as u64, "retry not due; holding partition");
-    if let Err(e) = consumer.pause(&tpl_of(std::slice::from_ref(tp))) {
-        warn!(error = %e, topic = %tp.0, partition = tp.1, "pause for retry delay failed");
-    }
+    set_paused(shared, consumer, std::slice::from_ref(tp), true);
     seek(consumer, tp, offset);
 }
 
@@ -289,9 +363,7 @@ fn release_due(shared: &Shared, consumer: &BaseConsumer<WorkerContext>) {
         }
     }
     for (tp, offset) in due {
-        if let Err(e) = consumer.resume(&tpl_of(std::slice::from_ref(&tp))) {
-            warn!(error = %e, "resume after retry delay failed");
-        }
+        set_paused(shared, consumer, std::slice::from_ref(&tp), false);
         seek(consumer, &tp, offset);
     }
 }
@@ -326,12 +398,14 @@ fn refresh_oldest_pending(shared: &Shared) {
 pub(crate) fn poll_loop(shared: Arc<Shared>, consumer: &BaseConsumer<WorkerContext>) {
     let mut last_commit = Instant::now();
     while !shared.is_stopping() {
-        let resumes = std::mem::take(&mut shared.lock().to_resume);
-        if !resumes.is_empty() {
-            if let Err(e) = consumer.resume(&tpl_of(&resumes)) {
-                warn!(error = %e, "resume failed");
-            }
-        }
+        let resumes: Vec<Tp> = {
+            let mut st = shared.lock();
+            let mut r = std::mem::take(&mut st.to_resume);
+            // Only what is still assigned and not held for another reason.
+            r.retain(|tp| st.partitions.get(tp).is_some_and(|p| !p.wants_pause()));
+            r
+        };
+        set_paused(&shared, consumer, &resumes, false);
         release_due(&shared, consumer);
         if last_commit.elapsed() >= shared.settings.commit_interval {
             commit(&shared, consumer, None, CommitMode::Async);
@@ -360,9 +434,7 @@ fn shutdown(shared: &Shared, consumer: &BaseConsumer<WorkerContext>) {
         st.partitions.keys().cloned().collect()
     };
     info!(partitions = tps.len(), grace = ?shared.settings.shutdown_grace, "shutting down: draining in-flight jobs");
-    if let Err(e) = consumer.pause(&tpl_of(&tps)) {
-        debug!(error = %e, "pause on shutdown failed");
-    }
+    set_paused(shared, consumer, &tps, true);
     let deadline = Instant::now() + shared.settings.shutdown_grace;
     // Keep serving the consumer while we wait, so the session stays alive.
     while !shared.wait_drained(&tps, Instant::now() + shared.settings.poll_timeout) {

@@ -68,6 +68,11 @@ pub(crate) struct PartitionState {
     /// was seeked back to it; nothing else of the partition is dispatched
     /// until that record comes back after the due time.
     pub delay: Option<Delay>,
+    /// Cancelled when the partition is revoked or the worker stops: lanes
+    /// still *waiting* for a concurrency slot give up at once (their records
+    /// are uncommitted, so the next owner gets them); only handlers that are
+    /// already running are waited for.
+    pub cancel: CancellationToken,
 }
 
 /// A partition held back until its head record is due.
@@ -90,8 +95,9 @@ impl PartitionState {
 }
 
 impl PartitionState {
-    pub(crate) fn new(epoch: u64) -> Self {
+    pub(crate) fn new(epoch: u64, cancel: CancellationToken) -> Self {
         Self {
+            cancel,
             epoch,
             tracker: OffsetTracker::new(),
             lanes: HashMap::new(),
@@ -119,6 +125,12 @@ pub(crate) struct State {
     pub to_resume: Vec<Tp>,
     /// An async commit failed; recommit everything at the next interval.
     pub commit_failed: bool,
+    /// Partitions kjob has paused on the consumer and not resumed since.
+    /// librdkafka keeps an application's pause across a revoke and a
+    /// re-assignment of the same partition, so this outlives the partition's
+    /// state: after every assignment the poll thread compares it with kjob's
+    /// own view and corrects the consumer (see `poll::reapply_pause_view`).
+    pub applied_pause: std::collections::HashSet<Tp>,
 }
 
 /// Worker settings resolved at build time.
@@ -153,6 +165,8 @@ pub struct WorkerStats {
     pub ready: AtomicBool,
     /// The metrics endpoint's bound address, once it listens.
     pub endpoint: std::sync::OnceLock<std::net::SocketAddr>,
+    /// The partitions currently assigned to this worker.
+    assigned: Mutex<std::collections::BTreeSet<Tp>>,
 }
 
 impl WorkerStats {
@@ -163,6 +177,28 @@ impl WorkerStats {
 
     pub(crate) fn bump(counter: &AtomicU64) {
         counter.fetch_add(1, AtomicOrdering::Relaxed);
+    }
+
+    /// The `(topic, partition)`s this worker holds now, sorted: what an
+    /// operator (or a test) checks to see how a group spread its work.
+    pub fn assignment(&self) -> Vec<(String, i32)> {
+        self.assigned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    pub(crate) fn set_assigned(&self, tps: &[Tp], assigned: bool) {
+        let mut set = self.assigned.lock().unwrap_or_else(PoisonError::into_inner);
+        for tp in tps {
+            if assigned {
+                set.insert(tp.clone());
+            } else {
+                set.remove(tp);
+            }
+        }
     }
 }
 
@@ -188,6 +224,9 @@ pub(crate) struct Shared {
     pub concurrency: Arc<Semaphore>,
     /// Stop dispatching and starting queued work.
     pub stopping: AtomicBool,
+    /// Cancelled together with `stopping`; the parent of every partition's
+    /// `cancel` token.
+    pub stop_token: CancellationToken,
     /// Cancels retry waits and DLQ write retries at the end of the grace period.
     pub cancel: CancellationToken,
     pub runtime: tokio::runtime::Handle,
@@ -203,6 +242,13 @@ impl Shared {
 
     pub(crate) fn is_stopping(&self) -> bool {
         self.stopping.load(AtomicOrdering::Acquire)
+    }
+
+    /// Begins the shutdown: no more dispatch, and lanes waiting for a
+    /// concurrency slot give up.
+    pub(crate) fn begin_stop(&self) {
+        self.stopping.store(true, AtomicOrdering::Release);
+        self.stop_token.cancel();
     }
 
     /// Waits (bounded) until no lane of `tps` is running. Returns whether

@@ -6,7 +6,8 @@
 //! appended with one write each, so they survive SIGKILL), and
 //! `KJOB_TEST_DELAY_MS` (simulated handler latency), `KJOB_TEST_COMMIT_MS`
 //! (commit interval, default 200) and `KJOB_TEST_TIERS_MS` (comma-separated
-//! retry tier delays, default 1000). A job whose behaviour is `fail-first`
+//! retry tier delays, default 1000), `KJOB_TEST_CONCURRENCY` (default 64).
+//! A job whose behaviour is `fail-first`
 //! fails its first attempt with a retryable error.
 
 use std::path::PathBuf;
@@ -39,6 +40,7 @@ async fn main() -> Result<(), String> {
             .unwrap_or(default)
     };
     let commit = Duration::from_millis(ms("KJOB_TEST_COMMIT_MS", 200));
+    let concurrency = ms("KJOB_TEST_CONCURRENCY", 64) as usize;
     let tiers: Vec<Duration> = std::env::var("KJOB_TEST_TIERS_MS")
         .unwrap_or_else(|_| "1000".into())
         .split(',')
@@ -59,11 +61,15 @@ async fn main() -> Result<(), String> {
         }
     };
     // The broker's minimum session timeout: a SIGKILLed member is evicted in
-    // 6 s instead of 45 s, which keeps the crash tests short.
-    let config = KafkaConfig::from_env().set("session.timeout.ms", "6000");
+    // 6 s instead of kjob's 10 s, which keeps the crash tests short. (Under
+    // KIP-848 the session is the broker's, and the setting is refused.)
+    let mut config = KafkaConfig::from_env();
+    if std::env::var("KJOB_GROUP_PROTOCOL").as_deref() != Ok("consumer") {
+        config = config.set("session.timeout.ms", "6000");
+    }
     Worker::builder(config, group)
         .handle_on::<TestJob, _>(&topic, handler)
-        .concurrency(64)
+        .concurrency(concurrency)
         .commit_interval(commit)
         .retry(kjob::retry::RetryPolicy::tiers(tiers))
         .shutdown_grace(Duration::from_secs(20))

@@ -1,0 +1,907 @@
+//! The scheduler: every decision about partitions, lanes and offsets, as a
+//! plain state machine with no Kafka client in it.
+//!
+//! It takes events (`assigned`, `revoke`/`release`, `record`, `finished`,
+//! `tick`, `stop`) and answers with [`Action`]s (`Run`, `Pause`, `Resume`,
+//! `Seek`, `Commit`) for an adapter to carry out: the worker's poll thread
+//! against rdkafka ([`super::poll`]), and the test harness against
+//! in-memory logs on a virtual clock. Both therefore share per-key
+//! ordering, backpressure, due-time holds and the commit watermark.
+//!
+//! Rules it keeps, each enforced here and nowhere else:
+//!
+//! * **Watermark.** A record enters its partition's [`OffsetTracker`] when it
+//!   is accepted and leaves it only when its attempt reached a final
+//!   outcome, so a `Commit` never passes an unfinished record.
+//! * **Lanes.** Records of one lane (same key, same partition, or a single
+//!   record, by ordering mode) run one after another: a lane has at most one
+//!   job ready or running, the rest wait behind it.
+//! * **Concurrency.** At most `concurrency` jobs run at once. Jobs whose lane
+//!   is free wait in one ready queue; a revoke or a stop drops them at once
+//!   (they are uncommitted, so the next owner gets them), and only running
+//!   jobs are waited for.
+//! * **Backpressure.** At `max_in_flight` accepted-but-unfinished records a
+//!   partition is paused, and resumed at half. Polling never stops.
+//! * **Holds.** A retry-tier record that is not due pauses its partition and
+//!   seeks back to it; at the due time the partition is resumed and seeked
+//!   again. Nothing else of the partition runs meanwhile.
+//! * **Pause view.** What the scheduler says about a partition's pause is the
+//!   truth; after every assignment the adapter re-applies it, because
+//!   librdkafka keeps an application's pause across a revoke and a
+//!   re-assignment.
+//! * **Epochs.** Each assignment of a partition gets a fresh epoch; a
+//!   completion from an older epoch (a job that outlived its revoke) is
+//!   counted as no longer running but never marks an offset done.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::offsets::OffsetTracker;
+
+/// A topic-partition.
+pub(crate) type Tp = (String, i32);
+
+/// Which records must run one after another, within one partition.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub(crate) enum LaneKey {
+    /// Same record key (a 64-bit hash of it: no allocation per record; a
+    /// collision only serialises two keys, it never reorders one).
+    Key(u64),
+    /// The whole partition (per-partition ordering, keyless records).
+    Partition,
+    /// One record (unordered mode).
+    Offset(i64),
+}
+
+/// A record as the adapter hands it over: what the scheduler needs to
+/// decide, plus the item it carries through to `Run`.
+pub(crate) struct Incoming<R> {
+    pub offset: i64,
+    pub lane: LaneKey,
+    pub timestamp_ms: Option<i64>,
+    /// For a retry-tier record: when it is due (epoch ms).
+    pub due_ms: Option<i64>,
+    /// Written by another consumer group's retry path: not ours to run.
+    pub foreign: bool,
+    pub item: R,
+}
+
+/// Identifies a job when it comes back as finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ticket {
+    slot: usize,
+    epoch: u64,
+    pub offset: i64,
+    lane: LaneKey,
+}
+
+/// A job to run now.
+pub(crate) struct Job<R> {
+    pub ticket: Ticket,
+    pub item: R,
+}
+
+/// What the adapter must do.
+pub(crate) enum Action<R> {
+    /// Run these jobs (one batch per event).
+    Run(Vec<Job<R>>),
+    /// Pause fetching this partition.
+    Pause(Tp),
+    /// Resume fetching this partition.
+    Resume(Tp),
+    /// Set this partition's fetch position.
+    Seek(Tp, i64),
+    /// Commit these positions (next offset to read).
+    Commit(Vec<(Tp, i64)>),
+}
+
+impl<R> std::fmt::Debug for Action<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Action::Run(jobs) => {
+                let offsets: Vec<i64> = jobs.iter().map(|j| j.ticket.offset).collect();
+                write!(f, "Run({offsets:?})")
+            }
+            Action::Pause(tp) => write!(f, "Pause({tp:?})"),
+            Action::Resume(tp) => write!(f, "Resume({tp:?})"),
+            Action::Seek(tp, o) => write!(f, "Seek({tp:?}, {o})"),
+            Action::Commit(c) => write!(f, "Commit({c:?})"),
+        }
+    }
+}
+
+/// The scheduler's limits.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    /// Jobs running at once across all partitions.
+    pub concurrency: usize,
+    /// Accepted-but-unfinished records per partition before it is paused.
+    pub max_in_flight: usize,
+    /// How often `tick` commits moved watermarks (ms).
+    pub commit_interval_ms: i64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Hold {
+    offset: i64,
+    due_ms: i64,
+    resumed: bool,
+}
+
+/// A lane with a job ready or running at its head.
+struct Lane<R> {
+    /// The head job was dispatched (it is not in the ready queue).
+    running: bool,
+    /// Jobs waiting behind the head, in offset order.
+    queue: VecDeque<Job<R>>,
+}
+
+struct Part<R> {
+    tp: Tp,
+    epoch: u64,
+    tracker: OffsetTracker,
+    lanes: HashMap<LaneKey, Lane<R>>,
+    paused_bound: bool,
+    hold: Option<Hold>,
+    revoked: bool,
+}
+
+impl<R> Part<R> {
+    fn wants_pause(&self) -> bool {
+        self.paused_bound || self.hold.is_some_and(|h| !h.resumed)
+    }
+}
+
+/// See the module docs.
+pub(crate) struct Scheduler<R> {
+    limits: Limits,
+    slots: Vec<Option<Part<R>>>,
+    index: HashMap<String, HashMap<i32, usize>>,
+    ready: VecDeque<Job<R>>,
+    running: usize,
+    next_epoch: u64,
+    stopping: bool,
+    last_commit_ms: i64,
+}
+
+impl<R> Scheduler<R> {
+    pub(crate) fn new(limits: Limits) -> Self {
+        Self {
+            limits: Limits {
+                concurrency: limits.concurrency.max(1),
+                max_in_flight: limits.max_in_flight.max(1),
+                ..limits
+            },
+            slots: Vec::new(),
+            index: HashMap::new(),
+            ready: VecDeque::new(),
+            running: 0,
+            next_epoch: 0,
+            stopping: false,
+            last_commit_ms: i64::MIN,
+        }
+    }
+
+    fn slot_of(&self, topic: &str, partition: i32) -> Option<usize> {
+        self.index.get(topic)?.get(&partition).copied()
+    }
+
+    fn part(&self, tp: &Tp) -> Option<&Part<R>> {
+        self.slots.get(self.slot_of(&tp.0, tp.1)?)?.as_ref()
+    }
+
+    /// Jobs running now.
+    pub(crate) fn running(&self) -> usize {
+        self.running
+    }
+
+    /// Jobs waiting for a concurrency slot.
+    pub(crate) fn ready_len(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// Whether `tp` is assigned and not revoked.
+    pub(crate) fn owns(&self, tp: &Tp) -> bool {
+        self.part(tp).is_some_and(|p| !p.revoked)
+    }
+
+    /// Whether the scheduler holds `tp` paused (bound or due-time hold).
+    pub(crate) fn wants_pause(&self, tp: &Tp) -> bool {
+        self.stopping || self.part(tp).is_some_and(Part::wants_pause)
+    }
+
+    /// Assigned partitions, in no particular order.
+    pub(crate) fn assigned(&self) -> Vec<Tp> {
+        self.slots.iter().flatten().map(|p| p.tp.clone()).collect()
+    }
+
+    /// Partitions were assigned: fresh state, and the pause view of each
+    /// (the adapter applies it, whatever the consumer believed before).
+    pub(crate) fn assign(&mut self, tps: &[Tp], out: &mut Vec<Action<R>>) {
+        for tp in tps {
+            if let Some(slot) = self.slot_of(&tp.0, tp.1) {
+                // Re-assigned without a release in between: start afresh.
+                self.slots[slot] = None;
+                if let Some(m) = self.index.get_mut(&tp.0) {
+                    m.remove(&tp.1);
+                }
+            }
+            self.next_epoch += 1;
+            let part = Part {
+                tp: tp.clone(),
+                epoch: self.next_epoch,
+                tracker: OffsetTracker::new(),
+                lanes: HashMap::new(),
+                paused_bound: false,
+                hold: None,
+                revoked: false,
+            };
+            let slot = match self.slots.iter().position(Option::is_none) {
+                Some(free) => {
+                    self.slots[free] = Some(part);
+                    free
+                }
+                None => {
+                    self.slots.push(Some(part));
+                    self.slots.len() - 1
+                }
+            };
+            self.index
+                .entry(tp.0.clone())
+                .or_default()
+                .insert(tp.1, slot);
+            out.push(if self.stopping {
+                Action::Pause(tp.clone())
+            } else {
+                Action::Resume(tp.clone())
+            });
+        }
+    }
+
+    /// Begins a revoke: nothing more of `tps` is dispatched, and their
+    /// queued and ready jobs are dropped (uncommitted). Running jobs finish;
+    /// the adapter waits for [`Scheduler::running_in`] to reach 0, bounded,
+    /// then calls [`Scheduler::release`].
+    pub(crate) fn revoke(&mut self, tps: &[Tp]) {
+        for tp in tps {
+            let Some(slot) = self.slot_of(&tp.0, tp.1) else {
+                continue;
+            };
+            self.ready.retain(|j| j.ticket.slot != slot);
+            if let Some(p) = self.slots[slot].as_mut() {
+                p.revoked = true;
+                // Only lanes whose head is running remain.
+                p.lanes.retain(|_, l| {
+                    l.queue.clear();
+                    l.running
+                });
+            }
+        }
+    }
+
+    /// Running jobs of `tps`.
+    pub(crate) fn running_in(&self, tps: &[Tp]) -> usize {
+        tps.iter()
+            .filter_map(|tp| self.part(tp))
+            .map(|p| p.lanes.values().filter(|l| l.running).count())
+            .sum()
+    }
+
+    /// Ends a revoke: commits the watermark of `tps` (unless they were lost
+    /// to another member, whose position ours could move backwards) and
+    /// forgets them.
+    pub(crate) fn release(&mut self, tps: &[Tp], lost: bool, out: &mut Vec<Action<R>>) {
+        let mut commits = Vec::new();
+        for tp in tps {
+            let Some(slot) = self.slot_of(&tp.0, tp.1) else {
+                continue;
+            };
+            if let Some(p) = self.slots[slot].take() {
+                if !lost {
+                    if let Some(next) = p.tracker.committable() {
+                        commits.push((p.tp.clone(), next));
+                    }
+                }
+            }
+            self.ready.retain(|j| j.ticket.slot != slot);
+            if let Some(m) = self.index.get_mut(&tp.0) {
+                m.remove(&tp.1);
+            }
+        }
+        if !commits.is_empty() {
+            out.push(Action::Commit(commits));
+        }
+    }
+
+    /// Stops: no more records are accepted, everything queued or ready is
+    /// dropped, and every partition is paused. Running jobs finish.
+    pub(crate) fn stop(&mut self, out: &mut Vec<Action<R>>) {
+        self.stopping = true;
+        self.ready.clear();
+        for p in self.slots.iter_mut().flatten() {
+            p.lanes.retain(|_, l| {
+                l.queue.clear();
+                l.running
+            });
+            out.push(Action::Pause(p.tp.clone()));
+        }
+    }
+
+    /// A polled record of `tp`. `now_ms` decides whether a tier record is due.
+    pub(crate) fn record(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        rec: Incoming<R>,
+        now_ms: i64,
+        out: &mut Vec<Action<R>>,
+    ) {
+        if self.stopping {
+            return;
+        }
+        let Some(slot) = self.slot_of(topic, partition) else {
+            return; // not (or no longer) assigned: never tracked, never committed
+        };
+        let Some(p) = self.slots[slot].as_mut() else {
+            return;
+        };
+        if p.revoked {
+            return;
+        }
+        // A held partition takes nothing but the record it waits for; any
+        // other was fetched before the pause and comes again after it.
+        if p.hold.is_some_and(|h| h.offset != rec.offset) {
+            return;
+        }
+        if let Some(due) = rec.due_ms.filter(|d| *d > now_ms) {
+            // The placeholder keeps the watermark below the held record.
+            p.tracker.start_at(rec.offset, rec.timestamp_ms);
+            p.hold = Some(Hold {
+                offset: rec.offset,
+                due_ms: due,
+                resumed: false,
+            });
+            out.push(Action::Pause(p.tp.clone()));
+            out.push(Action::Seek(p.tp.clone(), rec.offset));
+            return;
+        }
+        p.hold = None;
+        p.tracker.start_at(rec.offset, rec.timestamp_ms);
+        if rec.foreign {
+            p.tracker.finish(rec.offset);
+            return;
+        }
+        let job = Job {
+            ticket: Ticket {
+                slot,
+                epoch: p.epoch,
+                offset: rec.offset,
+                lane: rec.lane,
+            },
+            item: rec.item,
+        };
+        match p.lanes.get_mut(&rec.lane) {
+            Some(l) => l.queue.push_back(job),
+            None => {
+                p.lanes.insert(
+                    rec.lane,
+                    Lane {
+                        running: false,
+                        queue: VecDeque::new(),
+                    },
+                );
+                self.ready.push_back(job);
+            }
+        }
+        if !p.paused_bound && p.tracker.in_flight() >= self.limits.max_in_flight {
+            let was = p.wants_pause();
+            p.paused_bound = true;
+            if !was {
+                out.push(Action::Pause(p.tp.clone()));
+            }
+        }
+    }
+
+    /// Hands ready jobs to runners, up to the concurrency limit, as one
+    /// `Run` batch. Call after a batch of events.
+    pub(crate) fn dispatch(&mut self, out: &mut Vec<Action<R>>) {
+        let free = self.limits.concurrency.saturating_sub(self.running);
+        if free == 0 || self.ready.is_empty() {
+            return;
+        }
+        let n = free.min(self.ready.len());
+        let batch: Vec<Job<R>> = self.ready.drain(..n).collect();
+        self.running += batch.len();
+        for j in &batch {
+            if let Some(lane) = self.slots[j.ticket.slot]
+                .as_mut()
+                .and_then(|p| p.lanes.get_mut(&j.ticket.lane))
+            {
+                lane.running = true;
+            }
+        }
+        out.push(Action::Run(batch));
+    }
+
+    /// A job reached its final outcome (`done`: handled, or forwarded and
+    /// acknowledged) or gave up without one (`done == false`: it must be
+    /// re-delivered, so its offset stays unfinished).
+    pub(crate) fn finished(&mut self, ticket: Ticket, done: bool, out: &mut Vec<Action<R>>) {
+        self.running = self.running.saturating_sub(1);
+        let Some(p) = self
+            .slots
+            .get_mut(ticket.slot)
+            .and_then(Option::as_mut)
+            .filter(|p| p.epoch == ticket.epoch)
+        else {
+            return; // stale: the partition was revoked (and maybe re-assigned)
+        };
+        if done {
+            p.tracker.finish(ticket.offset);
+        }
+        let next = match p.lanes.get_mut(&ticket.lane) {
+            Some(l) if !p.revoked && !self.stopping => {
+                l.running = false;
+                l.queue.pop_front()
+            }
+            _ => None,
+        };
+        match next {
+            Some(job) => self.ready.push_back(job),
+            None => {
+                p.lanes.remove(&ticket.lane);
+            }
+        }
+        if p.paused_bound && !p.revoked && p.tracker.in_flight() <= self.limits.max_in_flight / 2 {
+            p.paused_bound = false;
+            if !p.wants_pause() {
+                out.push(Action::Resume(p.tp.clone()));
+            }
+        }
+    }
+
+    /// Time passed: resumes holds that are due, and commits moved
+    /// watermarks once per commit interval.
+    pub(crate) fn tick(&mut self, now_ms: i64, out: &mut Vec<Action<R>>) {
+        for p in self.slots.iter_mut().flatten() {
+            if let Some(h) = p.hold.as_mut().filter(|h| !h.resumed && h.due_ms <= now_ms) {
+                h.resumed = true;
+                let offset = h.offset;
+                if !p.paused_bound && !p.revoked {
+                    out.push(Action::Resume(p.tp.clone()));
+                    out.push(Action::Seek(p.tp.clone(), offset));
+                }
+            }
+        }
+        if now_ms.saturating_sub(self.last_commit_ms) >= self.limits.commit_interval_ms {
+            self.last_commit_ms = now_ms;
+            self.commit_all(out);
+        }
+    }
+
+    /// The earliest due time of a hold not yet resumed, if any.
+    pub(crate) fn next_due_ms(&self) -> Option<i64> {
+        self.slots
+            .iter()
+            .flatten()
+            .filter_map(|p| p.hold.filter(|h| !h.resumed).map(|h| h.due_ms))
+            .min()
+    }
+
+    /// A `Commit` of every watermark that moved.
+    pub(crate) fn commit_all(&mut self, out: &mut Vec<Action<R>>) {
+        let commits: Vec<(Tp, i64)> = self
+            .slots
+            .iter()
+            .flatten()
+            .filter(|p| !p.revoked)
+            .filter_map(|p| p.tracker.committable().map(|n| (p.tp.clone(), n)))
+            .collect();
+        if !commits.is_empty() {
+            out.push(Action::Commit(commits));
+        }
+    }
+
+    /// The adapter's commit of these positions succeeded.
+    pub(crate) fn committed(&mut self, offsets: &[(Tp, i64)]) {
+        for (tp, next) in offsets {
+            if let Some(slot) = self.slot_of(&tp.0, tp.1) {
+                if let Some(p) = self.slots[slot].as_mut() {
+                    p.tracker.mark_committed(*next);
+                }
+            }
+        }
+    }
+
+    /// An asynchronous commit failed: the next `commit_all` commits every
+    /// watermark again.
+    pub(crate) fn commit_failed(&mut self) {
+        for p in self.slots.iter_mut().flatten() {
+            p.tracker.reset_committed();
+        }
+    }
+
+    /// Per topic, the oldest record timestamp still pending (epoch ms).
+    pub(crate) fn oldest_pending(&self) -> HashMap<String, Option<i64>> {
+        let mut out: HashMap<String, Option<i64>> = HashMap::new();
+        for p in self.slots.iter().flatten() {
+            let slot = out.entry(p.tp.0.clone()).or_default();
+            if let Some(ts) = p.tracker.oldest_timestamp() {
+                *slot = Some(slot.map_or(ts, |s: i64| s.min(ts)));
+            }
+        }
+        out
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{BTreeSet, HashSet};
+
+    fn limits(concurrency: usize, max_in_flight: usize) -> Limits {
+        Limits {
+            concurrency,
+            max_in_flight,
+            commit_interval_ms: 0,
+        }
+    }
+
+    fn tp(p: i32) -> Tp {
+        ("t".to_string(), p)
+    }
+
+    fn rec(offset: i64, key: u64) -> Incoming<i64> {
+        Incoming {
+            offset,
+            lane: LaneKey::Key(key),
+            timestamp_ms: None,
+            due_ms: None,
+            foreign: false,
+            item: offset,
+        }
+    }
+
+    fn runs(out: &[Action<i64>]) -> Vec<Ticket> {
+        out.iter()
+            .flat_map(|a| match a {
+                Action::Run(jobs) => jobs.iter().map(|j| j.ticket).collect(),
+                _ => vec![],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn same_key_runs_in_order_and_other_keys_in_parallel() {
+        let mut s = Scheduler::new(limits(8, 100));
+        let mut out = Vec::new();
+        s.assign(&[tp(0)], &mut out);
+        for (o, k) in [(0, 1), (1, 1), (2, 2), (3, 1)] {
+            s.record("t", 0, rec(o, k), 0, &mut out);
+        }
+        out.clear();
+        s.dispatch(&mut out);
+        let first = runs(&out);
+        assert_eq!(
+            first.iter().map(|t| t.offset).collect::<Vec<_>>(),
+            vec![0, 2],
+            "one job per key at a time"
+        );
+        out.clear();
+        s.finished(first[0], true, &mut out);
+        s.dispatch(&mut out);
+        assert_eq!(runs(&out).iter().map(|t| t.offset).collect::<Vec<_>>(), vec![1]);
+    }
+
+    #[test]
+    fn the_watermark_never_passes_a_running_job() {
+        let mut s = Scheduler::new(limits(8, 100));
+        let mut out = Vec::new();
+        s.assign(&[tp(0)], &mut out);
+        for o in 0..3 {
+            s.record("t", 0, rec(o, o as u64), 0, &mut out);
+        }
+        s.dispatch(&mut out);
+        let t = runs(&out);
+        out.clear();
+        s.finished(t[2], true, &mut out);
+        s.finished(t[0], true, &mut out);
+        s.commit_all(&mut out);
+        assert!(matches!(&out[..], [Action::Commit(c)] if c == &vec![(tp(0), 1)]));
+    }
+
+    #[test]
+    fn the_in_flight_bound_pauses_and_half_resumes() {
+        let mut s = Scheduler::new(limits(100, 4));
+        let mut out = Vec::new();
+        s.assign(&[tp(0)], &mut out);
+        out.clear();
+        for o in 0..4 {
+            s.record("t", 0, rec(o, o as u64), 0, &mut out);
+        }
+        assert!(matches!(&out[..], [Action::Pause(_)]), "{out:?}");
+        assert!(s.wants_pause(&tp(0)));
+        out.clear();
+        s.dispatch(&mut out);
+        let t = runs(&out);
+        out.clear();
+        s.finished(t[0], true, &mut out);
+        assert!(out.is_empty(), "3 in flight: still above half");
+        s.finished(t[1], true, &mut out);
+        assert!(matches!(&out[..], [Action::Resume(_)]), "{out:?}");
+    }
+
+    #[test]
+    fn a_record_not_due_holds_its_partition_until_due() {
+        let mut s = Scheduler::new(limits(8, 100));
+        let mut out = Vec::new();
+        s.assign(&[tp(0)], &mut out);
+        out.clear();
+        let mut r = rec(5, 1);
+        r.due_ms = Some(1_000);
+        s.record("t", 0, r, 0, &mut out);
+        assert!(matches!(&out[..], [Action::Pause(_), Action::Seek(_, 5)]), "{out:?}");
+        out.clear();
+        s.record("t", 0, rec(6, 2), 0, &mut out);
+        s.dispatch(&mut out);
+        assert!(out.is_empty(), "nothing behind a hold runs");
+        s.tick(999, &mut out);
+        assert!(!out.iter().any(|a| matches!(a, Action::Resume(_))));
+        out.clear();
+        s.tick(1_000, &mut out);
+        assert!(matches!(&out[..2], [Action::Resume(_), Action::Seek(_, 5)]), "{out:?}");
+        out.clear();
+        let mut again = rec(5, 1);
+        again.due_ms = Some(1_000);
+        s.record("t", 0, again, 1_000, &mut out);
+        s.dispatch(&mut out);
+        assert_eq!(runs(&out).len(), 1);
+    }
+
+    #[test]
+    fn a_revoke_drops_what_has_not_started_and_waits_only_for_running_jobs() {
+        let mut s = Scheduler::new(limits(1, 100));
+        let mut out = Vec::new();
+        s.assign(&[tp(0)], &mut out);
+        for o in 0..50 {
+            s.record("t", 0, rec(o, o as u64), 0, &mut out);
+        }
+        out.clear();
+        s.dispatch(&mut out);
+        let t = runs(&out);
+        assert_eq!(t.len(), 1);
+        s.revoke(&[tp(0)]);
+        assert_eq!(s.running_in(&[tp(0)]), 1);
+        assert_eq!(s.ready_len(), 0, "49 jobs dropped at once");
+        out.clear();
+        s.finished(t[0], true, &mut out);
+        assert_eq!(s.running_in(&[tp(0)]), 0);
+        s.release(&[tp(0)], false, &mut out);
+        assert!(matches!(&out[..], [Action::Commit(c)] if c == &vec![(tp(0), 1)]), "{out:?}");
+    }
+
+    #[test]
+    fn a_lost_partition_is_not_committed_and_a_stale_completion_is_ignored() {
+        let mut s = Scheduler::new(limits(4, 100));
+        let mut out = Vec::new();
+        s.assign(&[tp(0)], &mut out);
+        s.record("t", 0, rec(0, 1), 0, &mut out);
+        s.dispatch(&mut out);
+        let t = runs(&out);
+        out.clear();
+        s.revoke(&[tp(0)]);
+        s.release(&[tp(0)], true, &mut out);
+        assert!(out.is_empty());
+        s.assign(&[tp(0)], &mut out);
+        out.clear();
+        s.finished(t[0], true, &mut out);
+        assert_eq!(s.running(), 0);
+        s.commit_all(&mut out);
+        assert!(out.is_empty(), "the old epoch's completion marked nothing");
+    }
+
+    /// Operations of the property test.
+    #[derive(Clone, Debug)]
+    enum Op {
+        Poll(u8),
+        Finish(u8),
+        /// A revoke and re-assignment; `true` cancels the running jobs
+        /// (past the revoke timeout) instead of letting them finish.
+        Rebalance(bool),
+        Tick(u16),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (1u8..6).prop_map(Op::Poll),
+            4 => any::<u8>().prop_map(Op::Finish),
+            1 => any::<bool>().prop_map(Op::Rebalance),
+            1 => (1u16..2_000).prop_map(Op::Tick),
+        ]
+    }
+
+    /// An in-memory partition log, consumer position and pause flag, driven
+    /// by the scheduler's actions, as the poll thread drives rdkafka.
+    struct Sim {
+        keys: Vec<u64>,
+        due: Vec<Option<i64>>,
+        pos: i64,
+        paused: bool,
+        running: Vec<Ticket>,
+        done: BTreeSet<i64>,
+        committed: i64,
+        now: i64,
+        /// Per assignment: offsets run, to catch a double run.
+        run_this_epoch: HashSet<i64>,
+        /// Per lane: the offsets run, in order.
+        lane_order: HashMap<u64, Vec<i64>>,
+    }
+
+    impl Sim {
+        fn apply(&mut self, out: Vec<Action<i64>>) {
+            for a in out {
+                match a {
+                    Action::Run(jobs) => {
+                        for j in jobs {
+                            assert!(
+                                self.run_this_epoch.insert(j.ticket.offset),
+                                "offset {} run twice in one assignment",
+                                j.ticket.offset
+                            );
+                            let key = self.keys[j.ticket.offset as usize];
+                            if let Some(last) = self.lane_order.get(&key).and_then(|v| v.last()) {
+                                assert!(*last < j.ticket.offset, "key {key} ran out of order");
+                            }
+                            assert!(
+                                self.running
+                                    .iter()
+                                    .all(|r| self.keys[r.offset as usize] != key),
+                                "two jobs of key {key} at once"
+                            );
+                            self.lane_order.entry(key).or_default().push(j.ticket.offset);
+                            self.running.push(j.ticket);
+                        }
+                    }
+                    Action::Pause(_) => self.paused = true,
+                    Action::Resume(_) => self.paused = false,
+                    Action::Seek(_, o) => self.pos = o,
+                    Action::Commit(c) => {
+                        for (_, next) in c {
+                            for o in 0..next {
+                                assert!(
+                                    self.done.contains(&o),
+                                    "commit {next} passes unfinished offset {o}"
+                                );
+                            }
+                            self.committed = self.committed.max(next);
+                        }
+                    }
+                }
+            }
+        }
+
+        fn incoming(&self, o: i64) -> Incoming<i64> {
+            Incoming {
+                offset: o,
+                lane: LaneKey::Key(self.keys[o as usize]),
+                timestamp_ms: None,
+                due_ms: self.due[o as usize],
+                foreign: false,
+                item: o,
+            }
+        }
+
+        fn poll(&mut self, s: &mut Scheduler<i64>, n: u8) {
+            let mut out = Vec::new();
+            for _ in 0..n {
+                if self.paused || self.pos as usize >= self.keys.len() {
+                    break;
+                }
+                let o = self.pos;
+                self.pos += 1;
+                s.record("t", 0, self.incoming(o), self.now, &mut out);
+                // An action (a hold's seek) may change the position.
+                self.apply(std::mem::take(&mut out));
+            }
+            s.dispatch(&mut out);
+            self.apply(out);
+        }
+
+        fn finish(&mut self, s: &mut Scheduler<i64>, i: usize, done: bool) {
+            if self.running.is_empty() {
+                return;
+            }
+            let t = self.running.remove(i % self.running.len());
+            if done {
+                self.done.insert(t.offset);
+            }
+            let mut out = Vec::new();
+            s.finished(t, done, &mut out);
+            s.dispatch(&mut out);
+            self.apply(out);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Random interleavings of arrival, completion (and failure to
+        /// complete), rebalance and time: the commit never passes an
+        /// unfinished record, per-key order holds, no record runs twice in
+        /// one assignment, and at the end every record ran, everything is
+        /// committed and nothing is left paused.
+        #[test]
+        fn scheduler_invariants_hold_under_random_interleavings(
+            keys in prop::collection::vec(0u64..4, 1..40),
+            dues in prop::collection::vec(prop::option::weighted(0.2, 0i64..3_000), 40),
+            ops in prop::collection::vec(op(), 1..120),
+            concurrency in 1usize..4,
+            bound in 1usize..6,
+        ) {
+            let n = keys.len();
+            let mut s = Scheduler::new(Limits { concurrency, max_in_flight: bound, commit_interval_ms: 100 });
+            let mut sim = Sim {
+                due: dues[..n].to_vec(),
+                keys,
+                pos: 0,
+                paused: false,
+                running: Vec::new(),
+                done: BTreeSet::new(),
+                committed: 0,
+                now: 0,
+                run_this_epoch: HashSet::new(),
+                lane_order: HashMap::new(),
+            };
+            let mut out = Vec::new();
+            s.assign(&[tp(0)], &mut out);
+            sim.apply(std::mem::take(&mut out));
+            for op in ops {
+                match op {
+                    Op::Poll(k) => sim.poll(&mut s, k),
+                    Op::Finish(i) => sim.finish(&mut s, i as usize, true),
+                    Op::Tick(ms) => {
+                        sim.now += i64::from(ms);
+                        s.tick(sim.now, &mut out);
+                        s.dispatch(&mut out);
+                        sim.apply(std::mem::take(&mut out));
+                    }
+                    Op::Rebalance(cancel) => {
+                        s.revoke(&[tp(0)]);
+                        while !sim.running.is_empty() {
+                            sim.finish(&mut s, 0, !cancel);
+                        }
+                        s.release(&[tp(0)], false, &mut out);
+                        sim.apply(std::mem::take(&mut out));
+                        // The new assignment fetches from the committed position.
+                        sim.pos = sim.committed;
+                        sim.run_this_epoch.clear();
+                        sim.lane_order.clear();
+                        s.assign(&[tp(0)], &mut out);
+                        sim.apply(std::mem::take(&mut out));
+                    }
+                }
+            }
+            // Drain: everything finishes, time passes, nothing stays paused.
+            for _ in 0..10_000 {
+                let drained = sim.pos as usize == n && sim.running.is_empty() && s.ready_len() == 0;
+                if drained && sim.done.len() == n && s.next_due_ms().is_none() {
+                    break;
+                }
+                sim.poll(&mut s, 8);
+                while !sim.running.is_empty() {
+                    sim.finish(&mut s, 0, true);
+                }
+                sim.now += 500;
+                s.tick(sim.now, &mut out);
+                s.dispatch(&mut out);
+                sim.apply(std::mem::take(&mut out));
+            }
+            prop_assert_eq!(sim.done.len(), n, "every record ran");
+            s.commit_all(&mut out);
+            sim.apply(std::mem::take(&mut out));
+            prop_assert_eq!(sim.committed, n as i64, "committed equals end");
+            prop_assert!(!sim.paused, "no partition left paused");
+        }
+    }
+}

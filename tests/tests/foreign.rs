@@ -1,0 +1,184 @@
+//! Jobs written by a producer that is not kjob's: a service in another
+//! language with its own Confluent Avro serializer. Its records carry no
+//! `kjob-*` header at all, and each must still be its own job with a
+//! stable id, so an idempotent handler has one effect per record.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kjob::idempotency::{Mark, PgMarkers};
+use kjob::{Job, JobContext, JobError, Worker};
+use kjob_integration_tests::*;
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, ThreadedProducer};
+use rdkafka::ClientConfig;
+use tokio::sync::Mutex;
+
+/// Registers the test contract through the registry's own REST API, as a
+/// Java or Python producer's serializer would, and returns the schema id.
+async fn register_by_rest(registry: &str, subject: &str) -> u32 {
+    let body = serde_json::json!({ "schema": TestJob::SCHEMA });
+    let resp: serde_json::Value = reqwest::Client::new()
+        .post(format!("{registry}/subjects/{subject}/versions"))
+        .header("Content-Type", "application/vnd.schemaregistry.v1+json")
+        .json(&body)
+        .send()
+        .await
+        .expect("registry answers")
+        .error_for_status()
+        .expect("registration accepted")
+        .json()
+        .await
+        .expect("registry returns JSON");
+    resp["id"].as_u64().expect("schema id in response") as u32
+}
+
+/// Confluent wire format by hand: magic 0, schema id (big-endian), Avro body.
+fn confluent_frame(schema_id: u32, job: &TestJob) -> Vec<u8> {
+    let schema = apache_avro::Schema::parse_str(TestJob::SCHEMA).expect("schema");
+    let value = apache_avro::to_value(job).expect("to avro value");
+    let body = apache_avro::writer::datum::GenericDatumWriter::builder(&schema)
+        .build()
+        .expect("datum writer")
+        .write_value_to_vec(value)
+        .expect("avro body");
+    let mut out = vec![0u8];
+    out.extend_from_slice(&schema_id.to_be_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_headerless_jobs_from_a_foreign_producer_have_a_thousand_effects() {
+    init_logging();
+    let config = ensure_stack();
+    let db = ensure_postgres();
+    let topic = unique("foreign.jobs");
+    let group = unique("g");
+    create_topic(&config, &topic, 3).await;
+    let id = register_by_rest(&config.schema_registry_url, &format!("{topic}-value")).await;
+
+    const N: i64 = 1_000;
+    let raw: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .create()
+        .expect("raw producer");
+    for seq in 0..N {
+        // Every 10th job fails once, so its id must survive a retry hop.
+        let behaviour = if seq % 10 == 0 { "fail-first" } else { "ok" };
+        let job = TestJob::with(format!("k{}", seq % 50), seq, behaviour);
+        let payload = confluent_frame(id, &job);
+        let key = job.key.clone();
+        let mut record = BaseRecord::to(&topic).key(&key).payload(&payload);
+        loop {
+            match raw.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    record = back;
+                    raw.poll(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+    raw.flush(Duration::from_secs(30)).expect("flushed");
+
+    let (client, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls)
+        .await
+        .expect("postgres");
+    tokio::spawn(conn);
+    let markers = PgMarkers::new(&markers_table(&group)).expect("table name");
+    markers.create_table(&client).await.expect("marker table");
+    let effects = format!("{}_effects", markers_table(&group));
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE {effects} (seq bigint NOT NULL, job_id text NOT NULL)"
+        ))
+        .await
+        .expect("effects table");
+    let client = Arc::new(Mutex::new(client));
+
+    let handler = {
+        let (client, markers, effects) = (client.clone(), markers.clone(), effects.clone());
+        move |job: TestJob, ctx: JobContext| {
+            let (client, markers, effects) = (client.clone(), markers.clone(), effects.clone());
+            async move {
+                if job.behaviour == "fail-first" && ctx.attempt == 1 {
+                    return Err(JobError::server("test: first attempt fails"));
+                }
+                let mut client = client.lock().await;
+                let tx = client
+                    .transaction()
+                    .await
+                    .map_err(|e| JobError::network(e.to_string()))?;
+                let mark = markers
+                    .mark(&tx, &ctx.id, &ctx.job)
+                    .await
+                    .map_err(|e| JobError::network(e.to_string()))?;
+                if mark == Mark::First {
+                    tx.execute(
+                        &format!("INSERT INTO {effects} (seq, job_id) VALUES ($1, $2)"),
+                        &[&job.seq, &ctx.id],
+                    )
+                    .await
+                    .map_err(|e| JobError::network(e.to_string()))?;
+                }
+                tx.commit()
+                    .await
+                    .map_err(|e| JobError::network(e.to_string()))?;
+                Ok(())
+            }
+        }
+    };
+    let worker = Worker::builder(config.clone(), &group)
+        .handle_on::<TestJob, _>(&topic, handler)
+        .retry(kjob::retry::RetryPolicy::tiers([Duration::from_secs(1)]))
+        .commit_interval(Duration::from_millis(200))
+        .build()
+        .expect("worker builds");
+    let running = start(worker);
+    wait_committed_at_end(&config, &group, &topic, 3).await;
+    let tier = format!("{topic}.retry.1s");
+    eventually(Duration::from_secs(60), "every retry handled", || {
+        let ends = end_offsets(&config, &tier, 3);
+        ends.iter().sum::<i64>() == N / 10
+            && committed_offsets(&config, &group, &tier, 3)
+                .iter()
+                .zip(&ends)
+                .all(|(c, e)| *e == 0 || *c == Some(*e))
+    })
+    .await;
+    running.stop().await;
+
+    let client = client.lock().await;
+    let count: i64 = client
+        .query_one(&format!("SELECT count(DISTINCT seq) FROM {effects}"), &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(count, N, "one effect per foreign job");
+    let rows: i64 = client
+        .query_one(&format!("SELECT count(*) FROM {effects}"), &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(rows, N, "and no job had its effect twice");
+
+    // The retried jobs carry the id derived from their main-topic record,
+    // written into kjob-id on the hop.
+    for m in read_all(&config, &tier) {
+        let id = kjob::headers::find(m.headers(), kjob::headers::ID).expect("kjob-id written");
+        let origin = kjob::headers::JobHeaders::parse(m.headers());
+        assert_eq!(
+            id,
+            format!(
+                "{topic}:{}:{}",
+                origin.original_partition.expect("origin partition"),
+                origin.original_offset.expect("origin offset")
+            )
+        );
+    }
+}
+
+fn markers_table(group: &str) -> String {
+    format!("foreign_{}", group.replace(['.', '-'], "_"))
+}
