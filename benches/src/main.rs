@@ -10,6 +10,15 @@
 //!
 //! Both clocks start at the first record received (group join excluded) and
 //! stop when the N-th is done. The last line is the ratio.
+//!
+//! Other modes (`--mode`):
+//! * `io`: the handler awaits `--sleep-ms` of simulated I/O; reports jobs/s
+//!   against the ideal `concurrency / sleep`.
+//! * `latency`: a producer in another process enqueues `--rate` jobs/s for
+//!   `--secs`, stamping each with its enqueue time; reports enqueue ->
+//!   handler start p50/p99.
+//! * `rss`: a worker in another process handles `--rate` jobs/s for
+//!   `--secs`; reports that process's peak RSS (VmHWM).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,6 +29,15 @@ use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker, WorkerStats};
 use kjob_benches::BenchJob;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Message};
+
+fn flag(name: &str) -> Option<String> {
+    let flag = format!("--{name}");
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| *a == flag)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
 
 fn arg(name: &str, default: u64) -> u64 {
     let flag = format!("--{name}");
@@ -70,10 +88,16 @@ async fn kjob_worker(config: &KafkaConfig, topic: &str, n: u64) -> anyhow::Resul
             }
         }
     }
+    let sleep = Duration::from_millis(arg("sleep-ms", 0));
     let worker = Worker::builder(config.clone(), group)
         .handle_on::<BenchJob, _>(topic, move |_job: BenchJob, _ctx: JobContext| {
             counter.fetch_add(1, Ordering::Relaxed);
-            async { Ok::<(), JobError>(()) }
+            async move {
+                if !sleep.is_zero() {
+                    tokio::time::sleep(sleep).await;
+                }
+                Ok::<(), JobError>(())
+            }
         })
         .max_in_flight_per_partition(arg("max-in-flight", 5000) as usize)
         .concurrency(arg("concurrency", 64) as usize)
@@ -103,19 +127,189 @@ async fn kjob_worker(config: &KafkaConfig, topic: &str, n: u64) -> anyhow::Resul
     Ok(n as f64 / secs)
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let n = arg("jobs", 200_000);
-    let partitions = arg("partitions", 6) as i32;
-    let keys = arg("keys", 10_000);
-    let config = KafkaConfig::from_env();
+fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+/// Enqueues `rate` jobs/s for `secs` on `topic`, each stamped (seq) with its
+/// enqueue time in epoch microseconds. Runs as its own process.
+async fn steady_producer(topic: &str, rate: u64, secs: u64) -> anyhow::Result<()> {
+    let producer = Producer::new(&KafkaConfig::from_env())?;
+    producer.prepare::<BenchJob>().await?;
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / rate.max(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let end = Instant::now() + Duration::from_secs(secs);
+    let mut pending = futures::stream::FuturesUnordered::new();
+    let mut i = 0u64;
+    while Instant::now() < end {
+        tick.tick().await;
+        let (p, t) = (producer.clone(), topic.to_string());
+        let job = BenchJob {
+            key: format!("k{}", i % 10_000),
+            seq: now_us(),
+            behaviour: "ok".into(),
+        };
+        pending.push(async move { p.enqueue_to(&t, &job).await.map(|_| ()) });
+        i += 1;
+        while let Some(Some(r)) =
+            futures::FutureExt::now_or_never(futures::StreamExt::next(&mut pending))
+        {
+            r?;
+        }
+    }
+    while let Some(r) = futures::StreamExt::next(&mut pending).await {
+        r?;
+    }
+    Ok(())
+}
+
+fn spawn_self(args: &[&str]) -> anyhow::Result<std::process::Child> {
+    Ok(std::process::Command::new(std::env::current_exe()?)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()?)
+}
+
+async fn create_topic(config: &KafkaConfig, partitions: i32) -> anyhow::Result<String> {
     let topic = format!(
         "kjob.bench.{}",
         &uuid::Uuid::new_v4().simple().to_string()[..10]
     );
-    kjob::topics::create_topics(&config, &[(topic.clone(), partitions)])
+    kjob::topics::create_topics(config, &[(topic.clone(), partitions)])
         .await
         .context("creating the bench topic")?;
+    Ok(topic)
+}
+
+/// Enqueue -> handler start latency at a steady rate.
+async fn latency(config: &KafkaConfig) -> anyhow::Result<()> {
+    let (rate, secs) = (arg("rate", 5_000), arg("secs", 20));
+    let topic = create_topic(config, arg("partitions", 12) as i32).await?;
+    Producer::new(config)?.prepare::<BenchJob>().await?;
+    let samples = Arc::new(std::sync::Mutex::new(Vec::<i64>::new()));
+    let s = samples.clone();
+    let group = format!("bench-latency-{}", uuid::Uuid::new_v4().simple());
+    let worker = Worker::builder(config.clone(), group)
+        .handle_on::<BenchJob, _>(&topic, move |job: BenchJob, _ctx: JobContext| {
+            let lat = now_us() - job.seq;
+            if let Ok(mut v) = s.lock() {
+                v.push(lat);
+            }
+            async { Ok::<(), JobError>(()) }
+        })
+        .build()?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(worker.run_until(async {
+        let _ = rx.await;
+    }));
+    // Let the worker join before the producer starts.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut child = spawn_self(&[
+        "--mode",
+        "produce",
+        "--topic",
+        &topic,
+        "--rate",
+        &rate.to_string(),
+        "--secs",
+        &secs.to_string(),
+    ])?;
+    let status = tokio::task::spawn_blocking(move || child.wait()).await??;
+    anyhow::ensure!(status.success(), "producer process failed: {status}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = tx.send(());
+    running.await??;
+    let mut v = samples.lock().map(|v| v.clone()).unwrap_or_default();
+    v.sort_unstable();
+    anyhow::ensure!(!v.is_empty(), "no job was handled");
+    let pct = |p: f64| v[((v.len() - 1) as f64 * p) as usize] as f64 / 1000.0;
+    println!(
+        "latency at {rate} jobs/s for {secs} s ({} jobs, producer in another process): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        v.len(),
+        pct(0.5),
+        pct(0.99),
+        pct(1.0)
+    );
+    Ok(())
+}
+
+/// Peak RSS of a worker process alone at a steady rate.
+async fn rss(config: &KafkaConfig) -> anyhow::Result<()> {
+    let (rate, secs) = (arg("rate", 10_000), arg("secs", 60));
+    let topic = create_topic(config, arg("partitions", 12) as i32).await?;
+    Producer::new(config)?.prepare::<BenchJob>().await?;
+    let child = spawn_self(&[
+        "--mode",
+        "rss-worker",
+        "--topic",
+        &topic,
+        "--secs",
+        &(secs + 8).to_string(),
+    ])?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    steady_producer(&topic, rate, secs).await?;
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!(
+        "worker process at {rate} jobs/s for {secs} s: {}",
+        text.trim()
+    );
+    Ok(())
+}
+
+/// The worker process of the `rss` mode: handles until `--secs` pass, then
+/// prints its handled count and peak RSS.
+async fn rss_worker(topic: &str, secs: u64) -> anyhow::Result<()> {
+    let group = format!("bench-rss-{}", uuid::Uuid::new_v4().simple());
+    let worker = Worker::builder(KafkaConfig::from_env(), group)
+        .handle_on::<BenchJob, _>(topic, |_job: BenchJob, _ctx: JobContext| async {
+            Ok::<(), JobError>(())
+        })
+        .build()?;
+    let stats = worker.stats();
+    worker
+        .run_until(tokio::time::sleep(Duration::from_secs(secs)))
+        .await?;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let hwm = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM"))
+        .unwrap_or("VmHWM: unknown")
+        .split_whitespace()
+        .skip(1)
+        .collect::<Vec<_>>()
+        .join(" ");
+    println!(
+        "{} jobs handled, peak RSS (VmHWM) {hwm}",
+        WorkerStats::get(&stats.handled)
+    );
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = KafkaConfig::from_env();
+    match flag("mode").as_deref() {
+        None | Some("throughput") | Some("io") => {}
+        Some("latency") => return latency(&config).await,
+        Some("rss") => return rss(&config).await,
+        Some("produce") => {
+            let topic = flag("topic").context("--topic")?;
+            return steady_producer(&topic, arg("rate", 5_000), arg("secs", 20)).await;
+        }
+        Some("rss-worker") => {
+            let topic = flag("topic").context("--topic")?;
+            return rss_worker(&topic, arg("secs", 60)).await;
+        }
+        Some(other) => anyhow::bail!("unknown --mode {other}: throughput, io, latency or rss"),
+    }
+    let n = arg("jobs", 200_000);
+    let partitions = arg("partitions", 6) as i32;
+    let keys = arg("keys", 10_000);
+    let topic = create_topic(&config, partitions).await?;
     let producer = Producer::new(&config)?;
     let started = Instant::now();
     let chunk = 20_000u64;
@@ -138,6 +332,18 @@ async fn main() -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
 
+    let sleep_ms = arg("sleep-ms", 0);
+    if sleep_ms > 0 {
+        let concurrency = arg("concurrency", 64);
+        let kjob = kjob_worker(&config, &topic, n).await?;
+        let ideal = concurrency as f64 * 1000.0 / sleep_ms as f64;
+        println!("kjob worker ({sleep_ms} ms I/O, concurrency {concurrency}): {kjob:>10.0} jobs/s");
+        println!(
+            "kjob/ideal ratio: {:.2} (ideal {ideal:.0} jobs/s)",
+            kjob / ideal
+        );
+        return Ok(());
+    }
     let cfg = config.clone();
     let t = topic.clone();
     let raw = tokio::task::spawn_blocking(move || raw_loop(&cfg, &t, n)).await??;

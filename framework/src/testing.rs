@@ -3,11 +3,14 @@
 //!
 //! It runs the *same* code as the worker, not a re-implementation: routes
 //! are built by [`WorkerBuilder`] (so handlers, timeouts and retry policies
-//! are registered once for both), records are Avro-encoded with the contract
-//! schemas and decoded through the worker's resolution code, attempts are
-//! classified by the worker's handler runner (panics and timeouts included),
-//! and [`crate::routing::next_step`] decides between done, retry tier and
-//! DLQ, building the same headers.
+//! are registered once for both); records go through the worker's scheduler
+//! (per-key ordering, the concurrency limit, the in-flight bound and its
+//! pause, due-time holds of retry tiers, the commit watermark), and each
+//! attempt through the worker's pipeline (Avro decoding with the contract
+//! schemas, the handler runner with panics and timeouts,
+//! [`crate::routing::next_step`] deciding between done, retry tier and DLQ,
+//! the same headers, forward-then-finish). Only the transport differs:
+//! topics are in-memory logs, and the clock is virtual.
 //!
 //! ```
 //! # use kjob::{Job, JobContext, JobError, KafkaConfig, Worker};
@@ -31,13 +34,16 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use apache_avro::Schema;
 use futures::future::BoxFuture;
+use futures::FutureExt;
 use rdkafka::message::{Message, OwnedMessage, Timestamp};
+use tokio_util::sync::CancellationToken;
 
 use crate::classify::ErrorClass;
 use crate::codec::{
@@ -45,13 +51,14 @@ use crate::codec::{
     WriterSchema,
 };
 use crate::error::{Error, Result};
-use crate::headers::{self, JobHeaders};
+use crate::headers::JobHeaders;
 use crate::job::Job;
 use crate::producer::{enqueue_headers, new_job_id};
-use crate::routing::{next_step, Next};
-use crate::worker::lane::context_for;
-use crate::worker::state::RouteEntry;
-use crate::worker::WorkerBuilder;
+use crate::telemetry::metrics::Metrics;
+use crate::worker::pipeline::{Outcome, Pipeline, Sink};
+use crate::worker::record::incoming;
+use crate::worker::scheduler::{Action, Job as SchedJob, Scheduler};
+use crate::worker::{WorkerBuilder, WorkerStats};
 
 /// An in-memory schema registry: ids per subject and version.
 #[derive(Default)]
@@ -145,25 +152,75 @@ pub struct DeadLetter {
     pub headers: JobHeaders,
 }
 
+/// What the scheduler did to the harness's topics, for backpressure and
+/// concurrency assertions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Flow {
+    /// Times a topic was paused (in-flight bound or a retry's due time).
+    pub pauses: usize,
+    /// Times a topic was resumed.
+    pub resumes: usize,
+    /// Most attempts that ran at once.
+    pub max_running: usize,
+}
+
+/// The in-memory transport: forwards append to these logs.
+struct MemorySink {
+    logs: Arc<Mutex<BTreeMap<String, Vec<OwnedMessage>>>>,
+    clock: Arc<AtomicI64>,
+}
+
+impl Sink for MemorySink {
+    fn send<'a>(
+        &'a self,
+        topic: &'a str,
+        key: Option<&'a [u8]>,
+        payload: Option<&'a [u8]>,
+        headers: rdkafka::message::OwnedHeaders,
+    ) -> BoxFuture<'a, Result<(i32, i64)>> {
+        let now = self.clock.load(AtomicOrdering::Relaxed);
+        let mut logs = self.logs.lock().unwrap_or_else(PoisonError::into_inner);
+        let log = logs.entry(topic.to_string()).or_default();
+        let offset = log.len() as i64;
+        log.push(OwnedMessage::new(
+            payload.map(<[u8]>::to_vec),
+            key.map(<[u8]>::to_vec),
+            topic.to_string(),
+            Timestamp::CreateTime(now),
+            0,
+            offset,
+            Some(headers),
+        ));
+        Box::pin(async move { Ok((0, offset)) })
+    }
+}
+
 /// The harness. See the module docs.
 pub struct Harness {
     group: String,
-    routes: HashMap<String, RouteEntry>,
+    ordering: crate::worker::Ordering,
     order: Vec<String>,
+    tiers: HashSet<String>,
     schemas: Arc<MemorySchemas>,
-    logs: BTreeMap<String, Vec<OwnedMessage>>,
-    positions: HashMap<String, usize>,
-    now_ms: i64,
+    logs: Arc<Mutex<BTreeMap<String, Vec<OwnedMessage>>>>,
+    clock: Arc<AtomicI64>,
+    pipeline: Pipeline,
+    sched: Scheduler<OwnedMessage>,
+    positions: HashMap<String, i64>,
+    paused: HashSet<String>,
+    committed: HashMap<String, i64>,
     jitter: Option<f64>,
     handled: Vec<Handled>,
+    flow: Flow,
 }
 
 /// Where the virtual clock starts: 2026-01-01T00:00:00Z.
 pub const EPOCH_MS: i64 = 1_767_225_600_000;
 
 impl Harness {
-    /// A harness running the handlers, timeouts and retry policies registered
-    /// on `builder`, exactly as [`WorkerBuilder::build`] would.
+    /// A harness running the handlers, timeouts, retry policies, ordering
+    /// mode, concurrency and in-flight bound registered on `builder`,
+    /// exactly as [`WorkerBuilder::build`] would.
     pub fn new(builder: WorkerBuilder) -> Result<Self> {
         let schemas = Arc::new(MemorySchemas::default());
         let routes = builder.build_routes(schemas.clone() as Arc<dyn SchemaSource>)?;
@@ -173,16 +230,46 @@ impl Harness {
             let e = &routes.entries[t];
             (e.tier.map_or(0, |i| i + 1), t.clone())
         });
+        let tiers = routes
+            .entries
+            .iter()
+            .filter(|(_, e)| e.tier.is_some())
+            .map(|(t, _)| t.clone())
+            .collect();
+        let logs: Arc<Mutex<BTreeMap<String, Vec<OwnedMessage>>>> = Default::default();
+        let clock = Arc::new(AtomicI64::new(EPOCH_MS));
+        let settings = builder.scheduler_settings();
+        let pipeline = Pipeline {
+            routes: routes.entries,
+            group: builder.group().to_string(),
+            sink: Arc::new(MemorySink {
+                logs: logs.clone(),
+                clock: clock.clone(),
+            }),
+            metrics: Metrics::disabled(),
+            stats: Arc::new(WorkerStats::default()),
+            cancel: CancellationToken::new(),
+        };
+        let mut sched = Scheduler::new(settings.1);
+        let tps: Vec<(String, i32)> = order.iter().map(|t| (t.clone(), 0)).collect();
+        let mut out = Vec::new();
+        sched.assign(&tps, &mut out);
         Ok(Self {
             group: builder.group().to_string(),
-            routes: routes.entries,
+            ordering: settings.0,
             order,
+            tiers,
             schemas,
-            logs: BTreeMap::new(),
+            logs,
+            clock,
+            pipeline,
+            sched,
             positions: HashMap::new(),
-            now_ms: EPOCH_MS,
+            paused: HashSet::new(),
+            committed: HashMap::new(),
             jitter: Some(0.0),
             handled: Vec::new(),
+            flow: Flow::default(),
         })
     }
 
@@ -195,7 +282,11 @@ impl Harness {
 
     /// Virtual now (epoch ms).
     pub fn now_ms(&self) -> i64 {
-        self.now_ms
+        self.clock.load(AtomicOrdering::Relaxed)
+    }
+
+    fn set_now(&self, ms: i64) {
+        self.clock.store(ms, AtomicOrdering::Relaxed);
     }
 
     /// Enqueues a job on its main topic; returns its id.
@@ -255,51 +346,125 @@ impl Harness {
         payload: Option<Vec<u8>>,
         headers: rdkafka::message::OwnedHeaders,
     ) -> Result<()> {
-        let routed = self.routes.contains_key(topic) || topic.ends_with(".dlq");
+        let routed = self.pipeline.routes.contains_key(topic) || topic.ends_with(".dlq");
         if !routed {
             return Err(Error::MissingTopic {
                 topic: topic.to_string(),
                 bootstrap: "the test harness (no handler is registered for it)".into(),
             });
         }
-        let log = self.logs.entry(topic.to_string()).or_default();
-        let offset = log.len() as i64;
-        log.push(OwnedMessage::new(
-            payload,
-            key,
-            topic.to_string(),
-            Timestamp::CreateTime(self.now_ms),
-            0,
-            offset,
-            Some(headers),
-        ));
+        let sink = MemorySink {
+            logs: self.logs.clone(),
+            clock: self.clock.clone(),
+        };
+        // The in-memory send completes at once.
+        let _ = sink
+            .send(topic, key.as_deref(), payload.as_deref(), headers)
+            .now_or_never();
         Ok(())
     }
 
+    fn record_at(&self, topic: &str, offset: i64) -> Option<OwnedMessage> {
+        let logs = self.logs.lock().unwrap_or_else(PoisonError::into_inner);
+        logs.get(topic)?.get(usize::try_from(offset).ok()?).cloned()
+    }
+
+    /// Carries out the scheduler's actions on the in-memory topics; returns
+    /// the jobs to run.
+    fn apply(&mut self, out: &mut Vec<Action<OwnedMessage>>) -> Vec<SchedJob<OwnedMessage>> {
+        let mut run = Vec::new();
+        for action in out.drain(..) {
+            match action {
+                Action::Run(jobs) => run.extend(jobs),
+                Action::Pause((t, _)) => {
+                    if self.paused.insert(t) {
+                        self.flow.pauses += 1;
+                    }
+                }
+                Action::Resume((t, _)) => {
+                    if self.paused.remove(&t) {
+                        self.flow.resumes += 1;
+                    }
+                }
+                Action::Seek((t, _), offset) => {
+                    self.positions.insert(t, offset);
+                }
+                Action::Commit(offsets) => {
+                    self.sched.committed(&offsets);
+                    for ((t, _), next) in offsets {
+                        self.committed.insert(t, next);
+                    }
+                }
+            }
+        }
+        run
+    }
+
     /// Runs every record that is due at the current virtual time, including
-    /// retries that become due by it, until nothing more can run. Returns how
-    /// many attempts ran.
+    /// retries that become due by it, until nothing more can run. Jobs the
+    /// scheduler releases together run concurrently, as in the worker.
+    /// Returns how many attempts ran.
     pub async fn run(&mut self) -> usize {
         let mut ran = 0;
         loop {
-            let mut progressed = false;
+            let now = self.now_ms();
+            let mut out = Vec::new();
+            self.sched.tick(now, &mut out);
+            let mut jobs = self.apply(&mut out);
             for topic in self.order.clone() {
-                while let Some(msg) = self.next_due(&topic) {
-                    self.attempt(&topic, &msg).await;
-                    *self.positions.entry(topic.clone()).or_default() += 1;
-                    ran += 1;
-                    progressed = true;
+                loop {
+                    if self.paused.contains(&topic) {
+                        break;
+                    }
+                    let pos = self.positions.get(&topic).copied().unwrap_or(0);
+                    let Some(msg) = self.record_at(&topic, pos) else {
+                        break;
+                    };
+                    self.positions.insert(topic.clone(), pos + 1);
+                    let is_tier = self.tiers.contains(&topic);
+                    let rec = incoming(msg, self.ordering, is_tier, &self.group);
+                    self.sched.record(rec, now, &mut out);
+                    jobs.extend(self.apply(&mut out));
                 }
             }
-            if !progressed {
+            self.sched.dispatch(&mut out);
+            jobs.extend(self.apply(&mut out));
+            if jobs.is_empty() {
+                // Commit what finished, as the worker's interval would.
+                self.sched.commit_all(&mut out);
+                self.apply(&mut out);
                 return ran;
+            }
+            self.flow.max_running = self.flow.max_running.max(self.sched.running());
+            let unit = self.jitter;
+            let pipeline = &self.pipeline;
+            let results =
+                futures::future::join_all(jobs.iter().map(|j| {
+                    pipeline.attempt(&j.item, unit.unwrap_or_else(rand::random::<f64>), now)
+                }))
+                .await;
+            for (job, attempted) in jobs.into_iter().zip(results) {
+                ran += 1;
+                if attempted.outcome == Outcome::Handled {
+                    self.handled.push(Handled {
+                        id: attempted.id,
+                        job: attempted.job.to_string(),
+                        attempt: attempted.attempt,
+                        topic: job.item.topic().to_string(),
+                        at_ms: now,
+                    });
+                }
+                self.sched
+                    .finished(job.ticket, attempted.outcome.is_final(), &mut out);
+                let more = self.apply(&mut out);
+                debug_assert!(more.is_empty(), "finished never runs jobs by itself");
             }
         }
     }
 
     /// Moves the virtual clock forward by `d`, then [`Harness::run`]s.
     pub async fn advance(&mut self, d: Duration) -> usize {
-        self.now_ms += d.as_millis() as i64;
+        self.set_now(self.now_ms() + d.as_millis() as i64);
         self.run().await
     }
 
@@ -308,100 +473,40 @@ impl Harness {
     pub async fn run_until_idle(&mut self) -> usize {
         let mut ran = self.run().await;
         for _ in 0..10_000 {
-            let Some(next_due) = self.waiting().iter().map(|w| w.due_at_ms).min() else {
+            let held = self.sched.next_due_ms();
+            let waiting = self.waiting().iter().map(|w| w.due_at_ms).min();
+            let Some(next_due) = held.into_iter().chain(waiting).min() else {
                 break;
             };
-            self.now_ms = self.now_ms.max(next_due);
+            self.set_now(self.now_ms().max(next_due));
             ran += self.run().await;
         }
         ran
     }
 
-    fn next_due(&self, topic: &str) -> Option<OwnedMessage> {
-        let pos = self.positions.get(topic).copied().unwrap_or(0);
-        let msg = self.logs.get(topic)?.get(pos)?;
-        let is_tier = self.routes.get(topic).is_some_and(|e| e.tier.is_some());
-        if is_tier {
-            // First in, first out per tier, as with a paused partition.
-            let due =
-                headers::find(msg.headers(), headers::DUE_AT).and_then(|d| d.parse::<i64>().ok());
-            if due.is_some_and(|d| d > self.now_ms) {
-                return None;
-            }
-        }
-        Some(msg.clone())
-    }
-
-    async fn attempt(&mut self, topic: &str, msg: &OwnedMessage) {
-        let Some(entry) = self.routes.get(topic).cloned() else {
-            return;
-        };
-        let headers = JobHeaders::parse(msg.headers());
-        let ctx = context_for(msg, &headers, &self.group, entry.route.job_name());
-        let attempt = ctx.attempt;
-        let id = ctx.id.clone();
-        let outcome = entry.route.run(msg.payload(), ctx).await;
-        let unit = self.jitter.unwrap_or_else(rand::random::<f64>);
-        let next = next_step(
-            &outcome,
-            msg,
-            &entry.main,
-            &self.group,
-            &entry.retry,
-            attempt,
-            unit,
-            self.now_ms,
-        );
-        match next {
-            Next::Done => self.handled.push(Handled {
-                id,
-                job: headers
-                    .job
-                    .unwrap_or_else(|| entry.route.job_name().to_string()),
-                attempt,
-                topic: topic.to_string(),
-                at_ms: self.now_ms,
-            }),
-            Next::Retry {
-                topic: target,
-                headers,
-                ..
-            }
-            | Next::DeadLetter {
-                topic: target,
-                headers,
-                ..
-            } => {
-                let log = self.logs.entry(target.clone()).or_default();
-                let offset = log.len() as i64;
-                log.push(OwnedMessage::new(
-                    msg.payload().map(<[u8]>::to_vec),
-                    msg.key().map(<[u8]>::to_vec),
-                    target,
-                    Timestamp::CreateTime(self.now_ms),
-                    0,
-                    offset,
-                    Some(headers.to_owned_headers()),
-                ));
-            }
-        }
-    }
-
-    /// Jobs handled so far, in the order they ran.
+    /// Jobs handled so far, in the order they finished.
     pub fn handled(&self) -> &[Handled] {
         &self.handled
+    }
+
+    /// What the scheduler did: pauses, resumes, most attempts at once.
+    pub fn flow(&self) -> Flow {
+        self.flow.clone()
+    }
+
+    /// The committed position (next offset to read) of `topic`, as the
+    /// worker would commit it.
+    pub fn committed(&self, topic: &str) -> Option<i64> {
+        self.committed.get(topic).copied()
     }
 
     /// Jobs waiting in retry tiers.
     pub fn waiting(&self) -> Vec<Waiting> {
         let mut out = Vec::new();
-        for (topic, entry) in &self.routes {
-            if entry.tier.is_none() {
-                continue;
-            }
-            let pos = self.positions.get(topic).copied().unwrap_or(0);
-            for m in self
-                .logs
+        let logs = self.logs.lock().unwrap_or_else(PoisonError::into_inner);
+        for topic in &self.tiers {
+            let pos = self.positions.get(topic).copied().unwrap_or(0).max(0) as usize;
+            for m in logs
                 .get(topic)
                 .map(|l| &l[pos.min(l.len())..])
                 .unwrap_or(&[])
@@ -411,7 +516,7 @@ impl Harness {
                     topic: topic.clone(),
                     id: h.job_id(topic, m.partition(), m.offset()),
                     attempt: h.attempt.unwrap_or(1),
-                    due_at_ms: h.due_at_ms.unwrap_or(self.now_ms),
+                    due_at_ms: h.due_at_ms.unwrap_or(self.now_ms()),
                     class: h.error_class.unwrap_or_default(),
                 });
             }
@@ -422,8 +527,8 @@ impl Harness {
 
     /// Every dead letter, across all DLQ topics.
     pub fn dead_letters(&self) -> Vec<DeadLetter> {
-        self.logs
-            .iter()
+        let logs = self.logs.lock().unwrap_or_else(PoisonError::into_inner);
+        logs.iter()
             .filter(|(t, _)| t.ends_with(".dlq"))
             .flat_map(|(t, log)| {
                 log.iter().map(move |m| {
@@ -442,8 +547,9 @@ impl Harness {
     }
 
     /// The records of any topic (main, tier or DLQ), for detailed assertions.
-    pub fn records(&self, topic: &str) -> &[OwnedMessage] {
-        self.logs.get(topic).map(Vec::as_slice).unwrap_or(&[])
+    pub fn records(&self, topic: &str) -> Vec<OwnedMessage> {
+        let logs = self.logs.lock().unwrap_or_else(PoisonError::into_inner);
+        logs.get(topic).cloned().unwrap_or_default()
     }
 
     /// The class of the dead letter for job `id`, if it was dead-lettered.
@@ -459,8 +565,134 @@ impl Harness {
             ErrorClass::DecodeUnknownSchema,
             ErrorClass::DecodeBody,
             ErrorClass::DecodeIncompatible,
+            ErrorClass::ForwardRejected,
         ]
         .into_iter()
         .find(|c| c.as_str() == class)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{JobContext, JobError, KafkaConfig, Worker};
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Step {
+        key: String,
+        seq: i64,
+    }
+    impl Job for Step {
+        const NAME: &'static str = "steps";
+        const VERSION: u32 = 1;
+        const SCHEMA: &'static str = r#"{"type":"record","name":"Step","fields":[{"name":"key","type":"string"},{"name":"seq","type":"long"}]}"#;
+        fn key(&self) -> String {
+            self.key.clone()
+        }
+    }
+
+    type Log = Arc<Mutex<Vec<(String, i64)>>>;
+
+    fn recording(log: Log) -> impl crate::worker::Handler<Step> {
+        move |job: Step, _ctx: JobContext| {
+            let log = log.clone();
+            async move {
+                // Yield so jobs released together really interleave.
+                tokio::task::yield_now().await;
+                log.lock().unwrap().push((job.key, job.seq));
+                Ok::<(), JobError>(())
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_harness_keeps_per_key_order_while_running_keys_in_parallel() {
+        let log: Log = Default::default();
+        let builder = Worker::builder(KafkaConfig::from_env(), "g")
+            .handle::<Step, _>(recording(log.clone()))
+            .concurrency(8);
+        let mut h = Harness::new(builder).unwrap();
+        for seq in 0..5 {
+            for key in ["a", "b", "c"] {
+                h.enqueue(&Step {
+                    key: key.into(),
+                    seq,
+                })
+                .unwrap();
+            }
+        }
+        assert_eq!(h.run().await, 15);
+        let log = log.lock().unwrap().clone();
+        for key in ["a", "b", "c"] {
+            let seqs: Vec<i64> = log
+                .iter()
+                .filter(|(k, _)| k == key)
+                .map(|(_, s)| *s)
+                .collect();
+            assert_eq!(seqs, vec![0, 1, 2, 3, 4], "key {key} in order");
+        }
+        assert_eq!(
+            h.flow().max_running,
+            3,
+            "one job per key at a time, keys in parallel"
+        );
+        assert_eq!(h.committed("steps"), Some(15));
+    }
+
+    #[tokio::test]
+    async fn the_harness_pauses_a_partition_at_the_in_flight_bound_and_resumes_it() {
+        let log: Log = Default::default();
+        let builder = Worker::builder(KafkaConfig::from_env(), "g")
+            .handle::<Step, _>(recording(log.clone()))
+            .concurrency(1)
+            .max_in_flight_per_partition(4);
+        let mut h = Harness::new(builder).unwrap();
+        for seq in 0..20 {
+            h.enqueue(&Step {
+                key: format!("k{seq}"),
+                seq,
+            })
+            .unwrap();
+        }
+        assert_eq!(h.run().await, 20);
+        let flow = h.flow();
+        assert!(flow.pauses >= 4, "paused at the bound: {flow:?}");
+        assert_eq!(flow.pauses, flow.resumes, "and always resumed: {flow:?}");
+        assert_eq!(flow.max_running, 1);
+        assert_eq!(h.committed("steps"), Some(20));
+    }
+
+    #[tokio::test]
+    async fn a_retry_is_held_until_due_on_the_virtual_clock_and_the_watermark_waits() {
+        let builder = Worker::builder(KafkaConfig::from_env(), "g")
+            .handle::<Step, _>(|job: Step, ctx: JobContext| async move {
+                if job.seq == 0 && ctx.attempt == 1 {
+                    return Err(JobError::server("503"));
+                }
+                Ok(())
+            })
+            .retry(crate::retry::RetryPolicy::tiers([Duration::from_secs(5)]));
+        let mut h = Harness::new(builder).unwrap();
+        for seq in 0..3 {
+            h.enqueue(&Step {
+                key: "k".into(),
+                seq,
+            })
+            .unwrap();
+        }
+        h.run().await;
+        assert_eq!(h.handled().len(), 2, "the others do not wait for the retry");
+        assert_eq!(h.committed("steps"), Some(3));
+        assert_eq!(
+            h.committed("steps.retry.5s"),
+            Some(0),
+            "the commit stays below the held record"
+        );
+        h.advance(Duration::from_millis(4_999)).await;
+        assert_eq!(h.handled().len(), 2, "never early");
+        h.advance(Duration::from_millis(1)).await;
+        assert_eq!(h.handled().len(), 3);
+        assert_eq!(h.handled()[2].attempt, 2);
+        assert_eq!(h.committed("steps.retry.5s"), Some(1));
     }
 }

@@ -21,14 +21,20 @@
 //! ```
 //!
 //! Layout of this module, following a record:
-//! [`poll`] (poll thread: dispatch, pause/resume, commit, rebalance) →
-//! [`lane`] (tokio task per ordering lane: attempt, retry, dead-letter) →
-//! [`route`] (decode with the contract, call the handler, classify).
-//! The watermark arithmetic is in [`crate::offsets`].
+//! `poll` (the poll thread: the rdkafka adapter; polls batches, carries out
+//! the scheduler's pause/resume/seek/commit, handles rebalances) →
+//! `scheduler` (every decision: lanes, concurrency, in-flight bound,
+//! due-time holds, the commit watermark; no rdkafka in it) → `dispatcher`
+//! (async tasks running `Run` batches) → `pipeline` (one attempt: decode,
+//! handler, classify, retry tier or DLQ, forward-then-finish) → [`route`]
+//! (the typed handler call). The watermark arithmetic is in
+//! [`crate::offsets`].
 
-pub mod lane;
+mod dispatcher;
 pub mod membership;
-pub mod poll;
+pub(crate) mod pipeline;
+pub(crate) mod poll;
+pub(crate) mod record;
 pub mod route;
 pub(crate) mod scheduler;
 pub mod state;
@@ -37,11 +43,11 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::telemetry::http;
@@ -57,10 +63,12 @@ use crate::producer::Producer;
 use crate::retry::RetryPolicy;
 use crate::topics::{create_topics, create_topics_with, dlq_topic, partition_counts};
 pub use membership::GroupProtocol;
+use pipeline::Pipeline;
 pub use route::{run_handler, Attempt, Handler};
 use route::{Route, TypedRoute};
+use scheduler::{Limits, Scheduler};
 pub use state::WorkerStats;
-use state::{RouteEntry, Settings, Shared, State};
+use state::{RouteEntry, Settings};
 
 /// Which jobs of a partition may run at the same time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -270,6 +278,19 @@ impl WorkerBuilder {
         &self.settings.group
     }
 
+    /// The ordering mode and the scheduler limits this builder configures,
+    /// shared by the worker and the test harness.
+    pub(crate) fn scheduler_settings(&self) -> (Ordering, Limits) {
+        (
+            self.settings.ordering,
+            Limits {
+                concurrency: self.concurrency,
+                max_in_flight: self.settings.max_in_flight_per_partition,
+                commit_interval_ms: self.settings.commit_interval.as_millis() as i64,
+            },
+        )
+    }
+
     /// Turns the registrations into routes decoding through `schemas`: the
     /// registry for a worker, an in-memory store for the test harness. One
     /// code path, so both route, classify and retry alike.
@@ -408,19 +429,14 @@ impl Worker {
         self.preflight().await?;
         let producer =
             Producer::with_codec(&self.config, self.codec.clone(), Duration::from_secs(30))?;
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State::default()),
-            changed: Condvar::new(),
+        let cancel = CancellationToken::new();
+        let pipeline = Arc::new(Pipeline {
             routes: self.routes.clone(),
-            producer,
-            settings: self.settings.clone(),
-            stats: self.stats.clone(),
-            concurrency: Arc::new(Semaphore::new(self.concurrency)),
-            stopping: AtomicBool::new(false),
-            stop_token: CancellationToken::new(),
-            cancel: CancellationToken::new(),
-            runtime: tokio::runtime::Handle::current(),
+            group: self.settings.group.clone(),
+            sink: Arc::new(producer),
             metrics: self.metrics.clone(),
+            stats: self.stats.clone(),
+            cancel: cancel.clone(),
         });
         let background = CancellationToken::new();
         let _stop_background = background.clone().drop_guard();
@@ -445,7 +461,47 @@ impl Worker {
             info!(%bound, "metrics endpoint listening");
             self.spawn_lag_refresh(background.clone());
         }
-        let consumer = self.consumer(shared.clone())?;
+        // Dispatchers: one task per runtime thread, each running its share of
+        // every `Run` batch concurrently. No task is spawned per record.
+        let threads = tokio::runtime::Handle::current()
+            .metrics()
+            .num_workers()
+            .max(1);
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<poll::Done>();
+        let mut senders = Vec::with_capacity(threads);
+        let mut dispatchers = Vec::with_capacity(threads);
+        for _ in 0..threads {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            senders.push(tx);
+            dispatchers.push(tokio::spawn(dispatcher::run(
+                pipeline.clone(),
+                rx,
+                done_tx.clone(),
+            )));
+        }
+        drop(done_tx);
+        let aborts: Vec<tokio::task::AbortHandle> =
+            dispatchers.iter().map(|d| d.abort_handle()).collect();
+        let limits = Limits {
+            concurrency: self.concurrency,
+            max_in_flight: self.settings.max_in_flight_per_partition,
+            commit_interval_ms: self.settings.commit_interval.as_millis() as i64,
+        };
+        let context = poll::WorkerContext {
+            core: std::sync::Mutex::new(poll::Core {
+                sched: Scheduler::new(limits),
+                done: done_rx,
+                applied_pause: Default::default(),
+                post_assign: Vec::new(),
+            }),
+            dispatch: poll::Dispatch::new(senders),
+            routes: self.routes.clone(),
+            settings: self.settings.clone(),
+            stats: self.stats.clone(),
+            metrics: self.metrics.clone(),
+            stopping: AtomicBool::new(false),
+        };
+        let consumer = Arc::new(self.consumer(context)?);
         let topics = self.topics();
         let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
         consumer
@@ -453,33 +509,47 @@ impl Worker {
             .map_err(|e| Error::kafka(format!("subscribing to {topics:?}"), e))?;
         info!(group = %self.settings.group, ?topics, protocol = self.protocol.as_str(), static_member = ?self.static_member, "worker started");
 
-        let (done_tx, mut done_rx) = oneshot::channel::<()>();
-        let thread_shared = shared.clone();
+        let (closed_tx, mut closed_rx) = oneshot::channel::<()>();
+        let thread_consumer = consumer.clone();
+        let abandon_cancel = cancel.clone();
         std::thread::Builder::new()
             .name("kjob-poll".into())
             .spawn(move || {
-                poll::poll_loop(thread_shared, &consumer);
+                let consumer = thread_consumer;
+                poll::poll_loop(consumer.context(), &consumer, move || {
+                    // End of the grace period: forwards give up, handlers
+                    // still running are dropped; their records stay
+                    // uncommitted and are re-delivered.
+                    abandon_cancel.cancel();
+                    for a in aborts {
+                        a.abort();
+                    }
+                });
                 // Dropping the consumer closes it: final revoke, leave group.
                 // It happens here, off the async runtime, because a close can
                 // block; the async side waits for it with a bound.
                 consumer.unsubscribe();
                 drop(consumer);
-                let _ = done_tx.send(());
+                let _ = closed_tx.send(());
             })
             .map_err(|e| Error::Worker(format!("spawning the poll thread: {e}")))?;
 
         tokio::select! {
             _ = stop => {}
-            _ = &mut done_rx => {
+            _ = &mut closed_rx => {
                 return Err(Error::Worker("the poll thread ended unexpectedly".into()));
             }
         }
         info!("stop requested");
         // Not ready from the moment shutdown begins.
         self.stats.ready.store(false, AtomicOrdering::Release);
-        shared.begin_stop();
+        consumer
+            .context()
+            .stopping
+            .store(true, AtomicOrdering::Release);
+        drop(consumer);
         let bound = self.settings.shutdown_grace + Duration::from_secs(30);
-        match tokio::time::timeout(bound, done_rx).await {
+        match tokio::time::timeout(bound, closed_rx).await {
             Ok(_) => {
                 info!("worker stopped");
                 Ok(())
@@ -601,7 +671,7 @@ impl Worker {
         Ok(())
     }
 
-    fn consumer(&self, shared: Arc<Shared>) -> Result<BaseConsumer<poll::WorkerContext>> {
+    fn consumer(&self, context: poll::WorkerContext) -> Result<BaseConsumer<poll::WorkerContext>> {
         let mut defaults = vec![
             ("group.id", self.settings.group.as_str()),
             ("enable.auto.commit", "false"),
@@ -618,7 +688,7 @@ impl Worker {
         if let Some(id) = &self.static_member {
             cfg.set("group.instance.id", id);
         }
-        cfg.create_with_context(poll::WorkerContext { shared })
+        cfg.create_with_context(context)
             .map_err(|e| Error::kafka("creating consumer", e))
     }
 }

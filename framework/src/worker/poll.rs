@@ -1,61 +1,162 @@
-//! The poll thread: the only place that talks to the consumer.
+//! The poll thread: the rdkafka adapter around the [`Scheduler`].
 //!
-//! It polls continuously (so the group session and `max.poll.interval.ms`
-//! stay healthy no matter how slow handlers are), hands records to lanes,
-//! pauses partitions that hit the in-flight bound, resumes them when they
-//! drain, and commits watermarks:
+//! It is the only code that talks to the consumer. Each turn it polls a
+//! batch of records, feeds them to the scheduler with the completions that
+//! arrived since the last turn, and carries out the scheduler's actions:
+//! `Run` batches go to the dispatcher tasks on the async runtime, and
+//! `Pause`, `Resume`, `Seek` and `Commit` go to the consumer. It never
+//! stops polling, so the group session and `max.poll.interval.ms` stay
+//! healthy however slow handlers are.
 //!
+//! Commits (always the scheduler's watermark, "next offset to read"):
 //! * every `commit_interval`, asynchronously, for partitions whose watermark moved;
-//! * on revoke, synchronously, after in-flight work drained (bounded);
+//! * on revoke, synchronously, after the running jobs finished (bounded);
 //! * on shutdown, synchronously, after the grace period.
 //!
-//! It never commits for partitions that were *lost* (session expired): another
-//! member may already own them, and our watermark could move theirs backwards.
+//! It never commits for partitions that were *lost* (session expired):
+//! another member may already own them, and our watermark could move theirs
+//! backwards.
+//!
+//! After every assignment it re-applies the scheduler's pause view to the
+//! consumer: librdkafka keeps an application's pause across a revoke and a
+//! re-assignment, while the scheduler starts the partition afresh.
 
-use std::sync::atomic::Ordering as AtomicOrdering;
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, info, warn};
 
-use super::lane::run_lane;
-use super::state::{Delay, LaneKey, PartitionState, Shared, Tp, WorkerStats};
+use super::record::incoming;
+use super::scheduler::{Action, Incoming, Job, Scheduler, Ticket, Tp};
+use super::state::{RouteEntry, Settings, WorkerStats};
 use crate::dlq::now_ms;
-use crate::headers;
+use crate::telemetry::metrics::Metrics;
 
-/// rdkafka context: routes rebalance and commit callbacks into kjob's state.
+/// Completions, batched by the dispatcher that ran them.
+pub(crate) type Done = Vec<(Ticket, bool)>;
+
+/// Most records taken from the consumer per turn: large enough to amortise
+/// the lock and the wake-ups, small enough to keep completions flowing.
+const MAX_BATCH: usize = 1024;
+
+/// What only the poll thread touches (rebalance callbacks run on it too,
+/// inside `poll`). Locked once per turn or callback, never per record.
+pub(crate) struct Core {
+    pub sched: Scheduler<OwnedMessage>,
+    pub done: Receiver<Done>,
+    /// Partitions kjob paused on the consumer and has not resumed since.
+    pub applied_pause: HashSet<Tp>,
+    /// Actions of an assignment, applied once it is in effect.
+    pub post_assign: Vec<Action<OwnedMessage>>,
+}
+
+impl Core {
+    /// Feeds every completion that has arrived to the scheduler.
+    fn drain_done(&mut self, out: &mut Vec<Action<OwnedMessage>>) {
+        while let Ok(batch) = self.done.try_recv() {
+            for (t, ok) in batch {
+                self.sched.finished(t, ok, out);
+            }
+        }
+    }
+
+    /// Waits up to `wait` for one batch of completions, then drains.
+    fn wait_done(&mut self, wait: Duration, out: &mut Vec<Action<OwnedMessage>>) -> bool {
+        match self.done.recv_timeout(wait) {
+            Ok(batch) => {
+                for (t, ok) in batch {
+                    self.sched.finished(t, ok, out);
+                }
+                self.drain_done(out);
+                true
+            }
+            Err(RecvTimeoutError::Timeout) => false,
+            Err(RecvTimeoutError::Disconnected) => false,
+        }
+    }
+}
+
+/// Hands `Run` batches to the dispatcher tasks, round-robin, one message
+/// per dispatcher per batch.
+pub(crate) struct Dispatch {
+    pub senders: Vec<UnboundedSender<Vec<Job<OwnedMessage>>>>,
+    next: AtomicUsize,
+}
+
+impl Dispatch {
+    pub(crate) fn new(senders: Vec<UnboundedSender<Vec<Job<OwnedMessage>>>>) -> Self {
+        Self {
+            senders,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    fn send(&self, jobs: Vec<Job<OwnedMessage>>) {
+        let n = self.senders.len().max(1);
+        if jobs.len() < 8 || n == 1 {
+            let i = self.next.fetch_add(1, AtomicOrdering::Relaxed) % n;
+            if let Some(s) = self.senders.get(i) {
+                let _ = s.send(jobs);
+            }
+            return;
+        }
+        let mut chunks: Vec<Vec<Job<OwnedMessage>>> = (0..n).map(|_| Vec::new()).collect();
+        for (i, j) in jobs.into_iter().enumerate() {
+            chunks[i % n].push(j);
+        }
+        for (s, c) in self.senders.iter().zip(chunks) {
+            if !c.is_empty() {
+                let _ = s.send(c);
+            }
+        }
+    }
+}
+
+/// rdkafka context: rebalance and commit callbacks, and everything the poll
+/// thread needs.
 pub(crate) struct WorkerContext {
-    pub shared: Arc<Shared>,
+    pub core: Mutex<Core>,
+    pub dispatch: Dispatch,
+    pub routes: std::collections::HashMap<String, RouteEntry>,
+    pub settings: Settings,
+    pub stats: Arc<WorkerStats>,
+    pub metrics: Metrics,
+    pub stopping: AtomicBool,
 }
 
 impl ClientContext for WorkerContext {}
 
 impl ConsumerContext for WorkerContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        WorkerStats::bump(&self.shared.stats.rebalances);
-        self.shared.metrics.rebalance();
+        WorkerStats::bump(&self.stats.rebalances);
+        self.metrics.rebalance();
         match rebalance {
-            Rebalance::Revoke(tpl) => on_revoke(&self.shared, consumer, tpl),
-            Rebalance::Assign(tpl) => on_assign(&self.shared, tpl),
+            Rebalance::Revoke(tpl) => self.on_revoke(consumer, tpl),
+            Rebalance::Assign(tpl) => self.on_assign(tpl),
             Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
         }
     }
 
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Assign(tpl) = rebalance {
+        if let Rebalance::Assign(_) = rebalance {
             // Only now is the assignment in effect on the consumer.
-            reapply_pause_view(&self.shared, consumer, &tps_of(tpl));
+            let actions = std::mem::take(&mut self.lock().post_assign);
+            self.execute(consumer, actions, CommitMode::Sync, true);
         }
     }
 
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
         if let Err(e) = result {
             warn!(error = %e, partitions = offsets.count(), "offset commit failed; will recommit");
-            self.shared.lock().commit_failed = true;
+            self.lock().sched.commit_failed();
         }
     }
 }
@@ -67,110 +168,6 @@ fn tps_of(tpl: &TopicPartitionList) -> Vec<Tp> {
         .collect()
 }
 
-fn on_assign(shared: &Shared, tpl: &TopicPartitionList) {
-    let tps = tps_of(tpl);
-    info!(partitions = ?tps, "assigned");
-    shared.stats.set_assigned(&tps, true);
-    let mut st = shared.lock();
-    for tp in tps {
-        st.next_epoch += 1;
-        let epoch = st.next_epoch;
-        let cancel = shared.stop_token.child_token();
-        st.partitions.insert(tp, PartitionState::new(epoch, cancel));
-    }
-    shared
-        .stats
-        .ready
-        .store(!shared.is_stopping(), AtomicOrdering::Release);
-}
-
-/// Revoke: stop dispatch, wait (bounded) for in-flight work, commit the
-/// watermark synchronously, drop the state. Lost partitions skip the wait and
-/// the commit.
-fn on_revoke(shared: &Shared, consumer: &BaseConsumer<WorkerContext>, tpl: &TopicPartitionList) {
-    let tps = tps_of(tpl);
-    let lost = consumer.assignment_lost();
-    info!(partitions = ?tps, lost, "revoking");
-    shared.stats.set_assigned(&tps, false);
-    {
-        let mut st = shared.lock();
-        for tp in &tps {
-            if let Some(p) = st.partitions.get_mut(tp) {
-                p.revoked = true;
-                p.cancel.cancel();
-                p.drop_queued();
-            }
-        }
-    }
-    if !lost {
-        let drained = shared.wait_drained(&tps, Instant::now() + shared.settings.revoke_timeout);
-        if !drained {
-            warn!(timeout = ?shared.settings.revoke_timeout, "in-flight jobs did not finish before the revoke timeout; they will be re-delivered to the new owner");
-        }
-        commit(shared, consumer, Some(&tps), CommitMode::Sync);
-    } else {
-        warn!("partitions were lost (session expired); not committing for them");
-    }
-    let mut st = shared.lock();
-    for tp in &tps {
-        if let Some(p) = st.partitions.remove(tp) {
-            for task in p.tasks.values() {
-                task.abort();
-            }
-        }
-    }
-    if st.partitions.is_empty() {
-        shared.stats.ready.store(false, AtomicOrdering::Release);
-    }
-    shared.changed.notify_all();
-}
-
-/// Commits the watermark of `only` (or of every partition) if it moved.
-pub(crate) fn commit(
-    shared: &Shared,
-    consumer: &BaseConsumer<WorkerContext>,
-    only: Option<&[Tp]>,
-    mode: CommitMode,
-) {
-    let mut tpl = TopicPartitionList::new();
-    let mut marks = Vec::new();
-    {
-        let mut st = shared.lock();
-        if std::mem::take(&mut st.commit_failed) {
-            for p in st.partitions.values_mut() {
-                p.tracker.reset_committed();
-            }
-        }
-        for (tp, p) in st.partitions.iter() {
-            if only.is_some_and(|o| !o.contains(tp)) {
-                continue;
-            }
-            if let Some(next) = p.tracker.committable() {
-                if tpl
-                    .add_partition_offset(&tp.0, tp.1, Offset::Offset(next))
-                    .is_ok()
-                {
-                    marks.push((tp.clone(), next));
-                }
-            }
-        }
-    }
-    if marks.is_empty() {
-        return;
-    }
-    match consumer.commit(&tpl, mode) {
-        Ok(()) => {
-            let mut st = shared.lock();
-            for (tp, next) in marks {
-                if let Some(p) = st.partitions.get_mut(&tp) {
-                    p.tracker.mark_committed(next);
-                }
-            }
-        }
-        Err(e) => warn!(error = %e, ?mode, "offset commit failed; will retry at the next interval"),
-    }
-}
-
 fn tpl_of(tps: &[Tp]) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::new();
     for (t, p) in tps {
@@ -179,280 +176,278 @@ fn tpl_of(tps: &[Tp]) -> TopicPartitionList {
     tpl
 }
 
-/// A retry-tier record never runs before its due time: zero slack.
-const DUE_SLACK_MS: i64 = 0;
+impl WorkerContext {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Core> {
+        // Every critical section leaves the state consistent before anything
+        // that can panic, so a poisoned lock is still safe to use.
+        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 
-/// Hands a polled record to its lane, starting a task if the lane is idle.
-///
-/// Retry-tier records are gated on `kjob-due-at`: a record that is not due
-/// yet pauses its partition and seeks back to it (see [`hold`]); the poll
-/// loop resumes the partition at the due time. Polling never stops, so the
-/// group session stays alive and every other partition keeps flowing.
-fn dispatch(shared: &Arc<Shared>, consumer: &BaseConsumer<WorkerContext>, msg: OwnedMessage) {
-    let tp: Tp = (msg.topic().to_string(), msg.partition());
-    let entry = shared.routes.get(msg.topic());
-    let is_tier = entry.is_some_and(|e| e.tier.is_some());
-    let lane = LaneKey::for_message(shared.settings.ordering, &msg);
-    let mut st = shared.lock();
-    let Some(p) = st.partitions.get_mut(&tp) else {
-        // Not (or no longer) assigned: not tracked, so never committed.
-        return;
-    };
-    if p.revoked || shared.is_stopping() {
-        return;
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.load(AtomicOrdering::Acquire)
     }
-    // A held partition dispatches nothing but the record it waits for; any
-    // other record was fetched before the pause and comes again after it.
-    if p.delay.is_some_and(|d| d.offset != msg.offset()) {
-        return;
-    }
-    if is_tier {
-        let due_ms =
-            headers::find(msg.headers(), headers::DUE_AT).and_then(|v| v.parse::<i64>().ok());
-        let now = now_ms();
-        if let Some(due_ms) = due_ms.filter(|d| *d > now + DUE_SLACK_MS) {
-            // The placeholder keeps the watermark below the held record.
-            p.tracker
-                .start_at(msg.offset(), msg.timestamp().to_millis());
-            // +1 ms: `due` is in whole milliseconds, resuming a hair early
-            // would cost a second pause/seek round trip.
-            let wait = Duration::from_millis((due_ms - now) as u64 + 1);
-            p.delay = Some(Delay {
-                offset: msg.offset(),
-                due: Instant::now() + wait,
-                resumed: false,
-            });
-            drop(st);
-            hold(shared, consumer, &tp, msg.offset(), wait);
-            return;
-        }
-        p.delay = None;
-        let group = headers::find(msg.headers(), headers::GROUP);
-        if group.is_some_and(|g| g != shared.settings.group) {
-            // Another group's retry: its view of the job, not ours.
-            p.tracker.start(msg.offset());
-            p.tracker.finish(msg.offset());
-            WorkerStats::bump(&shared.stats.skipped_foreign);
-            return;
-        }
-    }
-    p.tracker
-        .start_at(msg.offset(), msg.timestamp().to_millis());
-    let epoch = p.epoch;
-    let cancel = p.cancel.clone();
-    match p.lanes.get_mut(&lane) {
-        Some(queue) => queue.push_back(msg),
-        None => {
-            p.lanes.insert(lane.clone(), Default::default());
-            let task = shared.runtime.spawn(run_lane(
-                shared.clone(),
-                tp.clone(),
-                epoch,
-                lane.clone(),
-                msg,
-                cancel,
-            ));
-            p.tasks.insert(lane, task.abort_handle());
-        }
-    }
-    if !p.paused && p.tracker.in_flight() >= shared.settings.max_in_flight_per_partition {
-        p.paused = true;
-        drop(st);
-        debug!(topic = %tp.0, partition = tp.1, "in-flight bound reached; pausing");
-        set_paused(shared, consumer, std::slice::from_ref(&tp), true);
-    }
-}
 
-/// Pauses (or resumes) partitions on the consumer and records it in
-/// `applied_pause`, the only record of what librdkafka was told. Every pause
-/// and resume kjob makes goes through here.
-fn set_paused(shared: &Shared, consumer: &BaseConsumer<WorkerContext>, tps: &[Tp], pause: bool) {
-    if tps.is_empty() {
-        return;
+    fn on_assign(&self, tpl: &TopicPartitionList) {
+        let tps = tps_of(tpl);
+        info!(partitions = ?tps, "assigned");
+        self.stats.set_assigned(&tps, true);
+        let mut core = self.lock();
+        let mut out = Vec::new();
+        core.sched.assign(&tps, &mut out);
+        core.post_assign.extend(out);
+        self.stats
+            .ready
+            .store(!self.is_stopping(), AtomicOrdering::Release);
     }
-    let tpl = tpl_of(tps);
-    let result = if pause {
-        consumer.pause(&tpl)
-    } else {
-        consumer.resume(&tpl)
-    };
-    if let Err(e) = result {
-        warn!(error = %e, pause, partitions = ?tps, "pause/resume failed");
-        return;
-    }
-    let mut st = shared.lock();
-    for tp in tps {
-        if pause {
-            st.applied_pause.insert(tp.clone());
-        } else {
-            st.applied_pause.remove(tp);
-        }
-    }
-}
 
-/// After an assignment, makes the consumer's pause state match kjob's view
-/// of each newly assigned partition. kjob's view is the truth: librdkafka
-/// keeps an application's pause across a revoke and a re-assignment of the
-/// same partition (under the eager, cooperative and KIP-848 protocols alike),
-/// while kjob starts the partition afresh, so without this a partition
-/// paused at the in-flight bound, or held for a retry's due time, when the
-/// rebalance began would stay paused forever.
-pub(crate) fn reapply_pause_view(
-    shared: &Shared,
-    consumer: &BaseConsumer<WorkerContext>,
-    assigned: &[Tp],
-) {
-    let (mut pause, mut resume) = (Vec::new(), Vec::new());
-    {
-        let st = shared.lock();
-        let stopping = shared.is_stopping();
-        for tp in assigned {
-            let want = stopping || st.partitions.get(tp).is_some_and(|p| p.wants_pause());
-            let applied = st.applied_pause.contains(tp);
-            if want != applied {
-                debug!(topic = %tp.0, partition = tp.1, paused = want, "correcting the consumer's pause state after an assignment");
-            }
-            if want {
-                pause.push(tp.clone());
+    /// Revoke: stop dispatching, drop what has not started, wait (bounded)
+    /// for the running jobs, commit the watermark synchronously, forget the
+    /// partitions. Lost partitions skip the wait and the commit.
+    fn on_revoke(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
+        let tps = tps_of(tpl);
+        let lost = consumer.assignment_lost();
+        info!(partitions = ?tps, lost, "revoking");
+        self.stats.set_assigned(&tps, false);
+        let mut out = Vec::new();
+        {
+            let mut core = self.lock();
+            core.sched.revoke(&tps);
+            if !lost {
+                let deadline = Instant::now() + self.settings.revoke_timeout;
+                while core.sched.running_in(&tps) > 0 {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        warn!(timeout = ?self.settings.revoke_timeout, "running jobs did not finish before the revoke timeout; they will be re-delivered to the new owner");
+                        break;
+                    }
+                    core.wait_done((deadline - now).min(Duration::from_millis(50)), &mut out);
+                }
             } else {
-                // Resumed even when kjob thinks it is running: a resume of a
-                // running partition is a no-op, and it costs nothing to be sure.
-                resume.push(tp.clone());
+                warn!("partitions were lost (session expired); not committing for them");
+            }
+            core.sched.release(&tps, lost, &mut out);
+            if core.sched.assigned().is_empty() {
+                self.stats.ready.store(false, AtomicOrdering::Release);
             }
         }
+        // Completions may have made other partitions' jobs ready.
+        self.execute(consumer, out, CommitMode::Sync, false);
     }
-    set_paused(shared, consumer, &pause, true);
-    set_paused(shared, consumer, &resume, false);
-}
 
-/// Pauses a partition and seeks it back to `offset`, so the not-yet-due
-/// record (and everything behind it) is fetched again after the resume.
-fn hold(
-    shared: &Shared,
-    consumer: &BaseConsumer<WorkerContext>,
-    tp: &Tp,
-    offset: i64,
-    wait: Duration,
-) {
-    debug!(topic = %tp.0, partition = tp.1, offset, wait_ms = wait.as_millis() as u64, "retry not due; holding partition");
-    set_paused(shared, consumer, std::slice::from_ref(tp), true);
-    seek(consumer, tp, offset);
-}
-
-fn seek(consumer: &BaseConsumer<WorkerContext>, tp: &Tp, offset: i64) {
-    if let Err(e) = consumer.seek(&tp.0, tp.1, Offset::Offset(offset), Duration::from_secs(2)) {
-        // The placeholder in the tracker keeps the commit below `offset`, so
-        // a failed seek shows up as lag, never as a lost retry.
-        warn!(error = %e, topic = %tp.0, partition = tp.1, offset, "seek failed");
-    }
-}
-
-/// Resumes partitions whose held retry record is due now.
-fn release_due(shared: &Shared, consumer: &BaseConsumer<WorkerContext>) {
-    let now = Instant::now();
-    let mut due = Vec::new();
-    {
-        let mut st = shared.lock();
-        for (tp, p) in st.partitions.iter_mut() {
-            if let Some(d) = p.delay.as_mut().filter(|d| !d.resumed && d.due <= now) {
-                d.resumed = true;
-                if !p.paused {
-                    due.push((tp.clone(), d.offset));
+    /// Carries out the scheduler's actions. The core lock is not held: a
+    /// synchronous commit may run the commit callback, which takes it.
+    fn execute(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        actions: Vec<Action<OwnedMessage>>,
+        mode: CommitMode,
+        after_assign: bool,
+    ) {
+        if actions.is_empty() {
+            return;
+        }
+        let (mut paused, mut resumed, mut committed) = (Vec::new(), Vec::new(), Vec::new());
+        for action in actions {
+            match action {
+                Action::Run(jobs) => self.dispatch.send(jobs),
+                Action::Pause(tp) => {
+                    if let Err(e) = consumer.pause(&tpl_of(std::slice::from_ref(&tp))) {
+                        warn!(error = %e, topic = %tp.0, partition = tp.1, "pause failed");
+                    } else {
+                        paused.push(tp);
+                    }
+                }
+                Action::Resume(tp) => {
+                    if let Err(e) = consumer.resume(&tpl_of(std::slice::from_ref(&tp))) {
+                        warn!(error = %e, topic = %tp.0, partition = tp.1, "resume failed");
+                    } else {
+                        resumed.push(tp);
+                    }
+                }
+                Action::Seek(tp, offset) => {
+                    if let Err(e) =
+                        consumer.seek(&tp.0, tp.1, Offset::Offset(offset), Duration::from_secs(2))
+                    {
+                        // The watermark stays below `offset`, so a failed
+                        // seek shows up as lag, never as a lost retry.
+                        warn!(error = %e, topic = %tp.0, partition = tp.1, offset, "seek failed");
+                    }
+                }
+                Action::Commit(offsets) => {
+                    let mut tpl = TopicPartitionList::new();
+                    for ((t, p), next) in &offsets {
+                        let _ = tpl.add_partition_offset(t, *p, Offset::Offset(*next));
+                    }
+                    match consumer.commit(&tpl, mode) {
+                        Ok(()) => committed.extend(offsets),
+                        Err(e) => {
+                            warn!(error = %e, ?mode, "offset commit failed; will retry at the next interval")
+                        }
+                    }
                 }
             }
         }
-    }
-    for (tp, offset) in due {
-        set_paused(shared, consumer, std::slice::from_ref(&tp), false);
-        seek(consumer, &tp, offset);
-    }
-}
-
-/// Updates `kjob_oldest_pending_seconds`: per topic, the age of the oldest
-/// record this worker holds uncommitted (0 when nothing is pending).
-fn refresh_oldest_pending(shared: &Shared) {
-    let now = now_ms();
-    let mut ages: std::collections::HashMap<String, f64> = std::collections::HashMap::new();
-    {
-        let st = shared.lock();
-        for ((topic, _), p) in st.partitions.iter() {
-            let age = p
-                .tracker
-                .oldest_timestamp()
-                .map_or(0.0, |ts| ((now - ts).max(0) as f64) / 1000.0);
-            let slot = ages.entry(topic.clone()).or_insert(0.0);
-            *slot = slot.max(age);
+        if paused.is_empty() && resumed.is_empty() && committed.is_empty() {
+            return;
         }
+        let mut core = self.lock();
+        for tp in paused {
+            if after_assign && !core.applied_pause.contains(&tp) {
+                debug!(topic = %tp.0, partition = tp.1, "pause state corrected after an assignment: paused");
+            }
+            core.applied_pause.insert(tp);
+        }
+        for tp in resumed {
+            if core.applied_pause.remove(&tp) && after_assign {
+                debug!(topic = %tp.0, partition = tp.1, "pause state corrected after an assignment: resumed (librdkafka kept an old pause)");
+            }
+        }
+        core.sched.committed(&committed);
     }
-    let mut snap = shared
-        .metrics
-        .snapshot
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    snap.oldest_pending_seconds = ages;
+
+    /// What the scheduler needs of a polled record.
+    fn incoming(&self, msg: OwnedMessage) -> Incoming<OwnedMessage> {
+        let is_tier = self
+            .routes
+            .get(msg.topic())
+            .is_some_and(|e| e.tier.is_some());
+        let rec = incoming(msg, self.settings.ordering, is_tier, &self.settings.group);
+        if rec.foreign {
+            WorkerStats::bump(&self.stats.skipped_foreign);
+        }
+        rec
+    }
+
+    /// Updates `kjob_oldest_pending_seconds`: per topic, the age of the
+    /// oldest record this worker holds uncommitted (0 when nothing is).
+    fn refresh_oldest_pending(&self) {
+        let now = now_ms();
+        let oldest = self.lock().sched.oldest_pending();
+        let ages = oldest
+            .into_iter()
+            .map(|(topic, ts)| {
+                let age = ts.map_or(0.0, |ts| ((now - ts).max(0) as f64) / 1000.0);
+                (topic, age)
+            })
+            .collect();
+        self.metrics
+            .snapshot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .oldest_pending_seconds = ages;
+    }
 }
 
-/// The poll loop. Returns once `shared.stopping` is set and the shutdown
-/// sequence (drain, cancel, commit) is complete; the caller then closes the
-/// consumer.
-pub(crate) fn poll_loop(shared: Arc<Shared>, consumer: &BaseConsumer<WorkerContext>) {
-    let mut last_commit = Instant::now();
-    while !shared.is_stopping() {
-        let resumes: Vec<Tp> = {
-            let mut st = shared.lock();
-            let mut r = std::mem::take(&mut st.to_resume);
-            // Only what is still assigned and not held for another reason.
-            r.retain(|tp| st.partitions.get(tp).is_some_and(|p| !p.wants_pause()));
-            r
+/// The poll loop. Returns once stopping is set and the shutdown sequence
+/// (drop queued work, wait for running jobs within the grace period,
+/// cancel the rest, commit) is complete; the caller then closes the consumer.
+pub(crate) fn poll_loop(
+    ctx: &WorkerContext,
+    consumer: &BaseConsumer<WorkerContext>,
+    abandon: impl FnOnce(),
+) {
+    let mut last_gauges = Instant::now();
+    let mut batch: Vec<OwnedMessage> = Vec::with_capacity(MAX_BATCH);
+    while !ctx.is_stopping() {
+        let mut out = Vec::new();
+        let busy = {
+            let mut core = ctx.lock();
+            core.drain_done(&mut out);
+            core.sched.tick(now_ms(), &mut out);
+            core.sched.dispatch(&mut out);
+            core.sched.running() > 0 || core.sched.ready_len() > 0
         };
-        set_paused(&shared, consumer, &resumes, false);
-        release_due(&shared, consumer);
-        if last_commit.elapsed() >= shared.settings.commit_interval {
-            commit(&shared, consumer, None, CommitMode::Async);
-            refresh_oldest_pending(&shared);
-            last_commit = Instant::now();
+        ctx.execute(consumer, out, CommitMode::Async, false);
+        if last_gauges.elapsed() >= ctx.settings.commit_interval {
+            ctx.refresh_oldest_pending();
+            last_gauges = Instant::now();
         }
-        match consumer.poll(shared.settings.poll_timeout) {
-            None => {}
-            Some(Ok(m)) => dispatch(&shared, consumer, m.detach()),
-            Some(Err(e)) => warn!(error = %e, "consumer error"),
+        // While jobs run, completions free slots: come back soon for them.
+        let timeout = if busy {
+            Duration::from_millis(1)
+        } else {
+            ctx.settings.poll_timeout
+        };
+        let mut next = consumer.poll(timeout);
+        while let Some(result) = next {
+            match result {
+                Ok(m) => batch.push(m.detach()),
+                Err(e) => {
+                    warn!(error = %e, "consumer error");
+                    break;
+                }
+            }
+            if batch.len() >= MAX_BATCH {
+                break;
+            }
+            next = consumer.poll(Duration::ZERO);
         }
+        if batch.is_empty() {
+            continue;
+        }
+        let now = now_ms();
+        let incoming: Vec<Incoming<OwnedMessage>> =
+            batch.drain(..).map(|m| ctx.incoming(m)).collect();
+        let mut out = Vec::new();
+        {
+            let mut core = ctx.lock();
+            for rec in incoming {
+                core.sched.record(rec, now, &mut out);
+            }
+            core.drain_done(&mut out);
+            core.sched.dispatch(&mut out);
+        }
+        ctx.execute(consumer, out, CommitMode::Async, false);
     }
-    shutdown(&shared, consumer);
+    shutdown(ctx, consumer, abandon);
 }
 
-/// Shutdown: stop fetching, let in-flight jobs finish within the grace
-/// period, cancel the rest, commit. Leaving the group happens when the caller
-/// drops the consumer.
-fn shutdown(shared: &Shared, consumer: &BaseConsumer<WorkerContext>) {
-    shared.stats.ready.store(false, AtomicOrdering::Release);
-    let tps: Vec<Tp> = {
-        let mut st = shared.lock();
-        for p in st.partitions.values_mut() {
-            p.drop_queued();
-        }
-        st.partitions.keys().cloned().collect()
+/// Shutdown: stop fetching, drop what has not started, let running jobs
+/// finish within the grace period, abandon the rest, commit. Leaving the
+/// group happens when the caller drops the consumer.
+fn shutdown(ctx: &WorkerContext, consumer: &BaseConsumer<WorkerContext>, abandon: impl FnOnce()) {
+    ctx.stats.ready.store(false, AtomicOrdering::Release);
+    let mut out = Vec::new();
+    let running = {
+        let mut core = ctx.lock();
+        core.sched.stop(&mut out);
+        core.sched.running()
     };
-    info!(partitions = tps.len(), grace = ?shared.settings.shutdown_grace, "shutting down: draining in-flight jobs");
-    set_paused(shared, consumer, &tps, true);
-    let deadline = Instant::now() + shared.settings.shutdown_grace;
-    // Keep serving the consumer while we wait, so the session stays alive.
-    while !shared.wait_drained(&tps, Instant::now() + shared.settings.poll_timeout) {
-        if Instant::now() >= deadline {
-            warn!("grace period over; cancelling the remaining jobs (they will be re-delivered)");
+    info!(running, grace = ?ctx.settings.shutdown_grace, "shutting down: waiting for running jobs");
+    ctx.execute(consumer, out, CommitMode::Async, false);
+    let deadline = Instant::now() + ctx.settings.shutdown_grace;
+    loop {
+        let mut out = Vec::new();
+        let left = {
+            let mut core = ctx.lock();
+            core.wait_done(Duration::from_millis(20), &mut out);
+            core.sched.running()
+        };
+        // Out holds at most Resume actions for drained partitions; the
+        // partitions stay paused while stopping, so they are not executed.
+        if left == 0 {
             break;
         }
+        if Instant::now() >= deadline {
+            warn!(
+                left,
+                "grace period over; cancelling the remaining jobs (they will be re-delivered)"
+            );
+            break;
+        }
+        // Keep serving the consumer, so the session stays alive.
         let _ = consumer.poll(Duration::ZERO);
     }
-    shared.cancel.cancel();
-    commit(shared, consumer, None, CommitMode::Sync);
-    let mut st = shared.lock();
-    for p in st.partitions.values() {
-        for task in p.tasks.values() {
-            task.abort();
-        }
+    abandon();
+    let mut out = Vec::new();
+    {
+        let mut core = ctx.lock();
+        core.drain_done(&mut out);
+        out.clear();
+        core.sched.commit_all(&mut out);
     }
-    // Forget the partitions so the revoke callback during close neither
-    // waits for aborted tasks nor commits again.
-    st.partitions.clear();
+    ctx.execute(consumer, out, CommitMode::Sync, false);
+    // Forget the partitions so the revoke during close neither waits for
+    // abandoned jobs nor commits again.
+    ctx.lock().sched.clear();
 }

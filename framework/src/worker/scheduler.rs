@@ -52,6 +52,12 @@ pub(crate) enum LaneKey {
     Offset(i64),
 }
 
+/// Where a record comes from; the scheduler needs nothing else of it.
+pub(crate) trait Located {
+    fn topic(&self) -> &str;
+    fn partition(&self) -> i32;
+}
+
 /// A record as the adapter hands it over: what the scheduler needs to
 /// decide, plus the item it carries through to `Run`.
 pub(crate) struct Incoming<R> {
@@ -163,7 +169,7 @@ pub(crate) struct Scheduler<R> {
     last_commit_ms: i64,
 }
 
-impl<R> Scheduler<R> {
+impl<R: Located> Scheduler<R> {
     pub(crate) fn new(limits: Limits) -> Self {
         Self {
             limits: Limits {
@@ -199,12 +205,8 @@ impl<R> Scheduler<R> {
         self.ready.len()
     }
 
-    /// Whether `tp` is assigned and not revoked.
-    pub(crate) fn owns(&self, tp: &Tp) -> bool {
-        self.part(tp).is_some_and(|p| !p.revoked)
-    }
-
     /// Whether the scheduler holds `tp` paused (bound or due-time hold).
+    #[cfg(test)]
     pub(crate) fn wants_pause(&self, tp: &Tp) -> bool {
         self.stopping || self.part(tp).is_some_and(Part::wants_pause)
     }
@@ -326,19 +328,12 @@ impl<R> Scheduler<R> {
         }
     }
 
-    /// A polled record of `tp`. `now_ms` decides whether a tier record is due.
-    pub(crate) fn record(
-        &mut self,
-        topic: &str,
-        partition: i32,
-        rec: Incoming<R>,
-        now_ms: i64,
-        out: &mut Vec<Action<R>>,
-    ) {
+    /// A polled record. `now_ms` decides whether a tier record is due.
+    pub(crate) fn record(&mut self, rec: Incoming<R>, now_ms: i64, out: &mut Vec<Action<R>>) {
         if self.stopping {
             return;
         }
-        let Some(slot) = self.slot_of(topic, partition) else {
+        let Some(slot) = self.slot_of(rec.item.topic(), rec.item.partition()) else {
             return; // not (or no longer) assigned: never tracked, never committed
         };
         let Some(p) = self.slots[slot].as_mut() else {
@@ -451,7 +446,11 @@ impl<R> Scheduler<R> {
                 p.lanes.remove(&ticket.lane);
             }
         }
-        if p.paused_bound && !p.revoked && p.tracker.in_flight() <= self.limits.max_in_flight / 2 {
+        if p.paused_bound
+            && !p.revoked
+            && !self.stopping
+            && p.tracker.in_flight() <= self.limits.max_in_flight / 2
+        {
             p.paused_bound = false;
             if !p.wants_pause() {
                 out.push(Action::Resume(p.tp.clone()));
@@ -466,7 +465,7 @@ impl<R> Scheduler<R> {
             if let Some(h) = p.hold.as_mut().filter(|h| !h.resumed && h.due_ms <= now_ms) {
                 h.resumed = true;
                 let offset = h.offset;
-                if !p.paused_bound && !p.revoked {
+                if !p.paused_bound && !p.revoked && !self.stopping {
                     out.push(Action::Resume(p.tp.clone()));
                     out.push(Action::Seek(p.tp.clone(), offset));
                 }
@@ -520,6 +519,14 @@ impl<R> Scheduler<R> {
         }
     }
 
+    /// Forgets every partition without committing: after a shutdown, so the
+    /// consumer's final revoke neither waits for abandoned jobs nor commits.
+    pub(crate) fn clear(&mut self) {
+        self.slots.clear();
+        self.index.clear();
+        self.ready.clear();
+    }
+
     /// Per topic, the oldest record timestamp still pending (epoch ms).
     pub(crate) fn oldest_pending(&self) -> HashMap<String, Option<i64>> {
         let mut out: HashMap<String, Option<i64>> = HashMap::new();
@@ -533,12 +540,20 @@ impl<R> Scheduler<R> {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::{BTreeSet, HashSet};
+
+    impl Located for i64 {
+        fn topic(&self) -> &str {
+            "t"
+        }
+        fn partition(&self) -> i32 {
+            0
+        }
+    }
 
     fn limits(concurrency: usize, max_in_flight: usize) -> Limits {
         Limits {
@@ -578,7 +593,7 @@ mod tests {
         let mut out = Vec::new();
         s.assign(&[tp(0)], &mut out);
         for (o, k) in [(0, 1), (1, 1), (2, 2), (3, 1)] {
-            s.record("t", 0, rec(o, k), 0, &mut out);
+            s.record(rec(o, k), 0, &mut out);
         }
         out.clear();
         s.dispatch(&mut out);
@@ -591,7 +606,10 @@ mod tests {
         out.clear();
         s.finished(first[0], true, &mut out);
         s.dispatch(&mut out);
-        assert_eq!(runs(&out).iter().map(|t| t.offset).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(
+            runs(&out).iter().map(|t| t.offset).collect::<Vec<_>>(),
+            vec![1]
+        );
     }
 
     #[test]
@@ -600,7 +618,7 @@ mod tests {
         let mut out = Vec::new();
         s.assign(&[tp(0)], &mut out);
         for o in 0..3 {
-            s.record("t", 0, rec(o, o as u64), 0, &mut out);
+            s.record(rec(o, o as u64), 0, &mut out);
         }
         s.dispatch(&mut out);
         let t = runs(&out);
@@ -618,7 +636,7 @@ mod tests {
         s.assign(&[tp(0)], &mut out);
         out.clear();
         for o in 0..4 {
-            s.record("t", 0, rec(o, o as u64), 0, &mut out);
+            s.record(rec(o, o as u64), 0, &mut out);
         }
         assert!(matches!(&out[..], [Action::Pause(_)]), "{out:?}");
         assert!(s.wants_pause(&tp(0)));
@@ -640,21 +658,27 @@ mod tests {
         out.clear();
         let mut r = rec(5, 1);
         r.due_ms = Some(1_000);
-        s.record("t", 0, r, 0, &mut out);
-        assert!(matches!(&out[..], [Action::Pause(_), Action::Seek(_, 5)]), "{out:?}");
+        s.record(r, 0, &mut out);
+        assert!(
+            matches!(&out[..], [Action::Pause(_), Action::Seek(_, 5)]),
+            "{out:?}"
+        );
         out.clear();
-        s.record("t", 0, rec(6, 2), 0, &mut out);
+        s.record(rec(6, 2), 0, &mut out);
         s.dispatch(&mut out);
         assert!(out.is_empty(), "nothing behind a hold runs");
         s.tick(999, &mut out);
         assert!(!out.iter().any(|a| matches!(a, Action::Resume(_))));
         out.clear();
         s.tick(1_000, &mut out);
-        assert!(matches!(&out[..2], [Action::Resume(_), Action::Seek(_, 5)]), "{out:?}");
+        assert!(
+            matches!(&out[..2], [Action::Resume(_), Action::Seek(_, 5)]),
+            "{out:?}"
+        );
         out.clear();
         let mut again = rec(5, 1);
         again.due_ms = Some(1_000);
-        s.record("t", 0, again, 1_000, &mut out);
+        s.record(again, 1_000, &mut out);
         s.dispatch(&mut out);
         assert_eq!(runs(&out).len(), 1);
     }
@@ -665,7 +689,7 @@ mod tests {
         let mut out = Vec::new();
         s.assign(&[tp(0)], &mut out);
         for o in 0..50 {
-            s.record("t", 0, rec(o, o as u64), 0, &mut out);
+            s.record(rec(o, o as u64), 0, &mut out);
         }
         out.clear();
         s.dispatch(&mut out);
@@ -678,7 +702,10 @@ mod tests {
         s.finished(t[0], true, &mut out);
         assert_eq!(s.running_in(&[tp(0)]), 0);
         s.release(&[tp(0)], false, &mut out);
-        assert!(matches!(&out[..], [Action::Commit(c)] if c == &vec![(tp(0), 1)]), "{out:?}");
+        assert!(
+            matches!(&out[..], [Action::Commit(c)] if c == &vec![(tp(0), 1)]),
+            "{out:?}"
+        );
     }
 
     #[test]
@@ -686,7 +713,7 @@ mod tests {
         let mut s = Scheduler::new(limits(4, 100));
         let mut out = Vec::new();
         s.assign(&[tp(0)], &mut out);
-        s.record("t", 0, rec(0, 1), 0, &mut out);
+        s.record(rec(0, 1), 0, &mut out);
         s.dispatch(&mut out);
         let t = runs(&out);
         out.clear();
@@ -759,7 +786,10 @@ mod tests {
                                     .all(|r| self.keys[r.offset as usize] != key),
                                 "two jobs of key {key} at once"
                             );
-                            self.lane_order.entry(key).or_default().push(j.ticket.offset);
+                            self.lane_order
+                                .entry(key)
+                                .or_default()
+                                .push(j.ticket.offset);
                             self.running.push(j.ticket);
                         }
                     }
@@ -800,7 +830,7 @@ mod tests {
                 }
                 let o = self.pos;
                 self.pos += 1;
-                s.record("t", 0, self.incoming(o), self.now, &mut out);
+                s.record(self.incoming(o), self.now, &mut out);
                 // An action (a hold's seek) may change the position.
                 self.apply(std::mem::take(&mut out));
             }

@@ -1,0 +1,349 @@
+//! The attempt pipeline: one record, from bytes to a final outcome.
+//!
+//! decode with the route's contract → run the handler (timeout, panic
+//! capture) → classify → [`next_step`] (done, next retry tier, or DLQ) →
+//! forward and wait for the acknowledgement. The worker and the test harness
+//! run exactly this; they differ only in where a forward goes (a [`Sink`]:
+//! Kafka, or the harness's in-memory logs) and in the clock they pass.
+//!
+//! Nothing here sleeps: a retry waits in its tier topic, not in the worker.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use opentelemetry::trace::FutureExt as _;
+use opentelemetry::KeyValue;
+use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, warn};
+
+use super::state::{RouteEntry, WorkerStats};
+use crate::classify::ErrorClass;
+use crate::dlq::envelope_headers;
+use crate::error::Result;
+use crate::headers::JobHeaders;
+use crate::job::JobContext;
+use crate::producer::Producer;
+use crate::routing::{next_step, Next};
+use crate::telemetry::metrics::Metrics;
+use crate::telemetry::spans::JobSpan;
+use crate::topics::dlq_topic;
+
+/// Where forwarded records go: Kafka for the worker, memory for the harness.
+pub(crate) trait Sink: Send + Sync {
+    /// Writes a record and resolves once it is acknowledged.
+    fn send<'a>(
+        &'a self,
+        topic: &'a str,
+        key: Option<&'a [u8]>,
+        payload: Option<&'a [u8]>,
+        headers: OwnedHeaders,
+    ) -> BoxFuture<'a, Result<(i32, i64)>>;
+}
+
+impl Sink for Producer {
+    fn send<'a>(
+        &'a self,
+        topic: &'a str,
+        key: Option<&'a [u8]>,
+        payload: Option<&'a [u8]>,
+        headers: OwnedHeaders,
+    ) -> BoxFuture<'a, Result<(i32, i64)>> {
+        Box::pin(self.send_raw(topic, key, payload, headers))
+    }
+}
+
+/// How one attempt ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The handler returned `Ok`.
+    Handled,
+    /// Forwarded to a retry tier.
+    Retried,
+    /// Forwarded to the DLQ (or an envelope of it).
+    DeadLettered,
+    /// Not finished: the worker stopped (or the record has no route); the
+    /// offset stays unfinished and the record is re-delivered.
+    Abandoned,
+}
+
+impl Outcome {
+    /// Whether the offset may be marked done.
+    pub(crate) fn is_final(&self) -> bool {
+        !matches!(self, Outcome::Abandoned)
+    }
+}
+
+/// One attempt's result with what a report needs.
+#[derive(Clone, Debug)]
+pub(crate) struct Attempted {
+    pub outcome: Outcome,
+    /// The job id the handler saw.
+    pub id: String,
+    /// The contract name.
+    pub job: &'static str,
+    /// The attempt number.
+    pub attempt: u32,
+}
+
+/// Everything an attempt needs besides the record.
+pub(crate) struct Pipeline {
+    pub routes: HashMap<String, RouteEntry>,
+    pub group: String,
+    pub sink: Arc<dyn Sink>,
+    pub metrics: Metrics,
+    pub stats: Arc<WorkerStats>,
+    /// Cancelled at the end of the shutdown grace period: forwards that are
+    /// still retrying give up (the record is re-delivered).
+    pub cancel: CancellationToken,
+}
+
+/// The context a handler sees for `msg`.
+pub(crate) fn context_for(
+    msg: &OwnedMessage,
+    headers: &JobHeaders,
+    group: &str,
+    job: &str,
+) -> JobContext {
+    JobContext {
+        id: headers.job_id(msg.topic(), msg.partition(), msg.offset()),
+        job: headers.job.clone().unwrap_or_else(|| job.to_string()),
+        version: headers.version,
+        attempt: headers.attempt.unwrap_or(1).max(1),
+        topic: msg.topic().to_string(),
+        partition: msg.partition(),
+        offset: msg.offset(),
+        key: msg.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+        timestamp_ms: msg.timestamp().to_millis(),
+        tenant: headers.tenant.clone(),
+        group: group.to_string(),
+        due_at_ms: headers.due_at_ms,
+    }
+}
+
+impl Pipeline {
+    /// Runs one record to a final outcome at wall-clock time `now_ms`, with
+    /// `unit` in `[0, 1)` for retry jitter (both parameters, so the harness
+    /// is deterministic).
+    pub(crate) async fn attempt(&self, msg: &OwnedMessage, unit: f64, now_ms: i64) -> Attempted {
+        let Some(entry) = self.routes.get(msg.topic()) else {
+            // Unreachable: the consumer subscribes to route topics only. Not
+            // marked done, so it is never lost.
+            error!(topic = msg.topic(), "record from a topic without a route");
+            return Attempted {
+                outcome: Outcome::Abandoned,
+                id: String::new(),
+                job: "",
+                attempt: 0,
+            };
+        };
+        let headers = JobHeaders::parse(msg.headers());
+        let job: &'static str = entry.route.job_name();
+        let ctx = context_for(msg, &headers, &self.group, job);
+        let attempt = ctx.attempt;
+        let id = ctx.id.clone();
+        let span = handle_span(msg, &ctx, &headers, job);
+        if let Some(due) = ctx.due_at_ms {
+            self.metrics
+                .lateness(msg.topic(), ((now_ms - due).max(0) as f64) / 1000.0);
+        }
+        let started = std::time::Instant::now();
+        self.metrics.in_flight(job, 1);
+        let run = entry.route.run(msg.payload(), ctx);
+        let result = match span.context() {
+            Some(cx) => run.with_context(cx.clone()).await,
+            None => run.await,
+        };
+        self.metrics.in_flight(job, -1);
+        let elapsed = started.elapsed();
+        self.metrics.handler_seconds(job, elapsed.as_secs_f64());
+        let next = next_step(
+            &result,
+            msg,
+            &entry.main,
+            &self.group,
+            &entry.retry,
+            attempt,
+            unit,
+            now_ms,
+        );
+        let duration_ms = elapsed.as_millis() as u64;
+        let at = At(msg);
+        let outcome = match next {
+            Next::Done => {
+                WorkerStats::bump(&self.stats.handled);
+                self.metrics.outcome(job, "ok");
+                debug!(job.id = %id, job.type = job, attempt, at = %at, duration_ms, outcome = "ok", "job handled");
+                Outcome::Handled
+            }
+            Next::Retry {
+                topic,
+                mut headers,
+                wait,
+                class,
+            } => {
+                warn!(
+                    job.id = %id, job.type = job, attempt, at = %at, duration_ms, outcome = "retried",
+                    class = class.as_str(), error = headers.error.as_deref().unwrap_or(""), retry = %topic,
+                    wait_ms = wait.as_millis() as u64, "attempt failed; scheduled a retry"
+                );
+                span.fail(headers.error.as_deref().unwrap_or("retryable failure"));
+                span.inject(&mut headers);
+                match self.forward(&topic, &entry.main, msg, &headers).await {
+                    Forwarded::Sent => {
+                        WorkerStats::bump(&self.stats.retried);
+                        self.metrics.outcome(job, "retried");
+                        Outcome::Retried
+                    }
+                    Forwarded::Enveloped => {
+                        WorkerStats::bump(&self.stats.dead_lettered);
+                        self.metrics.outcome(job, "dead_lettered");
+                        Outcome::DeadLettered
+                    }
+                    Forwarded::Cancelled => Outcome::Abandoned,
+                }
+            }
+            Next::DeadLetter {
+                topic,
+                mut headers,
+                class,
+                message,
+            } => {
+                let label = if class == ErrorClass::Panic {
+                    "panicked"
+                } else {
+                    "dead_lettered"
+                };
+                warn!(
+                    job.id = %id, job.type = job, attempt, at = %at, duration_ms, outcome = label,
+                    class = class.as_str(), error = %message, dlq = %topic, "dead-lettering"
+                );
+                span.fail(&message);
+                span.inject(&mut headers);
+                match self.forward(&topic, &entry.main, msg, &headers).await {
+                    Forwarded::Cancelled => Outcome::Abandoned,
+                    Forwarded::Sent | Forwarded::Enveloped => {
+                        WorkerStats::bump(&self.stats.dead_lettered);
+                        if class == ErrorClass::Panic {
+                            WorkerStats::bump(&self.stats.panicked);
+                        }
+                        self.metrics.outcome(job, label);
+                        Outcome::DeadLettered
+                    }
+                }
+            }
+        };
+        Attempted {
+            outcome,
+            id,
+            job,
+            attempt,
+        }
+    }
+
+    /// Writes the record (payload and key unchanged, headers rebuilt) to
+    /// `target` and waits for the acknowledgement. Only an acknowledged
+    /// forward releases the source offset: a crash in between yields a
+    /// duplicate, never a loss.
+    ///
+    /// Transient failures (broker unreachable, timeouts) are retried with
+    /// backoff until the worker's grace period ends. A permanent refusal
+    /// (the record is too large for the target, the principal may not write
+    /// there, the broker rejects it as invalid) can never succeed, so
+    /// instead of blocking the partition forever the worker dead-letters an
+    /// *envelope*: every header, class `forward.rejected`, and the
+    /// coordinates where the original can still be read, without the
+    /// payload. Only if the DLQ refuses even that is the write retried until
+    /// an operator fixes the cause, which the log line names.
+    async fn forward(
+        &self,
+        target: &str,
+        main: &str,
+        msg: &OwnedMessage,
+        headers: &JobHeaders,
+    ) -> Forwarded {
+        let mut wait = std::time::Duration::from_millis(200);
+        let mut envelope: Option<(String, JobHeaders)> = None;
+        loop {
+            let (topic, hdrs, payload) = match &envelope {
+                None => (target, headers, msg.payload()),
+                Some((dlq, h)) => (dlq.as_str(), h, None),
+            };
+            match self
+                .sink
+                .send(topic, msg.key(), payload, hdrs.to_owned_headers())
+                .await
+            {
+                Ok(_) if envelope.is_some() => return Forwarded::Enveloped,
+                Ok(_) => return Forwarded::Sent,
+                Err(e) if e.is_permanent() && envelope.is_none() => {
+                    error!(
+                        target, at = %format_args!("{}:{}:{}", msg.topic(), msg.partition(), msg.offset()),
+                        cause = %e, "forward refused for good; dead-lettering an envelope without the payload"
+                    );
+                    envelope = Some((
+                        dlq_topic(main),
+                        envelope_headers(headers, msg, target, &e.to_string()),
+                    ));
+                }
+                Err(e) => {
+                    error!(topic, error = %e, "forward failed; the source offset stays uncommitted and the write is retried");
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = self.cancel.cancelled() => return Forwarded::Cancelled,
+                    }
+                    wait = (wait * 2).min(std::time::Duration::from_secs(10));
+                }
+            }
+        }
+    }
+}
+
+/// `partition:offset` of a record, formatted only if a log line is written.
+struct At<'a>(&'a OwnedMessage);
+
+impl std::fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.0.partition(), self.0.offset())
+    }
+}
+
+/// How a forward ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Forwarded {
+    /// Written to its target and acknowledged.
+    Sent,
+    /// The target refused the record for good; an envelope without the
+    /// payload was dead-lettered and acknowledged instead.
+    Enveloped,
+    /// The worker gave up at the end of its grace period; not written.
+    Cancelled,
+}
+
+/// The consumer span of one attempt, with OpenTelemetry messaging attributes,
+/// continuing the trace carried in the record's `traceparent`.
+fn handle_span(
+    msg: &OwnedMessage,
+    ctx: &JobContext,
+    headers: &JobHeaders,
+    job: &'static str,
+) -> JobSpan {
+    JobSpan::consumer(headers, || {
+        vec![
+            KeyValue::new("messaging.system", "kafka"),
+            KeyValue::new("messaging.operation.type", "process"),
+            KeyValue::new("messaging.destination.name", msg.topic().to_string()),
+            KeyValue::new(
+                "messaging.destination.partition.id",
+                i64::from(msg.partition()),
+            ),
+            KeyValue::new("messaging.kafka.offset", msg.offset()),
+            KeyValue::new("messaging.consumer.group.name", ctx.group.clone()),
+            KeyValue::new("messaging.message.id", ctx.id.clone()),
+            KeyValue::new("kjob.job", job),
+            KeyValue::new("kjob.version", i64::from(ctx.version.unwrap_or(0))),
+            KeyValue::new("kjob.attempt", i64::from(ctx.attempt)),
+        ]
+    })
+}

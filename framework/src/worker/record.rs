@@ -1,0 +1,61 @@
+//! From a Kafka record to what the scheduler needs: its lane (by ordering
+//! mode), its due time (retry tiers), and whether another group wrote it.
+//! Shared by the worker's poll thread and the test harness, so both feed the
+//! scheduler the same facts.
+
+use std::hash::{Hash, Hasher};
+
+use rdkafka::message::{Message, OwnedMessage};
+
+use super::scheduler::{Incoming, LaneKey, Located};
+use super::Ordering;
+use crate::headers;
+
+impl Located for OwnedMessage {
+    fn topic(&self) -> &str {
+        Message::topic(self)
+    }
+    fn partition(&self) -> i32 {
+        Message::partition(self)
+    }
+}
+
+/// The scheduler's view of `msg`. Headers are read only for retry-tier
+/// records (`kjob-due-at`, `kjob-group`); a main-topic record costs a key
+/// hash and nothing else.
+pub(crate) fn incoming(
+    msg: OwnedMessage,
+    ordering: Ordering,
+    is_tier: bool,
+    group: &str,
+) -> Incoming<OwnedMessage> {
+    let offset = msg.offset();
+    let lane = match ordering {
+        Ordering::PerKey => match msg.key() {
+            Some(k) => {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                k.hash(&mut h);
+                LaneKey::Key(h.finish())
+            }
+            None => LaneKey::Partition,
+        },
+        Ordering::PerPartition => LaneKey::Partition,
+        Ordering::Unordered => LaneKey::Offset(offset),
+    };
+    let (due_ms, foreign) = if is_tier {
+        let due = headers::find(msg.headers(), headers::DUE_AT).and_then(|v| v.parse().ok());
+        // Another group's retry: its view of the job, not ours.
+        let foreign = headers::find(msg.headers(), headers::GROUP).is_some_and(|g| g != group);
+        (due, foreign)
+    } else {
+        (None, false)
+    };
+    Incoming {
+        offset,
+        lane,
+        timestamp_ms: msg.timestamp().to_millis(),
+        due_ms,
+        foreign,
+        item: msg,
+    }
+}
