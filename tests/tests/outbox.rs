@@ -697,16 +697,17 @@ async fn a_row_the_broker_refuses_holds_back_only_its_key() {
     let running = tokio::spawn(relay.run_until(async {
         let _ = stopped.await;
     }));
-    // Larger than the producer's message.max.bytes (1 MB): refused for good.
+    // 3 MB of random text: even lz4-compressed it stays above the topic's
+    // max.message.bytes (1 MB by default), so the broker refuses it for good.
+    let noise: String = {
+        use rand::distr::{Alphanumeric, SampleString};
+        Alphanumeric.sample_string(&mut rand::rng(), 3_000_000)
+    };
     let outbox = fx.outbox.clone();
     let topic = fx.topic.clone();
     let tx = fx.client.transaction().await.expect("BEGIN");
     let poison = outbox
-        .enqueue_to(
-            &tx,
-            &topic,
-            &TestJob::with("poisoned", 1, &"x".repeat(1_200_000)),
-        )
+        .enqueue_to(&tx, &topic, &TestJob::with("poisoned", 1, &noise))
         .await
         .expect("enqueue");
     let behind = outbox

@@ -69,9 +69,14 @@
 //!   experimental by librdkafka, which logs a `CONFWARN` for it) turns the
 //!   remaining gap-prone errors into a fatal error, after which the relay
 //!   starts a fresh producer and republishes.
-//! * **A row the broker will never take** (larger than `message.max.bytes`,
-//!   a topic that does not exist while auto-creation is off) is retried with
-//!   backoff (up to a minute apart) and holds its key back; other keys flow.
+//! * **A row the broker will never take** (larger than the topic's
+//!   `max.message.bytes`, a topic that does not exist while auto-creation is
+//!   off) is retried with backoff (up to a minute apart) and holds its key
+//!   back; other keys flow. Its refusal makes the producer fatal (gapless
+//!   guarantee), and rows of other keys that failed only because of that
+//!   are sent again at once by a fresh producer, without a backoff. The relay
+//!   keeps one produce request in flight, so a key's later row cannot be
+//!   accepted before the refusal of an earlier one has stopped the producer.
 //!   `kjob outbox status` counts it as failing and shows the error. Fix the
 //!   cause, or delete the row (`DELETE FROM kjob_outbox WHERE id = ...`);
 //!   the key then moves on.

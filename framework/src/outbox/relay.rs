@@ -35,11 +35,16 @@ use crate::producer::{Producer, DEFAULT_DELIVERY_TIMEOUT};
 ///   one) in librdkafka's idempotent producer.
 /// * `enable.gapless.guarantee`: any other error that could leave a gap
 ///   becomes fatal; the relay then recreates the producer and republishes.
+/// * One produce request in flight per connection: with several, a request
+///   carrying a key's later row can be accepted while the one before it is
+///   refused for good (say, too large for the topic), before the refusal has
+///   made the producer fatal. One at a time, the fatal error comes first.
 /// * Reconnect within a second once the broker is back.
 const RELAY_DEFAULTS: &[(&str, &str)] = &[
     ("delivery.timeout.ms", "0"),
     ("enable.gapless.guarantee", "true"),
     ("reconnect.backoff.max.ms", "1000"),
+    ("max.in.flight.requests.per.connection", "1"),
 ];
 
 /// How long a batch may wait for acknowledgements before each `stalled`
@@ -444,6 +449,7 @@ impl Relay {
             match p {
                 Pending::Sent(delivery) => match delivery.await {
                     Ok(Ok(_)) => Outcome::Acked,
+                    Ok(Err((e, _))) if collateral(&e) => Outcome::Collateral,
                     Ok(Err((e, _))) => Outcome::Failed(e.to_string()),
                     Err(_) => {
                         Outcome::Failed("the producer was dropped before acknowledging".to_string())
@@ -487,6 +493,7 @@ impl Relay {
             done,
             failed,
             first_error,
+            fresh_producer,
         } = plan(batch.iter().map(|r| (r.id, r.key.as_str())), outcomes);
         if !done.is_empty() {
             client
@@ -509,6 +516,8 @@ impl Relay {
                 .execute(&s.fail, &[&failed, &error])
                 .await
                 .map_err(OutboxError::db("recording an outbox publish failure"))?;
+        }
+        if fresh_producer {
             // A failed delivery may have been fatal (gapless guarantee):
             // start from a fresh producer. Dropping the old one purges and
             // flushes (up to 500 ms): off the async runtime.
@@ -548,6 +557,8 @@ struct Plan {
     failed: Vec<i64>,
     /// The first failure's message.
     first_error: Option<String>,
+    /// Whether the producer may be fatal now and must be replaced.
+    fresh_producer: bool,
 }
 
 /// Decides, from the batch (id order) and each row's outcome, which rows may
@@ -560,12 +571,15 @@ fn plan<'a>(rows: impl IntoIterator<Item = (i64, &'a str)>, outcomes: Vec<Outcom
         done: Vec::new(),
         failed: Vec::new(),
         first_error: None,
+        fresh_producer: false,
     };
     for ((id, key), outcome) in rows.into_iter().zip(outcomes) {
         match outcome {
             Outcome::Acked if !failed_keys.contains(key) => out.done.push(id),
             Outcome::Acked | Outcome::HeldBack => {}
+            Outcome::Collateral => out.fresh_producer = true,
             Outcome::Failed(e) => {
+                out.fresh_producer = true;
                 failed_keys.insert(key);
                 out.failed.push(id);
                 out.first_error.get_or_insert(e);
@@ -592,6 +606,26 @@ enum Outcome {
     Failed(String),
     /// Not sent: an earlier row of its key failed. It waits for that row.
     HeldBack,
+    /// Failed because the producer died of another row's error (or of its
+    /// own fatal state): sent again with the next batch, no backoff.
+    Collateral,
+}
+
+/// Whether a delivery error is another row's doing: once one row's failure
+/// made the producer fatal (gapless guarantee), every other queued or
+/// in-flight record fails with these codes. Such rows are simply sent
+/// again with the next batch, without a backoff, so a refused row cannot
+/// hold other keys hostage.
+fn collateral(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Fatal
+                | RDKafkaErrorCode::PurgeQueue
+                | RDKafkaErrorCode::PurgeInflight
+                | RDKafkaErrorCode::GaplessGuarantee
+        )
+    )
 }
 
 /// One unsent row.
@@ -833,6 +867,7 @@ mod tests {
         assert_eq!(p.done, vec![1, 2, 5]);
         assert_eq!(p.failed, vec![3, 6]);
         assert_eq!(p.first_error.as_deref(), Some("refused"));
+        assert!(p.fresh_producer);
     }
 
     #[test]
@@ -846,6 +881,22 @@ mod tests {
             ],
         );
         assert_eq!((p.done, p.failed), (vec![3], vec![1]));
+    }
+
+    #[test]
+    fn collateral_failures_are_resent_without_backoff_by_a_fresh_producer() {
+        let p = plan(
+            [(1, "a"), (2, "b")],
+            vec![Outcome::Collateral, Outcome::Collateral],
+        );
+        assert!(p.done.is_empty() && p.failed.is_empty());
+        assert!(p.fresh_producer, "a fatal producer is replaced");
+        assert!(collateral(&KafkaError::MessageProduction(
+            RDKafkaErrorCode::Fatal
+        )));
+        assert!(!collateral(&KafkaError::MessageProduction(
+            RDKafkaErrorCode::MessageSizeTooLarge
+        )));
     }
 
     #[test]
@@ -867,7 +918,8 @@ mod tests {
             Plan {
                 done: vec![7, 8],
                 failed: vec![],
-                first_error: None
+                first_error: None,
+                fresh_producer: false,
             }
         );
     }
