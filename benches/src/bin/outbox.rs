@@ -283,7 +283,17 @@ async fn latency(s: &Setup, rate: u64, seconds: u64) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let config = KafkaConfig::from_env();
+    // BENCH_RDKAFKA=k=v,... adds librdkafka settings to the relay (as in
+    // the main harness), e.g. max.in.flight.requests.per.connection=5.
+    let mut config = KafkaConfig::from_env();
+    for kv in std::env::var("BENCH_RDKAFKA")
+        .unwrap_or_default()
+        .split(',')
+    {
+        if let Some((k, v)) = kv.split_once('=') {
+            config = config.set(k.trim(), v.trim());
+        }
+    }
     let url = std::env::var("KJOB_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:54329/kjob".into());
     let jobs = arg("jobs", 100_000);

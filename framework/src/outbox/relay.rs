@@ -686,17 +686,18 @@ impl Statements {
                 }
             })
         };
-        // A key whose earliest failing row is not due yet is held back from
-        // that row on, so nothing overtakes it.
+        // A key with a failing row that is not due yet is held back as a
+        // whole, so nothing overtakes that row. `NOT IN` stays a hashed
+        // subplan (normally over zero rows) instead of becoming an anti-join,
+        // so the plan is always "walk the unsent index in id order, stop at
+        // the limit", whatever the statistics say.
         let select = prep(
             format!(
-                "WITH blocked AS (
-                     SELECT key, min(id) AS first FROM {t}
-                     WHERE sent_at IS NULL AND retry_at > clock_timestamp()
-                     GROUP BY key)
-                 SELECT id, topic, key, payload, headers FROM {t} o
+                "SELECT id, topic, key, payload, headers FROM {t}
                  WHERE sent_at IS NULL AND bucket = ANY($1)
-                   AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.key = o.key AND b.first <= o.id)
+                   AND key NOT IN (
+                       SELECT key FROM {t}
+                       WHERE sent_at IS NULL AND retry_at > clock_timestamp())
                  ORDER BY id LIMIT $2"
             ),
             &[Type::INT2_ARRAY, Type::INT8],
