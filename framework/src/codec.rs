@@ -41,6 +41,28 @@ use crate::schema::Compatibility;
 /// The Confluent wire-format magic byte.
 pub const MAGIC_BYTE: u8 = 0;
 
+/// The most any single allocation may take while decoding an Avro body.
+///
+/// An Avro string, bytes, array or map starts with a length, and the Avro
+/// library allocates that length *before* reading the data. A hostile or
+/// corrupt record of ten bytes can therefore claim half a gigabyte (the
+/// library's default bound is 512 MiB), and with 64 jobs in flight a worker
+/// would reserve 32 GiB for nothing. Jobs carry references, not documents
+/// (and Kafka's default record limit is 1 MiB), so kjob bounds every such
+/// allocation at 4 MiB; a longer value fails as a corrupt body
+/// (`decode.body`, dead-lettered). A map's hash table may round up to about
+/// twice that (`benches/src/bin/fuzz_decoder.rs` measures it). The bound is apache-avro's
+/// process-wide, set-once setting: an application that calls
+/// `apache_avro::util::max_allocation_bytes` before creating any kjob codec
+/// keeps its own value.
+pub const MAX_DECODE_ALLOCATION: usize = 4 * 1024 * 1024;
+
+/// Applies [`MAX_DECODE_ALLOCATION`] unless the process chose a bound
+/// already. Cheap after the first call (a `OnceLock` read).
+pub fn bound_decode_allocations() -> usize {
+    apache_avro::util::max_allocation_bytes(MAX_DECODE_ALLOCATION)
+}
+
 /// A schema the registry assigned an id to, ready for encoding.
 #[derive(Clone, Debug)]
 pub struct RegisteredContract {
@@ -111,6 +133,7 @@ impl DecodeError {
 
 /// Splits a Confluent-framed record into its schema id and body.
 pub fn split_frame(bytes: Option<&[u8]>) -> std::result::Result<(u32, &[u8]), DecodeError> {
+    bound_decode_allocations();
     let bytes = bytes.ok_or_else(|| DecodeError::NotFramed("record has no value".into()))?;
     if bytes.len() < 5 {
         return Err(DecodeError::NotFramed(format!(
@@ -434,6 +457,7 @@ pub struct ReaderSchema {
 impl ReaderSchema {
     /// Wraps a parsed reader schema.
     pub fn new(schema: Schema) -> Self {
+        bound_decode_allocations();
         Self {
             canonical: schema.canonical_form(),
             schema,
@@ -527,6 +551,7 @@ pub fn decode_value(
     body: &[u8],
     reader: &Schema,
 ) -> std::result::Result<Value, DecodeError> {
+    bound_decode_allocations();
     let mut cursor = body;
     let written = GenericDatumReader::builder(writer)
         .build()
@@ -603,6 +628,62 @@ mod tests {
                 matches!(err, Some(DecodeError::NotFramed(_))),
                 "{bad:?} -> {err:?}"
             );
+        }
+    }
+
+    /// The record value of a job with strings, an array and a map.
+    const FUZZ_SCHEMA: &str = r#"{"type":"record","name":"F","fields":[
+      {"name":"key","type":"string"},
+      {"name":"tags","type":{"type":"array","items":"string"}},
+      {"name":"attrs","type":{"type":"map","values":"long"}}]}"#;
+
+    fn zigzag(n: i64) -> Vec<u8> {
+        let mut z = ((n << 1) ^ (n >> 63)) as u64;
+        let mut out = Vec::new();
+        while z >= 0x80 {
+            out.push((z as u8 & 0x7f) | 0x80);
+            z >>= 7;
+        }
+        out.push(z as u8);
+        out
+    }
+
+    #[test]
+    fn a_hostile_length_prefix_is_a_classified_error_not_an_allocation() {
+        let schema = Schema::parse_str(FUZZ_SCHEMA).expect("the test schema parses");
+        let schema = &schema;
+        for claim in [1_i64 << 40, 1 << 62, (MAX_DECODE_ALLOCATION as i64) + 1] {
+            let body = zigzag(claim);
+            let err = decode_value(1, schema, &body, schema).err();
+            assert!(
+                matches!(err, Some(DecodeError::Body { .. })),
+                "claim {claim}: {err:?}"
+            );
+        }
+        assert_eq!(bound_decode_allocations(), MAX_DECODE_ALLOCATION);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            cases: 2_000, failure_persistence: None, ..Default::default()
+        })]
+
+        /// The quick version of `benches/src/bin/fuzz_decoder.rs` (a million
+        /// cases): any bytes are either a job or a classified decode error.
+        #[test]
+        fn any_bytes_decode_or_are_classified(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..48)) {
+            let schema = Schema::parse_str(FUZZ_SCHEMA).map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+            let framed = frame(1, &bytes);
+            for input in [&bytes[..], &framed[..]] {
+                match split_frame(Some(input)) {
+                    Err(e) => proptest::prop_assert!(e.class().is_some()),
+                    Ok((id, body)) => {
+                        if let Err(e) = decode_value(id, &schema, body, &schema) {
+                            proptest::prop_assert!(e.class().is_some(), "{e}");
+                        }
+                    }
+                }
+            }
         }
     }
 }

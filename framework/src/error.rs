@@ -80,6 +80,29 @@ pub enum Error {
         /// The bootstrap servers in use.
         bootstrap: String,
     },
+    /// The cluster refused this client's credentials (SASL or TLS).
+    #[error("authentication with Kafka at {bootstrap} failed: {message}. Check KJOB_SASL_USERNAME and KJOB_SASL_PASSWORD (and KJOB_SECURITY_PROTOCOL, KJOB_SASL_MECHANISM, KJOB_SSL_CA_LOCATION)")]
+    Authentication {
+        /// The bootstrap servers in use.
+        bootstrap: String,
+        /// librdkafka's reason (never contains the password).
+        message: String,
+    },
+    /// Kafka's ACLs do not allow an operation kjob needs, so it stops
+    /// instead of waiting for a permission that will not come.
+    #[error("not authorized by Kafka ACLs: principal {principal} may not {operation} {resource}; grant it, e.g. `{grant}` (broker said: {message})")]
+    NotAuthorized {
+        /// The principal (`User:<sasl.username>`), as ACLs name it.
+        principal: String,
+        /// The ACL operation needed (`Describe`, `Read`, `Write`, ...).
+        operation: String,
+        /// What it is needed on, e.g. ``topic `orders` ``.
+        resource: String,
+        /// The `kafka-acls` command that grants it.
+        grant: String,
+        /// The broker's or librdkafka's words.
+        message: String,
+    },
     /// An rdkafka call failed; `context` says which.
     #[error("kafka: {context}: {source}")]
     Kafka {
@@ -113,11 +136,42 @@ impl Error {
         matches!(self, Error::Rejected { .. })
     }
 
+    /// [`Error::NotAuthorized`] for `config`'s principal, with the
+    /// `kafka-acls` command that grants `operation` on the resource that
+    /// `acl_args` names (e.g. `--topic orders`).
+    pub(crate) fn not_authorized(
+        config: &crate::KafkaConfig,
+        operation: &str,
+        resource: String,
+        acl_args: &str,
+        message: String,
+    ) -> Self {
+        let principal = config.principal();
+        Error::NotAuthorized {
+            grant: format!(
+                "kafka-acls --bootstrap-server {} --add --allow-principal {principal} --operation {operation} {acl_args}",
+                config.bootstrap_servers
+            ),
+            principal,
+            operation: operation.to_string(),
+            resource,
+            message,
+        }
+    }
+
     /// Wraps an rdkafka error with what kjob was trying to do.
     pub(crate) fn kafka(context: impl Into<String>, source: rdkafka::error::KafkaError) -> Self {
-        Error::Kafka {
-            context: context.into(),
-            source,
+        let mut context = context.into();
+        // librdkafka built without OpenSSL refuses SSL settings at client
+        // creation; say which switch builds it in.
+        let text = source.to_string();
+        if text.contains("OpenSSL not available")
+            || text.contains("SSL") && text.contains("not available")
+        {
+            context.push_str(
+                " (this build of librdkafka has no TLS: enable kjob's `tls` feature, which needs libssl-dev)",
+            );
         }
+        Error::Kafka { context, source }
     }
 }

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::KafkaConfig;
@@ -37,66 +38,128 @@ impl PartitionLag {
 
 /// Committed and end offsets of `group` for every partition of `topics`.
 /// Blocking (several broker round trips): use `spawn_blocking` in async code.
+/// For repeated reads, keep a [`LagReader`].
 pub fn group_lag(
     config: &KafkaConfig,
     group: &str,
     topics: &[String],
 ) -> Result<Vec<PartitionLag>> {
-    let consumer: BaseConsumer = config
-        .client_config(&[("group.id", group), ("enable.auto.commit", "false")])
-        .create()
-        .map_err(|e| Error::kafka("creating lag client", e))?;
-    let timeout = Duration::from_secs(10);
-    let mut tpl = TopicPartitionList::new();
-    for topic in topics {
-        let md = consumer
-            .fetch_metadata(Some(topic), timeout)
-            .map_err(|e| Error::kafka(format!("metadata for `{topic}`"), e))?;
-        let parts = md
-            .topics()
-            .first()
-            .filter(|t| t.error().is_none())
-            .map(|t| t.partitions().len())
-            .unwrap_or(0);
-        if parts == 0 {
-            return Err(Error::MissingTopic {
-                topic: topic.clone(),
-                bootstrap: config.bootstrap_servers.clone(),
-            });
-        }
-        for p in 0..parts as i32 {
-            tpl.add_partition(topic, p);
-        }
+    LagReader::new(config, group)?.read(topics)
+}
+
+/// A long-lived lag reader: one client for every refresh (a worker reads
+/// its lag every few seconds), and every offset query batched, so a refresh
+/// costs one metadata request, one committed-offsets request, and two
+/// list-offsets requests per broker, whatever the partition count.
+pub struct LagReader {
+    consumer: BaseConsumer,
+    group: String,
+    bootstrap: String,
+    config: KafkaConfig,
+}
+
+impl LagReader {
+    /// A reader of `group`'s positions.
+    pub fn new(config: &KafkaConfig, group: &str) -> Result<Self> {
+        let consumer: BaseConsumer = config
+            .client_config(&[("group.id", group), ("enable.auto.commit", "false")])
+            .create()
+            .map_err(|e| Error::kafka("creating lag client", e))?;
+        Ok(Self {
+            consumer,
+            group: group.to_string(),
+            bootstrap: config.bootstrap_servers.clone(),
+            config: config.clone(),
+        })
     }
-    let committed = consumer
-        .committed_offsets(tpl.clone(), timeout)
-        .map_err(|e| Error::kafka(format!("committed offsets of group `{group}`"), e))?;
-    let mut out = Vec::new();
-    for e in tpl.elements() {
-        let (start, end) = consumer
-            .fetch_watermarks(e.topic(), e.partition(), timeout)
-            .map_err(|err| {
-                Error::kafka(
-                    format!("watermarks of {}:{}", e.topic(), e.partition()),
-                    err,
-                )
-            })?;
-        let committed = match committed
-            .find_partition(e.topic(), e.partition())
-            .map(|c| c.offset())
+
+    /// Committed, start and end offsets of every partition of `topics`.
+    /// Blocking.
+    pub fn read(&self, topics: &[String]) -> Result<Vec<PartitionLag>> {
+        let timeout = Duration::from_secs(10);
+        let md = self
+            .consumer
+            .fetch_metadata(None, timeout)
+            .map_err(|e| Error::kafka(format!("metadata from {}", self.bootstrap), e))?;
+        let mut tpl = TopicPartitionList::new();
+        for topic in topics {
+            let parts = md
+                .topics()
+                .iter()
+                .find(|t| t.name() == topic && t.error().is_none())
+                .map_or(0, |t| t.partitions().len());
+            if parts == 0 {
+                return Err(self.missing_or_hidden(topic, timeout));
+            }
+            for p in 0..parts as i32 {
+                tpl.add_partition(topic, p);
+            }
+        }
+        let committed = self
+            .consumer
+            .committed_offsets(tpl.clone(), timeout)
+            .map_err(|e| Error::kafka(format!("committed offsets of group `{}`", self.group), e))?;
+        // ListOffsets for every partition at once (librdkafka groups the
+        // request per leader): "latest" and "earliest" as special timestamps.
+        let query = |at: Offset| -> Result<TopicPartitionList> {
+            let mut q = tpl.clone();
+            q.set_all_offsets(at)
+                .map_err(|e| Error::kafka("building an offsets query", e))?;
+            self.consumer
+                .offsets_for_times(q, timeout)
+                .map_err(|e| Error::kafka("listing offsets", e))
+        };
+        let ends = query(Offset::End)?;
+        let starts = query(Offset::Beginning)?;
+        let at = |list: &TopicPartitionList, t: &str, p: i32| match list
+            .find_partition(t, p)
+            .map(|e| e.offset())
         {
             Some(Offset::Offset(o)) => Some(o),
             _ => None,
         };
-        out.push(PartitionLag {
-            topic: e.topic().to_string(),
-            partition: e.partition(),
-            committed,
-            start,
-            end,
-        });
+        let mut out = Vec::new();
+        for e in tpl.elements() {
+            let (t, p) = (e.topic(), e.partition());
+            let (Some(start), Some(end)) = (at(&starts, t, p), at(&ends, t, p)) else {
+                return Err(Error::Worker(format!(
+                    "the broker returned no offsets for {t}:{p}; is its leader available?"
+                )));
+            };
+            out.push(PartitionLag {
+                topic: t.to_string(),
+                partition: p,
+                committed: at(&committed, t, p),
+                start,
+                end,
+            });
+        }
+        Ok(out)
     }
-    Ok(out)
+
+    /// A topic absent from the metadata is either missing or hidden by
+    /// ACLs, which are different fixes: ask for it by name to tell.
+    fn missing_or_hidden(&self, topic: &str, timeout: Duration) -> Error {
+        let code = self
+            .consumer
+            .fetch_metadata(Some(topic), timeout)
+            .ok()
+            .and_then(|md| md.topics().first().and_then(|t| t.error()))
+            .map(RDKafkaErrorCode::from);
+        if code == Some(RDKafkaErrorCode::TopicAuthorizationFailed) {
+            return Error::not_authorized(
+                &self.config,
+                "Describe",
+                format!("topic `{topic}` (it may exist)"),
+                &format!("--topic {topic}"),
+                RDKafkaErrorCode::TopicAuthorizationFailed.to_string(),
+            );
+        }
+        Error::MissingTopic {
+            topic: topic.to_string(),
+            bootstrap: self.bootstrap.clone(),
+        }
+    }
 }
 
 /// Age in seconds of the first uncommitted record of each partition with

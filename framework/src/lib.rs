@@ -35,6 +35,7 @@ pub mod headers;
 pub mod idempotency;
 pub mod job;
 pub mod lag;
+pub mod layers;
 pub mod offsets;
 #[cfg(feature = "postgres")]
 pub mod outbox;
@@ -50,8 +51,8 @@ pub mod topics;
 pub mod worker;
 
 pub use classify::{ErrorClass, JobError};
-pub use config::KafkaConfig;
+pub use config::{KafkaConfig, Secret};
 pub use error::{Error, Result};
 pub use job::{Job, JobContext};
 pub use producer::{Enqueued, Producer};
-pub use worker::{GroupProtocol, Ordering, Worker, WorkerBuilder, WorkerStats};
+pub use worker::{Ext, GroupProtocol, Ordering, State, Worker, WorkerBuilder, WorkerStats};

@@ -593,7 +593,7 @@ mod tests {
 
     type Log = Arc<Mutex<Vec<(String, i64)>>>;
 
-    fn recording(log: Log) -> impl crate::worker::Handler<Step> {
+    fn recording(log: Log) -> impl crate::worker::Handler<Step, (JobContext,)> {
         move |job: Step, _ctx: JobContext| {
             let log = log.clone();
             async move {

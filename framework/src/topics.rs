@@ -4,12 +4,15 @@
 //! clear error before any job is touched, and they create their own DLQ
 //! topics (with the main topic's partition count) when allowed to.
 
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::ClientContext;
 
 use crate::config::KafkaConfig;
 use crate::error::{Error, Result};
@@ -31,35 +34,157 @@ pub fn list_topics(config: &KafkaConfig) -> Result<Vec<String>> {
     Ok(md.topics().iter().map(|t| t.name().to_string()).collect())
 }
 
+/// How long a metadata request may take before it is reported as failed.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A client context that remembers librdkafka's last error event, and
+/// the last authentication error apart (a later "all brokers are down"
+/// must not hide it), so a failed metadata request can say *why* (a
+/// refused password, a TLS handshake failure) instead of only "timed out".
+#[derive(Default)]
+pub(crate) struct LastError(Mutex<Errors>);
+
+#[derive(Default, Clone)]
+struct Errors {
+    last: Option<String>,
+    authentication: Option<String>,
+}
+
+impl LastError {
+    fn get(&self) -> Errors {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl ClientContext for LastError {
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::debug!(%error, reason, "librdkafka error while fetching metadata");
+        let mut errors = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if error
+            .rdkafka_error_code()
+            .is_some_and(is_authentication_error)
+        {
+            errors.authentication = Some(reason.to_string());
+        }
+        errors.last = Some(reason.to_string());
+    }
+}
+
+impl ConsumerContext for LastError {}
+
+/// Whether an error code means the credentials or the TLS setup were
+/// refused: retrying with the same config cannot help.
+pub(crate) fn is_authentication_error(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::Authentication
+            | RDKafkaErrorCode::SaslAuthenticationFailed
+            | RDKafkaErrorCode::SSL
+            | RDKafkaErrorCode::UnsupportedSASLMechanism
+            | RDKafkaErrorCode::IllegalSASLState
+    )
+}
+
+fn metadata_client(config: &KafkaConfig) -> Result<BaseConsumer<LastError>> {
+    config
+        .client_config(&[])
+        .create_with_context(LastError::default())
+        .map_err(|e| Error::kafka("creating metadata client", e))
+}
+
+/// Fetches metadata (all topics, or one), failing fast and clearly when the
+/// cluster refuses the credentials: a wrong password is reported as such
+/// within a second or two, not as a 10 s timeout.
+fn fetch_metadata(
+    config: &KafkaConfig,
+    client: &BaseConsumer<LastError>,
+    topic: Option<&str>,
+) -> Result<rdkafka::metadata::Metadata> {
+    let deadline = Instant::now() + METADATA_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let attempt = left.min(Duration::from_secs(2));
+        let err = match client.fetch_metadata(topic, attempt) {
+            Ok(md) => return Ok(md),
+            Err(e) => e,
+        };
+        // Serve the queued log and error events, so the context sees them.
+        // `poll` reports a served event and an empty queue alike (`None`),
+        // so drain for a short, bounded time instead of "until empty".
+        let drain_until = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < drain_until {
+            let _ = client.poll(Duration::from_millis(5));
+        }
+        let errors = client.context().get();
+        if let Some(reason) = errors.authentication {
+            return Err(Error::Authentication {
+                bootstrap: config.bootstrap_servers.clone(),
+                message: reason,
+            });
+        }
+        if Instant::now() >= deadline {
+            let context = match errors.last {
+                Some(reason) => format!(
+                    "fetching metadata from {} (last client error: {reason})",
+                    config.bootstrap_servers
+                ),
+                None => format!("fetching metadata from {}", config.bootstrap_servers),
+            };
+            return Err(Error::kafka(context, err));
+        }
+    }
+}
+
 /// Metadata of every topic in the cluster, from a short-lived client.
 fn cluster_metadata(config: &KafkaConfig) -> Result<rdkafka::metadata::Metadata> {
-    let consumer: BaseConsumer = config
-        .client_config(&[])
-        .create()
-        .map_err(|e| Error::kafka("creating metadata client", e))?;
-    consumer
-        .fetch_metadata(None, Duration::from_secs(10))
-        .map_err(|e| {
-            Error::kafka(
-                format!("fetching metadata from {}", config.bootstrap_servers),
-                e,
-            )
-        })
+    let client = metadata_client(config)?;
+    fetch_metadata(config, &client, None)
 }
 
 /// Partition counts of the given topics; `None` for topics that do not exist.
-/// Blocking (metadata request): call from `spawn_blocking` in async code.
+/// A topic the principal may not even describe is an error naming the ACL,
+/// not `None`: a cluster hides such topics from a full listing, and
+/// reporting them as missing would send the operator to create a topic
+/// that exists. Blocking (metadata requests): call from `spawn_blocking` in
+/// async code.
 pub fn partition_counts(config: &KafkaConfig, topics: &[String]) -> Result<Vec<Option<usize>>> {
-    let md = cluster_metadata(config)?;
-    Ok(topics
-        .iter()
-        .map(|t| {
-            md.topics()
-                .iter()
-                .find(|m| m.name() == t && m.error().is_none())
-                .map(|m| m.partitions().len())
-        })
-        .collect())
+    let client = metadata_client(config)?;
+    let md = fetch_metadata(config, &client, None)?;
+    let mut counts = Vec::with_capacity(topics.len());
+    for t in topics {
+        let listed = md
+            .topics()
+            .iter()
+            .find(|m| m.name() == t && m.error().is_none())
+            .map(|m| m.partitions().len());
+        if listed.is_some() {
+            counts.push(listed);
+            continue;
+        }
+        // Not listed: missing, or hidden by ACLs. Asking for it by name tells.
+        let one = fetch_metadata(config, &client, Some(t))?;
+        let entry = one.topics().iter().find(|m| m.name() == t);
+        match entry.and_then(|m| m.error()) {
+            Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::TopicAuthorizationFailed => {
+                return Err(Error::not_authorized(
+                    config,
+                    "Describe",
+                    format!("topic `{t}` (it may exist)"),
+                    &format!("--topic {t}"),
+                    RDKafkaErrorCode::from(e).to_string(),
+                ))
+            }
+            Some(_) => counts.push(None),
+            None => counts.push(entry.map(|m| m.partitions().len()).filter(|n| *n > 0)),
+        }
+    }
+    Ok(counts)
 }
 
 /// Room for kjob's headers on top of a main-topic record when it is

@@ -16,7 +16,7 @@ use apache_avro::AvroSchema;
 use kjob::{Job, KafkaConfig};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, ThreadedProducer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
 /// The test contract (`schemas/kjob.test.job.v1.avsc`).
@@ -160,8 +160,8 @@ pub async fn create_topic(config: &KafkaConfig, topic: &str, partitions: i32) {
 }
 
 fn base_consumer(config: &KafkaConfig, group: &str) -> BaseConsumer {
-    ClientConfig::new()
-        .set("bootstrap.servers", &config.bootstrap_servers)
+    config
+        .rdkafka_config()
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .create()
@@ -222,10 +222,8 @@ pub async fn eventually<F: FnMut() -> bool>(timeout: Duration, what: &str, mut c
 
 /// Produces raw bytes (for poison records), bypassing kjob's encoder.
 pub fn produce_raw(config: &KafkaConfig, topic: &str, partition: i32, key: &str, payload: &[u8]) {
-    let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", &config.bootstrap_servers)
-        .create()
-        .expect("creating producer");
+    let p: ThreadedProducer<DefaultProducerContext> =
+        config.rdkafka_config().create().expect("creating producer");
     p.send(
         BaseRecord::to(topic)
             .partition(partition)
@@ -241,8 +239,8 @@ pub fn produce_raw(config: &KafkaConfig, topic: &str, partition: i32, key: &str,
 /// Reads every record currently in `topic` (all partitions) with its headers.
 pub fn read_all(config: &KafkaConfig, topic: &str) -> Vec<rdkafka::message::OwnedMessage> {
     use rdkafka::Message;
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &config.bootstrap_servers)
+    let c: BaseConsumer = config
+        .rdkafka_config()
         .set("group.id", unique("kjob-tests-reader"))
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
@@ -320,6 +318,120 @@ pub fn kafka_describe_group(
             }
         })
         .collect()
+}
+
+/// The three-broker SASL_SSL cluster of `./dev stack up --brokers 3`, as
+/// its `.stack/cluster/client.env` describes it.
+pub struct Cluster {
+    /// The stack's super user (creates topics, grants ACLs, enqueues).
+    pub admin: KafkaConfig,
+    /// The worker principal, which has only the ACLs `grant_worker` gives it.
+    pub worker: KafkaConfig,
+    /// The worker principal's name (`User:<this>` in ACLs).
+    pub worker_user: String,
+    /// Every password of the stack, for checking logs never show one.
+    pub secrets: Vec<String>,
+    /// `.stack/cluster`.
+    pub dir: PathBuf,
+}
+
+/// Reads the cluster's client settings, failing loudly (never skipping) if
+/// the cluster is not up: run these tests with `./dev test --cluster`.
+pub fn cluster() -> Cluster {
+    let dir = repo_root().join(".stack/cluster");
+    let env = std::fs::read_to_string(dir.join("client.env")).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; the cluster tests need `./dev stack up --brokers 3` (./dev test --cluster does it)",
+            dir.join("client.env").display()
+        )
+    });
+    let vars: std::collections::HashMap<String, String> = env
+        .lines()
+        .filter_map(|l| l.strip_prefix("export "))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let var = |k: &str| {
+        vars.get(k)
+            .cloned()
+            .unwrap_or_else(|| panic!("{k} missing from .stack/cluster/client.env"))
+    };
+    let bootstrap = var("KJOB_BOOTSTRAP_SERVERS");
+    assert!(
+        bootstrap.split(',').all(answers),
+        "the three-broker cluster at {bootstrap} does not answer: ./dev stack up --brokers 3"
+    );
+    let registry = KafkaConfig::from_env().schema_registry_url;
+    assert!(
+        answers(&registry_host_port(&registry)),
+        "the schema registry at {registry} does not answer: ./dev stack up"
+    );
+    let base = |user: &str, password: &str| {
+        KafkaConfig::new(&bootstrap, &registry)
+            .security_protocol(var("KJOB_SECURITY_PROTOCOL"))
+            .sasl(
+                var("KJOB_SASL_MECHANISM"),
+                user,
+                kjob::Secret::new(password),
+            )
+            .ssl_ca_location(var("KJOB_SSL_CA_LOCATION"))
+    };
+    let worker_user = var("KJOB_CLUSTER_WORKER_USERNAME");
+    Cluster {
+        admin: base(&var("KJOB_SASL_USERNAME"), &var("KJOB_SASL_PASSWORD")),
+        worker: base(&worker_user, &var("KJOB_CLUSTER_WORKER_PASSWORD")),
+        worker_user,
+        secrets: vec![
+            var("KJOB_SASL_PASSWORD"),
+            var("KJOB_CLUSTER_WORKER_PASSWORD"),
+        ],
+        dir,
+    }
+}
+
+impl Cluster {
+    /// Grants the worker principal one route (`./dev stack grant-worker`):
+    /// read the main topic and the group, read and write the tiers, write
+    /// the DLQ and its audit topic.
+    pub fn grant_worker(&self, topic: &str, group: &str) {
+        let out = Command::new(repo_root().join("dev"))
+            .args([
+                "stack",
+                "grant-worker",
+                "--brokers",
+                "3",
+                "--topic",
+                topic,
+                "--group",
+                group,
+            ])
+            .output()
+            .expect("running ./dev stack grant-worker");
+        assert!(
+            out.status.success(),
+            "./dev stack grant-worker failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The pid of cluster node `id` (from `.stack/cluster/pids`).
+    pub fn node_pid(&self, id: i32) -> u32 {
+        let f = self.dir.join(format!("pids/node{id}.pid"));
+        std::fs::read_to_string(&f)
+            .unwrap_or_else(|e| panic!("{}: {e}", f.display()))
+            .trim()
+            .parse()
+            .expect("pid file holds a number")
+    }
+
+    /// Starts whatever node is not running (`./dev stack up --brokers 3`).
+    pub fn up(&self) {
+        let status = Command::new(repo_root().join("dev"))
+            .args(["stack", "up", "--brokers", "3"])
+            .status()
+            .expect("running ./dev stack up --brokers 3");
+        assert!(status.success(), "./dev stack up --brokers 3 failed");
+    }
 }
 
 /// Appends a line to a file with one `write` call, so a SIGKILL right after

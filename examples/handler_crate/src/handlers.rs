@@ -1,10 +1,13 @@
-//! The handlers: plain async functions of (job, context, dependencies).
-//! They classify failures; kjob decides what that means (retry tier, DLQ).
+//! The handlers: plain async functions of (job, context, state). The
+//! dependencies come as `State<...>`, registered once on the builder, so
+//! a test registers in-memory ones and the worker binary real ones. The
+//! handlers only classify failures; kjob decides what that means (retry
+//! tier, DLQ).
 
 use std::sync::Arc;
 
 use kjob::idempotency::Mark;
-use kjob::{JobContext, JobError};
+use kjob::{JobContext, JobError, State};
 
 use crate::contracts::{RenderInvoice, SendInvoiceMail};
 use crate::deps::{InvoiceStore, MailError, Mailer};
@@ -14,7 +17,7 @@ use crate::deps::{InvoiceStore, MailError, Mailer};
 pub async fn render_invoice(
     job: RenderInvoice,
     ctx: JobContext,
-    store: Arc<dyn InvoiceStore>,
+    State(store): State<Arc<dyn InvoiceStore>>,
 ) -> Result<(), JobError> {
     let order = store
         .order(&job.order_id)
@@ -39,7 +42,7 @@ pub async fn render_invoice(
 pub async fn send_invoice_mail(
     job: SendInvoiceMail,
     _ctx: JobContext,
-    mailer: Arc<dyn Mailer>,
+    State(mailer): State<Arc<dyn Mailer>>,
 ) -> Result<(), JobError> {
     let subject = format!("Your invoice for order {}", job.order_id);
     mailer

@@ -4,7 +4,8 @@
 //!
 //! * [`contracts`]: the job types, each with its `schemas/*.avsc` file;
 //! * [`deps`]: traits for what handlers need (a mailer, a store);
-//! * [`handlers`]: plain async fns of (job, context, dependencies);
+//! * [`handlers`]: plain async fns of (job, context, `State` dependencies);
+//! * [`layers`]: middleware of the crate's own around every attempt;
 //! * [`register`]: one function wiring handlers and retry policy into a
 //!   [`WorkerBuilder`], used by the worker binary *and* by the unit tests
 //!   (through `kjob::testing::Harness`), so tests run the production wiring;
@@ -14,6 +15,7 @@
 pub mod contracts;
 pub mod deps;
 pub mod handlers;
+pub mod layers;
 pub mod memory;
 pub mod pg;
 
@@ -57,14 +59,14 @@ pub fn register_on(
     render_topic: &str,
     mail_topic: &str,
 ) -> WorkerBuilder {
-    let (store, mailer) = (deps.store, deps.mailer);
     builder
-        .handle_on::<RenderInvoice, _>(render_topic, move |job, ctx| {
-            handlers::render_invoice(job, ctx, store.clone())
-        })
-        .handle_on::<SendInvoiceMail, _>(mail_topic, move |job, ctx| {
-            handlers::send_invoice_mail(job, ctx, mailer.clone())
-        })
+        .state(deps.store)
+        .state(deps.mailer)
+        .handle_on::<RenderInvoice, _>(render_topic, handlers::render_invoice)
+        .handle_on::<SendInvoiceMail, _>(mail_topic, handlers::send_invoice_mail)
+        // Every attempt is logged with its outcome and duration, by a layer
+        // of this crate's own (see `layers.rs`).
+        .layer(layers::JobLog)
         .retry(retry_policy())
         .handler_timeout(Duration::from_secs(30))
 }

@@ -31,6 +31,24 @@ pub struct Cli {
     /// Schema registry (Confluent-compatible API base URL).
     #[arg(long = "schema-registry", env = "KJOB_SCHEMA_REGISTRY_URL", default_value = crate::config::DEFAULT_SCHEMA_REGISTRY_URL, global = true)]
     schema_registry: String,
+    /// Kafka `security.protocol` (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL).
+    /// The SASL password is read from `KJOB_SASL_PASSWORD` only: a flag
+    /// would show it in `ps`.
+    #[arg(
+        long = "security-protocol",
+        env = "KJOB_SECURITY_PROTOCOL",
+        global = true
+    )]
+    security_protocol: Option<String>,
+    /// Kafka `sasl.mechanism`, e.g. SCRAM-SHA-512.
+    #[arg(long = "sasl-mechanism", env = "KJOB_SASL_MECHANISM", global = true)]
+    sasl_mechanism: Option<String>,
+    /// Kafka `sasl.username` (the principal the ACLs name).
+    #[arg(long = "sasl-username", env = "KJOB_SASL_USERNAME", global = true)]
+    sasl_username: Option<String>,
+    /// Kafka `ssl.ca.location`: CA certificate (PEM) of the brokers.
+    #[arg(long = "ssl-ca-location", env = "KJOB_SSL_CA_LOCATION", global = true)]
+    ssl_ca_location: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -69,7 +87,22 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let config = KafkaConfig::new(&cli.bootstrap_server, &cli.schema_registry)
+    // The environment first (the password lives only there), then the flags.
+    let mut config =
+        KafkaConfig::new(&cli.bootstrap_server, &cli.schema_registry).security_from_env();
+    if let Some(v) = &cli.security_protocol {
+        config = config.security_protocol(v);
+    }
+    if let Some(v) = &cli.sasl_mechanism {
+        config.sasl_mechanism = Some(v.clone());
+    }
+    if let Some(v) = &cli.sasl_username {
+        config.sasl_username = Some(v.clone());
+    }
+    if let Some(v) = &cli.ssl_ca_location {
+        config = config.ssl_ca_location(v);
+    }
+    let config = config
         // Fail fast when the cluster is unreachable instead of librdkafka's
         // long default retries: an operator is waiting.
         .set("socket.connection.setup.timeout.ms", "10000");

@@ -112,6 +112,29 @@ impl Metrics {
                 }
             })
             .build();
+        meter
+            .i64_observable_gauge("kjob_breaker_state")
+            .with_description("Circuit breaker state per downstream: 0 closed, 1 half-open, 2 open")
+            .with_callback(|obs| {
+                for (name, state, _) in crate::layers::breaker::snapshot() {
+                    let v = match state {
+                        crate::layers::breaker::BreakerState::Closed => 0,
+                        crate::layers::breaker::BreakerState::HalfOpen => 1,
+                        crate::layers::breaker::BreakerState::Open => 2,
+                    };
+                    obs.observe(v, &[KeyValue::new("breaker", name)]);
+                }
+            })
+            .build();
+        meter
+            .i64_observable_gauge("kjob_breaker_parked")
+            .with_description("Jobs waiting for a circuit breaker to close")
+            .with_callback(|obs| {
+                for (name, _, parked) in crate::layers::breaker::snapshot() {
+                    obs.observe(parked, &[KeyValue::new("breaker", name)]);
+                }
+            })
+            .build();
         Self {
             jobs: meter
                 .u64_counter("kjob_jobs")

@@ -41,7 +41,6 @@ pub mod state;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,13 +58,14 @@ use crate::codec::{parse_contract, Codec, ReaderSchema, SchemaSource};
 use crate::config::KafkaConfig;
 use crate::error::{Error, Result};
 use crate::job::Job;
+use crate::layers::{AttemptService, LayerFn, Request as LayerRequest};
 use crate::producer::Producer;
 use crate::retry::RetryPolicy;
 use crate::topics::{create_topics, create_topics_with, dlq_topic, partition_counts};
 pub use membership::GroupProtocol;
 use pipeline::Pipeline;
-pub use route::{run_handler, Attempt, Handler};
-use route::{Route, TypedRoute};
+pub use route::{run_handler, Attempt, Ext, FromParts, Handler, Parts, State};
+use route::{Route, StateMap, TypedRoute};
 use scheduler::{Limits, Scheduler};
 pub use state::WorkerStats;
 use state::{RouteEntry, Settings};
@@ -83,9 +83,26 @@ pub enum Ordering {
     Unordered,
 }
 
-/// Builds a route once the codec and timeout are known (at `build()`).
-type RouteFactory =
-    Box<dyn Fn(Arc<dyn SchemaSource>, Option<Duration>) -> Result<Arc<dyn Route>> + Send + Sync>;
+/// Builds a route once the codec, timeout, state and layers are known (at
+/// `build()`).
+type RouteFactory = Box<
+    dyn Fn(
+            Arc<dyn SchemaSource>,
+            Option<Duration>,
+            Arc<StateMap>,
+            &[LayerFn],
+        ) -> Result<Arc<dyn Route>>
+        + Send
+        + Sync,
+>;
+
+/// A registered route: its topic, its factory, and the state types its
+/// handler's extractors need.
+struct Registration {
+    topic: String,
+    make: RouteFactory,
+    needs: Vec<(std::any::TypeId, &'static str)>,
+}
 
 /// Configures a [`Worker`]. Every setting has a production-safe default.
 pub struct WorkerBuilder {
@@ -94,7 +111,10 @@ pub struct WorkerBuilder {
     concurrency: usize,
     handler_timeout: Option<Duration>,
     codec: Result<Arc<Codec>>,
-    routes: Vec<(String, RouteFactory)>,
+    routes: Vec<Registration>,
+    states: StateMap,
+    layers: Vec<LayerFn>,
+    route_layers: HashMap<String, Vec<LayerFn>>,
     static_member: Option<String>,
     protocol: Option<GroupProtocol>,
     create_topics: bool,
@@ -106,27 +126,80 @@ pub struct WorkerBuilder {
 }
 
 impl WorkerBuilder {
-    /// Runs handlers for `J` on its main topic `J::NAME`.
-    pub fn handle<J: Job, H: Handler<J>>(self, handler: H) -> Self {
-        self.handle_on::<J, H>(J::NAME, handler)
+    /// Runs handlers for `J` on its main topic `J::NAME`. A handler is an
+    /// `async fn(job, ctx)`, optionally with extractors after `ctx`
+    /// ([`State`], [`Ext`]).
+    pub fn handle<J: Job, M: 'static>(self, handler: impl Handler<J, M>) -> Self {
+        self.handle_on::<J, M>(J::NAME, handler)
     }
 
     /// Runs handlers for `J` on an explicit topic.
-    pub fn handle_on<J: Job, H: Handler<J>>(mut self, topic: &str, handler: H) -> Self {
+    pub fn handle_on<J: Job, M: 'static>(
+        mut self,
+        topic: &str,
+        handler: impl Handler<J, M>,
+    ) -> Self {
+        let needs = handler.required_states();
         let handler = Arc::new(handler);
-        self.routes.push((
-            topic.to_string(),
-            Box::new(move |schemas, timeout| {
+        self.routes.push(Registration {
+            topic: topic.to_string(),
+            make: Box::new(move |schemas, timeout, states, layers| {
                 let reader = ReaderSchema::new(parse_contract::<J>()?);
-                Ok(Arc::new(TypedRoute::<J, Arc<H>> {
-                    handler: handler.clone(),
+                Ok(Arc::new(TypedRoute::<J, _, M>::new(
+                    handler.clone(),
                     reader,
                     schemas,
                     timeout,
-                    _job: PhantomData,
-                }) as Arc<dyn Route>)
+                    states,
+                    layers,
+                )) as Arc<dyn Route>)
             }),
-        ));
+            needs,
+        });
+        self
+    }
+
+    /// Registers shared state that handlers take as [`State<S>`]: a pool, a
+    /// client, settings. One value per type; `S` is cloned per attempt, so
+    /// wrap large values in an `Arc`.
+    pub fn state<S: Clone + Send + Sync + 'static>(mut self, value: S) -> Self {
+        self.states.insert(value);
+        self
+    }
+
+    /// Wraps every route's attempts in a [`tower::Layer`] (see
+    /// [`crate::layers`] for the order). Layers added first are outermost.
+    pub fn layer<L>(mut self, layer: L) -> Self
+    where
+        L: tower::Layer<AttemptService> + Send + Sync + 'static,
+        L::Service: tower::Service<LayerRequest, Response = (), Error = crate::JobError>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        <L::Service as tower::Service<LayerRequest>>::Future: Send + 'static,
+    {
+        self.layers.push(crate::layers::erase(layer));
+        self
+    }
+
+    /// Wraps the attempts of the route on main topic `topic` (and its retry
+    /// tiers) in a layer, inside the worker-wide ones: a breaker or a rate
+    /// limit for the downstream that route calls.
+    pub fn layer_for<L>(mut self, topic: &str, layer: L) -> Self
+    where
+        L: tower::Layer<AttemptService> + Send + Sync + 'static,
+        L::Service: tower::Service<LayerRequest, Response = (), Error = crate::JobError>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        <L::Service as tower::Service<LayerRequest>>::Future: Send + 'static,
+    {
+        self.route_layers
+            .entry(topic.to_string())
+            .or_default()
+            .push(crate::layers::erase(layer));
         self
     }
 
@@ -255,12 +328,13 @@ impl WorkerBuilder {
             Some(_) => Metrics::prometheus().map_err(Error::Config)?,
             None => Metrics::disabled(),
         };
+        let (_, limits) = self.scheduler_settings();
         Ok(Worker {
+            limits,
             metrics,
             endpoint: self.endpoint,
             config: self.config,
             settings: self.settings,
-            concurrency: self.concurrency,
             codec,
             routes: routes.entries,
             mains: routes.mains,
@@ -300,7 +374,13 @@ impl WorkerBuilder {
         }
         let mut entries: HashMap<String, RouteEntry> = HashMap::new();
         let mut mains = Vec::new();
-        for (topic, make) in &self.routes {
+        let states = Arc::new(self.states.clone());
+        for Registration { topic, make, needs } in &self.routes {
+            if let Some((_, name)) = needs.iter().find(|(id, _)| !states.contains(*id)) {
+                return Err(Error::Config(format!(
+                    "the handler for `{topic}` takes State<{name}>, which is not registered: call WorkerBuilder::state(...) with it"
+                )));
+            }
             if entries.contains_key(topic) {
                 return Err(Error::Config(format!(
                     "two handlers registered for topic `{topic}`"
@@ -315,7 +395,14 @@ impl WorkerBuilder {
                 .validate()
                 .map_err(|e| Error::Config(format!("retry policy for `{topic}`: {e}")))?;
             let retry = Arc::new(retry);
-            let route = make(schemas.clone(), self.handler_timeout)?;
+            let mut layers = self.layers.clone();
+            layers.extend(self.route_layers.get(topic).into_iter().flatten().cloned());
+            let route = make(
+                schemas.clone(),
+                self.handler_timeout,
+                states.clone(),
+                &layers,
+            )?;
             for (i, tier) in retry.tier_topics(topic).into_iter().enumerate() {
                 let entry = RouteEntry {
                     route: route.clone(),
@@ -338,6 +425,11 @@ impl WorkerBuilder {
             }
             mains.push(topic.clone());
         }
+        if let Some(unknown) = self.route_layers.keys().find(|t| !mains.contains(t)) {
+            return Err(Error::Config(format!(
+                "layer_for(`{unknown}`), which has no handler"
+            )));
+        }
         if let Some(unknown) = self.retry_overrides.keys().find(|t| !mains.contains(t)) {
             return Err(Error::Config(format!(
                 "retry policy for `{unknown}`, which has no handler"
@@ -356,9 +448,9 @@ pub(crate) struct Routes {
 /// A configured worker. [`Worker::run`] blocks until SIGTERM/SIGINT;
 /// [`Worker::run_until`] until a future of your choice completes.
 pub struct Worker {
+    limits: Limits,
     config: KafkaConfig,
     settings: Settings,
-    concurrency: usize,
     codec: Arc<Codec>,
     routes: HashMap<String, RouteEntry>,
     mains: Vec<String>,
@@ -391,6 +483,9 @@ impl Worker {
             handler_timeout: None,
             codec,
             routes: Vec::new(),
+            states: StateMap::default(),
+            layers: Vec::new(),
+            route_layers: HashMap::new(),
             static_member: None,
             protocol: None,
             create_topics: true,
@@ -482,11 +577,7 @@ impl Worker {
         drop(done_tx);
         let aborts: Vec<tokio::task::AbortHandle> =
             dispatchers.iter().map(|d| d.abort_handle()).collect();
-        let limits = Limits {
-            concurrency: self.concurrency,
-            max_in_flight: self.settings.max_in_flight_per_partition,
-            commit_interval_ms: self.settings.commit_interval.as_millis() as i64,
-        };
+        let limits = self.limits;
         let context = poll::WorkerContext {
             core: std::sync::Mutex::new(poll::Core {
                 sched: Scheduler::new(limits),
@@ -500,6 +591,7 @@ impl Worker {
             stats: self.stats.clone(),
             metrics: self.metrics.clone(),
             stopping: AtomicBool::new(false),
+            last_error: std::sync::Mutex::new(None),
         };
         let consumer = Arc::new(self.consumer(context)?);
         let topics = self.topics();
@@ -509,14 +601,15 @@ impl Worker {
             .map_err(|e| Error::kafka(format!("subscribing to {topics:?}"), e))?;
         info!(group = %self.settings.group, ?topics, protocol = self.protocol.as_str(), static_member = ?self.static_member, "worker started");
 
-        let (closed_tx, mut closed_rx) = oneshot::channel::<()>();
+        let (closed_tx, mut closed_rx) =
+            oneshot::channel::<std::result::Result<(), poll::FatalConsumerError>>();
         let thread_consumer = consumer.clone();
         let abandon_cancel = cancel.clone();
         std::thread::Builder::new()
             .name("kjob-poll".into())
             .spawn(move || {
                 let consumer = thread_consumer;
-                poll::poll_loop(consumer.context(), &consumer, move || {
+                let outcome = poll::poll_loop(consumer.context(), &consumer, move || {
                     // End of the grace period: forwards give up, handlers
                     // still running are dropped; their records stay
                     // uncommitted and are re-delivered.
@@ -530,14 +623,17 @@ impl Worker {
                 // block; the async side waits for it with a bound.
                 consumer.unsubscribe();
                 drop(consumer);
-                let _ = closed_tx.send(());
+                let _ = closed_tx.send(outcome);
             })
             .map_err(|e| Error::Worker(format!("spawning the poll thread: {e}")))?;
 
         tokio::select! {
             _ = stop => {}
-            _ = &mut closed_rx => {
-                return Err(Error::Worker("the poll thread ended unexpectedly".into()));
+            ended = &mut closed_rx => {
+                return Err(match ended {
+                    Ok(Err(fatal)) => self.refused(fatal),
+                    _ => Error::Worker("the poll thread ended unexpectedly".into()),
+                });
             }
         }
         info!("stop requested");
@@ -550,6 +646,7 @@ impl Worker {
         drop(consumer);
         let bound = self.settings.shutdown_grace + Duration::from_secs(30);
         match tokio::time::timeout(bound, closed_rx).await {
+            Ok(Ok(Err(fatal))) => Err(self.refused(fatal)),
             Ok(_) => {
                 info!("worker stopped");
                 Ok(())
@@ -560,8 +657,41 @@ impl Worker {
         }
     }
 
+    /// Turns a consumer error the cluster will not change its mind about
+    /// into an error naming the credentials or the ACL to grant.
+    fn refused(&self, fatal: poll::FatalConsumerError) -> Error {
+        use rdkafka::types::RDKafkaErrorCode as C;
+        let group = &self.settings.group;
+        let (operation, resource, acl_args) = match fatal.code {
+            C::GroupAuthorizationFailed => (
+                "Read",
+                format!("group `{group}`"),
+                format!("--group {group}"),
+            ),
+            C::ClusterAuthorizationFailed => {
+                ("ClusterAction", "the cluster".into(), "--cluster".into())
+            }
+            C::TopicAuthorizationFailed => {
+                let topics = self.topics().join(" --topic ");
+                (
+                    "Read",
+                    "one of its topics (see the broker's words)".into(),
+                    format!("--topic {topics}"),
+                )
+            }
+            _ => {
+                return Error::Authentication {
+                    bootstrap: self.config.bootstrap_servers.clone(),
+                    message: fatal.message,
+                }
+            }
+        };
+        Error::not_authorized(&self.config, operation, resource, &acl_args, fatal.message)
+    }
+
     /// Refreshes `kjob_consumer_lag` from Kafka (committed vs end offsets of
-    /// every consumed topic) every two seconds, off the async threads.
+    /// every consumed topic) every two seconds, off the async threads, with
+    /// one long-lived client.
     fn spawn_lag_refresh(&self, stop: CancellationToken) {
         let (config, group, topics) = (
             self.config.clone(),
@@ -570,11 +700,21 @@ impl Worker {
         );
         let snapshot = self.metrics.snapshot.clone();
         tokio::spawn(async move {
+            let reader = match tokio::task::spawn_blocking(move || {
+                crate::lag::LagReader::new(&config, &group)
+            })
+            .await
+            {
+                Ok(Ok(r)) => Arc::new(r),
+                Ok(Err(e)) => {
+                    warn!(error = %e, "no consumer-lag metrics: the lag client could not be created");
+                    return;
+                }
+                Err(_) => return,
+            };
             loop {
-                let (c, g, t) = (config.clone(), group.clone(), topics.clone());
-                if let Ok(Ok(rows)) =
-                    tokio::task::spawn_blocking(move || crate::lag::group_lag(&c, &g, &t)).await
-                {
+                let (r, t) = (reader.clone(), topics.clone());
+                if let Ok(Ok(rows)) = tokio::task::spawn_blocking(move || r.read(&t)).await {
                     let mut snap = snapshot
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner);

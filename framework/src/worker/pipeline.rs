@@ -75,8 +75,9 @@ impl Outcome {
     }
 }
 
-/// One attempt's result with what a report needs.
+/// One attempt's result with what a report needs (the harness's).
 #[derive(Clone, Debug)]
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
 pub(crate) struct Attempted {
     pub outcome: Outcome,
     /// The job id the handler saw.

@@ -130,9 +130,60 @@ pub(crate) struct WorkerContext {
     pub stats: Arc<WorkerStats>,
     pub metrics: Metrics,
     pub stopping: AtomicBool,
+    /// librdkafka's words for the last error event (they name the topic an
+    /// authorization failure is about; the error code alone does not).
+    pub last_error: Mutex<Option<String>>,
 }
 
-impl ClientContext for WorkerContext {}
+impl ClientContext for WorkerContext {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        warn!(%error, reason, "librdkafka error");
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(reason.to_string());
+    }
+}
+
+/// A consumer error that waiting cannot fix: an ACL or the credentials
+/// refuse the worker. The poll loop stops on it (drains, commits, leaves)
+/// and the worker returns it, instead of polling into the void forever.
+#[derive(Debug)]
+pub(crate) struct FatalConsumerError {
+    /// The error code.
+    pub code: rdkafka::types::RDKafkaErrorCode,
+    /// librdkafka's description, including the topic where it names one.
+    pub message: String,
+}
+
+fn fatal_consumer_error(
+    consumer: &BaseConsumer<WorkerContext>,
+    e: &rdkafka::error::KafkaError,
+) -> Option<FatalConsumerError> {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    let code = e.rdkafka_error_code()?;
+    let fatal = matches!(
+        code,
+        C::TopicAuthorizationFailed
+            | C::GroupAuthorizationFailed
+            | C::ClusterAuthorizationFailed
+            | C::SaslAuthenticationFailed
+            | C::Authentication
+    );
+    if !fatal {
+        return None;
+    }
+    let reason = consumer
+        .context()
+        .last_error
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    Some(FatalConsumerError {
+        code,
+        message: reason.unwrap_or_else(|| e.to_string()),
+    })
+}
 
 impl ConsumerContext for WorkerContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -338,17 +389,19 @@ impl WorkerContext {
     }
 }
 
-/// The poll loop. Returns once stopping is set and the shutdown sequence
-/// (drop queued work, wait for running jobs within the grace period,
-/// cancel the rest, commit) is complete; the caller then closes the consumer.
+/// The poll loop. Returns once stopping is set, or a fatal consumer error
+/// (an ACL, the credentials) was seen, and the shutdown sequence (drop
+/// queued work, wait for running jobs within the grace period, cancel the
+/// rest, commit) is complete; the caller then closes the consumer.
 pub(crate) fn poll_loop(
     ctx: &WorkerContext,
     consumer: &BaseConsumer<WorkerContext>,
     abandon: impl FnOnce(),
-) {
+) -> Result<(), FatalConsumerError> {
     let mut last_gauges = Instant::now();
+    let mut fatal = None;
     let mut batch: Vec<OwnedMessage> = Vec::with_capacity(MAX_BATCH);
-    while !ctx.is_stopping() {
+    while !ctx.is_stopping() && fatal.is_none() {
         let mut out = Vec::new();
         let busy = {
             let mut core = ctx.lock();
@@ -373,7 +426,13 @@ pub(crate) fn poll_loop(
             match result {
                 Ok(m) => batch.push(m.detach()),
                 Err(e) => {
-                    warn!(error = %e, "consumer error");
+                    match fatal_consumer_error(consumer, &e) {
+                        Some(f) => {
+                            tracing::error!(error = %e, reason = %f.message, "consumer refused by the cluster; stopping");
+                            fatal = Some(f);
+                        }
+                        None => warn!(error = %e, "consumer error"),
+                    }
                     break;
                 }
             }
@@ -400,6 +459,7 @@ pub(crate) fn poll_loop(
         ctx.execute(consumer, out, CommitMode::Async, false);
     }
     shutdown(ctx, consumer, abandon);
+    fatal.map_or(Ok(()), Err)
 }
 
 /// Shutdown: stop fetching, drop what has not started, let running jobs

@@ -18,33 +18,180 @@ use futures::FutureExt;
 use crate::classify::{ErrorClass, JobError};
 use crate::codec::{ReaderSchema, SchemaSource};
 use crate::job::{Job, JobContext};
+use crate::layers::{AttemptService, LayerFn, Request};
 
-/// Anything that can handle jobs of type `J`. Implemented for every
-/// `Fn(J, JobContext) -> impl Future<Output = Result<(), JobError>>`, so a
-/// plain `async fn` is a handler; closures capturing an `Arc` of shared
-/// dependencies (a mail client, a pool) work too.
-pub trait Handler<J>: Send + Sync + 'static {
+/// Values registered once on the builder ([`crate::WorkerBuilder::state`])
+/// and handed to every handler that asks for them with [`State`].
+#[derive(Clone, Default)]
+pub struct StateMap {
+    values: std::collections::HashMap<std::any::TypeId, Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+impl StateMap {
+    pub(crate) fn insert<S: Clone + Send + Sync + 'static>(&mut self, value: S) {
+        self.values
+            .insert(std::any::TypeId::of::<S>(), Arc::new(value));
+    }
+
+    fn get<S: Clone + 'static>(&self) -> Option<S> {
+        self.values
+            .get(&std::any::TypeId::of::<S>())
+            .and_then(|v| v.downcast_ref::<S>())
+            .cloned()
+    }
+
+    pub(crate) fn contains(&self, id: std::any::TypeId) -> bool {
+        self.values.contains_key(&id)
+    }
+}
+
+/// What extractors read: the builder's state and the attempt's extensions
+/// (set by layers).
+pub struct Parts<'a> {
+    states: &'a StateMap,
+    extensions: &'a http::Extensions,
+}
+
+/// A value a handler can take as an argument after the job and its context,
+/// in axum's style: [`State`] and [`Ext`].
+pub trait FromParts: Sized + Send + 'static {
+    /// Extracts the value for one attempt.
+    fn from_parts(parts: &Parts<'_>) -> Result<Self, JobError>;
+    /// A state type this extractor needs registered, checked when the
+    /// worker is built (so a missing `.state(...)` fails at start, not on
+    /// every job).
+    fn required_state() -> Option<(std::any::TypeId, &'static str)> {
+        None
+    }
+}
+
+/// Shared state registered once with [`crate::WorkerBuilder::state`]: a
+/// pool, a client, a configuration. `S` is cloned per attempt, so wrap
+/// large things in an `Arc` (as in axum).
+#[derive(Clone, Debug)]
+pub struct State<S>(pub S);
+
+impl<S: Clone + Send + Sync + 'static> FromParts for State<S> {
+    fn from_parts(parts: &Parts<'_>) -> Result<Self, JobError> {
+        parts.states.get::<S>().map(State).ok_or_else(|| {
+            JobError::permanent(format!(
+                "State<{}> is not registered: call WorkerBuilder::state(...) with it",
+                std::any::type_name::<S>()
+            ))
+        })
+    }
+
+    fn required_state() -> Option<(std::any::TypeId, &'static str)> {
+        Some((std::any::TypeId::of::<S>(), std::any::type_name::<S>()))
+    }
+}
+
+/// A value a layer put into the attempt's extensions (a transaction, a
+/// tenant scope). A missing one is the layer's bug: the attempt fails as
+/// permanent with a message naming the type.
+#[derive(Clone, Debug)]
+pub struct Ext<T>(pub T);
+
+impl<T: Clone + Send + Sync + 'static> FromParts for Ext<T> {
+    fn from_parts(parts: &Parts<'_>) -> Result<Self, JobError> {
+        parts
+            .extensions
+            .get::<T>()
+            .cloned()
+            .map(Ext)
+            .ok_or_else(|| {
+                JobError::permanent(format!(
+                    "no {} in the attempt's extensions: is the layer that provides it installed?",
+                    std::any::type_name::<T>()
+                ))
+            })
+    }
+}
+
+/// Anything that can handle jobs of type `J`: a plain
+/// `async fn(job, ctx) -> Result<(), JobError>`, optionally taking up to
+/// three more arguments that implement [`FromParts`] ([`State`], [`Ext`]).
+/// `M` only tells the implementations apart; callers never name it.
+pub trait Handler<J, M>: Send + Sync + 'static {
     /// Runs one attempt.
-    fn call(&self, job: J, ctx: JobContext) -> BoxFuture<'static, Result<(), JobError>>;
+    fn call(
+        &self,
+        job: J,
+        ctx: JobContext,
+        parts: &Parts<'_>,
+    ) -> BoxFuture<'static, Result<(), JobError>>;
+
+    /// The state types the handler's extractors need.
+    fn required_states(&self) -> Vec<(std::any::TypeId, &'static str)> {
+        Vec::new()
+    }
 }
 
 /// A shared handler is a handler (the worker and the test harness can hold
 /// the same one).
-impl<J, H: Handler<J>> Handler<J> for Arc<H> {
-    fn call(&self, job: J, ctx: JobContext) -> BoxFuture<'static, Result<(), JobError>> {
-        (**self).call(job, ctx)
+impl<J, M, H: Handler<J, M>> Handler<J, M> for Arc<H> {
+    fn call(
+        &self,
+        job: J,
+        ctx: JobContext,
+        parts: &Parts<'_>,
+    ) -> BoxFuture<'static, Result<(), JobError>> {
+        (**self).call(job, ctx, parts)
+    }
+    fn required_states(&self) -> Vec<(std::any::TypeId, &'static str)> {
+        (**self).required_states()
     }
 }
 
-impl<J, F, Fut> Handler<J> for F
+impl<J, F, Fut> Handler<J, (JobContext,)> for F
 where
     F: Fn(J, JobContext) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), JobError>> + Send + 'static,
 {
-    fn call(&self, job: J, ctx: JobContext) -> BoxFuture<'static, Result<(), JobError>> {
+    fn call(
+        &self,
+        job: J,
+        ctx: JobContext,
+        _parts: &Parts<'_>,
+    ) -> BoxFuture<'static, Result<(), JobError>> {
         Box::pin((self)(job, ctx))
     }
 }
+
+macro_rules! handler_with_extractors {
+    ($($a:ident),+) => {
+        impl<J, F, Fut, $($a),+> Handler<J, (JobContext, $($a,)+)> for F
+        where
+            F: Fn(J, JobContext, $($a),+) -> Fut + Send + Sync + 'static,
+            Fut: Future<Output = Result<(), JobError>> + Send + 'static,
+            $($a: FromParts),+
+        {
+            #[allow(non_snake_case)]
+            fn call(
+                &self,
+                job: J,
+                ctx: JobContext,
+                parts: &Parts<'_>,
+            ) -> BoxFuture<'static, Result<(), JobError>> {
+                $(
+                    let $a = match $a::from_parts(parts) {
+                        Ok(v) => v,
+                        Err(e) => return Box::pin(async move { Err(e) }),
+                    };
+                )+
+                Box::pin((self)(job, ctx, $($a),+))
+            }
+
+            fn required_states(&self) -> Vec<(std::any::TypeId, &'static str)> {
+                [$($a::required_state()),+].into_iter().flatten().collect()
+            }
+        }
+    };
+}
+
+handler_with_extractors!(A1);
+handler_with_extractors!(A1, A2);
+handler_with_extractors!(A1, A2, A3);
 
 /// The result of one attempt at one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,15 +215,50 @@ pub(crate) trait Route: Send + Sync {
     fn run<'a>(&'a self, payload: Option<&'a [u8]>, ctx: JobContext) -> BoxFuture<'a, Attempt>;
 }
 
-pub(crate) struct TypedRoute<J, H> {
+pub(crate) struct TypedRoute<J, H, M> {
     pub handler: H,
     pub reader: ReaderSchema,
     pub schemas: Arc<dyn SchemaSource>,
     pub timeout: Option<Duration>,
-    pub _job: PhantomData<fn() -> J>,
+    pub states: Arc<StateMap>,
+    /// The layered stack, when any layer is configured (`None`: the handler
+    /// is called directly, which costs nothing extra per attempt).
+    pub stack: Option<AttemptService>,
+    pub _job: PhantomData<fn() -> (J, M)>,
 }
 
-impl<J: Job, H: Handler<J>> Route for TypedRoute<J, H> {
+impl<J: Job, M: 'static, H: Handler<J, M> + Clone> TypedRoute<J, H, M> {
+    /// A route whose attempts run through `layers` (outermost first).
+    pub(crate) fn new(
+        handler: H,
+        reader: ReaderSchema,
+        schemas: Arc<dyn SchemaSource>,
+        timeout: Option<Duration>,
+        states: Arc<StateMap>,
+        layers: &[LayerFn],
+    ) -> Self {
+        let stack = (!layers.is_empty()).then(|| {
+            let inner = AttemptService::new(HandlerService::<J, H, M> {
+                handler: handler.clone(),
+                states: states.clone(),
+                timeout,
+                _job: PhantomData,
+            });
+            layers.iter().rev().fold(inner, |svc, layer| layer(svc))
+        });
+        Self {
+            handler,
+            reader,
+            schemas,
+            timeout,
+            states,
+            stack,
+            _job: PhantomData,
+        }
+    }
+}
+
+impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M> {
     fn job_name(&self) -> &'static str {
         J::NAME
     }
@@ -99,25 +281,101 @@ impl<J: Job, H: Handler<J>> Route for TypedRoute<J, H> {
                     };
                 }
             };
-            run_handler(&self.handler, job, ctx, self.timeout).await
+            match &self.stack {
+                None => {
+                    let parts = Parts {
+                        states: &self.states,
+                        extensions: &EMPTY_EXTENSIONS,
+                    };
+                    guarded(self.handler.call(job, ctx, &parts), self.timeout).await
+                }
+                Some(stack) => {
+                    let call = tower::ServiceExt::oneshot(stack.clone(), Request::new(job, ctx));
+                    // The timeout is the innermost layer; panics are caught
+                    // here, around every layer.
+                    guarded(call, None).await
+                }
+            }
         })
     }
 }
 
-/// Runs one handler attempt with panic capture and an optional timeout.
-/// Shared by the worker and anything else that must classify exactly as the
-/// worker does.
-pub async fn run_handler<J, H: Handler<J>>(
-    handler: &H,
-    job: J,
-    ctx: JobContext,
+static EMPTY_EXTENSIONS: std::sync::LazyLock<http::Extensions> =
+    std::sync::LazyLock::new(http::Extensions::new);
+
+/// The innermost service of a route's stack: the handler, under the
+/// handler timeout.
+struct HandlerService<J, H, M> {
+    handler: H,
+    states: Arc<StateMap>,
+    timeout: Option<Duration>,
+    _job: PhantomData<fn() -> (J, M)>,
+}
+
+impl<J, H: Clone, M> Clone for HandlerService<J, H, M> {
+    fn clone(&self) -> Self {
+        Self {
+            handler: self.handler.clone(),
+            states: self.states.clone(),
+            timeout: self.timeout,
+            _job: PhantomData,
+        }
+    }
+}
+
+impl<J: Job, M: 'static, H: Handler<J, M> + Clone> tower::Service<Request>
+    for HandlerService<J, H, M>
+{
+    type Response = ();
+    type Error = JobError;
+    type Future = BoxFuture<'static, Result<(), JobError>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), JobError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        let (job, ctx, extensions) = req.into_parts();
+        let Ok(job) = job.downcast::<J>() else {
+            return Box::pin(async {
+                Err(JobError::permanent(
+                    "a layer replaced the job with a value of another type",
+                ))
+            });
+        };
+        let parts = Parts {
+            states: &self.states,
+            extensions: &extensions,
+        };
+        let fut = self.handler.call(*job, ctx, &parts);
+        match self.timeout {
+            None => fut,
+            Some(limit) => Box::pin(async move {
+                match tokio::time::timeout(limit, fut).await {
+                    Ok(r) => r,
+                    Err(_) => Err(JobError::timeout(format!(
+                        "handler exceeded its timeout of {limit:?} and was cancelled"
+                    ))),
+                }
+            }),
+        }
+    }
+}
+
+/// Runs an attempt future with panic capture and an optional timeout, and
+/// classifies its result.
+async fn guarded(
+    fut: impl Future<Output = Result<(), JobError>>,
     timeout: Option<Duration>,
 ) -> Attempt {
     // The async block makes a panic in the handler's synchronous prelude
     // (before its first await) land in catch_unwind as well.
-    let guarded = AssertUnwindSafe(async move { handler.call(job, ctx).await }).catch_unwind();
+    let caught = AssertUnwindSafe(fut).catch_unwind();
     let outcome = match timeout {
-        Some(limit) => match tokio::time::timeout(limit, guarded).await {
+        Some(limit) => match tokio::time::timeout(limit, caught).await {
             Ok(outcome) => outcome,
             Err(_) => {
                 return Attempt::Failed {
@@ -127,7 +385,7 @@ pub async fn run_handler<J, H: Handler<J>>(
                 }
             }
         },
-        None => guarded.await,
+        None => caught.await,
     };
     match outcome {
         Ok(Ok(())) => Attempt::Done,
@@ -145,6 +403,25 @@ pub async fn run_handler<J, H: Handler<J>>(
             retry_after: None,
         },
     }
+}
+
+/// Runs one handler attempt with panic capture and an optional timeout,
+/// classified exactly as the worker classifies it.
+pub async fn run_handler<J, M, H: Handler<J, M>>(
+    handler: &H,
+    job: J,
+    ctx: JobContext,
+    timeout: Option<Duration>,
+) -> Attempt {
+    let states = StateMap::default();
+    let parts = Parts {
+        states: &states,
+        extensions: &EMPTY_EXTENSIONS,
+    };
+    // Build the future inside the async block so a panic in the handler's
+    // synchronous prelude is caught too.
+    let fut = async move { handler.call(job, ctx, &parts).await };
+    guarded(fut, timeout).await
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -211,13 +488,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_registry_outage_while_decoding_is_retried_not_dead_lettered() {
-        let route = TypedRoute::<Ping, _> {
-            handler: |_j: Ping, _c: JobContext| async { Ok::<(), JobError>(()) },
-            reader: ReaderSchema::new(crate::codec::parse_contract::<Ping>().unwrap()),
-            schemas: Arc::new(DownRegistry),
-            timeout: None,
-            _job: PhantomData,
-        };
+        let handler = Arc::new(|_j: Ping, _c: JobContext| async { Ok::<(), JobError>(()) });
+        let route = TypedRoute::<Ping, _, _>::new(
+            handler,
+            ReaderSchema::new(crate::codec::parse_contract::<Ping>().unwrap()),
+            Arc::new(DownRegistry),
+            None,
+            Arc::new(StateMap::default()),
+            &[],
+        );
         let payload = frame(7, b"\x02a");
         let outcome = route.run(Some(&payload), ctx()).await;
         assert!(

@@ -477,7 +477,9 @@ impl<R: Located> Scheduler<R> {
         }
     }
 
-    /// The earliest due time of a hold not yet resumed, if any.
+    /// The earliest due time of a hold not yet resumed, if any (the
+    /// harness jumps its virtual clock there).
+    #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))]
     pub(crate) fn next_due_ms(&self) -> Option<i64> {
         self.slots
             .iter()

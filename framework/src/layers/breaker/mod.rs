@@ -1,0 +1,282 @@
+//! A circuit breaker per downstream that *defers* jobs instead of failing
+//! them.
+//!
+//! A downstream answering 503 for an hour would otherwise walk every job
+//! through every retry tier into the DLQ. With a breaker, after
+//! `failure_threshold` consecutive retryable failures the breaker opens:
+//! jobs that reach it wait (parked in memory, holding their concurrency
+//! slot; their partitions fill to the in-flight bound and are paused) until
+//! `open_for` has passed. Then one job goes through as a probe (half-open):
+//! success closes the breaker and releases everyone, failure opens it
+//! again. A parked job's attempt count does not move, and nothing is
+//! dead-lettered because the breaker is open; only the attempts that
+//! tripped it and the probes reach the downstream and fail.
+//!
+//! Share one [`Breaker`] value between every route that calls the same
+//! downstream. Its state is exported as `kjob_breaker_state{breaker}` (0
+//! closed, 1 half-open, 2 open) and `kjob_breaker_parked{breaker}`.
+//!
+//! ```
+//! # use kjob::layers::breaker::Breaker;
+//! # use std::time::Duration;
+//! let payments = Breaker::new("payments").failure_threshold(5).open_for(Duration::from_secs(10));
+//! // builder.layer_for("payments.capture", payments.clone())
+//! ```
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::{AttemptService, Request};
+use crate::classify::JobError;
+
+/// The states, as exported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BreakerState {
+    /// Calls pass.
+    Closed,
+    /// One probe is in flight; everyone else waits for its answer.
+    HalfOpen,
+    /// Calls wait until the open period ends.
+    Open,
+}
+
+#[derive(Debug)]
+enum Phase {
+    Closed { failures: u32 },
+    Open { until: Instant },
+    HalfOpen,
+}
+
+struct Inner {
+    name: String,
+    phase: Mutex<Phase>,
+    changed: Notify,
+    parked: AtomicI64,
+    threshold: u32,
+    open_for: Duration,
+}
+
+/// See the module docs. Cloning shares the state.
+#[derive(Clone)]
+pub struct Breaker {
+    inner: Arc<Inner>,
+}
+
+static REGISTRY: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
+
+/// `(name, state, parked)` of every live breaker, for the metrics.
+pub(crate) fn snapshot() -> Vec<(String, BreakerState, i64)> {
+    let mut reg = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
+    reg.retain(|w| w.strong_count() > 0);
+    reg.iter()
+        .filter_map(Weak::upgrade)
+        .map(|b| {
+            let state = Breaker { inner: b.clone() }.state();
+            (b.name.clone(), state, b.parked.load(Ordering::Relaxed))
+        })
+        .collect()
+}
+
+impl Breaker {
+    /// A closed breaker for downstream `name` (5 failures, open for 10 s).
+    pub fn new(name: &str) -> Self {
+        Self::build(name, 5, Duration::from_secs(10))
+    }
+
+    fn build(name: &str, threshold: u32, open_for: Duration) -> Self {
+        let inner = Arc::new(Inner {
+            name: name.to_string(),
+            phase: Mutex::new(Phase::Closed { failures: 0 }),
+            changed: Notify::new(),
+            parked: AtomicI64::new(0),
+            threshold: threshold.max(1),
+            open_for,
+        });
+        REGISTRY
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Arc::downgrade(&inner));
+        Self { inner }
+    }
+
+    /// Consecutive retryable failures that open the breaker.
+    pub fn failure_threshold(self, n: u32) -> Self {
+        Self::build(&self.inner.name, n, self.inner.open_for)
+    }
+
+    /// How long it stays open before a probe.
+    pub fn open_for(self, d: Duration) -> Self {
+        Self::build(&self.inner.name, self.inner.threshold, d)
+    }
+
+    /// The current state.
+    pub fn state(&self) -> BreakerState {
+        match *self.lock() {
+            Phase::Closed { .. } => BreakerState::Closed,
+            Phase::HalfOpen => BreakerState::HalfOpen,
+            Phase::Open { .. } => BreakerState::Open,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Phase> {
+        self.inner
+            .phase
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until this attempt may call the downstream. Returns whether it
+    /// is the half-open probe.
+    async fn admit(&self) -> bool {
+        let mut parked = false;
+        let probe = loop {
+            let notified = self.inner.changed.notified();
+            let wait = {
+                let mut phase = self.lock();
+                match *phase {
+                    Phase::Closed { .. } => break false,
+                    Phase::Open { until } if Instant::now() >= until => {
+                        *phase = Phase::HalfOpen;
+                        break true;
+                    }
+                    Phase::Open { until } => Some(until),
+                    Phase::HalfOpen => None,
+                }
+            };
+            if !parked {
+                parked = true;
+                self.inner.parked.fetch_add(1, Ordering::Relaxed);
+            }
+            match wait {
+                Some(until) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(until) => {}
+                        _ = notified => {}
+                    }
+                }
+                None => notified.await,
+            }
+        };
+        if parked {
+            self.inner.parked.fetch_sub(1, Ordering::Relaxed);
+        }
+        probe
+    }
+
+    /// Records the downstream's answer.
+    fn record(&self, probe: bool, result: &Result<(), JobError>) {
+        let failed = matches!(result, Err(e) if e.class().is_retryable());
+        let mut phase = self.lock();
+        let next = match (&*phase, failed) {
+            (_, false) if probe || matches!(*phase, Phase::Closed { .. }) => {
+                Phase::Closed { failures: 0 }
+            }
+            (Phase::Closed { failures }, true) if failures + 1 < self.inner.threshold => {
+                Phase::Closed {
+                    failures: failures + 1,
+                }
+            }
+            (Phase::Closed { .. }, true) => Phase::Open {
+                until: Instant::now() + self.inner.open_for,
+            },
+            (_, true) if probe => Phase::Open {
+                until: Instant::now() + self.inner.open_for,
+            },
+            // A call admitted before the breaker opened answered late.
+            _ => return,
+        };
+        let reopened = matches!(next, Phase::Open { .. }) && !matches!(*phase, Phase::Open { .. });
+        let closed = matches!(next, Phase::Closed { failures: 0 })
+            && !matches!(*phase, Phase::Closed { .. });
+        *phase = next;
+        drop(phase);
+        if reopened {
+            tracing::warn!(breaker = %self.inner.name, open_for = ?self.inner.open_for, "circuit breaker open: jobs for this downstream wait");
+        }
+        if closed {
+            tracing::info!(breaker = %self.inner.name, "circuit breaker closed: the downstream answers again");
+        }
+        self.inner.changed.notify_waiters();
+    }
+}
+
+impl tower::Layer<AttemptService> for Breaker {
+    type Service = Guarded;
+    fn layer(&self, inner: AttemptService) -> Guarded {
+        Guarded {
+            breaker: self.clone(),
+            inner,
+        }
+    }
+}
+
+/// The service [`Breaker`] wraps around an attempt.
+#[derive(Clone)]
+pub struct Guarded {
+    breaker: Breaker,
+    inner: AttemptService,
+}
+
+impl tower::Service<Request> for Guarded {
+    type Response = ();
+    type Error = JobError;
+    type Future = BoxFuture<'static, Result<(), JobError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), JobError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        let (breaker, inner) = (self.breaker.clone(), self.inner.clone());
+        Box::pin(async move {
+            let probe = breaker.admit().await;
+            let result = tower::ServiceExt::oneshot(inner, req).await;
+            breaker.record(probe, &result);
+            result
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn it_opens_after_the_threshold_parks_callers_and_closes_on_a_good_probe() {
+        let b = Breaker::new("t")
+            .failure_threshold(2)
+            .open_for(Duration::from_secs(10));
+        let fail: Result<(), JobError> = Err(JobError::server("503"));
+        assert!(!b.admit().await);
+        b.record(false, &fail);
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert!(!b.admit().await);
+        b.record(false, &fail);
+        assert_eq!(b.state(), BreakerState::Open);
+        // A caller now waits the open period, then is the probe.
+        let start = Instant::now();
+        assert!(
+            b.admit().await,
+            "the first caller after the open period probes"
+        );
+        assert!(start.elapsed() >= Duration::from_secs(10));
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        // A failed probe re-opens; a good one closes.
+        b.record(true, &fail);
+        assert_eq!(b.state(), BreakerState::Open);
+        assert!(b.admit().await);
+        b.record(true, &Ok(()));
+        assert_eq!(b.state(), BreakerState::Closed);
+        // Permanent errors say nothing about the downstream's health.
+        for _ in 0..5 {
+            b.record(false, &Err(JobError::invalid_input("bad")));
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+}

@@ -1,0 +1,94 @@
+//! Middleware around every attempt, as [`tower`] layers.
+//!
+//! Each attempt runs through a `tower::Service<Request>` that answers
+//! `Result<(), JobError>`. kjob builds the stack per route, outermost first:
+//!
+//! 1. the tracing span and metrics of the attempt (in the worker's pipeline);
+//! 2. panic capture (a panic anywhere below is class `bug.panic`);
+//! 3. the layers added with [`WorkerBuilder::layer`](crate::WorkerBuilder::layer)
+//!    (every route), in the order added;
+//! 4. the layers added with [`WorkerBuilder::layer_for`](crate::WorkerBuilder::layer_for)
+//!    (one route), in the order added;
+//! 5. the handler timeout (class `retryable.timeout`);
+//! 6. the handler.
+//!
+//! Decoding happens before the stack and classification and routing
+//! (retry tier, DLQ) after it; the concurrency limit is the scheduler's.
+//! A layer sees the decoded job ([`Request::job`]) and its
+//! [`JobContext`], can put values in [`Request::extensions_mut`] for the
+//! handler to take with [`Ext`](crate::worker::Ext), and can
+//! fail the attempt with a [`JobError`] of its own.
+//!
+//! Shipped layers, one folder each: [`rate_limit`] (a token bucket shared
+//! by every route that uses it) and [`breaker`] (a circuit breaker per
+//! downstream that parks jobs while open instead of burning their attempts).
+
+pub mod breaker;
+pub mod rate_limit;
+
+use std::any::Any;
+use std::sync::Arc;
+
+use tower::util::BoxCloneSyncService;
+
+use crate::classify::JobError;
+use crate::job::JobContext;
+
+/// One attempt, as a layer sees it.
+pub struct Request {
+    ctx: JobContext,
+    job: Box<dyn Any + Send>,
+    extensions: http::Extensions,
+}
+
+impl Request {
+    pub(crate) fn new<J: Send + 'static>(job: J, ctx: JobContext) -> Self {
+        Self {
+            ctx,
+            job: Box::new(job),
+            extensions: http::Extensions::new(),
+        }
+    }
+
+    /// The decoded job, if it is a `J` (layers shared by several routes
+    /// look at the jobs they know).
+    pub fn job<J: 'static>(&self) -> Option<&J> {
+        self.job.downcast_ref()
+    }
+
+    /// The attempt's context: id, attempt number, topic, tenant, ...
+    pub fn ctx(&self) -> &JobContext {
+        &self.ctx
+    }
+
+    /// Values a layer hands to the handler (`Ext<T>`).
+    pub fn extensions(&self) -> &http::Extensions {
+        &self.extensions
+    }
+
+    /// Mutable access, for a layer to add a value for the handler.
+    pub fn extensions_mut(&mut self) -> &mut http::Extensions {
+        &mut self.extensions
+    }
+
+    pub(crate) fn into_parts(self) -> (Box<dyn Any + Send>, JobContext, http::Extensions) {
+        (self.job, self.ctx, self.extensions)
+    }
+}
+
+/// The type-erased attempt service every layer wraps.
+pub type AttemptService = BoxCloneSyncService<Request, (), JobError>;
+
+/// A layer, type-erased so that one list can hold layers of any type.
+pub(crate) type LayerFn = Arc<dyn Fn(AttemptService) -> AttemptService + Send + Sync>;
+
+/// Erases a tower layer over [`AttemptService`].
+pub(crate) fn erase<L>(layer: L) -> LayerFn
+where
+    L: tower::Layer<AttemptService> + Send + Sync + 'static,
+    L::Service:
+        tower::Service<Request, Response = (), Error = JobError> + Clone + Send + Sync + 'static,
+    <L::Service as tower::Service<Request>>::Future: Send + 'static,
+{
+    Arc::new(move |inner| BoxCloneSyncService::new(layer.layer(inner)))
+}

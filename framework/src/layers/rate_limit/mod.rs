@@ -1,0 +1,131 @@
+//! A token-bucket rate limit, shared by every route that uses the same
+//! [`RateLimit`] value: one downstream's budget, whichever job spends it.
+//!
+//! ```
+//! # use kjob::layers::rate_limit::RateLimit;
+//! let crm = RateLimit::per_second("crm", 20.0);
+//! // builder.layer_for("crm.sync", crm.clone()).layer_for("crm.backfill", crm)
+//! ```
+//!
+//! An attempt waits for a token before it runs; it never fails for want of
+//! one, so a burst costs time, not attempts.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use super::{AttemptService, Request};
+use crate::classify::JobError;
+
+/// See the module docs. Cloning shares the bucket.
+#[derive(Clone)]
+pub struct RateLimit {
+    name: Arc<str>,
+    bucket: Arc<Mutex<Bucket>>,
+    per_second: f64,
+    burst: f64,
+}
+
+struct Bucket {
+    tokens: f64,
+    last: Instant,
+}
+
+impl RateLimit {
+    /// At most `per_second` attempts per second on average, with bursts of
+    /// up to one second's worth.
+    pub fn per_second(name: &str, per_second: f64) -> Self {
+        let per_second = per_second.max(0.001);
+        let burst = per_second.max(1.0);
+        Self {
+            name: name.into(),
+            bucket: Arc::new(Mutex::new(Bucket {
+                tokens: burst,
+                last: Instant::now(),
+            })),
+            per_second,
+            burst,
+        }
+    }
+
+    /// The downstream this budget is for.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Waits for a token.
+    async fn acquire(&self) {
+        loop {
+            let wait = {
+                let mut b = self.bucket.lock().await;
+                let now = Instant::now();
+                let refill = now.duration_since(b.last).as_secs_f64() * self.per_second;
+                b.tokens = (b.tokens + refill).min(self.burst);
+                b.last = now;
+                if b.tokens >= 1.0 {
+                    b.tokens -= 1.0;
+                    return;
+                }
+                Duration::from_secs_f64((1.0 - b.tokens) / self.per_second)
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+impl tower::Layer<AttemptService> for RateLimit {
+    type Service = RateLimited;
+    fn layer(&self, inner: AttemptService) -> RateLimited {
+        RateLimited {
+            limit: self.clone(),
+            inner,
+        }
+    }
+}
+
+/// The service [`RateLimit`] wraps around an attempt.
+#[derive(Clone)]
+pub struct RateLimited {
+    limit: RateLimit,
+    inner: AttemptService,
+}
+
+impl tower::Service<Request> for RateLimited {
+    type Response = ();
+    type Error = JobError;
+    type Future = BoxFuture<'static, Result<(), JobError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), JobError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        let (limit, inner) = (self.limit.clone(), self.inner.clone());
+        Box::pin(async move {
+            limit.acquire().await;
+            tower::ServiceExt::oneshot(inner, req).await
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_beyond_the_budget_waits_instead_of_failing() {
+        let limit = RateLimit::per_second("crm", 10.0);
+        let start = Instant::now();
+        for _ in 0..30 {
+            limit.acquire().await;
+        }
+        let took = start.elapsed();
+        // 10 at once (the burst), then 20 more at 10/s.
+        assert!(took >= Duration::from_millis(1_990), "{took:?}");
+        assert!(took < Duration::from_millis(2_100), "{took:?}");
+    }
+}

@@ -1,0 +1,291 @@
+//! Single-node mode: the only broker is SIGKILLed and restarted in the middle
+//! of a run, and the worker recovers on its own, without a restart.
+//!
+//! The shared single-node stack on 9092 serves other test runs, so this test
+//! starts a throwaway single node of its own (KRaft, 127.0.0.1:29092 and
+//! 29093, data in `.stack/cluster/scratch-*`, deleted afterwards) from the
+//! stack's Kafka jars. `#[ignore]`d in the default suite (it starts a JVM of
+//! its own); `./dev test --cluster` runs it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker};
+use kjob_integration_tests::*;
+
+const PORT: u16 = 29092;
+const CONTROLLER_PORT: u16 = 29093;
+const JOBS: i64 = 5_000;
+const PARTITIONS: i32 = 3;
+
+fn java() -> String {
+    std::env::var("KJOB_KAFKA_JAVA").unwrap_or_else(|_| "java".into())
+}
+
+fn kafka_classpath() -> String {
+    let libs = repo_root().join(".stack/kafka-libs");
+    assert!(
+        libs.join(".complete").exists(),
+        "{} is missing: run ./dev stack up once to fetch the Kafka jars",
+        libs.display()
+    );
+    format!("{}/*", libs.display())
+}
+
+/// A throwaway single-node KRaft broker, killed and removed on drop.
+struct Scratch {
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Scratch {
+    fn new() -> Self {
+        for port in [PORT, CONTROLLER_PORT] {
+            assert!(
+                std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+                "port {port} is taken; the broker-restart test needs it free"
+            );
+        }
+        let dir = repo_root().join(".stack/cluster").join(unique("scratch"));
+        std::fs::create_dir_all(dir.join("data")).expect("scratch dir");
+        std::fs::write(
+            dir.join("server.properties"),
+            format!(
+                "process.roles=broker,controller\nnode.id=1\n\
+                 controller.quorum.bootstrap.servers=127.0.0.1:{CONTROLLER_PORT}\n\
+                 listeners=PLAINTEXT://127.0.0.1:{PORT},CONTROLLER://127.0.0.1:{CONTROLLER_PORT}\n\
+                 advertised.listeners=PLAINTEXT://127.0.0.1:{PORT}\n\
+                 controller.listener.names=CONTROLLER\ninter.broker.listener.name=PLAINTEXT\n\
+                 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT\n\
+                 log.dirs={}\nnum.partitions={PARTITIONS}\nauto.create.topics.enable=false\n\
+                 offsets.topic.replication.factor=1\noffsets.topic.num.partitions=3\n\
+                 transaction.state.log.replication.factor=1\ntransaction.state.log.min.isr=1\n\
+                 share.coordinator.state.topic.replication.factor=1\n\
+                 share.coordinator.state.topic.min.isr=1\n\
+                 group.initial.rebalance.delay.ms=0\nnum.network.threads=2\nnum.io.threads=2\n",
+                dir.join("data").display()
+            ),
+        )
+        .expect("writing server.properties");
+        let out = Command::new(java())
+            .args([
+                "-Xmx128m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-cp",
+            ])
+            .arg(kafka_classpath())
+            .args(["kafka.tools.StorageTool", "random-uuid"])
+            .output()
+            .expect("running StorageTool random-uuid");
+        let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(out.status.success() && !id.is_empty(), "random-uuid failed");
+        let status = Command::new(java())
+            .args([
+                "-Xmx128m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-cp",
+            ])
+            .arg(kafka_classpath())
+            .args([
+                "kafka.tools.StorageTool",
+                "format",
+                "--standalone",
+                "-t",
+                &id,
+                "-c",
+            ])
+            .arg(dir.join("server.properties"))
+            .stdout(Stdio::null())
+            .status()
+            .expect("formatting scratch storage");
+        assert!(status.success(), "formatting the scratch broker failed");
+        Self { dir, child: None }
+    }
+
+    fn start(&mut self) {
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("broker.out"))
+            .expect("broker log");
+        let child = Command::new(java())
+            .args([
+                "-Xms128m",
+                "-Xmx384m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-Djava.awt.headless=true",
+            ])
+            .arg(format!("-Dkafka.logs.dir={}", self.dir.display()))
+            .arg(format!(
+                "-Dlog4j2.configurationFile={}",
+                repo_root().join(".stack/kafka/log4j2.properties").display()
+            ))
+            .arg("-cp")
+            .arg(kafka_classpath())
+            .arg("kafka.Kafka")
+            .arg(self.dir.join("server.properties"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("starting the scratch broker");
+        self.child = Some(child);
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill(); // SIGKILL
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn wait_answering(config: &KafkaConfig, within: Duration) {
+    let start = Instant::now();
+    loop {
+        let c = config.clone();
+        let ok = tokio::task::spawn_blocking(move || kjob::topics::list_topics(&c).is_ok())
+            .await
+            .unwrap_or(false);
+        if ok {
+            return;
+        }
+        assert!(
+            start.elapsed() < within,
+            "the scratch broker did not answer within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn dir_hint(dir: &Path) -> String {
+    format!("see {}", dir.join("broker.out").display())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "starts its own single-node Kafka on 29092: ./dev test --cluster"]
+async fn the_worker_recovers_by_itself_when_the_single_broker_restarts() {
+    init_logging();
+    let registry = KafkaConfig::from_env().schema_registry_url;
+    let config = KafkaConfig::new(format!("127.0.0.1:{PORT}"), registry);
+    let mut broker = Scratch::new();
+    broker.start();
+    wait_answering(&config, Duration::from_secs(90)).await;
+    let hint = dir_hint(&broker.dir);
+
+    let topic = unique("restart");
+    let group = unique("restart-g");
+    create_topic(&config, &topic, PARTITIONS).await;
+    let producer = Producer::new(&config).expect("producer");
+    // Half before the restart, half after it: the worker must fetch again.
+    let enqueue = |range: std::ops::Range<i64>| {
+        let (producer, topic) = (producer.clone(), topic.clone());
+        async move {
+            let jobs: Vec<TestJob> = range
+                .map(|s| TestJob::ok(format!("k{}", s % 31), s))
+                .collect();
+            for r in producer.enqueue_batch_to(&topic, &jobs).await {
+                r.expect("enqueue");
+            }
+        }
+    };
+    enqueue(0..JOBS / 2).await;
+
+    let counts: Arc<Vec<AtomicU32>> = Arc::new((0..JOBS).map(|_| AtomicU32::new(0)).collect());
+    let handled = Arc::new(AtomicU64::new(0));
+    let (c, h) = (counts.clone(), handled.clone());
+    // A small prefetch, so the records are not all in the client's memory
+    // before the broker goes away.
+    let worker_config = config
+        .clone()
+        .set("queued.max.messages.kbytes", "64")
+        .set("max.partition.fetch.bytes", "16384");
+    let worker = Worker::builder(worker_config, &group)
+        .handle_on::<TestJob, _>(&topic, move |job: TestJob, _ctx: JobContext| {
+            let (c, h) = (c.clone(), h.clone());
+            async move {
+                // Slow enough that the restart lands mid-run.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                if let Some(slot) = usize::try_from(job.seq).ok().and_then(|i| c.get(i)) {
+                    slot.fetch_add(1, Ordering::Relaxed);
+                }
+                h.fetch_add(1, Ordering::Relaxed);
+                Ok::<(), JobError>(())
+            }
+        })
+        .concurrency(16)
+        .max_in_flight_per_partition(50)
+        .commit_interval(Duration::from_millis(300))
+        .build()
+        .expect("worker builds");
+    let running = start(worker);
+
+    eventually(
+        Duration::from_secs(60),
+        "1 000 jobs handled before the restart",
+        || handled.load(Ordering::Relaxed) >= 1_000,
+    )
+    .await;
+    broker.kill();
+    let at_kill = handled.load(Ordering::Relaxed);
+    let killed_at = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    broker.start();
+    wait_answering(&config, Duration::from_secs(90)).await;
+    let back_after = killed_at.elapsed();
+    let at_back = handled.load(Ordering::Relaxed);
+    enqueue(JOBS / 2..JOBS).await;
+
+    let distinct = || {
+        counts
+            .iter()
+            .filter(|c| c.load(Ordering::Relaxed) > 0)
+            .count() as i64
+    };
+    eventually(
+        Duration::from_secs(180),
+        "every job handled after the restart",
+        || distinct() == JOBS,
+    )
+    .await;
+    let resumed = killed_at.elapsed();
+    let ends = end_offsets(&config, &topic, PARTITIONS);
+    eventually(
+        Duration::from_secs(60),
+        "committed offsets equal the end offsets",
+        || {
+            committed_offsets(&config, &group, &topic, PARTITIONS)
+                == ends.iter().copied().map(Some).collect::<Vec<_>>()
+        },
+    )
+    .await;
+    running.stop().await;
+    let deliveries: u64 = counts
+        .iter()
+        .map(|c| u64::from(c.load(Ordering::Relaxed)))
+        .sum();
+    eprintln!(
+        "restart: broker SIGKILLed after {at_kill} of {JOBS} jobs, answering again {back_after:?} later \
+         ({at_back} handled by then); all handled {resumed:?} after the kill by the same worker; duplicate deliveries {}",
+        deliveries - JOBS as u64
+    );
+    assert!(
+        at_back < (JOBS / 2) as u64,
+        "the restart must land mid-run ({at_back} done)"
+    );
+    assert_eq!(distinct(), JOBS, "no job lost ({hint})");
+    assert_eq!(ends.iter().sum::<i64>(), JOBS);
+}
