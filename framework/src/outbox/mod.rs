@@ -336,6 +336,7 @@ pub struct OutboxEnqueued {
 pub struct Outbox {
     codec: Arc<Codec>,
     table: OutboxTable,
+    notify: bool,
     insert_sql: Arc<str>,
 }
 
@@ -374,6 +375,7 @@ impl Outbox {
         Self {
             codec,
             insert_sql: insert_sql(&table, true).into(),
+            notify: true,
             table,
         }
     }
@@ -382,7 +384,7 @@ impl Outbox {
     /// per test).
     pub fn table(mut self, name: &str) -> Result<Self, OutboxError> {
         self.table = OutboxTable::new(name)?;
-        self.insert_sql = insert_sql(&self.table, true).into();
+        self.insert_sql = insert_sql(&self.table, self.notify).into();
         Ok(self)
     }
 
@@ -390,6 +392,7 @@ impl Outbox {
     /// transaction that notified takes a brief global lock, which can limit
     /// very high commit rates; off, relays find rows by polling.
     pub fn notify(mut self, yes: bool) -> Self {
+        self.notify = yes;
         self.insert_sql = insert_sql(&self.table, yes).into();
         self
     }
