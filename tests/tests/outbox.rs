@@ -876,3 +876,29 @@ async fn the_relay_reconnects_when_postgres_ends_its_session() {
     }
     fx.drop_tables().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_notifications_the_relay_finds_rows_by_polling() {
+    let mut fx = Fixture::new(3).await;
+    let relay = fx.relay().poll_interval(Duration::from_millis(300));
+    let stats = relay.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run_until(async {
+        let _ = stopped.await;
+    }));
+    let quiet = fx.outbox.clone().notify(false);
+    tokio::time::sleep(Duration::from_millis(500)).await; // relay idle, waiting
+    let topic = fx.topic.clone();
+    request(&mut fx.client, &quiet, &topic, 1).await;
+    let start = Instant::now();
+    fx.wait_all_sent(Duration::from_secs(5)).await;
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "found by the 300 ms poll, took {:?}",
+        start.elapsed()
+    );
+    assert_eq!(stats.published.load(Ordering::Relaxed), 1);
+    let _ = stop.send(());
+    running.await.expect("relay task").expect("relay stopped");
+    fx.drop_tables().await;
+}
