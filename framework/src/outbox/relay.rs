@@ -405,13 +405,21 @@ impl Relay {
         cancel: &CancellationToken,
     ) -> Option<Vec<Outcome>> {
         let mut pending = Vec::with_capacity(batch.len());
-        // Keys with a row librdkafka refused to queue (say, too large):
-        // their later rows are not even sent, so none lands before it.
+        // Keys with a row librdkafka refused to queue (say, too large), or
+        // with a row being retried: their later rows are not sent in this
+        // batch, so none lands before it.
         let mut refused: HashSet<&str> = HashSet::new();
         for row in batch {
             if refused.contains(row.key.as_str()) {
                 pending.push(Pending::HeldBack);
                 continue;
+            }
+            if row.attempts > 0 {
+                // A row that failed before is retried alone for its key: if
+                // the broker refuses it again, librdkafka may still deliver
+                // a request queued behind it before the fatal error stops
+                // the producer, and that later row would land first.
+                refused.insert(row.key.as_str());
             }
             let mut headers = OwnedHeaders::new_with_capacity(row.headers.len());
             for (k, v) in &row.headers {
@@ -631,6 +639,8 @@ fn collateral(e: &KafkaError) -> bool {
 /// One unsent row.
 struct Row {
     id: i64,
+    /// Failed publish attempts so far.
+    attempts: i32,
     topic: String,
     key: String,
     payload: Vec<u8>,
@@ -653,6 +663,7 @@ impl Row {
         };
         Ok(Self {
             id: row.try_get("id").map_err(e("reading id"))?,
+            attempts: row.try_get("attempts").map_err(e("reading attempts"))?,
             topic: row.try_get("topic").map_err(e("reading topic"))?,
             key: row.try_get("key").map_err(e("reading key"))?,
             payload: row.try_get("payload").map_err(e("reading payload"))?,
@@ -693,7 +704,7 @@ impl Statements {
         // the limit", whatever the statistics say.
         let select = prep(
             format!(
-                "SELECT id, topic, key, payload, headers FROM {t}
+                "SELECT id, topic, key, payload, headers, attempts FROM {t}
                  WHERE sent_at IS NULL AND bucket = ANY($1)
                    AND key NOT IN (
                        SELECT key FROM {t}
