@@ -129,8 +129,8 @@ impl Fixture {
     }
 
     /// A relay process (`kjob outbox relay`), so it can be SIGKILLed.
-    fn relay_process(&self) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_kjob-cli"))
+    fn relay_process(&self) -> RelayProcess {
+        let child = Command::new(env!("CARGO_BIN_EXE_kjob-cli"))
             .args([
                 "outbox",
                 "relay",
@@ -144,7 +144,8 @@ impl Fixture {
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .spawn()
-            .expect("starting kjob outbox relay")
+            .expect("starting kjob outbox relay");
+        RelayProcess(child)
     }
 
     async fn wait_all_sent(&self, timeout: Duration) {
@@ -170,6 +171,27 @@ impl Fixture {
                 "DROP TABLE IF EXISTS {t}, {t}_counters, {t}_commits"
             ))
             .await;
+    }
+}
+
+/// A relay child process, SIGKILLed when dropped, so a failing test does
+/// not leave it running.
+struct RelayProcess(Child);
+
+impl RelayProcess {
+    /// SIGKILL and reap.
+    fn kill(&mut self) {
+        self.0.kill().expect("SIGKILL"); // std's kill is SIGKILL
+        self.0.wait().expect("reaping the relay");
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
     }
 }
 
@@ -459,8 +481,7 @@ async fn sigkilled_relay_loses_nothing_and_keeps_commit_order_per_key() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         tokio::time::sleep(Duration::from_millis(rand::random_range(0..40))).await;
-        relay.kill().expect("SIGKILL"); // std's kill is SIGKILL
-        relay.wait().expect("reaping the relay");
+        relay.kill();
         kills += 1;
         sent_before = fx.count("sent_at IS NOT NULL").await;
         let unsent = fx.count("sent_at IS NULL").await;
@@ -474,8 +495,7 @@ async fn sigkilled_relay_loses_nothing_and_keeps_commit_order_per_key() {
     let committed = fx.count("true").await;
     assert!(committed >= 20_000, "{committed} rows committed");
     fx.wait_all_sent(Duration::from_secs(60)).await;
-    relay.kill().expect("stopping the last relay");
-    let _ = relay.wait();
+    relay.kill();
 
     let expected = fx.commit_order().await;
     assert_eq!(
