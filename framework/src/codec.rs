@@ -20,22 +20,18 @@
 //! removed, aliases, all work in both directions of a deploy.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
 
 use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::types::Value;
 use apache_avro::writer::datum::GenericDatumWriter;
 use apache_avro::{from_value, Schema};
-use schema_registry_converter::async_impl::avro::{AvroDecoder, AvroEncoder};
-use schema_registry_converter::async_impl::schema_registry::{get_all_subjects, SrSettings};
-use schema_registry_converter::schema_registry_common::{
-    SchemaType, SubjectNameStrategy, SuppliedSchema,
-};
 
 use crate::classify::ErrorClass;
+use crate::config::KafkaConfig;
 use crate::error::{Error, Result};
 use crate::job::Job;
+use crate::registry::{Registration, RegistryClient, RegistrySettings};
 use crate::schema::Compatibility;
 
 /// The Confluent wire-format magic byte.
@@ -176,62 +172,91 @@ pub fn subject_for_topic(topic: &str) -> String {
 /// topic -> (contract name, version) -> registered contract.
 type ContractCache = HashMap<String, HashMap<(&'static str, u32), RegisteredContract>>;
 
+/// A writer schema being fetched or fetched: concurrent decoders of the same
+/// id wait for one request; a failed fetch leaves the cell empty, so the next
+/// record asks again (a registry outage is never cached).
+type WriterCell = Arc<tokio::sync::OnceCell<Arc<Schema>>>;
+
 /// Registry client plus caches. One per process is plenty; clone the `Arc`.
+///
+/// **Locks.** No lock is held across a registry call except one per
+/// *subject*, during the first registration of a contract under it
+/// ([`Codec::register`]): concurrent first enqueues of the same contract
+/// wait for that one registration (they would make the same calls), while
+/// other subjects, cached contracts and every decode go ahead. Writer-schema
+/// fetches are deduplicated per schema id the same way. The std mutexes
+/// around the caches are only held for a map lookup or insert.
 pub struct Codec {
-    url: String,
-    settings: SrSettings,
-    decoder: AvroDecoder,
-    encoder: AvroEncoder,
+    client: RegistryClient,
+    /// Writer schemas by id, for decoding.
+    writers: RwLock<HashMap<u32, WriterCell>>,
     /// topic -> (contract name, version) -> contract. Nested so the hot
     /// path (every enqueue) looks up by `&str` without allocating a key.
     registered: Mutex<ContractCache>,
-    /// Serialises first-time registrations, so a batch of concurrent
-    /// enqueues registers (and configures) a subject once, not N times.
-    registering: tokio::sync::Mutex<()>,
+    /// subject -> lock serialising that subject's first registration.
+    registering: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl std::fmt::Debug for Codec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Codec").field("url", &self.url).finish()
+        f.debug_struct("Codec")
+            .field("client", &self.client)
+            .finish()
     }
 }
 
 impl Codec {
-    /// A codec talking to the registry at `url` (a Confluent-compatible base
-    /// URL such as Apicurio's `/apis/ccompat/v7`).
+    /// A codec for the registry at `url` (a Confluent-compatible base URL
+    /// such as Apicurio's `/apis/ccompat/v7`), with timeouts and credentials
+    /// from the `KJOB_SCHEMA_REGISTRY_*` environment (see
+    /// [`crate::registry`]). Prefer [`Codec::from_config`], which also
+    /// honours what was set on the [`KafkaConfig`].
     pub fn new(url: &str) -> Result<Self> {
-        let settings = SrSettings::new_builder(url.to_string())
-            .set_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| Error::Registry {
-                url: url.to_string(),
-                message: e.to_string(),
-            })?;
-        Ok(Self {
-            url: url.to_string(),
-            decoder: AvroDecoder::new(settings.clone()),
-            encoder: AvroEncoder::new(settings.clone()),
-            settings,
+        Ok(Self::with_client(RegistryClient::new(
+            RegistrySettings::from_env(url)?,
+        )?))
+    }
+
+    /// A codec for the config's registry, with its timeouts and
+    /// credentials (the environment fills in what the config leaves unset).
+    pub fn from_config(config: &KafkaConfig) -> Result<Self> {
+        Ok(Self::with_client(RegistryClient::new(
+            RegistrySettings::resolve(config)?,
+        )?))
+    }
+
+    /// A codec over an existing client (sharing its connection pool).
+    pub fn with_client(client: RegistryClient) -> Self {
+        Self {
+            client,
+            writers: RwLock::new(HashMap::new()),
             registered: Mutex::new(HashMap::new()),
-            registering: tokio::sync::Mutex::new(()),
-        })
+            registering: Mutex::new(HashMap::new()),
+        }
     }
 
     /// The registry base URL.
     pub fn url(&self) -> &str {
-        &self.url
+        self.client.url()
+    }
+
+    /// The registry client, for registry calls the codec does not wrap
+    /// (the CLI's `schema` commands).
+    pub fn client(&self) -> &RegistryClient {
+        &self.client
     }
 
     /// Checks that the registry answers, so a worker fails at start with a
     /// clear message instead of dead-lettering... nothing, or retrying forever.
     pub async fn ping(&self) -> Result<()> {
-        get_all_subjects(&self.settings)
-            .await
-            .map(|_| ())
-            .map_err(|e| Error::Registry {
-                url: self.url.clone(),
-                message: format!("not reachable or not a schema registry: {e}"),
-            })
+        match self.client.subjects().await {
+            Ok(_) => Ok(()),
+            Err(Error::Registry { url, message }) => Err(Error::Registry {
+                url,
+                message: format!("not reachable or not a schema registry: {message}"),
+            }),
+            Err(e) => Err(e),
+        }
     }
 
     /// Registers (or looks up) this binary's schema for `J` under the subject
@@ -242,49 +267,43 @@ impl Codec {
     /// the registry itself refuses a breaking change. A level someone set on
     /// the subject is never changed. A refused schema fails here, at
     /// startup, with the subject, the versions and the offending field.
+    ///
+    /// A registry that does not answer fails this call after the client's
+    /// request timeout (per call; a first registration makes up to three),
+    /// with [`Error::RegistryTimeout`] naming the URL and the timeout.
     pub async fn register<J: Job>(&self, topic: &str) -> Result<RegisteredContract> {
         // One binary may carry two versions of a contract (a migration
         // tool, a test): cache per topic *and* version.
         if let Some(c) = self.cached::<J>(topic) {
             return Ok(c);
         }
-        let _one_at_a_time = self.registering.lock().await;
+        let subject = subject_for_topic(topic);
+        let lock = self
+            .registering
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(subject.clone())
+            .or_default()
+            .clone();
+        let _one_at_a_time = lock.lock().await;
         if let Some(c) = self.cached::<J>(topic) {
             return Ok(c);
         }
-        let cache_key = format!("{topic}/{}/{}", J::NAME, J::VERSION);
         let schema = parse_contract::<J>()?;
-        let subject = subject_for_topic(topic);
-        let level = match crate::schema::subject_compatibility(&self.url, &subject).await? {
+        let level = match self.client.compatibility(&subject).await? {
             Some(level) => level,
             None => {
-                crate::schema::set_subject_compatibility(
-                    &self.url,
-                    &subject,
-                    Compatibility::Backward,
-                )
-                .await?;
+                self.client
+                    .set_compatibility(&subject, Compatibility::Backward)
+                    .await?;
                 Compatibility::Backward
             }
         };
-        let strategy = SubjectNameStrategy::TopicNameStrategyWithSchema(
-            topic.to_string(),
-            false,
-            SuppliedSchema::new(None, SchemaType::Avro, J::SCHEMA.to_string()),
-        );
-        let registered = match self.encoder.get_schema_and_id(&cache_key, strategy).await {
-            Ok(r) => r,
-            Err(e) if e.retriable => {
-                return Err(Error::Registry {
-                    url: self.url.clone(),
-                    message: format!("registering subject `{subject}`: {e}"),
-                })
-            }
-            Err(e) => {
+        let id = match self.client.register(&subject, J::SCHEMA).await? {
+            Registration::Id(id) => id,
+            Registration::Refused { status, message } => {
                 // Explain the refusal with the same rules, locally.
-                self.encoder.remove_errors_from_cache();
-                let versions =
-                    crate::schema::registered_versions(&self.settings, &self.url, &subject).await?;
+                let versions = crate::schema::registered_versions(&self.client, &subject).await?;
                 let reasons: Vec<String> = crate::schema::check(&schema, &versions, level)
                     .into_iter()
                     .map(|i| {
@@ -295,7 +314,7 @@ impl Codec {
                     })
                     .collect();
                 let message = if reasons.is_empty() {
-                    format!("{e}")
+                    format!("HTTP {status}: {message}")
                 } else {
                     format!("{level}: {}", reasons.join("; "))
                 };
@@ -308,7 +327,7 @@ impl Codec {
             }
         };
         let contract = RegisteredContract {
-            id: registered.id,
+            id,
             subject,
             schema: Arc::new(schema),
         };
@@ -319,11 +338,6 @@ impl Codec {
         Ok(contract)
     }
 
-    /// The registry client settings, for registry calls the codec does not wrap.
-    pub fn settings(&self) -> &SrSettings {
-        &self.settings
-    }
-
     fn cached<J: Job>(&self, topic: &str) -> Option<RegisteredContract> {
         self.lock_registered()
             .get(topic)?
@@ -331,15 +345,56 @@ impl Codec {
             .cloned()
     }
 
-    #[allow(clippy::type_complexity)]
-    fn lock_registered(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<(&'static str, u32), RegisteredContract>>>
-    {
+    fn lock_registered(&self) -> std::sync::MutexGuard<'_, ContractCache> {
         // A poisoned cache is still a valid cache: entries are inserted whole.
         self.registered
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The writer schema with `id`, fetched once and then cached.
+    async fn fetch_writer(&self, id: u32) -> std::result::Result<Arc<Schema>, DecodeError> {
+        let known = self
+            .writers
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&id)
+            .cloned();
+        let cell = match known {
+            Some(cell) => cell,
+            None => self
+                .writers
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .entry(id)
+                .or_default()
+                .clone(),
+        };
+        if let Some(schema) = cell.get() {
+            return Ok(schema.clone());
+        }
+        cell.get_or_try_init(|| async {
+            match self.client.schema_by_id(id).await {
+                Ok(Some(raw)) => {
+                    Schema::parse_str(&raw)
+                        .map(Arc::new)
+                        .map_err(|e| DecodeError::UnknownSchema {
+                            id,
+                            message: format!("the registry's schema does not parse: {e}"),
+                        })
+                }
+                Ok(None) => Err(DecodeError::UnknownSchema {
+                    id,
+                    message: format!("{} answered 404 for this id", self.client.url()),
+                }),
+                Err(e) => Err(DecodeError::RegistryUnavailable {
+                    id,
+                    message: e.to_string(),
+                }),
+            }
+        })
+        .await
+        .cloned()
     }
 
     /// Encodes a job with an already registered contract. Serializes straight
@@ -391,7 +446,7 @@ impl Codec {
 #[derive(Clone)]
 pub enum WriterSchema {
     /// From the registry client's cache.
-    Registry(Arc<schema_registry_converter::avro_common::AvroSchema>),
+    Registry(Arc<Schema>),
     /// From an in-memory store.
     Owned(Arc<Schema>),
 }
@@ -400,8 +455,7 @@ impl WriterSchema {
     /// The parsed schema.
     pub fn schema(&self) -> &Schema {
         match self {
-            WriterSchema::Registry(s) => &s.parsed,
-            WriterSchema::Owned(s) => s,
+            WriterSchema::Registry(s) | WriterSchema::Owned(s) => s,
         }
     }
 }
@@ -417,30 +471,17 @@ pub trait SchemaSource: Send + Sync {
     ) -> futures::future::BoxFuture<'_, std::result::Result<WriterSchema, DecodeError>>;
 }
 
+/// A 404 for the id is [`DecodeError::UnknownSchema`] (the record is
+/// dead-lettered); anything else that goes wrong talking to the registry (a
+/// timeout, a 5xx, refused credentials) is
+/// [`DecodeError::RegistryUnavailable`], so the record waits for the
+/// registry instead of being dead-lettered for it.
 impl SchemaSource for Codec {
     fn writer(
         &self,
         id: u32,
     ) -> futures::future::BoxFuture<'_, std::result::Result<WriterSchema, DecodeError>> {
-        Box::pin(async move {
-            self.decoder
-                .get_schema(id)
-                .await
-                .map(WriterSchema::Registry)
-                .map_err(|e| {
-                    if e.retriable {
-                        DecodeError::RegistryUnavailable {
-                            id,
-                            message: e.to_string(),
-                        }
-                    } else {
-                        DecodeError::UnknownSchema {
-                            id,
-                            message: e.to_string(),
-                        }
-                    }
-                })
-        })
+        Box::pin(async move { self.fetch_writer(id).await.map(WriterSchema::Registry) })
     }
 }
 
@@ -604,6 +645,7 @@ fn rename_aliased(value: Value, reader: &Schema) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn frames_round_trip() {
@@ -629,6 +671,72 @@ mod tests {
                 "{bad:?} -> {err:?}"
             );
         }
+    }
+
+    async fn decode_error_for(status: u16, body: &'static str) -> Option<DecodeError> {
+        let (url, server) = crate::registry::test_server::answering(status, body)
+            .await
+            .ok()?;
+        let codec = Codec::with_client(
+            RegistryClient::new(RegistrySettings {
+                url,
+                connect_timeout: Duration::from_secs(2),
+                request_timeout: Duration::from_secs(2),
+                auth: None,
+            })
+            .ok()?,
+        );
+        let got = codec.writer(7).await.err();
+        server.abort();
+        got
+    }
+
+    #[tokio::test]
+    async fn only_a_404_dead_letters_a_record_for_its_schema() {
+        let unknown = decode_error_for(404, "{}").await;
+        assert!(
+            matches!(unknown, Some(DecodeError::UnknownSchema { id: 7, .. })),
+            "{unknown:?}"
+        );
+        assert_eq!(
+            unknown.and_then(|e| e.class()),
+            Some(ErrorClass::DecodeUnknownSchema)
+        );
+        // Refused credentials, a broken registry, a rate limit: the record
+        // waits for the registry (no class: not dead-lettered).
+        for status in [401, 403, 429, 500, 503] {
+            let e = decode_error_for(status, r#"{"message":"x"}"#).await;
+            assert!(
+                matches!(e, Some(DecodeError::RegistryUnavailable { id: 7, .. })),
+                "{status}: {e:?}"
+            );
+            assert_eq!(e.and_then(|e| e.class()), None, "{status}");
+        }
+    }
+
+    #[tokio::test]
+    async fn writer_schemas_are_fetched_once() {
+        let Ok((url, server)) =
+            crate::registry::test_server::answering(200, r#"{"schema":"\"string\""}"#).await
+        else {
+            panic!("test server");
+        };
+        let Ok(client) = RegistryClient::new(RegistrySettings {
+            url,
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(2),
+            auth: None,
+        }) else {
+            panic!("client");
+        };
+        let codec = Codec::with_client(client);
+        let first = codec.writer(3).await.map(|w| w.schema().clone());
+        assert_eq!(first.ok(), Some(Schema::String));
+        // The registry is gone; the cached schema still decodes.
+        server.abort();
+        let _ = server.await;
+        let again = codec.writer(3).await.map(|w| w.schema().clone());
+        assert_eq!(again.ok(), Some(Schema::String));
     }
 
     /// The record value of a job with strings, an array and a map.

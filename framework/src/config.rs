@@ -18,8 +18,11 @@
 //! config logged at startup never leaks one.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use rdkafka::ClientConfig;
+
+use crate::registry::{RegistryAuth, RegistryOptions};
 
 /// Bootstrap servers used when `KJOB_BOOTSTRAP_SERVERS` is unset: the local
 /// stack started by `./dev stack up`.
@@ -74,7 +77,8 @@ pub fn is_secret_property(key: &str) -> bool {
 /// librdkafka overrides.
 ///
 /// Cloning is cheap enough for setup code; nothing clones it per message.
-/// `Debug` redacts the SASL password and every credential-like override.
+/// `Debug` redacts credentials: the SASL password, every credential-like
+/// override, the registry's credentials and any `user:password@` in its URL.
 #[derive(Clone)]
 pub struct KafkaConfig {
     /// Comma-separated `host:port` list, Kafka's `bootstrap.servers`.
@@ -96,6 +100,10 @@ pub struct KafkaConfig {
     /// Extra librdkafka properties applied to every client kjob creates.
     /// They win over kjob's defaults, so an operator can always override.
     pub overrides: BTreeMap<String, String>,
+    /// Schema-registry timeouts and credentials. Unset fields fall back to
+    /// `KJOB_SCHEMA_REGISTRY_*` variables, then to defaults (5 s connect,
+    /// 10 s per request): see [`crate::registry`].
+    pub registry: RegistryOptions,
 }
 
 impl std::fmt::Debug for KafkaConfig {
@@ -110,7 +118,11 @@ impl std::fmt::Debug for KafkaConfig {
             .collect();
         f.debug_struct("KafkaConfig")
             .field("bootstrap_servers", &self.bootstrap_servers)
-            .field("schema_registry_url", &self.schema_registry_url)
+            .field(
+                "schema_registry_url",
+                &crate::registry::redact_url(&self.schema_registry_url),
+            )
+            .field("registry", &self.registry)
             .field("security_protocol", &self.security_protocol)
             .field("sasl_mechanism", &self.sasl_mechanism)
             .field("sasl_username", &self.sasl_username)
@@ -178,7 +190,39 @@ impl KafkaConfig {
             sasl_password: None,
             ssl_ca_location: None,
             overrides: BTreeMap::new(),
+            registry: RegistryOptions::default(),
         }
+    }
+
+    /// Schema-registry timeouts: `connect` bounds the TCP/TLS handshake,
+    /// `request` a whole call. An enqueue that has to register its contract
+    /// first fails after at most a few `request`s when the registry hangs,
+    /// instead of hanging with it.
+    pub fn registry_timeouts(mut self, connect: Duration, request: Duration) -> Self {
+        self.registry.connect_timeout = Some(connect);
+        self.registry.request_timeout = Some(request);
+        self
+    }
+
+    /// HTTP basic auth for the schema registry (Confluent Cloud: API key and
+    /// secret). Overrides `KJOB_SCHEMA_REGISTRY_USER`/`_PASSWORD`.
+    pub fn registry_basic_auth(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.registry.auth = Some(RegistryAuth::Basic {
+            user: user.into(),
+            password: Secret::new(password),
+        });
+        self
+    }
+
+    /// A bearer token for the schema registry. Overrides
+    /// `KJOB_SCHEMA_REGISTRY_TOKEN`.
+    pub fn registry_bearer_token(mut self, token: impl Into<String>) -> Self {
+        self.registry.auth = Some(RegistryAuth::Bearer(Secret::new(token)));
+        self
     }
 
     /// `security.protocol` (`SSL`, `SASL_SSL`, ...). TLS protocols need kjob

@@ -6,13 +6,24 @@
 //! registry URL), because the person reading it is usually an operator at
 //! 3 a.m. who did not write the code.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::retry::RetryPolicyError;
 
 /// Shorthand used across the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything kjob itself can fail at.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Clone` (wrapped sources are `Arc`ed) so a setup error can be kept and
+/// reported again, as the worker builder does with a codec that failed to
+/// build. `#[non_exhaustive]`: new failure modes get their own variant
+/// rather than a catch-all string, so match with a `_` arm.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The schema registry could not be reached or answered with an error.
     #[error("schema registry at {url}: {message}")]
@@ -21,6 +32,26 @@ pub enum Error {
         url: String,
         /// What the registry (or the HTTP client) said.
         message: String,
+    },
+    /// The schema registry did not answer within the configured timeout.
+    #[error("schema registry at {url} did not answer within {timeout:?} while {during}; check that it is up and reachable from here, or raise the timeout (KafkaConfig::registry_request_timeout / KJOB_SCHEMA_REGISTRY_TIMEOUT_MS)")]
+    RegistryTimeout {
+        /// The registry base URL that was called.
+        url: String,
+        /// The timeout that ran out (connect or request).
+        timeout: Duration,
+        /// What kjob was asking for.
+        during: String,
+    },
+    /// The schema registry refused kjob's credentials (HTTP 401 or 403).
+    #[error("schema registry at {url} answered HTTP {status} while {during}: set KJOB_SCHEMA_REGISTRY_USER and KJOB_SCHEMA_REGISTRY_PASSWORD, or KJOB_SCHEMA_REGISTRY_TOKEN (or KafkaConfig::registry_basic_auth / registry_bearer_token), to credentials allowed to do that")]
+    RegistryUnauthorized {
+        /// The registry base URL that was called.
+        url: String,
+        /// 401 or 403.
+        status: u16,
+        /// What kjob was asking for.
+        during: String,
     },
     /// The registry refused to register this binary's contract, typically
     /// because it is incompatible with versions already registered.
@@ -112,9 +143,143 @@ pub enum Error {
         #[source]
         source: rdkafka::error::KafkaError,
     },
-    /// A configuration value was invalid.
-    #[error("invalid configuration: {0}")]
-    Config(String),
+    /// A setting (a builder argument, an environment variable, a librdkafka
+    /// property kjob interprets) has a value kjob cannot use.
+    #[error("invalid setting `{name}` = `{value}`: {reason}")]
+    InvalidSetting {
+        /// The setting's name, as the user spells it (`group.protocol`,
+        /// `KJOB_SCHEMA_REGISTRY_USER`, ...).
+        name: String,
+        /// The value given (never a secret: credentials are redacted).
+        value: String,
+        /// What is wrong and what would be accepted.
+        reason: String,
+    },
+    /// `WorkerBuilder::build` was called without any handler.
+    #[error("a worker needs at least one handler: register one with WorkerBuilder::handle (or handle_on) before build()")]
+    NoHandlers,
+    /// Two routes of one worker would consume the same topic.
+    #[error("topic `{topic}` is used twice in one worker (two handlers, or one route's main topic equal to another's retry tier); give each route its own topic")]
+    DuplicateTopic {
+        /// The topic claimed twice.
+        topic: String,
+    },
+    /// A handler takes `State<T>` for a `T` the builder was not given.
+    #[error("the handler for `{topic}` takes State<{state}>, which is not registered: call WorkerBuilder::state(...) with it")]
+    MissingState {
+        /// The route's main topic.
+        topic: String,
+        /// The state's type name.
+        state: &'static str,
+    },
+    /// A per-route setting names a topic no handler is registered for.
+    #[error("{setting}(`{topic}`) names a topic no handler is registered for; register a handler for it or fix the topic name")]
+    NoSuchRoute {
+        /// The topic named.
+        topic: String,
+        /// The builder method (`layer_for`, ...).
+        setting: &'static str,
+    },
+    /// A retry policy is unusable for this route.
+    #[error("retry policy for `{topic}`: {reason}")]
+    RetryPolicy {
+        /// The route's main topic.
+        topic: String,
+        /// What is wrong with the policy.
+        #[source]
+        reason: RetryPolicyError,
+    },
+    /// The Prometheus exporter could not be set up.
+    #[error("metrics: {reason}")]
+    Metrics {
+        /// The exporter's error.
+        reason: String,
+    },
+    /// The metrics/health endpoint could not listen.
+    #[error("metrics endpoint on {addr}: {source}; pick a free port (or port 0)")]
+    Endpoint {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The socket error.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// Logging or trace export could not be set up.
+    #[error("telemetry: {what}: {reason}")]
+    Telemetry {
+        /// Which part (`OTLP trace exporter`, `tracing subscriber`).
+        what: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The caller asked for something this build of kjob left out.
+    #[error("{what} needs kjob's `{feature}` cargo feature, which this build was compiled without; enable it in Cargo.toml (it is on by default)")]
+    FeatureDisabled {
+        /// The cargo feature.
+        feature: &'static str,
+        /// What was asked for.
+        what: &'static str,
+    },
+    /// A file or directory kjob reads (contracts) could not be read.
+    #[error("reading {}: {source}", path.display())]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// A contract file's name does not say which contract and version it is.
+    #[error("{}: contract files are named <name>.v<N>.avsc (e.g. orders.confirmation.v2.avsc)", path.display())]
+    ContractFileName {
+        /// The offending file.
+        path: PathBuf,
+    },
+    /// Creating a topic failed for a reason other than its existing already.
+    #[error("creating topic `{topic}` failed: {reason}")]
+    CreateTopic {
+        /// The topic.
+        topic: String,
+        /// The broker's reason, with what to do about it.
+        reason: String,
+    },
+    /// A consumer group kjob was asked about has no members and no offsets.
+    #[error("group `{group}` is unknown: no members and no committed offsets for {topics:?}; check the group name (kjob status lists groups)")]
+    UnknownGroup {
+        /// The group.
+        group: String,
+        /// The topics looked at.
+        topics: Vec<String>,
+    },
+    /// An offset reset was refused because the group is running.
+    #[error("group `{group}` has {} live member(s): {}; stop them first (or replay into a --shadow-group)", members.len(), members.join(", "))]
+    GroupHasMembers {
+        /// The group.
+        group: String,
+        /// `id (client on host)` of each live member.
+        members: Vec<String>,
+    },
+    /// A replay target does not exist in the log.
+    #[error("replay target: {reason}")]
+    ReplayTarget {
+        /// What is out of range, with the valid range.
+        reason: String,
+    },
+    /// A re-drive into the first retry tier of a route that has none.
+    #[error("`{topic}` has no retry tier topics (`{topic}.retry.<delay>`); re-drive with `--to main` instead")]
+    NoRetryTiers {
+        /// The main topic.
+        topic: String,
+    },
+    /// kjob could not serialize one of its own JSON records (an audit entry).
+    #[error("serializing {what}: {source}")]
+    Json {
+        /// What was being written.
+        what: &'static str,
+        /// The serializer's error.
+        #[source]
+        source: Arc<serde_json::Error>,
+    },
     /// Encoding a job to Avro failed (the value does not fit its schema).
     #[error("encoding `{job}`: {message}")]
     Encode {
@@ -126,9 +291,24 @@ pub enum Error {
     /// A worker's internal thread failed or shutdown exceeded its bound.
     #[error("worker: {0}")]
     Worker(String),
+    /// A worker limit fired and the worker stopped gracefully (drained,
+    /// committed, left the group); a supervisor should start a new one.
+    #[error("worker limit reached: {0}; stopped gracefully, restart the worker")]
+    LimitReached(crate::worker::limits::Limit),
 }
 
 impl Error {
+    /// A process exit status for this error: a worker limit's own code
+    /// (81 jobs, 82 memory, 83 time, see [`crate::worker::limits`]) so a
+    /// supervisor and a human can tell a planned restart from a failure
+    /// (1).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::LimitReached(limit) => limit.exit_code(),
+            _ => 1,
+        }
+    }
+
     /// Whether retrying the same operation can never succeed (a refused
     /// record), as opposed to a transient failure such as an unreachable
     /// broker.
@@ -173,5 +353,150 @@ impl Error {
             );
         }
         Error::Kafka { context, source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Serialize};
+
+    use super::*;
+    use crate::retry::RetryPolicy;
+    use crate::{Job, JobContext, JobError, KafkaConfig, Worker, WorkerBuilder};
+
+    #[derive(Serialize, Deserialize)]
+    struct Ping {
+        id: String,
+    }
+
+    impl Job for Ping {
+        const NAME: &'static str = "kjob.unit.ping";
+        const VERSION: u32 = 1;
+        const SCHEMA: &'static str =
+            r#"{"type":"record","name":"Ping","fields":[{"name":"id","type":"string"}]}"#;
+        fn key(&self) -> String {
+            self.id.clone()
+        }
+    }
+
+    fn builder() -> WorkerBuilder {
+        // Nothing is contacted before `run`: no stack needed.
+        Worker::builder(KafkaConfig::new("127.0.0.1:1", "http://127.0.0.1:1"), "g")
+    }
+
+    async fn ok(_: Ping, _: JobContext) -> std::result::Result<(), JobError> {
+        Ok(())
+    }
+
+    fn build_error(b: WorkerBuilder) -> Option<Error> {
+        b.build().err()
+    }
+
+    #[test]
+    fn worker_setup_errors_are_precise() {
+        assert!(matches!(build_error(builder()), Some(Error::NoHandlers)));
+
+        let twice = builder()
+            .handle_on::<Ping, _>("t", ok)
+            .handle_on::<Ping, _>("t", ok);
+        assert!(matches!(
+            build_error(twice),
+            Some(Error::DuplicateTopic { topic }) if topic == "t"
+        ));
+
+        // A main topic equal to another route's retry tier.
+        let clash = builder()
+            .retry(RetryPolicy::tiers([Duration::from_secs(5)]))
+            .handle_on::<Ping, _>("a", ok)
+            .handle_on::<Ping, _>("a.retry.5s", ok);
+        assert!(matches!(
+            build_error(clash),
+            Some(Error::DuplicateTopic { topic }) if topic == "a.retry.5s"
+        ));
+
+        let no_tiers = builder()
+            .handle_on::<Ping, _>("t", ok)
+            .retry(RetryPolicy::tiers([]).max_attempts(3));
+        let err = build_error(no_tiers);
+        assert!(
+            matches!(
+                &err,
+                Some(Error::RetryPolicy { topic, reason: RetryPolicyError::NoTiers { max_attempts: 3 } })
+                    if topic == "t"
+            ),
+            "{err:?}"
+        );
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("add a tier"), "says what to change: {text}");
+
+        let unknown = builder()
+            .handle_on::<Ping, _>("t", ok)
+            .retry_for("typo", RetryPolicy::default());
+        assert!(matches!(
+            build_error(unknown),
+            Some(Error::RetryPolicy { topic, reason: RetryPolicyError::NoSuchRoute }) if topic == "typo"
+        ));
+    }
+
+    #[test]
+    fn missing_state_and_unknown_layer_routes_are_named() {
+        async fn needs_state(
+            _: Ping,
+            _: JobContext,
+            crate::State(_n): crate::State<u64>,
+        ) -> std::result::Result<(), JobError> {
+            Ok(())
+        }
+        let err = build_error(builder().handle_on::<Ping, _>("t", needs_state));
+        assert!(
+            matches!(&err, Some(Error::MissingState { topic, state }) if topic == "t" && state.contains("u64")),
+            "{err:?}"
+        );
+        assert!(builder()
+            .handle_on::<Ping, _>("t", needs_state)
+            .state(7u64)
+            .build()
+            .is_ok());
+
+        let err = build_error(
+            builder()
+                .handle_on::<Ping, _>("t", ok)
+                .layer_for("typo", tower::layer::util::Identity::new()),
+        );
+        assert!(
+            matches!(&err, Some(Error::NoSuchRoute { topic, setting: "layer_for" }) if topic == "typo"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_fix() {
+        assert!(Error::NoHandlers
+            .to_string()
+            .contains("WorkerBuilder::handle"));
+        let e = Error::FeatureDisabled {
+            feature: "metrics-http",
+            what: "a metrics endpoint",
+        };
+        assert!(e.to_string().contains("`metrics-http` cargo feature"));
+        let e = Error::RegistryTimeout {
+            url: "http://r:8081".into(),
+            timeout: Duration::from_millis(1500),
+            during: "listing subjects".into(),
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("http://r:8081") && text.contains("1.5s"),
+            "{text}"
+        );
+        // Clone keeps the source.
+        let io = Error::Io {
+            path: "schemas".into(),
+            source: Arc::new(std::io::Error::from(std::io::ErrorKind::NotFound)),
+        };
+        let copy = io.clone();
+        assert!(std::error::Error::source(&copy).is_some());
     }
 }

@@ -83,14 +83,18 @@ mod pg {
 
     impl PgMarkers {
         /// Markers in `table` (letters, digits, `_` and one optional `schema.` prefix).
-        pub fn new(table: &str) -> Result<Self, String> {
+        pub fn new(table: &str) -> Result<Self, crate::Error> {
             let valid = !table.is_empty()
                 && table.split('.').count() <= 2
                 && table.split('.').all(|p| {
                     !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
                 });
             if !valid {
-                return Err(format!("`{table}` is not a plain table name"));
+                return Err(crate::Error::InvalidSetting {
+                    name: "markers table".into(),
+                    value: table.to_string(),
+                    reason: "use a plain table name: letters, digits and `_`, with one optional `schema.` prefix".into(),
+                });
             }
             Ok(Self {
                 table: table.to_string(),

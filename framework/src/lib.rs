@@ -21,6 +21,14 @@
 //!   errors and handler panics are forwarded to a dead-letter topic
 //!   ([`dlq`]) *before* their source offset is released.
 //!
+//! **Cargo features.** `metrics-http` (the worker's `/metrics`, `/healthz`
+//! and `/readyz` endpoint: axum and the Prometheus exporter) and `otlp`
+//! (OTLP/gRPC trace export: tonic) are on by default; a handler crate that
+//! does not serve them can turn them off with `default-features = false`.
+//! `postgres` adds `idempotency::PgMarkers` and the `From<tokio_postgres::Error>`
+//! classification, `testing` the in-memory harness, `tls` TLS for Kafka and
+//! the registry.
+//!
 //! Start with the `orders` example and the README's Quickstart. The commit
 //! path lives in [`offsets`] (the watermark) and [`worker`] (when it is
 //! committed: periodically, on revoke and on shutdown).
@@ -40,6 +48,7 @@ pub mod offsets;
 #[cfg(feature = "postgres")]
 pub mod outbox;
 pub mod producer;
+pub mod registry;
 pub mod replay;
 pub mod retry;
 pub mod routing;
@@ -50,9 +59,28 @@ pub mod testing;
 pub mod topics;
 pub mod worker;
 
-pub use classify::{ErrorClass, JobError};
+pub use classify::{ErrorClass, JobError, OptionExt, ResponseExt, ResultExt};
 pub use config::{KafkaConfig, Secret};
 pub use error::{Error, Result};
 pub use job::{Job, JobContext};
 pub use producer::{Enqueued, Producer};
-pub use worker::{Ext, GroupProtocol, Ordering, State, Worker, WorkerBuilder, WorkerStats};
+#[allow(deprecated)]
+pub use worker::Ordering;
+pub use worker::{Ext, GroupProtocol, OrderingMode, State, Worker, WorkerBuilder, WorkerStats};
+
+/// What a handler crate needs, in one import: `use kjob::prelude::*;`.
+///
+/// Kept to the names a handler and its worker binary use (contracts,
+/// handlers and their `State`/`Ext` extractors, errors, building and running
+/// a worker, enqueueing), so a glob
+/// import does not shadow the crate's own names. `ResultExt`, `OptionExt`
+/// and `ResponseExt` are here for their methods (`.permanent()`,
+/// `.or_not_found(..)`, `.classify_status()`).
+pub mod prelude {
+    pub use crate::classify::{JobError, OptionExt, ResponseExt, ResultExt};
+    pub use crate::config::KafkaConfig;
+    pub use crate::job::{Job, JobContext};
+    pub use crate::producer::{Enqueued, Producer};
+    pub use crate::retry::RetryPolicy;
+    pub use crate::worker::{Ext, OrderingMode, State, Worker, WorkerBuilder};
+}

@@ -91,7 +91,7 @@ impl Producer {
     /// A producer whose enqueue gives up after `timeout` without a broker
     /// acknowledgement (librdkafka's `delivery.timeout.ms`).
     pub fn with_delivery_timeout(config: &KafkaConfig, timeout: Duration) -> Result<Self> {
-        let codec = Arc::new(Codec::new(&config.schema_registry_url)?);
+        let codec = Arc::new(Codec::from_config(config)?);
         Self::with_codec(config, codec, timeout)
     }
 

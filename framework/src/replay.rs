@@ -125,16 +125,17 @@ pub fn plan(
     let positions = group_lag(config, group, topics)?;
     let (known, _) = members(config, group)?;
     if !known && positions.iter().all(|p| p.committed.is_none()) {
-        return Err(Error::Config(format!(
-            "group `{group}` is unknown: no members and no committed offsets for {topics:?}"
-        )));
+        return Err(Error::UnknownGroup {
+            group: group.to_string(),
+            topics: topics.to_vec(),
+        });
     }
     if let Some(wanted) = partitions {
         for p in wanted {
             if !positions.iter().any(|x| x.partition == *p) {
-                return Err(Error::Config(format!(
-                    "partition {p} does not exist in {topics:?}"
-                )));
+                return Err(Error::ReplayTarget {
+                    reason: format!("partition {p} does not exist in {topics:?}"),
+                });
             }
         }
     }
@@ -150,10 +151,12 @@ pub fn plan(
     };
     if let Some(ms) = at_time {
         if ms > now {
-            return Err(Error::Config(format!(
-                "--to-datetime is {} s in the future; nothing was written after it yet",
-                (ms - now) / 1000
-            )));
+            return Err(Error::ReplayTarget {
+                reason: format!(
+                    "--to-datetime is {} s in the future; nothing was written after it yet",
+                    (ms - now) / 1000
+                ),
+            });
         }
     }
     let by_time = match at_time {
@@ -169,16 +172,20 @@ pub fn plan(
                 .unwrap_or(p.end),
             ReplayTarget::ToOffset(o) => {
                 if o > p.end {
-                    return Err(Error::Config(format!(
-                        "--to-offset {o} is beyond the end of {}:{} (end offset {})",
-                        p.topic, p.partition, p.end
-                    )));
+                    return Err(Error::ReplayTarget {
+                        reason: format!(
+                            "--to-offset {o} is beyond the end of {}:{} (end offset {})",
+                            p.topic, p.partition, p.end
+                        ),
+                    });
                 }
                 if o < p.start {
-                    return Err(Error::Config(format!(
-                        "--to-offset {o} is before the log start of {}:{} ({}); retention removed those records",
-                        p.topic, p.partition, p.start
-                    )));
+                    return Err(Error::ReplayTarget {
+                        reason: format!(
+                            "--to-offset {o} is before the log start of {}:{} ({}); retention removed those records",
+                            p.topic, p.partition, p.start
+                        ),
+                    });
                 }
                 o
             }
@@ -234,15 +241,14 @@ fn offsets_for_time(
 pub fn apply(config: &KafkaConfig, group: &str, rows: &[ReplayRow]) -> Result<()> {
     let (_, live) = members(config, group)?;
     if !live.is_empty() {
-        let names: Vec<String> = live
+        let members: Vec<String> = live
             .iter()
             .map(|m| format!("{} ({} on {})", m.id, m.client_id, m.host))
             .collect();
-        return Err(Error::Config(format!(
-            "group `{group}` has {} live member(s): {}; stop them first (or replay into a --shadow-group)",
-            live.len(),
-            names.join(", ")
-        )));
+        return Err(Error::GroupHasMembers {
+            group: group.to_string(),
+            members,
+        });
     }
     let mut tpl = TopicPartitionList::new();
     for r in rows {

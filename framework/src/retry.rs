@@ -59,6 +59,32 @@ pub struct RetryPlan {
     pub wait: Duration,
 }
 
+/// Why a [`RetryPolicy`] cannot be used. Each message says what to change.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RetryPolicyError {
+    /// `max_attempts(0)`: a job must be tried at least once.
+    #[error("max_attempts must be at least 1")]
+    NoAttempts,
+    /// Retries allowed, but nowhere to wait for them.
+    #[error("max_attempts is {max_attempts} but the policy has no tiers; add a tier (e.g. RetryPolicy::tiers([30s])) or set max_attempts(1)")]
+    NoTiers {
+        /// The configured attempts.
+        max_attempts: u32,
+    },
+    /// A tier of zero would retry at once, in a tight loop.
+    #[error("tier delays must be positive")]
+    ZeroDelay,
+    /// Jitter is a fraction of the delay.
+    #[error("jitter must be between 0.0 and 1.0, not {0}")]
+    Jitter(f64),
+    /// A per-route policy names a topic no handler is registered for.
+    #[error(
+        "no handler is registered for this topic; register one, or fix the topic name in retry_for"
+    )]
+    NoSuchRoute,
+}
+
 impl RetryPolicy {
     /// A policy with the given tiers and `max_attempts = tiers + 1` (each
     /// tier used once), with 10% jitter.
@@ -84,18 +110,20 @@ impl RetryPolicy {
     }
 
     /// Checks the policy makes sense; the error says what to change.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), RetryPolicyError> {
         if self.max_attempts == 0 {
-            return Err("max_attempts must be at least 1".into());
+            return Err(RetryPolicyError::NoAttempts);
         }
         if self.max_attempts > 1 && self.tiers.is_empty() {
-            return Err("a policy that retries needs at least one tier".into());
+            return Err(RetryPolicyError::NoTiers {
+                max_attempts: self.max_attempts,
+            });
         }
         if self.tiers.iter().any(|t| t.is_zero()) {
-            return Err("tier delays must be positive".into());
+            return Err(RetryPolicyError::ZeroDelay);
         }
         if !(0.0..=1.0).contains(&self.jitter) {
-            return Err("jitter must be between 0.0 and 1.0".into());
+            return Err(RetryPolicyError::Jitter(self.jitter));
         }
         Ok(())
     }

@@ -18,11 +18,9 @@ use std::str::FromStr;
 
 use apache_avro::schema_compatibility::SchemaCompatibility;
 use apache_avro::Schema;
-use schema_registry_converter::async_impl::schema_registry::{
-    get_all_versions, get_schema_by_subject_and_version, SrSettings,
-};
 
 use crate::error::{Error, Result};
+use crate::registry::RegistryClient;
 
 /// A subject's compatibility level, as the Confluent API names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,8 +42,8 @@ pub enum Compatibility {
 }
 
 impl FromStr for Compatibility {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
         Ok(match s.to_ascii_uppercase().replace('-', "_").as_str() {
             "NONE" => Compatibility::None,
             "BACKWARD" => Compatibility::Backward,
@@ -54,10 +52,12 @@ impl FromStr for Compatibility {
             "FORWARD_TRANSITIVE" => Compatibility::ForwardTransitive,
             "FULL" => Compatibility::Full,
             "FULL_TRANSITIVE" => Compatibility::FullTransitive,
-            other => {
-                return Err(format!(
-                    "unknown compatibility `{other}` (NONE, BACKWARD, BACKWARD_TRANSITIVE, FORWARD, FORWARD_TRANSITIVE, FULL, FULL_TRANSITIVE)"
-                ))
+            _ => {
+                return Err(Error::InvalidSetting {
+                    name: "compatibility".into(),
+                    value: s.to_string(),
+                    reason: "use NONE, BACKWARD, BACKWARD_TRANSITIVE, FORWARD, FORWARD_TRANSITIVE, FULL or FULL_TRANSITIVE".into(),
+                })
             }
         })
     }
@@ -183,13 +183,17 @@ pub struct LocalContract {
 /// Loads every `<name>.v<N>.avsc` in `dir`, sorted by name and version. A
 /// file that does not parse is an error naming it.
 pub fn load_dir(dir: &Path) -> Result<Vec<LocalContract>> {
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| Error::Config(format!("reading {}: {e}", dir.display())))?;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |e: std::io::Error| Error::Io {
+            path,
+            source: std::sync::Arc::new(e),
+        }
+    };
+    let entries = std::fs::read_dir(dir).map_err(io(dir))?;
     let mut out = Vec::new();
     for entry in entries {
-        let path = entry
-            .map_err(|e| Error::Config(format!("reading {}: {e}", dir.display())))?
-            .path();
+        let path = entry.map_err(io(dir))?.path();
         let Some(file) = path.file_name().and_then(|f| f.to_str()) else {
             continue;
         };
@@ -200,13 +204,9 @@ pub fn load_dir(dir: &Path) -> Result<Vec<LocalContract>> {
             .rsplit_once(".v")
             .and_then(|(n, v)| v.parse::<u32>().ok().map(|v| (n.to_string(), v)))
         else {
-            return Err(Error::Config(format!(
-                "{}: contract files are named <name>.v<N>.avsc",
-                path.display()
-            )));
+            return Err(Error::ContractFileName { path });
         };
-        let raw = std::fs::read_to_string(&path)
-            .map_err(|e| Error::Config(format!("reading {}: {e}", path.display())))?;
+        let raw = std::fs::read_to_string(&path).map_err(io(&path))?;
         let schema = Schema::parse_str(&raw).map_err(|e| Error::Contract {
             job: name.clone(),
             message: format!("{} does not parse: {e}", path.display()),
@@ -236,90 +236,38 @@ pub fn latest(contracts: &[LocalContract]) -> Vec<&LocalContract> {
 }
 
 /// Every version the registry holds for `subject`, ascending, parsed. An
-/// unknown subject yields an empty list.
+/// unknown subject (the registry answers 404) yields an empty list.
 pub async fn registered_versions(
-    settings: &SrSettings,
-    url: &str,
+    client: &RegistryClient,
     subject: &str,
 ) -> Result<Vec<(u32, Schema)>> {
-    let versions = match get_all_versions(settings, subject.to_string()).await {
-        Ok(v) => v,
-        Err(e) if !e.retriable && e.to_string().contains("404") => return Ok(Vec::new()),
-        Err(e) => {
-            return Err(Error::Registry {
-                url: url.to_string(),
-                message: format!("versions of `{subject}`: {e}"),
-            })
-        }
-    };
     let mut out = Vec::new();
-    for v in versions {
-        let reg = get_schema_by_subject_and_version(settings, subject, Some(v))
-            .await
-            .map_err(|e| Error::Registry {
-                url: url.to_string(),
-                message: format!("`{subject}` version {v}: {e}"),
-            })?;
-        let schema = Schema::parse_str(&reg.schema).map_err(|e| Error::Registry {
-            url: url.to_string(),
+    for v in client.versions(subject).await? {
+        let raw = client.version(subject, v).await?;
+        let schema = Schema::parse_str(&raw).map_err(|e| Error::Registry {
+            url: client.url().to_string(),
             message: format!("`{subject}` version {v} does not parse: {e}"),
         })?;
         out.push((v, schema));
     }
-    out.sort_by_key(|(v, _)| *v);
     Ok(out)
 }
 
 /// The subject's own compatibility level, or `None` if it has none set.
-pub async fn subject_compatibility(url: &str, subject: &str) -> Result<Option<Compatibility>> {
-    let resp = reqwest::Client::new()
-        .get(format!("{url}/config/{subject}"))
-        .send()
-        .await
-        .map_err(|e| Error::Registry {
-            url: url.to_string(),
-            message: e.to_string(),
-        })?;
-    if resp.status() == reqwest::StatusCode::NOT_FOUND {
-        return Ok(None);
-    }
-    let body: serde_json::Value = resp.json().await.map_err(|e| Error::Registry {
-        url: url.to_string(),
-        message: format!("config of `{subject}`: {e}"),
-    })?;
-    let level = body
-        .get("compatibilityLevel")
-        .or_else(|| body.get("compatibility"))
-        .and_then(|v| v.as_str());
-    Ok(level.and_then(|l| l.parse().ok()))
+pub async fn subject_compatibility(
+    client: &RegistryClient,
+    subject: &str,
+) -> Result<Option<Compatibility>> {
+    client.compatibility(subject).await
 }
 
 /// Sets the subject's compatibility level.
 pub async fn set_subject_compatibility(
-    url: &str,
+    client: &RegistryClient,
     subject: &str,
     level: Compatibility,
 ) -> Result<()> {
-    let resp = reqwest::Client::new()
-        .put(format!("{url}/config/{subject}"))
-        .header("Content-Type", "application/vnd.schemaregistry.v1+json")
-        .body(serde_json::json!({ "compatibility": level.to_string() }).to_string())
-        .send()
-        .await
-        .map_err(|e| Error::Registry {
-            url: url.to_string(),
-            message: e.to_string(),
-        })?;
-    if !resp.status().is_success() {
-        return Err(Error::Registry {
-            url: url.to_string(),
-            message: format!(
-                "setting compatibility of `{subject}` to {level}: HTTP {}",
-                resp.status()
-            ),
-        });
-    }
-    Ok(())
+    client.set_compatibility(subject, level).await
 }
 
 #[cfg(test)]
@@ -366,8 +314,14 @@ mod tests {
 
     #[test]
     fn levels_parse() {
-        assert_eq!("full_transitive".parse(), Ok(Compatibility::FullTransitive));
-        assert_eq!("BACKWARD".parse(), Ok(Compatibility::Backward));
+        assert_eq!(
+            "full_transitive".parse::<Compatibility>().ok(),
+            Some(Compatibility::FullTransitive)
+        );
+        assert_eq!(
+            "BACKWARD".parse::<Compatibility>().ok(),
+            Some(Compatibility::Backward)
+        );
         assert!("sideways".parse::<Compatibility>().is_err());
     }
 }

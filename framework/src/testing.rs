@@ -198,7 +198,7 @@ impl Sink for MemorySink {
 /// The harness. See the module docs.
 pub struct Harness {
     group: String,
-    ordering: crate::worker::Ordering,
+    ordering: crate::worker::OrderingMode,
     order: Vec<String>,
     tiers: HashSet<String>,
     schemas: Arc<MemorySchemas>,

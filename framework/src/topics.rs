@@ -261,12 +261,16 @@ pub async fn create_topics_with(
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((t, RDKafkaErrorCode::TopicAuthorizationFailed))
             | Err((t, RDKafkaErrorCode::ClusterAuthorizationFailed)) => {
-                return Err(Error::Config(format!(
-                    "not allowed to create topic `{t}`: grant CREATE on the topic (or cluster) to this principal, or create it beforehand"
-                )))
+                return Err(Error::CreateTopic {
+                    topic: t,
+                    reason: "not authorized: grant CREATE on the topic (or cluster) to this principal, or create it beforehand".into(),
+                })
             }
             Err((t, code)) => {
-                return Err(Error::Config(format!("creating topic `{t}` failed: {code}")))
+                return Err(Error::CreateTopic {
+                    topic: t,
+                    reason: code.to_string(),
+                })
             }
         }
     }

@@ -246,7 +246,17 @@ async fn the_worker_recovers_by_itself_when_the_single_broker_restarts() {
     broker.start();
     wait_answering(&config, Duration::from_secs(90)).await;
     let back_after = killed_at.elapsed();
+    let back_at = Instant::now();
     let at_back = handled.load(Ordering::Relaxed);
+    // Broker back -> the worker handles jobs again (it fetches from the
+    // restarted broker; nothing was prefetched for this long).
+    eventually(
+        Duration::from_secs(60),
+        "jobs handled again after the broker came back",
+        || handled.load(Ordering::Relaxed) > at_back,
+    )
+    .await;
+    let working_again = back_at.elapsed();
     enqueue(JOBS / 2..JOBS).await;
 
     let distinct = || {
@@ -279,7 +289,8 @@ async fn the_worker_recovers_by_itself_when_the_single_broker_restarts() {
         .sum();
     eprintln!(
         "restart: broker SIGKILLed after {at_kill} of {JOBS} jobs, answering again {back_after:?} later \
-         ({at_back} handled by then); all handled {resumed:?} after the kill by the same worker; duplicate deliveries {}",
+         ({at_back} handled by then); jobs handled again {working_again:?} after the broker answered; \
+         all handled {resumed:?} after the kill by the same worker; duplicate deliveries {}",
         deliveries - JOBS as u64
     );
     assert!(

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use apache_avro::AvroSchema;
 use kjob::{
-    Error, Job, JobContext, JobError, KafkaConfig, Ordering, Producer, Worker, WorkerStats,
+    Error, Job, JobContext, JobError, KafkaConfig, OrderingMode, Producer, Worker, WorkerStats,
 };
 use kjob_integration_tests::*;
 use serde::{Deserialize, Serialize};
@@ -107,7 +107,7 @@ async fn consume<J: Job + Clone>(
                 Ok::<(), JobError>(())
             }
         })
-        .ordering(Ordering::PerPartition)
+        .ordering(OrderingMode::PerPartition)
         .build()
         .unwrap();
     let stats = w.stats();

@@ -22,6 +22,19 @@ pub enum MailError {
     Rejected(String),
 }
 
+/// The classification of a mail failure, written once, so handlers can use
+/// `?`: a throttling server is retried, a rejected address dead-lettered.
+impl From<MailError> for kjob::JobError {
+    fn from(e: MailError) -> Self {
+        match e {
+            MailError::Unavailable(why) => kjob::JobError::server(format!("mail server: {why}")),
+            MailError::Rejected(why) => {
+                kjob::JobError::invalid_input(format!("address rejected: {why}"))
+            }
+        }
+    }
+}
+
 /// Sends mail.
 pub trait Mailer: Send + Sync + 'static {
     /// Sends one mail.

@@ -2,15 +2,19 @@
 //! dependencies come as `State<...>`, registered once on the builder, so
 //! a test registers in-memory ones and the worker binary real ones. The
 //! handlers only classify failures; kjob decides what that means (retry
-//! tier, DLQ).
+//! tier, DLQ). Most of that classification is `?`: the store's
+//! `anyhow::Error` takes the class of what it wraps (a PostgreSQL error
+//! retries unless its SQLSTATE says the data is wrong), and `MailError` has
+//! its own `From` (in `deps.rs`); only "no such order" is said explicitly.
 
 use std::sync::Arc;
 
+use anyhow::Context as _;
 use kjob::idempotency::Mark;
-use kjob::{JobContext, JobError, State};
+use kjob::prelude::*;
 
 use crate::contracts::{RenderInvoice, SendInvoiceMail};
-use crate::deps::{InvoiceStore, MailError, Mailer};
+use crate::deps::{InvoiceStore, Mailer};
 
 /// Renders and stores the invoice, exactly once per job even if the job is
 /// delivered twice (the marker is the job id).
@@ -22,12 +26,12 @@ pub async fn render_invoice(
     let order = store
         .order(&job.order_id)
         .await
-        .map_err(|e| JobError::network(format!("loading order: {e}")))?
-        .ok_or_else(|| JobError::not_found(format!("order {} does not exist", job.order_id)))?;
+        .context("loading the order")?
+        .or_not_found(format!("order {} does not exist", job.order_id))?;
     match store
         .save_invoice_once(&ctx.id, &order)
         .await
-        .map_err(|e| JobError::network(format!("saving invoice: {e}")))?
+        .context("saving the invoice")?
     {
         Mark::First => tracing::info!(order = %order.id, "invoice stored"),
         Mark::Duplicate => {
@@ -45,11 +49,6 @@ pub async fn send_invoice_mail(
     State(mailer): State<Arc<dyn Mailer>>,
 ) -> Result<(), JobError> {
     let subject = format!("Your invoice for order {}", job.order_id);
-    mailer
-        .send(&job.email, &subject)
-        .await
-        .map_err(|e| match e {
-            MailError::Unavailable(why) => JobError::server(format!("mail server: {why}")),
-            MailError::Rejected(why) => JobError::invalid_input(format!("address rejected: {why}")),
-        })
+    mailer.send(&job.email, &subject).await?;
+    Ok(())
 }

@@ -28,7 +28,7 @@ impl PgStore {
                 tracing::error!(error = %e, "postgres connection ended");
             }
         });
-        let markers = PgMarkers::new("invoice_jobs_processed").map_err(anyhow::Error::msg)?;
+        let markers = PgMarkers::new("invoice_jobs_processed")?;
         markers.create_table(&client).await?;
         client
             .batch_execute(

@@ -286,7 +286,7 @@ pub async fn run(config: &KafkaConfig, cmd: DlqCommand) -> Result<()> {
             let Some(d) = letters.into_iter().find(|d| d.at == at) else {
                 bail!("no dead letter at {at} in `{dlq}`");
             };
-            let codec = Codec::new(&config.schema_registry_url)?;
+            let codec = Codec::from_config(config)?;
             let payload = match (&d.payload, omitted_payload(&d)) {
                 (None, Some(where_)) => serde_json::json!({
                     "omitted": format!("the broker refused the full record; the original ({where_}) can still be read there until that topic's retention removes it"),

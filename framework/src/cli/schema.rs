@@ -5,11 +5,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::Subcommand;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
-use schema_registry_converter::async_impl::schema_registry::post_schema;
-use schema_registry_converter::schema_registry_common::{SchemaType, SuppliedSchema};
 
 use crate::codec::{subject_for_topic, Codec};
 use crate::config::KafkaConfig;
+use crate::registry::Registration;
 use crate::schema::{
     check, latest, load_dir, registered_versions, set_subject_compatibility, subject_compatibility,
     Compatibility,
@@ -35,8 +34,8 @@ pub enum SchemaCommand {
 }
 
 pub async fn run(config: &KafkaConfig, cmd: SchemaCommand) -> Result<()> {
-    let codec = Codec::new(&config.schema_registry_url)?;
-    let url = config.schema_registry_url.clone();
+    let codec = Codec::from_config(config)?;
+    let registry = codec.client();
     match cmd {
         SchemaCommand::Check { dir, compatibility } => {
             let contracts = load_dir(&dir)?;
@@ -58,11 +57,11 @@ pub async fn run(config: &KafkaConfig, cmd: SchemaCommand) -> Result<()> {
                 let subject = subject_for_topic(&c.name);
                 let level = match compatibility {
                     Some(l) => l,
-                    None => subject_compatibility(&url, &subject)
+                    None => subject_compatibility(registry, &subject)
                         .await?
                         .unwrap_or(Compatibility::Backward),
                 };
-                let versions = registered_versions(codec.settings(), &url, &subject).await?;
+                let versions = registered_versions(registry, &subject).await?;
                 let problems = check(&c.schema, &versions, level);
                 let result = if versions.is_empty() {
                     "new subject".to_string()
@@ -112,14 +111,15 @@ pub async fn run(config: &KafkaConfig, cmd: SchemaCommand) -> Result<()> {
             let contracts = load_dir(&dir)?;
             for c in &contracts {
                 let subject = subject_for_topic(&c.name);
-                if subject_compatibility(&url, &subject).await?.is_none() {
-                    set_subject_compatibility(&url, &subject, Compatibility::Backward).await?;
+                if subject_compatibility(registry, &subject).await?.is_none() {
+                    set_subject_compatibility(registry, &subject, Compatibility::Backward).await?;
                 }
-                let schema = SuppliedSchema::new(None, SchemaType::Avro, c.raw.clone());
-                match post_schema(codec.settings(), subject.clone(), schema).await {
-                    Ok(r) => println!("{} v{} -> {subject} (id {})", c.name, c.version, r.id),
-                    Err(e) => bail!(
-                        "registering {} v{} under `{subject}`: {e}",
+                match registry.register(&subject, &c.raw).await? {
+                    Registration::Id(id) => {
+                        println!("{} v{} -> {subject} (id {id})", c.name, c.version)
+                    }
+                    Registration::Refused { status, message } => bail!(
+                        "registering {} v{} under `{subject}`: HTTP {status}: {message}",
                         c.name,
                         c.version
                     ),

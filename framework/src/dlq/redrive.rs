@@ -48,10 +48,8 @@ pub fn target_topic(config: &KafkaConfig, main: &str, target: RedriveTarget) -> 
             .into_iter()
             .next()
             .map(|(_, t)| t)
-            .ok_or_else(|| {
-                Error::Config(format!(
-                    "`{main}` has no retry tier topics (`{main}.retry.<delay>`); re-drive with `--to main` instead"
-                ))
+            .ok_or_else(|| Error::NoRetryTiers {
+                topic: main.to_string(),
             }),
     }
 }
@@ -93,8 +91,10 @@ impl AuditLog {
     /// Records what happened to the dead letter at `at` and waits for the
     /// acknowledgement.
     pub async fn record(&self, at: Coordinates, entry: &AuditEntry) -> Result<()> {
-        let body =
-            serde_json::to_vec(entry).map_err(|e| Error::Config(format!("audit entry: {e}")))?;
+        let body = serde_json::to_vec(entry).map_err(|e| Error::Json {
+            what: "a DLQ audit entry",
+            source: std::sync::Arc::new(e),
+        })?;
         let key = at.to_string();
         self.producer
             .send_raw(

@@ -37,23 +37,28 @@ impl fmt::Display for Coordinates {
 }
 
 impl FromStr for Coordinates {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> std::result::Result<Self, crate::Error> {
+        let invalid = |reason: String| crate::Error::InvalidSetting {
+            name: "dead-letter coordinates".into(),
+            value: s.to_string(),
+            reason,
+        };
         let (p, o) = s
             .split_once(':')
-            .ok_or_else(|| format!("`{s}` is not partition:offset (e.g. 0:42)"))?;
+            .ok_or_else(|| invalid("use partition:offset (e.g. 0:42)".into()))?;
         let partition = p
             .trim()
             .parse::<i32>()
             .ok()
             .filter(|p| *p >= 0)
-            .ok_or_else(|| format!("`{p}` in `{s}` is not a partition number"))?;
+            .ok_or_else(|| invalid(format!("`{p}` is not a partition number")))?;
         let offset = o
             .trim()
             .parse::<i64>()
             .ok()
             .filter(|o| *o >= 0)
-            .ok_or_else(|| format!("`{o}` in `{s}` is not an offset"))?;
+            .ok_or_else(|| invalid(format!("`{o}` is not an offset")))?;
         Ok(Coordinates { partition, offset })
     }
 }
@@ -281,14 +286,20 @@ mod tests {
     #[test]
     fn coordinates_parse_strictly() {
         assert_eq!(
-            "3:42".parse(),
-            Ok(Coordinates {
+            "3:42".parse::<Coordinates>().ok(),
+            Some(Coordinates {
                 partition: 3,
                 offset: 42
             })
         );
         for bad in ["3", "a:1", "1:b", "-1:0", "1:-5", ""] {
-            assert!(bad.parse::<Coordinates>().is_err(), "{bad}");
+            assert!(
+                matches!(
+                    bad.parse::<Coordinates>(),
+                    Err(crate::Error::InvalidSetting { .. })
+                ),
+                "{bad}"
+            );
         }
     }
 

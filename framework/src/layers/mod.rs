@@ -80,15 +80,27 @@ impl Request {
 pub type AttemptService = BoxCloneSyncService<Request, (), JobError>;
 
 /// A layer, type-erased so that one list can hold layers of any type.
-pub(crate) type LayerFn = Arc<dyn Fn(AttemptService) -> AttemptService + Send + Sync>;
+#[doc(hidden)]
+pub type LayerFn = Arc<dyn Fn(AttemptService) -> AttemptService + Send + Sync>;
 
-/// Erases a tower layer over [`AttemptService`].
-pub(crate) fn erase<L>(layer: L) -> LayerFn
+/// A tower layer that kjob can put around attempts: any
+/// `Layer<AttemptService>` whose service answers `Result<(), JobError>`
+/// and can be cloned and shared across threads. Implemented for every such
+/// layer; users never implement it themselves.
+pub trait AttemptLayer: Send + Sync + 'static {
+    /// Erases the layer's type, so layers of any type share one list.
+    #[doc(hidden)]
+    fn erase(self) -> LayerFn;
+}
+
+impl<L> AttemptLayer for L
 where
     L: tower::Layer<AttemptService> + Send + Sync + 'static,
     L::Service:
         tower::Service<Request, Response = (), Error = JobError> + Clone + Send + Sync + 'static,
     <L::Service as tower::Service<Request>>::Future: Send + 'static,
 {
-    Arc::new(move |inner| BoxCloneSyncService::new(layer.layer(inner)))
+    fn erase(self) -> LayerFn {
+        Arc::new(move |inner| BoxCloneSyncService::new(self.layer(inner)))
+    }
 }

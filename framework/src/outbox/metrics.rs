@@ -12,23 +12,37 @@
 //! | `kjob_outbox_relays` | gauge | `table` | relays connected to the table |
 //!
 //! Lag and unsent are read from the table, so every relay reports the
-//! table-wide value.
+//! table-wide value. The Prometheus exporter and `/metrics` endpoint need
+//! the `metrics-http` feature (on by default), as the worker's do.
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::Router;
-use opentelemetry::metrics::{Counter, Meter, MeterProvider as _};
+#[cfg(feature = "metrics-http")]
+use axum::{
+    extract::State,
+    http::{header, StatusCode},
+    response::IntoResponse,
+    routing::get,
+    Router,
+};
+#[cfg(feature = "metrics-http")]
+use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry::metrics::{Counter, Meter};
 use opentelemetry::KeyValue;
+#[cfg(feature = "metrics-http")]
 use opentelemetry_sdk::metrics::SdkMeterProvider;
+#[cfg(feature = "metrics-http")]
 use prometheus::{Encoder, Registry, TextEncoder};
+#[cfg(feature = "metrics-http")]
 use tokio_util::sync::CancellationToken;
 
 use super::OutboxError;
+
+/// What keeps a Prometheus export alive (nothing without `metrics-http`).
+#[cfg(feature = "metrics-http")]
+type Exporter = Arc<(SdkMeterProvider, Registry)>;
+#[cfg(not(feature = "metrics-http"))]
+type Exporter = std::convert::Infallible;
 
 /// Gauge values the relay refreshes; read when `/metrics` is scraped.
 #[derive(Clone, Debug, Default)]
@@ -51,7 +65,7 @@ pub struct OutboxMetrics {
     errors: Counter<u64>,
     /// Refreshed by the relay.
     pub snapshot: Arc<Mutex<OutboxSnapshot>>,
-    exporter: Option<Arc<(SdkMeterProvider, Registry)>>,
+    exporter: Option<Exporter>,
 }
 
 impl std::fmt::Debug for OutboxMetrics {
@@ -71,6 +85,7 @@ impl OutboxMetrics {
     }
 
     /// Instruments exported to a fresh Prometheus registry.
+    #[cfg(feature = "metrics-http")]
     pub fn prometheus(table: &str) -> Result<Self, OutboxError> {
         let registry = Registry::new();
         let exporter = opentelemetry_prometheus::exporter()
@@ -88,11 +103,17 @@ impl OutboxMetrics {
         ))
     }
 
-    fn with_meter(
-        meter: &Meter,
-        table: &str,
-        exporter: Option<Arc<(SdkMeterProvider, Registry)>>,
-    ) -> Self {
+    /// Without the `metrics-http` feature there is no exporter: an error
+    /// that says which feature to enable.
+    #[cfg(not(feature = "metrics-http"))]
+    pub fn prometheus(_table: &str) -> Result<Self, OutboxError> {
+        Err(OutboxError::Kjob(crate::Error::FeatureDisabled {
+            feature: "metrics-http",
+            what: "an outbox relay metrics endpoint",
+        }))
+    }
+
+    fn with_meter(meter: &Meter, table: &str, exporter: Option<Exporter>) -> Self {
         let snapshot: Arc<Mutex<OutboxSnapshot>> = Arc::default();
         let label = KeyValue::new("table", table.to_string());
         let gauge = |name: &'static str, help: &'static str, read: fn(&OutboxSnapshot) -> f64| {
@@ -167,6 +188,13 @@ impl OutboxMetrics {
     }
 
     /// The Prometheus text exposition, or `None` when disabled.
+    #[cfg(not(feature = "metrics-http"))]
+    pub fn render(&self) -> Option<String> {
+        None
+    }
+
+    /// The Prometheus text exposition, or `None` when disabled.
+    #[cfg(feature = "metrics-http")]
     pub fn render(&self) -> Option<String> {
         let (_, registry) = self.exporter.as_deref()?;
         let mut out = Vec::new();
@@ -177,6 +205,7 @@ impl OutboxMetrics {
     }
 }
 
+#[cfg(feature = "metrics-http")]
 async fn metrics_page(State(m): State<OutboxMetrics>) -> impl IntoResponse {
     match m.render() {
         Some(text) => (
@@ -194,11 +223,12 @@ async fn metrics_page(State(m): State<OutboxMetrics>) -> impl IntoResponse {
 
 /// Serves `/metrics` and `/healthz` on `addr` until `stop` is cancelled.
 /// Binds now, so a port conflict fails the relay's start.
+#[cfg(feature = "metrics-http")]
 pub(crate) async fn serve(
-    addr: SocketAddr,
+    addr: std::net::SocketAddr,
     metrics: OutboxMetrics,
     stop: CancellationToken,
-) -> Result<SocketAddr, OutboxError> {
+) -> Result<std::net::SocketAddr, OutboxError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| OutboxError::Config(format!("binding the metrics endpoint on {addr}: {e}")))?;

@@ -20,7 +20,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Statement};
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::{serve, OutboxMetrics};
+use super::metrics::OutboxMetrics;
 use super::{live_relays, OutboxError, OutboxTable, BUCKETS, PRESENCE_LOCK};
 use crate::codec::Codec;
 use crate::config::KafkaConfig;
@@ -225,8 +225,12 @@ impl Relay {
     async fn run_cancellable(self, cancel: CancellationToken) -> Result<(), OutboxError> {
         let mut producer = self.producer()?;
         let _endpoint_stop = cancel.clone().drop_guard();
+        // Only set when `metrics_endpoint` built an exporter, which needs
+        // the `metrics-http` feature.
+        #[cfg(feature = "metrics-http")]
         if let Some(addr) = self.metrics_addr {
-            let bound = serve(addr, self.metrics.clone(), cancel.child_token()).await?;
+            let bound =
+                super::metrics::serve(addr, self.metrics.clone(), cancel.child_token()).await?;
             tracing::info!(%bound, "outbox relay metrics endpoint");
         }
         let gauges = tokio::spawn(refresh_gauges(

@@ -3,82 +3,108 @@
 //! not ready before the first assignment and from the moment shutdown
 //! begins, so a load balancer or orchestrator stops counting on it).
 
-use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+//!
+//! Behind the `metrics-http` cargo feature (on by default), which brings in
+//! axum and the Prometheus exporter. Without it, [`serve`] fails with an
+//! error naming the feature, so a worker asked for an endpoint never runs
+//! silently without one.
 
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::Router;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
-
-use super::metrics::Metrics;
-use crate::error::{Error, Result};
-use crate::worker::WorkerStats;
-
-#[derive(Clone)]
-struct AppState {
-    metrics: Metrics,
-    stats: Arc<WorkerStats>,
-}
-
-async fn render_metrics(State(s): State<AppState>) -> impl IntoResponse {
-    match s.metrics.render() {
-        Some(text) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-            text,
-        ),
-        None => (
-            StatusCode::NOT_FOUND,
-            [(header::CONTENT_TYPE, "text/plain")],
-            "metrics are disabled\n".to_string(),
-        ),
-    }
-}
-
-async fn healthz() -> &'static str {
-    "ok\n"
-}
-
-async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
-    if s.stats.ready.load(Ordering::Acquire) {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
-    }
-}
-
-/// Binds `addr` now (so a port conflict fails the worker's start) and
-/// serves until `stop` is cancelled. Returns the bound address (useful with
-/// port 0).
+/// Without `metrics-http`: always an error saying which feature to enable.
+#[cfg(not(feature = "metrics-http"))]
 pub async fn serve(
-    addr: SocketAddr,
-    metrics: Metrics,
-    stats: Arc<WorkerStats>,
-    stop: CancellationToken,
-) -> Result<SocketAddr> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| Error::Config(format!("binding the metrics endpoint on {addr}: {e}")))?;
-    let bound = listener
-        .local_addr()
-        .map_err(|e| Error::Config(format!("metrics endpoint address: {e}")))?;
-    let app = Router::new()
-        .route("/metrics", get(render_metrics))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .with_state(AppState { metrics, stats });
-    tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-        if let Err(e) = served {
-            tracing::warn!(error = %e, "metrics endpoint stopped");
+    _addr: std::net::SocketAddr,
+    _metrics: super::metrics::Metrics,
+    _stats: std::sync::Arc<crate::worker::WorkerStats>,
+    _stop: tokio_util::sync::CancellationToken,
+) -> crate::error::Result<std::net::SocketAddr> {
+    Err(crate::error::Error::FeatureDisabled {
+        feature: "metrics-http",
+        what: "a metrics endpoint (WorkerBuilder::metrics_endpoint)",
+    })
+}
+
+#[cfg(feature = "metrics-http")]
+pub use imp::serve;
+
+#[cfg(feature = "metrics-http")]
+mod imp {
+    use std::net::SocketAddr;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    use axum::extract::State;
+    use axum::http::{header, StatusCode};
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    use axum::Router;
+    use tokio::net::TcpListener;
+    use tokio_util::sync::CancellationToken;
+
+    use super::super::metrics::Metrics;
+    use crate::error::{Error, Result};
+    use crate::worker::WorkerStats;
+
+    #[derive(Clone)]
+    struct AppState {
+        metrics: Metrics,
+        stats: Arc<WorkerStats>,
+    }
+
+    async fn render_metrics(State(s): State<AppState>) -> impl IntoResponse {
+        match s.metrics.render() {
+            Some(text) => (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                text,
+            ),
+            None => (
+                StatusCode::NOT_FOUND,
+                [(header::CONTENT_TYPE, "text/plain")],
+                "metrics are disabled\n".to_string(),
+            ),
         }
-    });
-    Ok(bound)
+    }
+
+    async fn healthz() -> &'static str {
+        "ok\n"
+    }
+
+    async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
+        if s.stats.ready.load(Ordering::Acquire) {
+            (StatusCode::OK, "ready\n")
+        } else {
+            (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+        }
+    }
+
+    /// Binds `addr` now (so a port conflict fails the worker's start) and
+    /// serves until `stop` is cancelled. Returns the bound address (useful with
+    /// port 0).
+    pub async fn serve(
+        addr: SocketAddr,
+        metrics: Metrics,
+        stats: Arc<WorkerStats>,
+        stop: CancellationToken,
+    ) -> Result<SocketAddr> {
+        let endpoint = |e: std::io::Error| Error::Endpoint {
+            addr,
+            source: Arc::new(e),
+        };
+        let listener = TcpListener::bind(addr).await.map_err(endpoint)?;
+        let bound = listener.local_addr().map_err(endpoint)?;
+        let app = Router::new()
+            .route("/metrics", get(render_metrics))
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz))
+            .with_state(AppState { metrics, stats });
+        tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await;
+            if let Err(e) = served {
+                tracing::warn!(error = %e, "metrics endpoint stopped");
+            }
+        });
+        Ok(bound)
+    }
 }

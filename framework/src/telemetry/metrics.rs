@@ -14,14 +14,33 @@
 //! Each worker owns its registry, so two workers in one process (tests, a
 //! multi-tenant binary) never mix their numbers. A worker without a metrics
 //! endpoint uses no-op instruments: recording costs nothing.
+//!
+//! The Prometheus exporter is behind the `metrics-http` cargo feature (on by
+//! default). Without it the instruments still exist, as no-ops, so the
+//! worker's code is the same; asking for an exporter is an error that names
+//! the feature.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _, UpDownCounter};
+#[cfg(feature = "metrics-http")]
+use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry::metrics::{Counter, Histogram, Meter, UpDownCounter};
 use opentelemetry::KeyValue;
+#[cfg(feature = "metrics-http")]
 use opentelemetry_sdk::metrics::SdkMeterProvider;
+#[cfg(feature = "metrics-http")]
 use prometheus::{Encoder, Registry, TextEncoder};
+
+use crate::error::{Error, Result};
+
+/// What keeps a Prometheus export alive: the meter provider and the
+/// registry it writes into.
+#[cfg(feature = "metrics-http")]
+type Exporter = Arc<(SdkMeterProvider, Registry)>;
+/// Without `metrics-http` there is nothing to export to.
+#[cfg(not(feature = "metrics-http"))]
+type Exporter = std::convert::Infallible;
 
 /// Gauges the poll thread refreshes; read when `/metrics` is scraped.
 #[derive(Debug, Default)]
@@ -42,7 +61,7 @@ pub struct Metrics {
     rebalances: Counter<u64>,
     /// Refreshed by the poll thread.
     pub snapshot: Arc<Mutex<Snapshot>>,
-    exporter: Option<Arc<(SdkMeterProvider, Registry)>>,
+    exporter: Option<Exporter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -61,14 +80,17 @@ impl Metrics {
     }
 
     /// Instruments exported to a fresh Prometheus registry.
-    pub fn prometheus() -> Result<Self, String> {
+    #[cfg(feature = "metrics-http")]
+    pub fn prometheus() -> Result<Self> {
         let registry = Registry::new();
         let exporter = opentelemetry_prometheus::exporter()
             .with_registry(registry.clone())
             .without_units()
             .without_target_info()
             .build()
-            .map_err(|e| format!("building the Prometheus exporter: {e}"))?;
+            .map_err(|e| Error::Metrics {
+                reason: format!("building the Prometheus exporter: {e}"),
+            })?;
         let provider = SdkMeterProvider::builder().with_reader(exporter).build();
         let meter = provider.meter("kjob");
         let snapshot: Arc<Mutex<Snapshot>> = Arc::default();
@@ -79,10 +101,20 @@ impl Metrics {
         ))
     }
 
+    /// Without the `metrics-http` feature there is no exporter: an error
+    /// that says which feature to enable.
+    #[cfg(not(feature = "metrics-http"))]
+    pub fn prometheus() -> Result<Self> {
+        Err(Error::FeatureDisabled {
+            feature: "metrics-http",
+            what: "a metrics endpoint",
+        })
+    }
+
     fn with_meter(
         meter: &Meter,
         snapshot: Arc<Mutex<Snapshot>>,
-        exporter: Option<Arc<(SdkMeterProvider, Registry)>>,
+        exporter: Option<Exporter>,
     ) -> Self {
         let lag_snapshot = snapshot.clone();
         meter
@@ -196,6 +228,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition, or `None` when metrics are disabled.
+    #[cfg(feature = "metrics-http")]
     pub fn render(&self) -> Option<String> {
         let (_, registry) = self.exporter.as_deref()?;
         let mut out = Vec::new();
@@ -203,5 +236,11 @@ impl Metrics {
             .encode(&registry.gather(), &mut out)
             .ok()?;
         String::from_utf8(out).ok()
+    }
+
+    /// Without `metrics-http` nothing is exported.
+    #[cfg(not(feature = "metrics-http"))]
+    pub fn render(&self) -> Option<String> {
+        None
     }
 }

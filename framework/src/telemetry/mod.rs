@@ -14,6 +14,7 @@
 //!   no span is created (one atomic load per attempt). Job spans use the
 //!   OpenTelemetry API directly ([`spans`]); `tracing` spans your handlers
 //!   create are bridged and nest under the job's span.
+//!   The exporter is behind the `otlp` cargo feature (on by default).
 //! * **Metrics**: see [`metrics`]; served with `/healthz` and `/readyz` by
 //!   [`http`] when a worker is given an address.
 
@@ -27,6 +28,7 @@ use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
+#[cfg(feature = "otlp")]
 use opentelemetry_sdk::Resource;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -92,13 +94,28 @@ fn otlp_configured() -> bool {
 /// `KJOB_LOG_FORMAT=json`; `RUST_LOG` filters, default `info`) and, when the
 /// `OTEL_*` variables ask for it, the OTLP trace exporter. Call once at the
 /// start of `main` and keep the guard until the end.
+///
+/// Without the `otlp` cargo feature (on by default) no exporter is built:
+/// if the `OTEL_*` variables ask for one, a warning says so and logs work
+/// as usual, because an environment variable should not stop a binary
+/// whose authors chose to leave tracing out.
 pub fn init() -> Result<TelemetryGuard> {
+    #[cfg(feature = "otlp")]
     let provider = if otlp_configured() {
         Some(otlp_provider()?)
     } else {
         None
     };
-    install(provider)
+    #[cfg(not(feature = "otlp"))]
+    let provider = None;
+    let guard = install(provider)?;
+    #[cfg(not(feature = "otlp"))]
+    if otlp_configured() {
+        tracing::warn!(
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set but kjob was built without its `otlp` feature; traces are not exported"
+        );
+    }
+    Ok(guard)
 }
 
 /// [`init`] with a tracer provider of your own (a custom exporter or
@@ -107,11 +124,15 @@ pub fn init_with_provider(provider: SdkTracerProvider) -> Result<TelemetryGuard>
     install(Some(provider))
 }
 
+#[cfg(feature = "otlp")]
 fn otlp_provider() -> Result<SdkTracerProvider> {
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_tonic()
         .build()
-        .map_err(|e| Error::Config(format!("OTLP trace exporter: {e}")))?;
+        .map_err(|e| Error::Telemetry {
+            what: "OTLP trace exporter",
+            reason: e.to_string(),
+        })?;
     let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "kjob".into());
     Ok(SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
@@ -144,7 +165,10 @@ fn install(provider: Option<SdkTracerProvider>) -> Result<TelemetryGuard> {
         .with(logs)
         .with(otel)
         .try_init()
-        .map_err(|e| Error::Config(format!("a tracing subscriber is already installed: {e}")))?;
+        .map_err(|e| Error::Telemetry {
+            what: "tracing subscriber",
+            reason: format!("one is already installed (call kjob::telemetry::init once): {e}"),
+        })?;
     Ok(TelemetryGuard { provider })
 }
 

@@ -65,18 +65,26 @@ impl GroupProtocol {
         match value.trim().to_ascii_lowercase().as_str() {
             "classic" => Ok(Self::Classic),
             "consumer" => Ok(Self::Consumer),
-            other => Err(Error::Config(format!(
-                "unknown group protocol `{other}`: use `classic` or `consumer` (KIP-848)"
-            ))),
+            other => Err(Error::InvalidSetting {
+                name: "group.protocol".into(),
+                value: other.to_string(),
+                reason: "use `classic` or `consumer` (KIP-848)".into(),
+            }),
         }
     }
 
     /// The protocol named by `KJOB_GROUP_PROTOCOL`, if set.
     pub fn from_env() -> Result<Option<Self>> {
         match std::env::var(GROUP_PROTOCOL_ENV) {
-            Ok(v) if !v.trim().is_empty() => Self::parse(&v)
-                .map(Some)
-                .map_err(|e| Error::Config(format!("{GROUP_PROTOCOL_ENV}: {e}"))),
+            Ok(v) if !v.trim().is_empty() => {
+                Self::parse(&v)
+                    .map(Some)
+                    .map_err(|_| Error::InvalidSetting {
+                        name: GROUP_PROTOCOL_ENV.into(),
+                        value: v.clone(),
+                        reason: "use `classic` or `consumer` (KIP-848)".into(),
+                    })
+            }
             _ => Ok(None),
         }
     }

@@ -31,6 +31,7 @@
 //! [`crate::offsets`].
 
 mod dispatcher;
+pub mod limits;
 pub mod membership;
 pub(crate) mod pipeline;
 pub(crate) mod poll;
@@ -58,7 +59,7 @@ use crate::codec::{parse_contract, Codec, ReaderSchema, SchemaSource};
 use crate::config::KafkaConfig;
 use crate::error::{Error, Result};
 use crate::job::Job;
-use crate::layers::{AttemptService, LayerFn, Request as LayerRequest};
+use crate::layers::{AttemptLayer, LayerFn};
 use crate::producer::Producer;
 use crate::retry::RetryPolicy;
 use crate::topics::{create_topics, create_topics_with, dlq_topic, partition_counts};
@@ -71,8 +72,11 @@ pub use state::WorkerStats;
 use state::{RouteEntry, Settings};
 
 /// Which jobs of a partition may run at the same time.
+///
+/// Named `OrderingMode`, not `Ordering`, so a handler crate can import it
+/// next to `std::sync::atomic::Ordering` and `std::cmp::Ordering`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Ordering {
+pub enum OrderingMode {
     /// Same key: one after another; different keys: in parallel, even within
     /// one partition. The right default for entity-scoped jobs.
     #[default]
@@ -82,6 +86,11 @@ pub enum Ordering {
     /// No ordering: every record may run in parallel.
     Unordered,
 }
+
+/// The old name of [`OrderingMode`]; it clashed with
+/// `std::sync::atomic::Ordering` in handler crates.
+#[deprecated(since = "0.2.0", note = "renamed to `OrderingMode`")]
+pub type Ordering = OrderingMode;
 
 /// Builds a route once the codec, timeout, state and layers are known (at
 /// `build()`).
@@ -117,6 +126,7 @@ pub struct WorkerBuilder {
     route_layers: HashMap<String, Vec<LayerFn>>,
     static_member: Option<String>,
     protocol: Option<GroupProtocol>,
+    run_limits: limits::Limits,
     create_topics: bool,
     retry: RetryPolicy,
     retry_overrides: HashMap<String, RetryPolicy>,
@@ -169,42 +179,24 @@ impl WorkerBuilder {
 
     /// Wraps every route's attempts in a [`tower::Layer`] (see
     /// [`crate::layers`] for the order). Layers added first are outermost.
-    pub fn layer<L>(mut self, layer: L) -> Self
-    where
-        L: tower::Layer<AttemptService> + Send + Sync + 'static,
-        L::Service: tower::Service<LayerRequest, Response = (), Error = crate::JobError>
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        <L::Service as tower::Service<LayerRequest>>::Future: Send + 'static,
-    {
-        self.layers.push(crate::layers::erase(layer));
+    pub fn layer(mut self, layer: impl AttemptLayer) -> Self {
+        self.layers.push(layer.erase());
         self
     }
 
     /// Wraps the attempts of the route on main topic `topic` (and its retry
     /// tiers) in a layer, inside the worker-wide ones: a breaker or a rate
     /// limit for the downstream that route calls.
-    pub fn layer_for<L>(mut self, topic: &str, layer: L) -> Self
-    where
-        L: tower::Layer<AttemptService> + Send + Sync + 'static,
-        L::Service: tower::Service<LayerRequest, Response = (), Error = crate::JobError>
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        <L::Service as tower::Service<LayerRequest>>::Future: Send + 'static,
-    {
+    pub fn layer_for(mut self, topic: &str, layer: impl AttemptLayer) -> Self {
         self.route_layers
             .entry(topic.to_string())
             .or_default()
-            .push(crate::layers::erase(layer));
+            .push(layer.erase());
         self
     }
 
-    /// Ordering mode (default [`Ordering::PerKey`]).
-    pub fn ordering(mut self, ordering: Ordering) -> Self {
+    /// Ordering mode (default [`OrderingMode::PerKey`]).
+    pub fn ordering(mut self, ordering: OrderingMode) -> Self {
         self.settings.ordering = ordering;
         self
     }
@@ -274,6 +266,27 @@ impl WorkerBuilder {
         self
     }
 
+    /// Stops gracefully after `n` jobs were handled, for a supervisor to
+    /// restart (see [`limits`]; also `KJOB_STOP_AFTER_JOBS`).
+    pub fn stop_after_jobs(mut self, n: u64) -> Self {
+        self.run_limits.jobs = Some(n);
+        self
+    }
+
+    /// Stops gracefully once the process's resident memory exceeds `bytes`
+    /// (see [`limits`]; also `KJOB_STOP_ABOVE_RSS`).
+    pub fn stop_above_rss(mut self, bytes: u64) -> Self {
+        self.run_limits.rss = Some(bytes);
+        self
+    }
+
+    /// Stops gracefully after running for `d` (see [`limits`]; also
+    /// `KJOB_STOP_AFTER`).
+    pub fn stop_after(mut self, d: Duration) -> Self {
+        self.run_limits.time = Some(d);
+        self
+    }
+
     /// The rebalance protocol (default: `KJOB_GROUP_PROTOCOL`, else
     /// [`GroupProtocol::Classic`]). A `group.protocol` set on the
     /// [`KafkaConfig`] is honoured too. See [`membership`] for what each
@@ -311,11 +324,7 @@ impl WorkerBuilder {
     /// Validates the configuration and parses every contract's schema, so a
     /// broken contract fails here rather than at the first record.
     pub fn build(self) -> Result<Worker> {
-        let codec = self
-            .codec
-            .as_ref()
-            .map_err(|e| Error::Config(e.to_string()))?
-            .clone();
+        let codec = self.codec.as_ref().map_err(Error::clone)?.clone();
         let routes = self.build_routes(codec.clone())?;
         let protocol = match self.protocol {
             Some(p) => p,
@@ -325,12 +334,14 @@ impl WorkerBuilder {
             },
         };
         let metrics = match self.endpoint {
-            Some(_) => Metrics::prometheus().map_err(Error::Config)?,
+            Some(_) => Metrics::prometheus()?,
             None => Metrics::disabled(),
         };
         let (_, limits) = self.scheduler_settings();
+        let run_limits = self.run_limits.with_env()?;
         Ok(Worker {
             limits,
+            run_limits,
             metrics,
             endpoint: self.endpoint,
             config: self.config,
@@ -354,7 +365,7 @@ impl WorkerBuilder {
 
     /// The ordering mode and the scheduler limits this builder configures,
     /// shared by the worker and the test harness.
-    pub(crate) fn scheduler_settings(&self) -> (Ordering, Limits) {
+    pub(crate) fn scheduler_settings(&self) -> (OrderingMode, Limits) {
         (
             self.settings.ordering,
             Limits {
@@ -370,30 +381,32 @@ impl WorkerBuilder {
     /// code path, so both route, classify and retry alike.
     pub(crate) fn build_routes(&self, schemas: Arc<dyn SchemaSource>) -> Result<Routes> {
         if self.routes.is_empty() {
-            return Err(Error::Config("a worker needs at least one handler".into()));
+            return Err(Error::NoHandlers);
         }
         let mut entries: HashMap<String, RouteEntry> = HashMap::new();
         let mut mains = Vec::new();
         let states = Arc::new(self.states.clone());
         for Registration { topic, make, needs } in &self.routes {
             if let Some((_, name)) = needs.iter().find(|(id, _)| !states.contains(*id)) {
-                return Err(Error::Config(format!(
-                    "the handler for `{topic}` takes State<{name}>, which is not registered: call WorkerBuilder::state(...) with it"
-                )));
+                return Err(Error::MissingState {
+                    topic: topic.clone(),
+                    state: name,
+                });
             }
             if entries.contains_key(topic) {
-                return Err(Error::Config(format!(
-                    "two handlers registered for topic `{topic}`"
-                )));
+                return Err(Error::DuplicateTopic {
+                    topic: topic.clone(),
+                });
             }
             let retry = self
                 .retry_overrides
                 .get(topic)
                 .unwrap_or(&self.retry)
                 .clone();
-            retry
-                .validate()
-                .map_err(|e| Error::Config(format!("retry policy for `{topic}`: {e}")))?;
+            retry.validate().map_err(|reason| Error::RetryPolicy {
+                topic: topic.clone(),
+                reason,
+            })?;
             let retry = Arc::new(retry);
             let mut layers = self.layers.clone();
             layers.extend(self.route_layers.get(topic).into_iter().flatten().cloned());
@@ -411,7 +424,7 @@ impl WorkerBuilder {
                     retry: retry.clone(),
                 };
                 if entries.insert(tier.clone(), entry).is_some() {
-                    return Err(Error::Config(format!("topic `{tier}` is used twice")));
+                    return Err(Error::DuplicateTopic { topic: tier });
                 }
             }
             let entry = RouteEntry {
@@ -421,19 +434,23 @@ impl WorkerBuilder {
                 retry,
             };
             if entries.insert(topic.clone(), entry).is_some() {
-                return Err(Error::Config(format!("topic `{topic}` is used twice")));
+                return Err(Error::DuplicateTopic {
+                    topic: topic.clone(),
+                });
             }
             mains.push(topic.clone());
         }
         if let Some(unknown) = self.route_layers.keys().find(|t| !mains.contains(t)) {
-            return Err(Error::Config(format!(
-                "layer_for(`{unknown}`), which has no handler"
-            )));
+            return Err(Error::NoSuchRoute {
+                topic: unknown.clone(),
+                setting: "layer_for",
+            });
         }
         if let Some(unknown) = self.retry_overrides.keys().find(|t| !mains.contains(t)) {
-            return Err(Error::Config(format!(
-                "retry policy for `{unknown}`, which has no handler"
-            )));
+            return Err(Error::RetryPolicy {
+                topic: unknown.clone(),
+                reason: crate::retry::RetryPolicyError::NoSuchRoute,
+            });
         }
         Ok(Routes { entries, mains })
     }
@@ -449,6 +466,7 @@ pub(crate) struct Routes {
 /// [`Worker::run_until`] until a future of your choice completes.
 pub struct Worker {
     limits: Limits,
+    run_limits: limits::Limits,
     config: KafkaConfig,
     settings: Settings,
     codec: Arc<Codec>,
@@ -467,12 +485,12 @@ pub struct Worker {
 impl Worker {
     /// Starts configuring a worker in consumer group `group`.
     pub fn builder(config: KafkaConfig, group: impl Into<String>) -> WorkerBuilder {
-        let codec = Codec::new(&config.schema_registry_url).map(Arc::new);
+        let codec = Codec::from_config(&config).map(Arc::new);
         WorkerBuilder {
             config,
             settings: Settings {
                 group: group.into(),
-                ordering: Ordering::PerKey,
+                ordering: OrderingMode::PerKey,
                 max_in_flight_per_partition: 5000,
                 shutdown_grace: Duration::from_secs(30),
                 revoke_timeout: Duration::from_secs(15),
@@ -488,6 +506,7 @@ impl Worker {
             route_layers: HashMap::new(),
             static_member: None,
             protocol: None,
+            run_limits: limits::Limits::default(),
             create_topics: true,
             retry: RetryPolicy::default(),
             retry_overrides: HashMap::new(),
@@ -591,6 +610,7 @@ impl Worker {
             stats: self.stats.clone(),
             metrics: self.metrics.clone(),
             stopping: AtomicBool::new(false),
+            close_gaps: AtomicBool::new(false),
             last_error: std::sync::Mutex::new(None),
         };
         let consumer = Arc::new(self.consumer(context)?);
@@ -627,8 +647,14 @@ impl Worker {
             })
             .map_err(|e| Error::Worker(format!("spawning the poll thread: {e}")))?;
 
+        let watch = self.run_limits.watch(self.stats.clone());
+        let mut fired = None;
         tokio::select! {
             _ = stop => {}
+            limit = watch => {
+                warn!(%limit, exit_code = limit.exit_code(), "worker limit reached; stopping gracefully so that a supervisor restarts the worker");
+                fired = Some(limit);
+            }
             ended = &mut closed_rx => {
                 return Err(match ended {
                     Ok(Err(fatal)) => self.refused(fatal),
@@ -639,6 +665,13 @@ impl Worker {
         info!("stop requested");
         // Not ready from the moment shutdown begins.
         self.stats.ready.store(false, AtomicOrdering::Release);
+        if fired.is_some() {
+            // A planned stop: close the gaps so the restart repeats nothing.
+            consumer
+                .context()
+                .close_gaps
+                .store(true, AtomicOrdering::Release);
+        }
         consumer
             .context()
             .stopping
@@ -649,7 +682,10 @@ impl Worker {
             Ok(Ok(Err(fatal))) => Err(self.refused(fatal)),
             Ok(_) => {
                 info!("worker stopped");
-                Ok(())
+                match fired {
+                    Some(limit) => Err(Error::LimitReached(limit)),
+                    None => Ok(()),
+                }
             }
             Err(_) => Err(Error::Worker(format!(
                 "consumer did not close within {bound:?}; offsets up to the last commit are safe"

@@ -130,6 +130,9 @@ pub(crate) struct WorkerContext {
     pub stats: Arc<WorkerStats>,
     pub metrics: Metrics,
     pub stopping: AtomicBool,
+    /// The stop is planned (a worker limit): close the gaps below the
+    /// highest started job before committing, so nothing runs twice.
+    pub close_gaps: AtomicBool,
     /// librdkafka's words for the last error event (they name the topic an
     /// authorization failure is about; the error code alone does not).
     pub last_error: Mutex<Option<String>>,
@@ -468,9 +471,11 @@ pub(crate) fn poll_loop(
 fn shutdown(ctx: &WorkerContext, consumer: &BaseConsumer<WorkerContext>, abandon: impl FnOnce()) {
     ctx.stats.ready.store(false, AtomicOrdering::Release);
     let mut out = Vec::new();
+    let close_gaps = ctx.close_gaps.load(AtomicOrdering::Acquire);
     let running = {
         let mut core = ctx.lock();
-        core.sched.stop(&mut out);
+        core.sched.stop(close_gaps, &mut out);
+        core.sched.dispatch(&mut out);
         core.sched.running()
     };
     info!(running, grace = ?ctx.settings.shutdown_grace, "shutting down: waiting for running jobs");
@@ -478,14 +483,16 @@ fn shutdown(ctx: &WorkerContext, consumer: &BaseConsumer<WorkerContext>, abandon
     let deadline = Instant::now() + ctx.settings.shutdown_grace;
     loop {
         let mut out = Vec::new();
-        let left = {
+        let (idle, left) = {
             let mut core = ctx.lock();
             core.wait_done(Duration::from_millis(20), &mut out);
-            core.sched.running()
+            // Only jobs kept to close gaps are still released; the
+            // scheduler emits no resume while stopping.
+            core.sched.dispatch(&mut out);
+            (core.sched.idle(), core.sched.running())
         };
-        // Out holds at most Resume actions for drained partitions; the
-        // partitions stay paused while stopping, so they are not executed.
-        if left == 0 {
+        ctx.execute(consumer, out, CommitMode::Async, false);
+        if idle {
             break;
         }
         if Instant::now() >= deadline {

@@ -8,7 +8,7 @@ use std::hash::{Hash, Hasher};
 use rdkafka::message::{Message, OwnedMessage};
 
 use super::scheduler::{Incoming, LaneKey, Located};
-use super::Ordering;
+use super::OrderingMode as Ordering;
 use crate::headers;
 
 impl Located for OwnedMessage {

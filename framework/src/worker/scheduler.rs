@@ -149,6 +149,8 @@ struct Part<R> {
     paused_bound: bool,
     hold: Option<Hold>,
     revoked: bool,
+    /// The highest offset handed to a runner in this assignment.
+    max_dispatched: Option<i64>,
 }
 
 impl<R> Part<R> {
@@ -236,6 +238,7 @@ impl<R: Located> Scheduler<R> {
                 paused_bound: false,
                 hold: None,
                 revoked: false,
+                max_dispatched: None,
             };
             let slot = match self.slots.iter().position(Option::is_none) {
                 Some(free) => {
@@ -314,18 +317,48 @@ impl<R: Located> Scheduler<R> {
         }
     }
 
-    /// Stops: no more records are accepted, everything queued or ready is
-    /// dropped, and every partition is paused. Running jobs finish.
-    pub(crate) fn stop(&mut self, out: &mut Vec<Action<R>>) {
+    /// Stops: no more records are accepted, and every partition is paused.
+    /// Running jobs finish.
+    ///
+    /// With `close_gaps == false` (SIGTERM, a revoke-like stop) everything
+    /// not started is dropped at once: it is uncommitted, so the next owner
+    /// runs it; a job that finished above one of them runs again there.
+    /// With `close_gaps == true` (a planned stop, such as a worker limit)
+    /// the jobs *below* the highest one started in each partition still
+    /// run, so the watermark reaches every finished job and the next worker
+    /// repeats nothing; only jobs above it are dropped.
+    pub(crate) fn stop(&mut self, close_gaps: bool, out: &mut Vec<Action<R>>) {
         self.stopping = true;
-        self.ready.clear();
-        for p in self.slots.iter_mut().flatten() {
-            p.lanes.retain(|_, l| {
-                l.queue.clear();
-                l.running
+        let slots = &self.slots;
+        let below = |slot: usize, offset: i64| {
+            close_gaps
+                && slots
+                    .get(slot)
+                    .and_then(Option::as_ref)
+                    .and_then(|p| p.max_dispatched)
+                    .is_some_and(|m| offset < m)
+        };
+        self.ready.retain(|j| below(j.ticket.slot, j.ticket.offset));
+        let kept: Vec<(usize, LaneKey)> = self
+            .ready
+            .iter()
+            .map(|j| (j.ticket.slot, j.ticket.lane))
+            .collect();
+        for (slot, part) in self.slots.iter_mut().enumerate() {
+            let Some(p) = part.as_mut() else { continue };
+            let limit = p.max_dispatched.filter(|_| close_gaps);
+            p.lanes.retain(|lane, l| {
+                l.queue
+                    .retain(|j| limit.is_some_and(|m| j.ticket.offset < m));
+                l.running || !l.queue.is_empty() || kept.contains(&(slot, *lane))
             });
             out.push(Action::Pause(p.tp.clone()));
         }
+    }
+
+    /// Nothing runs or waits to run: a stop is complete.
+    pub(crate) fn idle(&self) -> bool {
+        self.running == 0 && self.ready.is_empty()
     }
 
     /// A polled record. `now_ms` decides whether a tier record is due.
@@ -407,11 +440,11 @@ impl<R: Located> Scheduler<R> {
         let batch: Vec<Job<R>> = self.ready.drain(..n).collect();
         self.running += batch.len();
         for j in &batch {
-            if let Some(lane) = self.slots[j.ticket.slot]
-                .as_mut()
-                .and_then(|p| p.lanes.get_mut(&j.ticket.lane))
-            {
-                lane.running = true;
+            if let Some(p) = self.slots[j.ticket.slot].as_mut() {
+                p.max_dispatched = p.max_dispatched.max(Some(j.ticket.offset));
+                if let Some(lane) = p.lanes.get_mut(&j.ticket.lane) {
+                    lane.running = true;
+                }
             }
         }
         out.push(Action::Run(batch));
@@ -433,8 +466,9 @@ impl<R: Located> Scheduler<R> {
         if done {
             p.tracker.finish(ticket.offset);
         }
+        // After a stop, the queues hold only what must still run.
         let next = match p.lanes.get_mut(&ticket.lane) {
-            Some(l) if !p.revoked && !self.stopping => {
+            Some(l) if !p.revoked => {
                 l.running = false;
                 l.queue.pop_front()
             }
@@ -728,6 +762,63 @@ mod tests {
         assert_eq!(s.running(), 0);
         s.commit_all(&mut out);
         assert!(out.is_empty(), "the old epoch's completion marked nothing");
+    }
+
+    #[test]
+    fn a_planned_stop_runs_what_lies_below_the_highest_started_job() {
+        let mut s = Scheduler::new(limits(8, 100));
+        let mut out = Vec::new();
+        s.assign(&[tp(0)], &mut out);
+        // Key 1: offsets 0, 1, 2 (one lane); key 2: offset 3; key 3: offset 4.
+        for (o, k) in [(0, 1), (1, 1), (2, 1), (3, 2), (4, 3)] {
+            s.record(rec(o, k), 0, &mut out);
+        }
+        out.clear();
+        s.dispatch(&mut out);
+        let started = runs(&out);
+        assert_eq!(
+            started.iter().map(|t| t.offset).collect::<Vec<_>>(),
+            vec![0, 3, 4]
+        );
+        out.clear();
+        s.stop(true, &mut out);
+        // 1 and 2 lie below 4 (started): they still run; nothing above 4 exists.
+        for t in &started {
+            s.finished(*t, true, &mut out);
+        }
+        out.clear();
+        s.dispatch(&mut out);
+        let next = runs(&out);
+        assert_eq!(next.iter().map(|t| t.offset).collect::<Vec<_>>(), vec![1]);
+        s.finished(next[0], true, &mut out);
+        out.clear();
+        s.dispatch(&mut out);
+        let last = runs(&out);
+        assert_eq!(last.iter().map(|t| t.offset).collect::<Vec<_>>(), vec![2]);
+        s.finished(last[0], true, &mut out);
+        assert!(s.idle());
+        out.clear();
+        s.commit_all(&mut out);
+        assert!(
+            matches!(&out[..], [Action::Commit(c)] if c == &vec![(tp(0), 5)]),
+            "{out:?}"
+        );
+        // A SIGTERM-like stop drops them instead.
+        let mut s = Scheduler::new(limits(8, 100));
+        s.assign(&[tp(0)], &mut out);
+        for (o, k) in [(0, 1), (1, 1), (2, 2)] {
+            s.record(rec(o, k), 0, &mut out);
+        }
+        out.clear();
+        s.dispatch(&mut out);
+        let started = runs(&out);
+        s.stop(false, &mut out);
+        for t in &started {
+            s.finished(*t, true, &mut out);
+        }
+        out.clear();
+        s.dispatch(&mut out);
+        assert!(runs(&out).is_empty() && s.idle());
     }
 
     /// Operations of the property test.

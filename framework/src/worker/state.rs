@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::route::Route;
-use super::Ordering;
+use super::OrderingMode as Ordering;
 use crate::retry::RetryPolicy;
 
 pub(crate) use super::scheduler::Tp;

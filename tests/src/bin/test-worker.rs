@@ -77,5 +77,9 @@ async fn main() -> Result<(), String> {
         .map_err(|e| e.to_string())?
         .run()
         .await
-        .map_err(|e| e.to_string())
+        .or_else(|e| {
+            // A worker limit (KJOB_STOP_*) exits with its own status.
+            eprintln!("{e}");
+            std::process::exit(i32::from(e.exit_code()))
+        })
 }

@@ -1,0 +1,791 @@
+//! The schema-registry HTTP client: one `reqwest::Client` per [`Codec`]
+//! (shared by every producer, worker and CLI call that uses the codec), with
+//! a connect timeout, a request timeout and optional credentials.
+//!
+//! Why kjob talks to the registry itself rather than through
+//! `schema_registry_converter`'s functions: kjob needs a handful of calls
+//! (register, schema by id, versions, compatibility config), and it needs to
+//! tell their outcomes apart by **HTTP status**: a 404 for an unknown id
+//! dead-letters a record, while a 401, a 500 or a timeout must leave it
+//! waiting for the registry. That crate reports every non-2xx other than
+//! 502/503 as one "non-retriable" error (so a 401 looked like an unknown
+//! schema), and its settings own a client of their own, which kjob's
+//! compatibility calls could not share.
+//!
+//! Settings come from [`KafkaConfig::registry`] and, where that leaves
+//! something unset, from the environment:
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `KJOB_SCHEMA_REGISTRY_USER`, `KJOB_SCHEMA_REGISTRY_PASSWORD` | HTTP basic auth (Confluent Cloud: API key and secret) | none |
+//! | `KJOB_SCHEMA_REGISTRY_TOKEN` | bearer token | none |
+//! | `KJOB_SCHEMA_REGISTRY_CONNECT_TIMEOUT_MS` | TCP/TLS connect timeout | 5000 |
+//! | `KJOB_SCHEMA_REGISTRY_TIMEOUT_MS` | whole-request timeout | 10000 |
+//!
+//! Credentials are never logged: their `Debug` prints `***`, and no
+//! error message includes them.
+//!
+//! [`Codec`]: crate::codec::Codec
+//! [`KafkaConfig::registry`]: crate::KafkaConfig::registry
+
+use std::fmt;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde::Deserialize;
+
+use crate::config::{KafkaConfig, Secret};
+use crate::error::{Error, Result};
+use crate::schema::Compatibility;
+
+/// Connect timeout used when neither the config nor the environment sets one.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Request timeout used when neither the config nor the environment sets one.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+const ENV_USER: &str = "KJOB_SCHEMA_REGISTRY_USER";
+const ENV_PASSWORD: &str = "KJOB_SCHEMA_REGISTRY_PASSWORD";
+const ENV_TOKEN: &str = "KJOB_SCHEMA_REGISTRY_TOKEN";
+const ENV_CONNECT_TIMEOUT: &str = "KJOB_SCHEMA_REGISTRY_CONNECT_TIMEOUT_MS";
+const ENV_TIMEOUT: &str = "KJOB_SCHEMA_REGISTRY_TIMEOUT_MS";
+const CONTENT_TYPE: &str = "application/vnd.schemaregistry.v1+json";
+
+/// How kjob authenticates to the schema registry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegistryAuth {
+    /// HTTP basic auth (Confluent Cloud: the API key and secret).
+    Basic {
+        /// User name or API key.
+        user: String,
+        /// Password or API secret.
+        password: Secret,
+    },
+    /// `Authorization: Bearer <token>` (an OAuth access token).
+    Bearer(Secret),
+}
+
+/// Registry client settings kept on [`KafkaConfig`]. `None` fields fall back
+/// to the environment, then to the defaults (see the module docs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RegistryOptions {
+    /// TCP (and TLS) connect timeout.
+    pub connect_timeout: Option<Duration>,
+    /// Timeout for a whole request, connect included.
+    pub request_timeout: Option<Duration>,
+    /// Credentials.
+    pub auth: Option<RegistryAuth>,
+}
+
+/// The settings a [`RegistryClient`] is built with, fully resolved.
+/// `Debug` redacts credentials, including any `user:password@` in the URL.
+#[derive(Clone)]
+pub struct RegistrySettings {
+    /// Base URL of a Confluent-compatible API (no trailing slash).
+    pub url: String,
+    /// TCP (and TLS) connect timeout.
+    pub connect_timeout: Duration,
+    /// Timeout for a whole request.
+    pub request_timeout: Duration,
+    /// Credentials, if any.
+    pub auth: Option<RegistryAuth>,
+}
+
+impl fmt::Debug for RegistrySettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistrySettings")
+            .field("url", &redact_url(&self.url))
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("auth", &self.auth)
+            .finish()
+    }
+}
+
+/// `url` with any `user:password@` replaced by `***@`, for messages
+/// and logs. (A URL may carry credentials: reqwest sends them as basic auth.)
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((_, host)) => format!("{scheme}://***@{host}{path}"),
+        None => url.to_string(),
+    }
+}
+
+impl RegistrySettings {
+    /// The config's registry options, with the environment filling in what
+    /// they leave unset. Fails on an environment value kjob cannot use
+    /// (a timeout that is not a number, a user without a password, both a
+    /// user and a token), naming the variable.
+    pub fn resolve(config: &KafkaConfig) -> Result<Self> {
+        Self::resolve_with(&config.schema_registry_url, &config.registry, |k| {
+            std::env::var(k).ok().filter(|v| !v.trim().is_empty())
+        })
+    }
+
+    /// Settings for `url` from the environment alone.
+    pub fn from_env(url: &str) -> Result<Self> {
+        Self::resolve_with(url, &RegistryOptions::default(), |k| {
+            std::env::var(k).ok().filter(|v| !v.trim().is_empty())
+        })
+    }
+
+    fn resolve_with(
+        url: &str,
+        options: &RegistryOptions,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self> {
+        let millis = |name: &str| -> Result<Option<Duration>> {
+            let Some(raw) = env(name) else {
+                return Ok(None);
+            };
+            match raw.trim().parse::<u64>() {
+                Ok(ms) if ms > 0 => Ok(Some(Duration::from_millis(ms))),
+                _ => Err(Error::InvalidSetting {
+                    name: name.to_string(),
+                    value: raw,
+                    reason: "milliseconds, a whole number above 0 (e.g. 5000)".into(),
+                }),
+            }
+        };
+        let connect_timeout = match options.connect_timeout {
+            Some(d) => d,
+            None => millis(ENV_CONNECT_TIMEOUT)?.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+        };
+        let request_timeout = match options.request_timeout {
+            Some(d) => d,
+            None => millis(ENV_TIMEOUT)?.unwrap_or(DEFAULT_REQUEST_TIMEOUT),
+        };
+        for (name, d) in [
+            ("registry connect timeout", connect_timeout),
+            ("registry request timeout", request_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(Error::InvalidSetting {
+                    name: name.into(),
+                    value: format!("{d:?}"),
+                    reason: "a zero timeout fails every call; use a positive duration".into(),
+                });
+            }
+        }
+        let auth = match &options.auth {
+            Some(a) => Some(a.clone()),
+            None => match (env(ENV_USER), env(ENV_PASSWORD), env(ENV_TOKEN)) {
+                (None, None, None) => None,
+                (Some(_), _, Some(_)) | (None, Some(_), Some(_)) => {
+                    return Err(Error::InvalidSetting {
+                        name: ENV_TOKEN.into(),
+                        value: "***".into(),
+                        reason: format!("set either {ENV_USER}/{ENV_PASSWORD} (basic auth) or {ENV_TOKEN} (bearer), not both"),
+                    })
+                }
+                (Some(user), Some(password), None) => Some(RegistryAuth::Basic {
+                    user,
+                    password: Secret::new(password),
+                }),
+                (Some(user), None, None) => {
+                    return Err(Error::InvalidSetting {
+                        name: ENV_PASSWORD.into(),
+                        value: "(unset)".into(),
+                        reason: format!("{ENV_USER} is set to `{user}`; set its password (the API secret) too"),
+                    })
+                }
+                (None, Some(_), None) => {
+                    return Err(Error::InvalidSetting {
+                        name: ENV_USER.into(),
+                        value: "(unset)".into(),
+                        reason: format!("{ENV_PASSWORD} is set; set the user (the API key) too"),
+                    })
+                }
+                (None, None, Some(token)) => Some(RegistryAuth::Bearer(Secret::new(token))),
+            },
+        };
+        Ok(Self {
+            url: url.trim_end_matches('/').to_string(),
+            connect_timeout,
+            request_timeout,
+            auth,
+        })
+    }
+}
+
+/// The schema-registry client. Cheap to clone: clones share one connection
+/// pool.
+#[derive(Clone)]
+pub struct RegistryClient {
+    settings: RegistrySettings,
+    /// The URL as messages show it (credentials redacted).
+    shown: String,
+    http: reqwest::Client,
+}
+
+impl fmt::Debug for RegistryClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistryClient")
+            .field("url", &self.shown)
+            .field("connect_timeout", &self.settings.connect_timeout)
+            .field("request_timeout", &self.settings.request_timeout)
+            .field(
+                "auth",
+                &match &self.settings.auth {
+                    None => "none",
+                    Some(RegistryAuth::Basic { .. }) => "basic",
+                    Some(RegistryAuth::Bearer(_)) => "bearer",
+                },
+            )
+            .finish()
+    }
+}
+
+/// What the registry said to a registration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Registration {
+    /// Registered (or found: registering an identical schema is idempotent)
+    /// under this id.
+    Id(u32),
+    /// Refused: 409 (incompatible with the subject's level) or 422 (not a
+    /// valid schema), with the registry's message.
+    Refused {
+        /// 409 or 422.
+        status: u16,
+        /// The registry's reason.
+        message: String,
+    },
+}
+
+#[derive(Deserialize)]
+struct SchemaBody {
+    schema: String,
+}
+
+#[derive(Deserialize)]
+struct IdBody {
+    id: u32,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    message: Option<String>,
+}
+
+impl RegistryClient {
+    /// Builds the HTTP client. Fails only if the TLS backend cannot start.
+    pub fn new(settings: RegistrySettings) -> Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(settings.connect_timeout)
+            .timeout(settings.request_timeout)
+            .build()
+            .map_err(|e| Error::Registry {
+                url: redact_url(&settings.url),
+                message: format!("building the HTTP client: {e}"),
+            })?;
+        Ok(Self {
+            shown: redact_url(&settings.url),
+            settings,
+            http,
+        })
+    }
+
+    /// The registry base URL, as messages and logs may show it
+    /// (`user:password@` redacted).
+    pub fn url(&self) -> &str {
+        &self.shown
+    }
+
+    /// The resolved settings (credentials print redacted).
+    pub fn settings(&self) -> &RegistrySettings {
+        &self.settings
+    }
+
+    /// One call: the status and the body, or a transport error that names
+    /// the URL and, for a timeout, the timeout that ran out.
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+        during: &str,
+    ) -> Result<(StatusCode, String)> {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.settings.url))
+            .header(reqwest::header::ACCEPT, CONTENT_TYPE);
+        if let Some(body) = body {
+            req = req
+                .header(reqwest::header::CONTENT_TYPE, CONTENT_TYPE)
+                .body(body);
+        }
+        req = match &self.settings.auth {
+            None => req,
+            Some(RegistryAuth::Basic { user, password }) => {
+                req.basic_auth(user, Some(password.expose()))
+            }
+            Some(RegistryAuth::Bearer(token)) => req.bearer_auth(token.expose()),
+        };
+        let transport = |e: reqwest::Error| self.transport_error(e, during);
+        let resp = req.send().await.map_err(transport)?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(transport)?;
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            return Err(Error::RegistryUnauthorized {
+                url: self.shown.clone(),
+                status: status.as_u16(),
+                during: during.to_string(),
+            });
+        }
+        Ok((status, text))
+    }
+
+    fn transport_error(&self, e: reqwest::Error, during: &str) -> Error {
+        if e.is_timeout() {
+            return Error::RegistryTimeout {
+                url: self.shown.clone(),
+                timeout: if e.is_connect() {
+                    self.settings.connect_timeout
+                } else {
+                    self.settings.request_timeout
+                },
+                during: during.to_string(),
+            };
+        }
+        let mut message = format!("{during}: {e}");
+        let mut source = std::error::Error::source(&e);
+        while let Some(inner) = source {
+            let text = inner.to_string();
+            if !message.contains(&text) {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
+            source = inner.source();
+        }
+        Error::Registry {
+            url: self.shown.clone(),
+            message,
+        }
+    }
+
+    fn unexpected(&self, status: StatusCode, body: &str, during: &str) -> Error {
+        Error::Registry {
+            url: self.shown.clone(),
+            message: format!("{during}: HTTP {status}: {}", registry_message(body)),
+        }
+    }
+
+    fn parse<T: for<'de> Deserialize<'de>>(&self, body: &str, during: &str) -> Result<T> {
+        serde_json::from_str(body).map_err(|e| Error::Registry {
+            url: self.shown.clone(),
+            message: format!("{during}: unexpected answer ({e}); is this a Confluent-compatible API base URL (for Apicurio: .../apis/ccompat/v7)?"),
+        })
+    }
+
+    /// `GET /subjects`: also how kjob checks that the URL is a registry.
+    pub async fn subjects(&self) -> Result<Vec<String>> {
+        let during = "listing subjects";
+        let (status, body) = self.call(Method::GET, "/subjects", None, during).await?;
+        if !status.is_success() {
+            return Err(self.unexpected(status, &body, during));
+        }
+        self.parse(&body, during)
+    }
+
+    /// `GET /schemas/ids/{id}`: the schema text, or `None` if the registry
+    /// answers 404 (no such id).
+    pub async fn schema_by_id(&self, id: u32) -> Result<Option<String>> {
+        let during = format!("fetching schema id {id}");
+        let (status, body) = self
+            .call(Method::GET, &format!("/schemas/ids/{id}"), None, &during)
+            .await?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(self.unexpected(status, &body, &during));
+        }
+        Ok(Some(self.parse::<SchemaBody>(&body, &during)?.schema))
+    }
+
+    /// `POST /subjects/{subject}/versions`: registers an Avro schema (or
+    /// finds the identical one already registered).
+    pub async fn register(&self, subject: &str, schema: &str) -> Result<Registration> {
+        let during = format!("registering a schema under `{subject}`");
+        let body = serde_json::json!({ "schema": schema, "schemaType": "AVRO" }).to_string();
+        let (status, text) = self
+            .call(
+                Method::POST,
+                &format!("/subjects/{subject}/versions"),
+                Some(body),
+                &during,
+            )
+            .await?;
+        match status.as_u16() {
+            200..=299 => Ok(Registration::Id(self.parse::<IdBody>(&text, &during)?.id)),
+            409 | 422 => Ok(Registration::Refused {
+                status: status.as_u16(),
+                message: registry_message(&text),
+            }),
+            _ => Err(self.unexpected(status, &text, &during)),
+        }
+    }
+
+    /// `GET /subjects/{subject}/versions`: ascending; empty when the
+    /// registry answers 404 (the subject does not exist yet).
+    pub async fn versions(&self, subject: &str) -> Result<Vec<u32>> {
+        let during = format!("listing versions of `{subject}`");
+        let (status, body) = self
+            .call(
+                Method::GET,
+                &format!("/subjects/{subject}/versions"),
+                None,
+                &during,
+            )
+            .await?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok(Vec::new());
+        }
+        if !status.is_success() {
+            return Err(self.unexpected(status, &body, &during));
+        }
+        let mut versions: Vec<u32> = self.parse(&body, &during)?;
+        versions.sort_unstable();
+        Ok(versions)
+    }
+
+    /// `GET /subjects/{subject}/versions/{version}`: the schema text.
+    pub async fn version(&self, subject: &str, version: u32) -> Result<String> {
+        let during = format!("fetching `{subject}` version {version}");
+        let (status, body) = self
+            .call(
+                Method::GET,
+                &format!("/subjects/{subject}/versions/{version}"),
+                None,
+                &during,
+            )
+            .await?;
+        if !status.is_success() {
+            return Err(self.unexpected(status, &body, &during));
+        }
+        Ok(self.parse::<SchemaBody>(&body, &during)?.schema)
+    }
+
+    /// `GET /config/{subject}`: the subject's own level, `None` when it has
+    /// none (404) or names a level kjob does not know.
+    pub async fn compatibility(&self, subject: &str) -> Result<Option<Compatibility>> {
+        let during = format!("reading the compatibility level of `{subject}`");
+        let (status, body) = self
+            .call(Method::GET, &format!("/config/{subject}"), None, &during)
+            .await?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(self.unexpected(status, &body, &during));
+        }
+        let body: serde_json::Value = self.parse(&body, &during)?;
+        let level = body
+            .get("compatibilityLevel")
+            .or_else(|| body.get("compatibility"))
+            .and_then(|v| v.as_str());
+        Ok(level.and_then(|l| l.parse().ok()))
+    }
+
+    /// `PUT /config/{subject}`: sets the subject's level.
+    pub async fn set_compatibility(&self, subject: &str, level: Compatibility) -> Result<()> {
+        let during = format!("setting the compatibility level of `{subject}` to {level}");
+        let body = serde_json::json!({ "compatibility": level.to_string() }).to_string();
+        let (status, text) = self
+            .call(
+                Method::PUT,
+                &format!("/config/{subject}"),
+                Some(body),
+                &during,
+            )
+            .await?;
+        if !status.is_success() {
+            return Err(self.unexpected(status, &text, &during));
+        }
+        Ok(())
+    }
+}
+
+/// The registry's `message` field, or the body itself (cut to 512 bytes).
+fn registry_message(body: &str) -> String {
+    if let Ok(ErrorBody {
+        message: Some(message),
+    }) = serde_json::from_str::<ErrorBody>(body)
+    {
+        return message;
+    }
+    let mut end = body.len().min(512);
+    while !body.is_char_boundary(end) {
+        end -= 1;
+    }
+    body[..end].trim().to_string()
+}
+
+/// A one-answer HTTP server on 127.0.0.1 for tests: every request gets
+/// `status` with `body`.
+#[cfg(test)]
+pub(crate) mod test_server {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Starts the server; returns its base URL and the task to abort.
+    pub(crate) async fn answering(
+        status: u16,
+        body: &'static str,
+    ) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut buf = vec![0u8; 8192];
+                let mut read = 0;
+                while read < buf.len() {
+                    match socket.read(&mut buf[read..]).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => read += n,
+                    }
+                    if buf[..read].windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+                let resp = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(resp.as_bytes()).await;
+                let _ = socket.shutdown().await;
+            }
+        });
+        Ok((format!("http://{addr}"), task))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn resolve(options: &RegistryOptions, vars: &[(&str, &str)]) -> Result<RegistrySettings> {
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        RegistrySettings::resolve_with("http://r:8081/apis/ccompat/v7/", options, |k| {
+            vars.get(k).cloned()
+        })
+    }
+
+    #[test]
+    fn defaults_env_and_config_in_that_order() -> Result<()> {
+        let s = resolve(&RegistryOptions::default(), &[])?;
+        assert_eq!(s.url, "http://r:8081/apis/ccompat/v7");
+        assert_eq!(s.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(s.request_timeout, DEFAULT_REQUEST_TIMEOUT);
+        assert_eq!(s.auth, None);
+
+        let s = resolve(
+            &RegistryOptions::default(),
+            &[(ENV_TIMEOUT, "250"), (ENV_TOKEN, "t0k")],
+        )?;
+        assert_eq!(s.request_timeout, Duration::from_millis(250));
+        assert_eq!(s.auth, Some(RegistryAuth::Bearer(Secret::new("t0k"))));
+
+        let explicit = RegistryOptions {
+            request_timeout: Some(Duration::from_secs(2)),
+            auth: Some(RegistryAuth::Basic {
+                user: "key".into(),
+                password: Secret::new("secret"),
+            }),
+            ..Default::default()
+        };
+        let s = resolve(&explicit, &[(ENV_TIMEOUT, "250"), (ENV_TOKEN, "t0k")])?;
+        assert_eq!(s.request_timeout, Duration::from_secs(2), "config wins");
+        assert!(matches!(s.auth, Some(RegistryAuth::Basic { .. })));
+        Ok(())
+    }
+
+    #[test]
+    fn unusable_environment_names_the_variable() {
+        for (vars, name) in [
+            (vec![(ENV_TIMEOUT, "10s")], ENV_TIMEOUT),
+            (vec![(ENV_CONNECT_TIMEOUT, "0")], ENV_CONNECT_TIMEOUT),
+            (vec![(ENV_USER, "key")], ENV_PASSWORD),
+            (vec![(ENV_PASSWORD, "pw")], ENV_USER),
+            (
+                vec![(ENV_USER, "k"), (ENV_PASSWORD, "p"), (ENV_TOKEN, "t")],
+                ENV_TOKEN,
+            ),
+        ] {
+            match resolve(&RegistryOptions::default(), &vars) {
+                Err(Error::InvalidSetting { name: got, .. }) => assert_eq!(got, name),
+                other => panic!("{vars:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn credentials_never_print() -> Result<()> {
+        let s = resolve(
+            &RegistryOptions::default(),
+            &[(ENV_USER, "api-key"), (ENV_PASSWORD, "hunter2")],
+        )?;
+        let client = RegistryClient::new(s.clone())?;
+        for printed in [format!("{s:?}"), format!("{client:?}")] {
+            assert!(!printed.contains("hunter2"), "{printed}");
+        }
+        let config = KafkaConfig::new("b:9092", "http://r").registry_bearer_token("tok-123");
+        assert!(!format!("{config:?}").contains("tok-123"));
+        let err = resolve(
+            &RegistryOptions::default(),
+            &[
+                (ENV_USER, "k"),
+                (ENV_PASSWORD, "hunter2"),
+                (ENV_TOKEN, "tok-123"),
+            ],
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(
+            !err.contains("hunter2") && !err.contains("tok-123") && !err.is_empty(),
+            "{err}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn credentials_in_the_url_never_print() -> Result<()> {
+        assert_eq!(
+            redact_url("https://key:secret@sr.example:443/apis/ccompat/v7"),
+            "https://***@sr.example:443/apis/ccompat/v7"
+        );
+        assert_eq!(redact_url("http://r:8081/a@b"), "http://r:8081/a@b");
+        assert_eq!(redact_url("http://r:8081"), "http://r:8081");
+        let s = resolve_at("http://key:secret@127.0.0.1:1")?;
+        let client = RegistryClient::new(s.clone())?;
+        for printed in [
+            format!("{s:?}"),
+            format!("{client:?}"),
+            client.url().to_string(),
+        ] {
+            assert!(!printed.contains("secret"), "{printed}");
+        }
+        let config = KafkaConfig::new("b:9092", "http://key:secret@r")
+            .set("sasl.password", "hunter2")
+            .set("client.id", "visible");
+        let printed = format!("{config:?}");
+        assert!(
+            !printed.contains("secret") && !printed.contains("hunter2"),
+            "{printed}"
+        );
+        assert!(printed.contains("visible"), "{printed}");
+        Ok(())
+    }
+
+    #[test]
+    fn registry_messages_are_extracted() {
+        assert_eq!(
+            registry_message(r#"{"error_code":409,"message":"incompatible: field x"}"#),
+            "incompatible: field x"
+        );
+        assert_eq!(registry_message("  Bad Gateway "), "Bad Gateway");
+    }
+
+    fn client(url: &str) -> Result<RegistryClient> {
+        RegistryClient::new(resolve_at(url)?)
+    }
+
+    fn resolve_at(url: &str) -> Result<RegistrySettings> {
+        RegistrySettings::resolve_with(url, &RegistryOptions::default(), |_| None)
+    }
+
+    #[tokio::test]
+    async fn a_404_is_told_apart_by_status_not_text() -> Result<()> {
+        // The body says nothing about "404": only the status does.
+        let (url, server) = test_server::answering(404, r#"{"message":"nope"}"#)
+            .await
+            .map_err(|e| Error::Registry {
+                url: "test".into(),
+                message: e.to_string(),
+            })?;
+        let c = client(&url)?;
+        assert_eq!(c.schema_by_id(7).await?, None);
+        assert_eq!(c.versions("s-value").await?, Vec::<u32>::new());
+        assert_eq!(c.compatibility("s-value").await?, None);
+        server.abort();
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn other_statuses_are_errors_that_name_the_registry() -> Result<()> {
+        let (url, server) = test_server::answering(500, r#"{"message":"store down"}"#)
+            .await
+            .map_err(|e| Error::Registry {
+                url: "test".into(),
+                message: e.to_string(),
+            })?;
+        let c = client(&url)?;
+        match c.schema_by_id(7).await {
+            Err(Error::Registry {
+                url: named,
+                message,
+            }) => {
+                assert_eq!(named, url);
+                assert!(
+                    message.contains("500") && message.contains("store down"),
+                    "{message}"
+                );
+            }
+            other => panic!("expected a registry error, got {other:?}"),
+        }
+        server.abort();
+        let (url, server) =
+            test_server::answering(401, "{}")
+                .await
+                .map_err(|e| Error::Registry {
+                    url: "test".into(),
+                    message: e.to_string(),
+                })?;
+        let c = client(&url)?;
+        assert!(matches!(
+            c.versions("s-value").await,
+            Err(Error::RegistryUnauthorized { status: 401, .. })
+        ));
+        server.abort();
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn registration_refusals_are_answers_not_errors() -> Result<()> {
+        let (url, server) =
+            test_server::answering(409, r#"{"error_code":409,"message":"incompatible"}"#)
+                .await
+                .map_err(|e| Error::Registry {
+                    url: "test".into(),
+                    message: e.to_string(),
+                })?;
+        let got = client(&url)?.register("s-value", "\"string\"").await?;
+        assert_eq!(
+            got,
+            Registration::Refused {
+                status: 409,
+                message: "incompatible".into()
+            }
+        );
+        server.abort();
+        let (url, server) = test_server::answering(200, r#"{"id":42}"#)
+            .await
+            .map_err(|e| Error::Registry {
+                url: "test".into(),
+                message: e.to_string(),
+            })?;
+        assert_eq!(
+            client(&url)?.register("s-value", "\"string\"").await?,
+            Registration::Id(42)
+        );
+        server.abort();
+        Ok(())
+    }
+}
