@@ -45,6 +45,8 @@ pub mod job;
 pub mod lag;
 pub mod layers;
 pub mod offsets;
+#[cfg(feature = "postgres")]
+pub mod outbox;
 pub mod producer;
 pub mod registry;
 pub mod replay;

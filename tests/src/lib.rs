@@ -541,6 +541,133 @@ pub fn init_logging() {
         .try_init();
 }
 
+/// A TCP proxy in front of the Kafka broker that a test can cut, so one
+/// client sees the broker go down without stopping the shared broker.
+///
+/// Plain forwarding is not enough: after bootstrap, librdkafka connects to
+/// the address the broker *advertises* (127.0.0.1:9092), bypassing a plain
+/// proxy. So broker-to-client frames (Kafka's 4-byte size prefix, then the
+/// response) are scanned for the upstream `host` + big-endian int32 `port`
+/// (how Metadata and FindCoordinator responses carry a broker address) and
+/// the port is rewritten to the proxy's. The length does not change, so no
+/// frame needs re-encoding.
+pub struct KafkaProxy {
+    addr: std::net::SocketAddr,
+    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cuts: tokio::sync::watch::Sender<u64>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl KafkaProxy {
+    /// Starts a proxy on a free loopback port in front of `upstream`
+    /// (`host:port`).
+    pub async fn start(upstream: &str) -> Self {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding the proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let (host, port) = upstream.rsplit_once(':').expect("upstream is host:port");
+        let port: i32 = port.parse().expect("upstream port");
+        let mut needle = host.as_bytes().to_vec();
+        needle.extend_from_slice(&port.to_be_bytes());
+        let needle = std::sync::Arc::new(needle);
+        let replacement = i32::from(addr.port()).to_be_bytes();
+        let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (cuts, _) = tokio::sync::watch::channel(0u64);
+        let upstream = upstream.to_string();
+        let (up2, cuts2) = (up.clone(), cuts.clone());
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    continue;
+                };
+                if !up2.load(Ordering::Acquire) {
+                    drop(client); // the broker is "down": reset at once
+                    continue;
+                }
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                let mut cut = cuts2.subscribe();
+                let needle = needle.clone();
+                tokio::spawn(async move {
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let to_server = tokio::io::copy(&mut cr, &mut sw);
+                    let to_client = forward_patched(&mut sr, &mut cw, &needle, replacement);
+                    tokio::select! {
+                        _ = to_server => {}
+                        _ = to_client => {}
+                        _ = cut.changed() => {}
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            up,
+            cuts,
+            accept,
+        }
+    }
+
+    /// The bootstrap address clients should use.
+    pub fn bootstrap(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// The broker goes away: open connections are closed, new ones reset.
+    pub fn cut(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::Release);
+        self.cuts.send_modify(|n| *n += 1);
+    }
+
+    /// The broker is back.
+    pub fn restore(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Copies Kafka response frames from `from` to `to`, rewriting `needle`'s
+/// trailing 4 bytes (the broker port) to `port` wherever it occurs.
+async fn forward_patched(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    to: &mut tokio::net::tcp::OwnedWriteHalf,
+    needle: &[u8],
+    port: [u8; 4],
+) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let mut size = [0u8; 4];
+        from.read_exact(&mut size).await?;
+        let len = usize::try_from(i32::from_be_bytes(size)).unwrap_or(0);
+        let mut frame = vec![0u8; len];
+        from.read_exact(&mut frame).await?;
+        let mut i = 0;
+        while i + needle.len() <= frame.len() {
+            if &frame[i..i + needle.len()] == needle {
+                let at = i + needle.len() - 4;
+                frame[at..at + 4].copy_from_slice(&port);
+                i += needle.len();
+            } else {
+                i += 1;
+            }
+        }
+        to.write_all(&size).await?;
+        to.write_all(&frame).await?;
+    }
+}
+
+impl Drop for KafkaProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cuts.send_modify(|n| *n += 1);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,6 +7,8 @@
 //! (clap), 1 for everything that failed while running.
 
 mod dlq;
+#[cfg(feature = "postgres")]
+mod outbox;
 mod replay;
 mod schema;
 mod status;
@@ -56,6 +58,10 @@ enum Command {
     /// Inspect, re-drive and resolve dead letters.
     #[command(subcommand)]
     Dlq(dlq::DlqCommand),
+    /// The transactional outbox: create its table, run a relay, show its state.
+    #[cfg(feature = "postgres")]
+    #[command(subcommand)]
+    Outbox(outbox::OutboxCommand),
     /// Reset a group's offsets to handle jobs again (dry run unless --execute).
     Replay(replay::ReplayArgs),
     /// Check or register job contracts against the schema registry.
@@ -103,6 +109,8 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Dlq(cmd) => dlq::run(&config, cmd).await,
+            #[cfg(feature = "postgres")]
+            Command::Outbox(cmd) => outbox::run(&config, cmd).await,
             Command::Replay(args) => replay::run(&config, args).await,
             Command::Schema(cmd) => schema::run(&config, cmd).await,
             Command::Status(args) => status::run(&config, args).await,

@@ -30,6 +30,15 @@ pub struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also show the transactional outbox in this PostgreSQL database
+    /// (unsent rows, relay lag, publish rate, relays).
+    #[cfg(feature = "postgres")]
+    #[arg(long = "database-url")]
+    database_url: Option<String>,
+    /// The outbox table, with --database-url.
+    #[cfg(feature = "postgres")]
+    #[arg(long, default_value = crate::outbox::DEFAULT_TABLE)]
+    outbox_table: String,
 }
 
 /// One topic of a route.
@@ -62,6 +71,10 @@ pub struct RouteStatus {
     pub topics: Vec<TopicStatus>,
     /// Dead letters without an audit entry.
     pub dlq_unresolved: Option<usize>,
+    /// The outbox feeding the route, when asked for (`--database-url`).
+    #[cfg(feature = "postgres")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outbox: Option<crate::outbox::OutboxStatus>,
 }
 
 fn sample(config: &KafkaConfig, group: &str, topics: &[String]) -> Result<Vec<PartitionLag>> {
@@ -128,6 +141,8 @@ pub fn read_status(
         topic: main.to_string(),
         topics: statuses,
         dlq_unresolved,
+        #[cfg(feature = "postgres")]
+        outbox: None,
     })
 }
 
@@ -162,24 +177,55 @@ fn print(status: &RouteStatus, json: bool) -> Result<()> {
         Some(n) => println!("DLQ `{}.dlq`: {n} unresolved", status.topic),
         None => println!("DLQ `{}.dlq`: none", status.topic),
     }
+    #[cfg(feature = "postgres")]
+    if let Some(outbox) = &status.outbox {
+        super::outbox::print_status(outbox);
+    }
     Ok(())
 }
 
 pub async fn run(config: &KafkaConfig, args: StatusArgs) -> Result<()> {
-    let config = config.clone();
-    tokio::task::spawn_blocking(move || -> Result<()> {
-        let interval = Duration::from_secs(args.watch.unwrap_or(1).max(1));
-        loop {
-            let status = read_status(&config, &args.group, &args.topic, interval)?;
-            if args.watch.is_some() && !args.json {
-                print!("\x1b[2J\x1b[H");
-            }
-            print(&status, args.json)?;
-            if args.watch.is_none() {
-                return Ok(());
-            }
+    #[cfg(feature = "postgres")]
+    let outbox = match &args.database_url {
+        Some(url) => Some((
+            super::outbox::connect(url).await?,
+            crate::outbox::OutboxTable::new(&args.outbox_table)?,
+        )),
+        None => None,
+    };
+    let interval = Duration::from_secs(args.watch.unwrap_or(1).max(1));
+    loop {
+        let (config, group, topic) = (config.clone(), args.group.clone(), args.topic.clone());
+        let kafka =
+            tokio::task::spawn_blocking(move || read_status(&config, &group, &topic, interval));
+        #[cfg(feature = "postgres")]
+        let (kafka, outbox_status) = {
+            let read = async {
+                match &outbox {
+                    Some((client, table)) => {
+                        crate::outbox::read_status(client, table, Some(&args.topic), interval)
+                            .await
+                            .map(Some)
+                    }
+                    None => Ok(None),
+                }
+            };
+            tokio::join!(kafka, read)
+        };
+        #[cfg(not(feature = "postgres"))]
+        let kafka = kafka.await;
+        #[allow(unused_mut)]
+        let mut status = kafka.map_err(|e| anyhow!("background task: {e}"))??;
+        #[cfg(feature = "postgres")]
+        {
+            status.outbox = outbox_status?;
         }
-    })
-    .await
-    .map_err(|e| anyhow!("background task: {e}"))?
+        if args.watch.is_some() && !args.json {
+            print!("\x1b[2J\x1b[H");
+        }
+        print(&status, args.json)?;
+        if args.watch.is_none() {
+            return Ok(());
+        }
+    }
 }

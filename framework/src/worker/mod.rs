@@ -131,6 +131,8 @@ pub struct WorkerBuilder {
     retry: RetryPolicy,
     retry_overrides: HashMap<String, RetryPolicy>,
     endpoint: Option<SocketAddr>,
+    #[cfg(feature = "postgres")]
+    outbox_relay: Option<crate::outbox::Relay>,
 }
 
 impl WorkerBuilder {
@@ -310,6 +312,15 @@ impl WorkerBuilder {
         self
     }
 
+    /// Also runs an outbox relay ([`crate::outbox::Relay`]) in this process,
+    /// started with the worker and stopped when it stops, so a service that
+    /// enqueues through the outbox needs no separate relay deployment.
+    #[cfg(feature = "postgres")]
+    pub fn outbox_relay(mut self, relay: crate::outbox::Relay) -> Self {
+        self.outbox_relay = Some(relay);
+        self
+    }
+
     /// Validates the configuration and parses every contract's schema, so a
     /// broken contract fails here rather than at the first record.
     pub fn build(self) -> Result<Worker> {
@@ -342,6 +353,8 @@ impl WorkerBuilder {
             protocol,
             create_topics: self.create_topics,
             stats: Arc::new(WorkerStats::default()),
+            #[cfg(feature = "postgres")]
+            outbox_relay: self.outbox_relay,
         })
     }
 
@@ -465,6 +478,8 @@ pub struct Worker {
     stats: Arc<WorkerStats>,
     metrics: Metrics,
     endpoint: Option<SocketAddr>,
+    #[cfg(feature = "postgres")]
+    outbox_relay: Option<crate::outbox::Relay>,
 }
 
 impl Worker {
@@ -496,6 +511,8 @@ impl Worker {
             retry: RetryPolicy::default(),
             retry_overrides: HashMap::new(),
             endpoint: None,
+            #[cfg(feature = "postgres")]
+            outbox_relay: None,
         }
     }
 
@@ -519,7 +536,10 @@ impl Worker {
     /// Runs until `stop` completes, then shuts down gracefully: stop fetching,
     /// finish in-flight jobs within the grace period, cancel the rest,
     /// commit, leave the group.
-    pub async fn run_until<F: Future<Output = ()>>(self, stop: F) -> Result<()> {
+    pub async fn run_until<F: Future<Output = ()>>(
+        #[allow(unused_mut)] mut self,
+        stop: F,
+    ) -> Result<()> {
         self.preflight().await?;
         let producer =
             Producer::with_codec(&self.config, self.codec.clone(), Duration::from_secs(30))?;
@@ -534,6 +554,15 @@ impl Worker {
         });
         let background = CancellationToken::new();
         let _stop_background = background.clone().drop_guard();
+        #[cfg(feature = "postgres")]
+        if let Some(relay) = self.outbox_relay.take() {
+            let stop = background.clone().cancelled_owned();
+            tokio::spawn(async move {
+                if let Err(e) = relay.run_until(stop).await {
+                    tracing::error!(error = %e, "the worker's outbox relay stopped");
+                }
+            });
+        }
         if let Some(addr) = self.endpoint {
             let bound = http::serve(
                 addr,

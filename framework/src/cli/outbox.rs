@@ -1,0 +1,157 @@
+//! `kjob outbox`: create the outbox table, run a relay, and see how it is
+//! doing. The relay is the same [`crate::outbox::Relay`] a program can embed.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context as _, Result};
+use clap::{Args, Subcommand};
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use tokio_postgres::NoTls;
+
+use crate::config::KafkaConfig;
+use crate::outbox::{migration_sql, read_status, OutboxStatus, OutboxTable, Relay, DEFAULT_TABLE};
+
+/// Where the outbox lives.
+#[derive(Args, Debug, Clone)]
+pub struct Database {
+    /// PostgreSQL URL, e.g. postgres://user@host:5432/db.
+    #[arg(long = "database-url", env = "KJOB_DATABASE_URL")]
+    pub database_url: String,
+    /// Outbox table (optionally schema-qualified).
+    #[arg(long, default_value = DEFAULT_TABLE)]
+    pub table: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum OutboxCommand {
+    /// Create the outbox table and its indexes (idempotent).
+    Migrate {
+        #[command(flatten)]
+        db: Database,
+        /// Print the SQL instead of running it (for your own migration tool).
+        #[arg(long)]
+        print: bool,
+    },
+    /// Publish committed outbox rows until SIGTERM/SIGINT.
+    Relay {
+        #[command(flatten)]
+        db: Database,
+        /// Rows per batch.
+        #[arg(long, default_value_t = 1000)]
+        batch_size: usize,
+        /// Polling fallback when no notification arrives (e.g. 500ms).
+        #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+        poll_interval: Duration,
+        /// Keep sent rows this long (e.g. 1h; 0s deletes them on publish).
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        retention: Duration,
+        /// Serve /metrics and /healthz here (e.g. 127.0.0.1:9464).
+        #[arg(long)]
+        metrics_addr: Option<SocketAddr>,
+    },
+    /// Unsent rows, relay lag, publish rate, failing rows and live relays.
+    Status {
+        #[command(flatten)]
+        db: Database,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Connects, with an error that names the URL's host (never the password).
+pub(crate) async fn connect(url: &str) -> Result<tokio_postgres::Client> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.with_context(|| {
+        let host = url.rsplit('@').next().unwrap_or("the database");
+        format!("connecting to PostgreSQL at {host} (check --database-url / KJOB_DATABASE_URL)")
+    })?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(error = %e, "PostgreSQL connection closed");
+        }
+    });
+    Ok(client)
+}
+
+/// Prints the outbox part of a status.
+pub(crate) fn print_status(s: &OutboxStatus) {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec![
+        "outbox table",
+        "unsent",
+        "oldest unsent",
+        "published/s",
+        "failing",
+        "relays",
+    ]);
+    let unsent = match s.unsent_for_topic {
+        Some(n) => format!("{} ({n} for this topic)", s.unsent),
+        None => s.unsent.to_string(),
+    };
+    t.add_row(vec![
+        s.table.clone(),
+        unsent,
+        format!("{:.1}s", s.oldest_unsent_seconds),
+        format!("{:.1}", s.published_per_second),
+        s.failing.to_string(),
+        s.relays.to_string(),
+    ]);
+    println!("{t}");
+    if let Some(e) = &s.last_error {
+        println!("last publish error: {e}");
+    }
+    if s.relays == 0 && s.unsent > 0 {
+        println!("no relay is running: start one with `kjob outbox relay --database-url ...`");
+    }
+}
+
+pub async fn run(config: &KafkaConfig, cmd: OutboxCommand) -> Result<()> {
+    match cmd {
+        OutboxCommand::Migrate { db, print } => {
+            let table = OutboxTable::new(&db.table)?;
+            if print {
+                println!("{}", migration_sql(&table));
+                return Ok(());
+            }
+            let client = connect(&db.database_url).await?;
+            crate::outbox::migrate(&client, &table).await?;
+            println!("outbox table `{}` is ready", table.name());
+            Ok(())
+        }
+        OutboxCommand::Relay {
+            db,
+            batch_size,
+            poll_interval,
+            retention,
+            metrics_addr,
+        } => {
+            let _telemetry = crate::telemetry::init()?;
+            // The operator CLI fails connections fast; a relay must keep
+            // trying instead.
+            let mut kafka = config.clone();
+            kafka.overrides.remove("socket.connection.setup.timeout.ms");
+            let mut relay = Relay::new(db.database_url, kafka)
+                .table(&db.table)?
+                .batch_size(batch_size)
+                .poll_interval(poll_interval)
+                .retention(retention);
+            if let Some(addr) = metrics_addr {
+                relay = relay.metrics_endpoint(addr)?;
+            }
+            relay.run().await.map_err(|e| anyhow!(e))
+        }
+        OutboxCommand::Status { db, json } => {
+            let table = OutboxTable::new(&db.table)?;
+            let client = connect(&db.database_url).await?;
+            let status = read_status(&client, &table, None, Duration::from_secs(1)).await?;
+            if json {
+                println!("{}", serde_json::to_string(&status)?);
+            } else {
+                print_status(&status);
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,942 @@
+//! The relay: publishes committed outbox rows in per-key commit order.
+//! The design (ordering, buckets, retention) is in the [module docs](super).
+
+use std::collections::{BTreeSet, HashSet};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use futures::StreamExt;
+use rand::seq::SliceRandom;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{DeliveryFuture, FutureRecord};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Notify;
+use tokio_postgres::types::Type;
+use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Statement};
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::OutboxMetrics;
+use super::{live_relays, OutboxError, OutboxTable, BUCKETS, PRESENCE_LOCK};
+use crate::codec::Codec;
+use crate::config::KafkaConfig;
+use crate::producer::{Producer, DEFAULT_DELIVERY_TIMEOUT};
+
+/// librdkafka settings the relay adds to the kjob producer's (`acks=all`,
+/// idempotence). A user's [`KafkaConfig::set`] still wins.
+///
+/// * No local message timeout: PostgreSQL is the buffer, the relay never
+///   gives up on a row; and a locally timed-out message is exactly what
+///   would open a gap (a later row of the key landing before an earlier
+///   one) in librdkafka's idempotent producer.
+/// * `enable.gapless.guarantee`: any other error that could leave a gap
+///   becomes fatal; the relay then recreates the producer and republishes.
+/// * One produce request in flight per connection: with several, a request
+///   carrying a key's later row can be accepted while the one before it is
+///   refused for good (say, too large for the topic), before the refusal has
+///   made the producer fatal. One at a time, the fatal error comes first.
+/// * Reconnect within a second once the broker is back.
+const RELAY_DEFAULTS: &[(&str, &str)] = &[
+    ("delivery.timeout.ms", "0"),
+    ("enable.gapless.guarantee", "true"),
+    ("reconnect.backoff.max.ms", "1000"),
+    ("max.in.flight.requests.per.connection", "1"),
+];
+
+/// How long a batch may wait for acknowledgements before each `stalled`
+/// error is counted and logged.
+const STALL_WARNING: Duration = Duration::from_secs(10);
+
+/// How often buckets are rebalanced between relays.
+const REBALANCE_EVERY: Duration = Duration::from_secs(1);
+
+/// How often the lag gauges are refreshed.
+const GAUGES_EVERY: Duration = Duration::from_secs(1);
+
+/// How often sent rows past their retention are deleted.
+const CLEANUP_EVERY: Duration = Duration::from_secs(30);
+
+/// Rows deleted per cleanup statement (keeps each statement short).
+const CLEANUP_CHUNK: i64 = 10_000;
+
+/// Live counters of a relay, for tests, benchmarks and embedding programs.
+#[derive(Debug, Default)]
+pub struct RelayStats {
+    /// Rows acknowledged by the broker and marked sent.
+    pub published: AtomicU64,
+    /// Rows whose publish failed (each failure counted once).
+    pub publish_errors: AtomicU64,
+    /// Batches published.
+    pub batches: AtomicU64,
+    /// Buckets this relay holds now.
+    pub buckets_held: AtomicUsize,
+}
+
+/// Publishes outbox rows to Kafka. Run it in its own process
+/// (`kjob outbox relay`), with a worker
+/// ([`WorkerBuilder::outbox_relay`](crate::WorkerBuilder::outbox_relay)), or
+/// anywhere with `tokio::spawn(relay.run_until(stop))`; several may run at
+/// once.
+pub struct Relay {
+    database_url: String,
+    kafka: KafkaConfig,
+    table: OutboxTable,
+    batch_size: i64,
+    poll_interval: Duration,
+    retention: Duration,
+    metrics: OutboxMetrics,
+    metrics_addr: Option<SocketAddr>,
+    stats: Arc<RelayStats>,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The database URL may carry a password: never print it.
+        f.debug_struct("Relay")
+            .field("table", &self.table.name())
+            .field("bootstrap", &self.kafka.bootstrap_servers)
+            .field("batch_size", &self.batch_size)
+            .field("poll_interval", &self.poll_interval)
+            .field("retention", &self.retention)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Relay {
+    /// A relay for [`super::DEFAULT_TABLE`] in the database at
+    /// `database_url` (a libpq-style URL or key-value string), publishing to
+    /// the cluster in `kafka`.
+    pub fn new(database_url: impl Into<String>, kafka: KafkaConfig) -> Self {
+        let table = OutboxTable::default();
+        Self {
+            database_url: database_url.into(),
+            kafka,
+            metrics: OutboxMetrics::disabled(table.name()),
+            table,
+            batch_size: 1000,
+            poll_interval: Duration::from_millis(500),
+            retention: Duration::from_secs(3600),
+            metrics_addr: None,
+            stats: Arc::default(),
+        }
+    }
+
+    /// Relays `name` instead of `kjob_outbox` (it must match the
+    /// [`super::Outbox::table`] the rows were written with).
+    pub fn table(mut self, name: &str) -> Result<Self, OutboxError> {
+        self.table = OutboxTable::new(name)?;
+        if self.metrics_addr.is_none() {
+            self.metrics = OutboxMetrics::disabled(self.table.name());
+        }
+        Ok(self)
+    }
+
+    /// Rows read and published per round trip (default 1000). Larger
+    /// batches raise throughput; the commit-to-publish delay does not
+    /// depend on it at moderate rates.
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n.clamp(1, 100_000) as i64;
+        self
+    }
+
+    /// How often the relay looks for rows without a notification (default
+    /// 500 ms). Bounds the delay when notifications are off or lost.
+    pub fn poll_interval(mut self, d: Duration) -> Self {
+        self.poll_interval = d.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How long sent rows are kept (default 1 h); `Duration::ZERO` deletes
+    /// them as soon as they are acknowledged.
+    pub fn retention(mut self, d: Duration) -> Self {
+        self.retention = d;
+        self
+    }
+
+    /// Serves `/metrics` (Prometheus) and `/healthz` on `addr` while running.
+    pub fn metrics_endpoint(mut self, addr: SocketAddr) -> Result<Self, OutboxError> {
+        self.metrics = OutboxMetrics::prometheus(self.table.name())?;
+        self.metrics_addr = Some(addr);
+        Ok(self)
+    }
+
+    /// Records into `metrics` (for example one created with
+    /// [`OutboxMetrics::prometheus`] and served by your own endpoint).
+    pub fn with_metrics(mut self, metrics: OutboxMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The relay's instruments and gauge values.
+    pub fn metrics(&self) -> OutboxMetrics {
+        self.metrics.clone()
+    }
+
+    /// Live counters.
+    pub fn stats(&self) -> Arc<RelayStats> {
+        self.stats.clone()
+    }
+
+    /// Runs until SIGTERM or SIGINT.
+    pub async fn run(self) -> Result<(), OutboxError> {
+        self.run_until(crate::worker::shutdown_signal()).await
+    }
+
+    /// Runs until `stop` completes. Rows in flight at that moment are left
+    /// unmarked and published again by the next relay (same `kjob-id`).
+    /// Database outages are retried with backoff; only a configuration error
+    /// ends the relay early.
+    pub async fn run_until<F: Future<Output = ()>>(self, stop: F) -> Result<(), OutboxError> {
+        let cancel = CancellationToken::new();
+        let run = self.run_cancellable(cancel.clone());
+        tokio::pin!(run);
+        tokio::pin!(stop);
+        tokio::select! {
+            r = &mut run => r,
+            () = &mut stop => {
+                cancel.cancel();
+                run.await
+            }
+        }
+    }
+
+    fn producer(&self) -> Result<Producer, OutboxError> {
+        let mut config = self.kafka.clone();
+        for (k, v) in RELAY_DEFAULTS {
+            config
+                .overrides
+                .entry((*k).to_string())
+                .or_insert_with(|| (*v).to_string());
+        }
+        // The relay never encodes: the rows hold finished payloads. The
+        // codec is only there because a Producer carries one.
+        let codec = Arc::new(Codec::new(&self.kafka.schema_registry_url)?);
+        Ok(Producer::with_codec(
+            &config,
+            codec,
+            DEFAULT_DELIVERY_TIMEOUT,
+        )?)
+    }
+
+    async fn run_cancellable(self, cancel: CancellationToken) -> Result<(), OutboxError> {
+        let mut producer = self.producer()?;
+        let _endpoint_stop = cancel.clone().drop_guard();
+        // Only set when `metrics_endpoint` built an exporter, which needs
+        // the `metrics-http` feature.
+        #[cfg(feature = "metrics-http")]
+        if let Some(addr) = self.metrics_addr {
+            let bound =
+                super::metrics::serve(addr, self.metrics.clone(), cancel.child_token()).await?;
+            tracing::info!(%bound, "outbox relay metrics endpoint");
+        }
+        let gauges = tokio::spawn(refresh_gauges(
+            self.database_url.clone(),
+            self.table.clone(),
+            self.metrics.clone(),
+            cancel.child_token(),
+        ));
+        let _gauges = AbortOnDrop(gauges);
+        tracing::info!(table = self.table.name(), "outbox relay started");
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let began = Instant::now();
+            match self.session(&mut producer, &cancel).await {
+                Ok(()) => {
+                    tracing::info!(table = self.table.name(), "outbox relay stopped");
+                    return Ok(());
+                }
+                Err(e) => {
+                    if began.elapsed() > Duration::from_secs(30) {
+                        // A session that ran a while was healthy: a new
+                        // failure starts the backoff from the beginning.
+                        backoff = Duration::from_millis(100);
+                    }
+                    self.stats.buckets_held.store(0, Ordering::Relaxed);
+                    self.metrics.update(|s| s.buckets_held = 0);
+                    self.metrics.error("database", 1);
+                    tracing::warn!(error = %e, retry_in = ?backoff, "outbox relay: database session failed; reconnecting");
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        () = cancel.cancelled() => return Ok(()),
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    /// One database session: its advisory locks live and die with it.
+    async fn session(
+        &self,
+        producer: &mut Producer,
+        cancel: &CancellationToken,
+    ) -> Result<(), OutboxError> {
+        let (client, connection) = pg_config(&self.database_url, &self.table)?
+            .connect(NoTls)
+            .await
+            .map_err(OutboxError::db("connecting to the outbox database"))?;
+        let wake = Arc::new(Notify::new());
+        let _driver = AbortOnDrop(tokio::spawn(drive(connection, wake.clone())));
+        client
+            .batch_execute(&format!("LISTEN \"{}\"", self.table.channel()))
+            .await
+            .map_err(OutboxError::db("LISTEN on the outbox channel"))?;
+        client
+            .execute(
+                "SELECT pg_advisory_lock_shared($1, $2)",
+                &[&self.table.relay_class(), &PRESENCE_LOCK],
+            )
+            .await
+            .map_err(OutboxError::db("taking the relay presence lock"))?;
+        let s = Statements::prepare(&client, &self.table, self.retention.is_zero()).await?;
+        let mut held: BTreeSet<i16> = BTreeSet::new();
+        let mut next_rebalance = Instant::now();
+        let mut next_cleanup = Instant::now() + CLEANUP_EVERY;
+        loop {
+            if cancel.is_cancelled() {
+                // Hand buckets over now rather than when the session closes.
+                let _ = client.execute("SELECT pg_advisory_unlock_all()", &[]).await;
+                return Ok(());
+            }
+            if Instant::now() >= next_rebalance {
+                self.rebalance(&client, &mut held).await?;
+                next_rebalance = Instant::now() + REBALANCE_EVERY;
+            }
+            // One relay (whoever holds bucket 0) trims sent rows.
+            if held.contains(&0) && !self.retention.is_zero() && Instant::now() >= next_cleanup {
+                self.cleanup(&client, &s).await?;
+                next_cleanup = Instant::now() + CLEANUP_EVERY;
+            }
+            let rows = if held.is_empty() {
+                Vec::new()
+            } else {
+                let buckets: Vec<i16> = held.iter().copied().collect();
+                client
+                    .query(&s.select, &[&buckets, &self.batch_size])
+                    .await
+                    .map_err(OutboxError::db("reading unsent outbox rows"))?
+            };
+            if rows.is_empty() {
+                let until_rebalance = next_rebalance.saturating_duration_since(Instant::now());
+                tokio::select! {
+                    () = wake.notified() => {}
+                    () = tokio::time::sleep(self.poll_interval.min(until_rebalance.max(Duration::from_millis(10)))) => {}
+                    () = cancel.cancelled() => {}
+                }
+                continue;
+            }
+            let batch = rows.iter().map(Row::read).collect::<Result<Vec<_>, _>>()?;
+            let Some(outcomes) = self.publish(producer, &batch, cancel).await else {
+                continue; // cancelled: unmarked rows go to the next relay
+            };
+            self.settle(&client, &s, producer, &batch, outcomes).await?;
+        }
+    }
+
+    /// Takes free buckets up to a fair share and releases any surplus, so
+    /// relays started later get work without anyone coordinating.
+    async fn rebalance(
+        &self,
+        client: &Client,
+        held: &mut BTreeSet<i16>,
+    ) -> Result<(), OutboxError> {
+        let relays = live_relays(client, &self.table).await?.max(1);
+        let fair = (i64::from(BUCKETS) + relays - 1) / relays;
+        let fair = usize::try_from(fair).unwrap_or(BUCKETS as usize);
+        while held.len() > fair {
+            let Some(b) = held.pop_last() else { break };
+            client
+                .execute(
+                    "SELECT pg_advisory_unlock($1, $2)",
+                    &[&self.table.relay_class(), &i32::from(b)],
+                )
+                .await
+                .map_err(OutboxError::db("releasing an outbox bucket"))?;
+        }
+        if held.len() < fair {
+            // Only buckets nobody holds are worth trying; random order, so
+            // relays starting together do not all contend for the same ones.
+            let free = client
+                .query(
+                    "SELECT b FROM generate_series(0, $2 - 1) AS b
+                     WHERE NOT EXISTS (
+                         SELECT 1 FROM pg_locks
+                         WHERE locktype = 'advisory' AND classid::bigint = $1
+                           AND objid::bigint = b AND objsubid = 2)",
+                    &[&i64::from(self.table.relay_class()), &i32::from(BUCKETS)],
+                )
+                .await
+                .map_err(OutboxError::db("listing free outbox buckets"))?;
+            let mut free: Vec<i32> = free
+                .iter()
+                .filter_map(|r| r.try_get::<_, i32>(0).ok())
+                .collect();
+            free.shuffle(&mut rand::rng());
+            for b in free {
+                if held.len() >= fair {
+                    break;
+                }
+                let row = client
+                    .query_one(
+                        "SELECT pg_try_advisory_lock($1, $2)",
+                        &[&self.table.relay_class(), &b],
+                    )
+                    .await
+                    .map_err(OutboxError::db("taking an outbox bucket"))?;
+                if row.try_get::<_, bool>(0).unwrap_or(false) {
+                    held.insert(b as i16);
+                }
+            }
+        }
+        self.stats.buckets_held.store(held.len(), Ordering::Relaxed);
+        self.metrics.update(|s| {
+            s.buckets_held = held.len() as i64;
+            s.relays = relays;
+        });
+        Ok(())
+    }
+
+    /// Produces the batch in id order and waits for every acknowledgement.
+    /// `None` if cancelled meanwhile.
+    async fn publish(
+        &self,
+        producer: &Producer,
+        batch: &[Row],
+        cancel: &CancellationToken,
+    ) -> Option<Vec<Outcome>> {
+        let mut pending = Vec::with_capacity(batch.len());
+        // Keys with a row librdkafka refused to queue (say, too large), or
+        // with a row being retried: their later rows are not sent in this
+        // batch, so none lands before it.
+        let mut refused: HashSet<&str> = HashSet::new();
+        for row in batch {
+            if refused.contains(row.key.as_str()) {
+                pending.push(Pending::HeldBack);
+                continue;
+            }
+            if row.attempts > 0 {
+                // A row that failed before is retried alone for its key: if
+                // the broker refuses it again, librdkafka may still deliver
+                // a request queued behind it before the fatal error stops
+                // the producer, and that later row would land first.
+                refused.insert(row.key.as_str());
+            }
+            let mut headers = OwnedHeaders::new_with_capacity(row.headers.len());
+            for (k, v) in &row.headers {
+                headers = headers.insert(Header {
+                    key: k.as_str(),
+                    value: Some(v.as_bytes()),
+                });
+            }
+            let mut record = FutureRecord::to(&row.topic)
+                .key(row.key.as_bytes())
+                .payload(row.payload.as_slice())
+                .headers(headers);
+            loop {
+                match producer.raw().send_result(record) {
+                    Ok(delivery) => {
+                        pending.push(Pending::Sent(delivery));
+                        break;
+                    }
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                        record = r;
+                        tokio::select! {
+                            () = tokio::time::sleep(Duration::from_millis(5)) => {}
+                            () = cancel.cancelled() => return None,
+                        }
+                    }
+                    Err((e, _)) => {
+                        refused.insert(row.key.as_str());
+                        pending.push(Pending::Refused(e.to_string()));
+                        break;
+                    }
+                }
+            }
+        }
+        let all = join_all(pending.into_iter().map(|p| async move {
+            match p {
+                Pending::Sent(delivery) => match delivery.await {
+                    Ok(Ok(_)) => Outcome::Acked,
+                    Ok(Err((e, _))) if collateral(&e) => Outcome::Collateral,
+                    Ok(Err((e, _))) => Outcome::Failed(e.to_string()),
+                    Err(_) => {
+                        Outcome::Failed("the producer was dropped before acknowledging".to_string())
+                    }
+                },
+                Pending::Refused(e) => Outcome::Failed(e),
+                Pending::HeldBack => Outcome::HeldBack,
+            }
+        }));
+        tokio::pin!(all);
+        let started = Instant::now();
+        let results = loop {
+            tokio::select! {
+                r = &mut all => break r,
+                () = tokio::time::sleep(STALL_WARNING) => {
+                    self.metrics.error("stalled", 1);
+                    tracing::warn!(
+                        rows = batch.len(),
+                        waited = ?started.elapsed(),
+                        bootstrap = %self.kafka.bootstrap_servers,
+                        "outbox relay: no broker acknowledgement yet; rows stay in the outbox until the broker is reachable"
+                    );
+                }
+                () = cancel.cancelled() => return None,
+            }
+        };
+        Some(results)
+    }
+
+    /// Marks what may be marked: per key, the rows up to its first failure.
+    /// Failed rows get a backoff that holds their key back.
+    async fn settle(
+        &self,
+        client: &Client,
+        s: &Statements,
+        producer: &mut Producer,
+        batch: &[Row],
+        outcomes: Vec<Outcome>,
+    ) -> Result<(), OutboxError> {
+        let Plan {
+            done,
+            failed,
+            first_error,
+            fresh_producer,
+        } = plan(batch.iter().map(|r| (r.id, r.key.as_str())), outcomes);
+        if !done.is_empty() {
+            client
+                .execute(&s.mark, &[&done])
+                .await
+                .map_err(OutboxError::db("marking outbox rows sent"))?;
+            self.stats
+                .published
+                .fetch_add(done.len() as u64, Ordering::Relaxed);
+            self.metrics.published(done.len() as u64);
+        }
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        if let Some(error) = first_error {
+            self.stats
+                .publish_errors
+                .fetch_add(failed.len() as u64, Ordering::Relaxed);
+            self.metrics.error("delivery", failed.len() as u64);
+            tracing::warn!(rows = failed.len(), %error, "outbox relay: publish failed; retrying with backoff");
+            client
+                .execute(&s.fail, &[&failed, &error])
+                .await
+                .map_err(OutboxError::db("recording an outbox publish failure"))?;
+        }
+        if fresh_producer {
+            // A failed delivery may have been fatal (gapless guarantee):
+            // start from a fresh producer. Dropping the old one purges and
+            // flushes (up to 500 ms): off the async runtime.
+            let old = std::mem::replace(producer, self.producer()?);
+            tokio::task::spawn_blocking(move || drop(old));
+        }
+        Ok(())
+    }
+
+    async fn cleanup(&self, client: &Client, s: &Statements) -> Result<(), OutboxError> {
+        let secs = self.retention.as_secs_f64();
+        let mut deleted_total = 0;
+        for _ in 0..100 {
+            let n = client
+                .execute(&s.cleanup, &[&secs, &CLEANUP_CHUNK])
+                .await
+                .map_err(OutboxError::db("deleting sent outbox rows past retention"))?;
+            deleted_total += n;
+            if n < CLEANUP_CHUNK as u64 {
+                break;
+            }
+        }
+        if deleted_total > 0 {
+            tracing::debug!(rows = deleted_total, "outbox retention cleanup");
+        }
+        Ok(())
+    }
+}
+
+/// What to record after a batch.
+#[derive(Debug, PartialEq, Eq)]
+struct Plan {
+    /// Rows to mark sent: per key, those acknowledged before its first
+    /// failure.
+    done: Vec<i64>,
+    /// Rows whose publish failed (they and the rest of their key wait).
+    failed: Vec<i64>,
+    /// The first failure's message.
+    first_error: Option<String>,
+    /// Whether the producer may be fatal now and must be replaced.
+    fresh_producer: bool,
+}
+
+/// Decides, from the batch (id order) and each row's outcome, which rows may
+/// be marked sent. A row acknowledged after an earlier row of its key failed
+/// is *not* marked: it is published again after that one, so the first
+/// occurrences in Kafka stay in commit order.
+fn plan<'a>(rows: impl IntoIterator<Item = (i64, &'a str)>, outcomes: Vec<Outcome>) -> Plan {
+    let mut failed_keys: HashSet<&str> = HashSet::new();
+    let mut out = Plan {
+        done: Vec::new(),
+        failed: Vec::new(),
+        first_error: None,
+        fresh_producer: false,
+    };
+    for ((id, key), outcome) in rows.into_iter().zip(outcomes) {
+        match outcome {
+            Outcome::Acked if !failed_keys.contains(key) => out.done.push(id),
+            Outcome::Acked | Outcome::HeldBack => {}
+            Outcome::Collateral => out.fresh_producer = true,
+            Outcome::Failed(e) => {
+                out.fresh_producer = true;
+                failed_keys.insert(key);
+                out.failed.push(id);
+                out.first_error.get_or_insert(e);
+            }
+        }
+    }
+    out
+}
+
+/// A produced record awaiting its acknowledgement, one librdkafka refused
+/// to queue, or one not sent because an earlier row of its key was refused.
+enum Pending {
+    Sent(DeliveryFuture),
+    Refused(String),
+    HeldBack,
+}
+
+/// What became of one row of a batch.
+#[derive(Debug)]
+enum Outcome {
+    /// The broker acknowledged it.
+    Acked,
+    /// Not published; the reason.
+    Failed(String),
+    /// Not sent: an earlier row of its key failed. It waits for that row.
+    HeldBack,
+    /// Failed because the producer died of another row's error (or of its
+    /// own fatal state): sent again with the next batch, no backoff.
+    Collateral,
+}
+
+/// Whether a delivery error is another row's doing: once one row's failure
+/// made the producer fatal (gapless guarantee), every other queued or
+/// in-flight record fails with these codes. Such rows are simply sent
+/// again with the next batch, without a backoff, so a refused row cannot
+/// hold other keys hostage.
+fn collateral(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Fatal
+                | RDKafkaErrorCode::PurgeQueue
+                | RDKafkaErrorCode::PurgeInflight
+                | RDKafkaErrorCode::GaplessGuarantee
+        )
+    )
+}
+
+/// One unsent row.
+struct Row {
+    id: i64,
+    /// Failed publish attempts so far.
+    attempts: i32,
+    topic: String,
+    key: String,
+    payload: Vec<u8>,
+    headers: Vec<(String, String)>,
+}
+
+impl Row {
+    fn read(row: &tokio_postgres::Row) -> Result<Self, OutboxError> {
+        let e = OutboxError::db;
+        let headers: serde_json::Value = row.try_get("headers").map_err(e("reading headers"))?;
+        let headers = match headers {
+            serde_json::Value::Object(map) => map
+                .into_iter()
+                .map(|(k, v)| match v {
+                    serde_json::Value::String(s) => (k, s),
+                    other => (k, other.to_string()),
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        Ok(Self {
+            id: row.try_get("id").map_err(e("reading id"))?,
+            attempts: row.try_get("attempts").map_err(e("reading attempts"))?,
+            topic: row.try_get("topic").map_err(e("reading topic"))?,
+            key: row.try_get("key").map_err(e("reading key"))?,
+            payload: row.try_get("payload").map_err(e("reading payload"))?,
+            headers,
+        })
+    }
+}
+
+struct Statements {
+    select: Statement,
+    mark: Statement,
+    fail: Statement,
+    cleanup: Statement,
+}
+
+impl Statements {
+    async fn prepare(
+        client: &Client,
+        table: &OutboxTable,
+        delete_on_send: bool,
+    ) -> Result<Self, OutboxError> {
+        let t = table.name();
+        let prep = |sql: String, types: &'static [Type]| async move {
+            client.prepare_typed(&sql, types).await.map_err(|e| {
+                if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) {
+                    OutboxError::NotMigrated {
+                        table: t.to_string(),
+                    }
+                } else {
+                    OutboxError::db(format!("preparing outbox statements on `{t}`"))(e)
+                }
+            })
+        };
+        // A key with a failing row that is not due yet is held back as a
+        // whole, so nothing overtakes that row. `NOT IN` stays a hashed
+        // subplan (normally over zero rows) instead of becoming an anti-join,
+        // so the plan is always "walk the unsent index in id order, stop at
+        // the limit", whatever the statistics say.
+        let select = prep(
+            format!(
+                "SELECT id, topic, key, payload, headers, attempts FROM {t}
+                 WHERE sent_at IS NULL AND bucket = ANY($1)
+                   AND key NOT IN (
+                       SELECT key FROM {t}
+                       WHERE sent_at IS NULL AND retry_at > clock_timestamp())
+                 ORDER BY id LIMIT $2"
+            ),
+            &[Type::INT2_ARRAY, Type::INT8],
+        )
+        .await?;
+        let mark = if delete_on_send {
+            prep(
+                format!("DELETE FROM {t} WHERE id = ANY($1)"),
+                &[Type::INT8_ARRAY],
+            )
+            .await?
+        } else {
+            prep(
+                format!(
+                    "UPDATE {t} SET sent_at = clock_timestamp(), retry_at = NULL WHERE id = ANY($1)"
+                ),
+                &[Type::INT8_ARRAY],
+            )
+            .await?
+        };
+        let fail = prep(
+            format!(
+                "UPDATE {t} SET attempts = attempts + 1, last_error = left($2, 1024),
+                     retry_at = clock_timestamp()
+                         + make_interval(secs => least(60, 0.5 * power(2, least(attempts, 10))))
+                 WHERE id = ANY($1)"
+            ),
+            &[Type::INT8_ARRAY, Type::TEXT],
+        )
+        .await?;
+        let cleanup = prep(
+            format!(
+                "DELETE FROM {t} WHERE id IN (
+                     SELECT id FROM {t}
+                     WHERE sent_at < clock_timestamp() - make_interval(secs => $1)
+                     LIMIT $2)"
+            ),
+            &[Type::FLOAT8, Type::INT8],
+        )
+        .await?;
+        Ok(Self {
+            select,
+            mark,
+            fail,
+            cleanup,
+        })
+    }
+}
+
+/// The connection settings, with `application_name` set (unless the URL
+/// sets one) to `kjob-relay <table>`, so relays are recognisable in
+/// `pg_stat_activity`.
+fn pg_config(url: &str, table: &OutboxTable) -> Result<tokio_postgres::Config, OutboxError> {
+    let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
+        // The error, not the URL: it may carry a password.
+        OutboxError::Config(format!("the database URL does not parse: {e}"))
+    })?;
+    if config.get_application_name().is_none() {
+        let mut name = format!("kjob-relay {}", table.name());
+        name.truncate(63);
+        config.application_name(&name);
+    }
+    Ok(config)
+}
+
+/// Drives the connection and turns notifications into wake-ups.
+async fn drive<S, T>(mut connection: Connection<S, T>, wake: Arc<Notify>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+    while let Some(message) = messages.next().await {
+        match message {
+            Ok(AsyncMessage::Notification(_)) => wake.notify_one(),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %super::describe(&e), "outbox relay: database connection closed");
+                break;
+            }
+        }
+    }
+    // Wake the loop so its next query reports the broken connection.
+    wake.notify_one();
+}
+
+/// Refreshes lag and unsent on its own connection, so they keep moving
+/// while the publishing loop waits for a broker that is away.
+async fn refresh_gauges(
+    url: String,
+    table: OutboxTable,
+    metrics: OutboxMetrics,
+    cancel: CancellationToken,
+) {
+    let sql = format!(
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE sent_at IS NULL LIMIT 100000) u),
+                coalesce((SELECT extract(epoch FROM clock_timestamp() - created_at)::float8
+                          FROM {t} WHERE sent_at IS NULL ORDER BY id LIMIT 1), 0)",
+        t = table.name()
+    );
+    let Ok(url) = pg_config(&url, &table) else {
+        return; // the publishing session reports the bad URL
+    };
+    while !cancel.is_cancelled() {
+        tokio::select! {
+            r = gauge_session(&url, &sql, &metrics) => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %super::describe(&e), "outbox gauges: database error; retrying");
+                }
+            }
+            () = cancel.cancelled() => return,
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            () = cancel.cancelled() => return,
+        }
+    }
+}
+
+async fn gauge_session(
+    url: &tokio_postgres::Config,
+    sql: &str,
+    metrics: &OutboxMetrics,
+) -> Result<(), tokio_postgres::Error> {
+    let (client, connection) = url.connect(NoTls).await?;
+    let _driver = AbortOnDrop(tokio::spawn(async move {
+        let _ = connection.await;
+    }));
+    let stmt = client.prepare(sql).await?;
+    loop {
+        let row = client.query_one(&stmt, &[]).await?;
+        let unsent: i64 = row.try_get(0)?;
+        let lag: f64 = row.try_get(1)?;
+        metrics.update(|s| {
+            s.unsent = unsent;
+            s.lag_seconds = lag;
+        });
+        tokio::time::sleep(GAUGES_EVERY).await;
+    }
+}
+
+/// Aborts a spawned task when dropped (a session's connection driver dies
+/// with the session, which releases its advisory locks).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_marked_only_up_to_its_first_failure() {
+        let rows = [(1, "a"), (2, "b"), (3, "a"), (4, "a"), (5, "b"), (6, "c")];
+        let outcomes = vec![
+            Outcome::Acked,
+            Outcome::Acked,
+            Outcome::Failed("refused".to_string()),
+            Outcome::Acked, // acked after a's failure: must not be marked
+            Outcome::Acked,
+            Outcome::Failed("later".to_string()),
+        ];
+        let p = plan(rows, outcomes);
+        assert_eq!(p.done, vec![1, 2, 5]);
+        assert_eq!(p.failed, vec![3, 6]);
+        assert_eq!(p.first_error.as_deref(), Some("refused"));
+        assert!(p.fresh_producer);
+    }
+
+    #[test]
+    fn held_back_rows_are_neither_marked_nor_counted_as_failures() {
+        let p = plan(
+            [(1, "a"), (2, "a"), (3, "b")],
+            vec![
+                Outcome::Failed("too large".into()),
+                Outcome::HeldBack,
+                Outcome::Acked,
+            ],
+        );
+        assert_eq!((p.done, p.failed), (vec![3], vec![1]));
+    }
+
+    #[test]
+    fn collateral_failures_are_resent_without_backoff_by_a_fresh_producer() {
+        let p = plan(
+            [(1, "a"), (2, "b")],
+            vec![Outcome::Collateral, Outcome::Collateral],
+        );
+        assert!(p.done.is_empty() && p.failed.is_empty());
+        assert!(p.fresh_producer, "a fatal producer is replaced");
+        assert!(collateral(&KafkaError::MessageProduction(
+            RDKafkaErrorCode::Fatal
+        )));
+        assert!(!collateral(&KafkaError::MessageProduction(
+            RDKafkaErrorCode::MessageSizeTooLarge
+        )));
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_database_password() {
+        let relay = Relay::new(
+            "postgres://app:s3cret@db.internal/shop",
+            KafkaConfig::new("k:9092", "http://r"),
+        );
+        let printed = format!("{relay:?}");
+        assert!(!printed.contains("s3cret"), "{printed}");
+        assert!(printed.contains("kjob_outbox"), "{printed}");
+    }
+
+    #[test]
+    fn an_all_good_batch_marks_everything() {
+        let p = plan([(7, "a"), (8, "a")], vec![Outcome::Acked, Outcome::Acked]);
+        assert_eq!(
+            p,
+            Plan {
+                done: vec![7, 8],
+                failed: vec![],
+                first_error: None,
+                fresh_producer: false,
+            }
+        );
+    }
+}
