@@ -34,7 +34,6 @@
 //! committed: periodically, on revoke and on shutdown).
 
 pub mod classify;
-pub mod cli;
 pub mod codec;
 pub mod config;
 pub mod dlq;

@@ -4,10 +4,10 @@
 //! ```text
 //! ./dev stack up
 //! cargo run -p kjob-example-handler-crate -- --help
-//! cargo run -p kjob-example-handler-crate -- --group invoices-staging
+//! KJOB_GROUP=invoices-staging cargo run -p kjob-example-handler-crate
 //! ```
 //!
-//! Every flag has an environment variable and a default, so a container
+//! Every setting is an environment variable with a default, so a container
 //! image needs no arguments. It needs the topics (created if missing) and
 //! PostgreSQL with the crate's tables (created at start); a render job for
 //! an order id that has no `orders` row is dead-lettered as not found.
@@ -15,36 +15,55 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use clap::Parser;
-
 use futures::future::BoxFuture;
 use kjob::{KafkaConfig, Worker};
 use kjob_example_handler_crate::deps::{MailError, Mailer};
 use kjob_example_handler_crate::pg::PgStore;
 use kjob_example_handler_crate::{register_on, Deps};
 
-/// Runs the invoice handlers until SIGTERM or SIGINT.
-#[derive(Parser, Debug)]
-struct Args {
-    /// Topic of `RenderInvoice` jobs.
-    #[arg(long, env = "KJOB_RENDER_TOPIC", default_value = "invoices.render")]
+/// The worker's settings, from the environment (a container image needs
+/// no arguments). Plain variables rather than a flags parser, so that the
+/// handler crate pulls in no CLI dependencies.
+struct Settings {
     render_topic: String,
-    /// Topic of `SendInvoiceMail` jobs.
-    #[arg(long, env = "KJOB_MAIL_TOPIC", default_value = "invoices.mail")]
     mail_topic: String,
-    /// Consumer group.
-    #[arg(long, env = "KJOB_GROUP", default_value = "invoices")]
     group: String,
-    /// PostgreSQL holding orders, invoices and the processed markers.
-    #[arg(
-        long,
-        env = "KJOB_DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:54329/kjob"
-    )]
     database_url: String,
-    /// Where `/metrics`, `/healthz` and `/readyz` are served.
-    #[arg(long, env = "KJOB_METRICS_ADDR", default_value = "127.0.0.1:9464")]
     metrics: SocketAddr,
+}
+
+const USAGE: &str = "kjob-example-handler-crate: runs the invoice handlers until SIGTERM or SIGINT.
+
+Environment (default in brackets):
+  KJOB_RENDER_TOPIC   topic of RenderInvoice jobs      [invoices.render]
+  KJOB_MAIL_TOPIC     topic of SendInvoiceMail jobs    [invoices.mail]
+  KJOB_GROUP          consumer group                   [invoices]
+  KJOB_DATABASE_URL   PostgreSQL with orders/invoices  [postgres://postgres@127.0.0.1:54329/kjob]
+  KJOB_METRICS_ADDR   /metrics, /healthz, /readyz      [127.0.0.1:9464]
+  plus KJOB_BOOTSTRAP_SERVERS and KJOB_SCHEMA_REGISTRY_URL";
+
+impl Settings {
+    fn from_env() -> anyhow::Result<Self> {
+        let var = |name: &str, default: &str| {
+            std::env::var(name)
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .unwrap_or_else(|| default.to_string())
+        };
+        let metrics = var("KJOB_METRICS_ADDR", "127.0.0.1:9464");
+        Ok(Self {
+            render_topic: var("KJOB_RENDER_TOPIC", "invoices.render"),
+            mail_topic: var("KJOB_MAIL_TOPIC", "invoices.mail"),
+            group: var("KJOB_GROUP", "invoices"),
+            database_url: var(
+                "KJOB_DATABASE_URL",
+                "postgres://postgres@127.0.0.1:54329/kjob",
+            ),
+            metrics: metrics.parse().map_err(|e| {
+                anyhow::anyhow!("KJOB_METRICS_ADDR=`{metrics}` is not host:port ({e})")
+            })?,
+        })
+    }
 }
 
 /// Stands in for an SMTP client.
@@ -62,7 +81,11 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
         .init();
-    let args = Args::parse();
+    if std::env::args().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return Ok(());
+    }
+    let args = Settings::from_env()?;
     let store = PgStore::connect(&args.database_url).await?;
     let config = KafkaConfig::from_env();
     kjob::topics::create_topics(

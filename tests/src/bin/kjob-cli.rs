@@ -2,5 +2,5 @@
 //! the real command (`CARGO_BIN_EXE_kjob-cli`) as an operator would.
 
 fn main() -> std::process::ExitCode {
-    kjob::cli::main()
+    kjob_cli::main()
 }

@@ -6,10 +6,10 @@ use anyhow::{bail, Result};
 use clap::Subcommand;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
-use crate::codec::{subject_for_topic, Codec};
-use crate::config::KafkaConfig;
-use crate::registry::Registration;
-use crate::schema::{
+use kjob::codec::{subject_for_topic, Codec};
+use kjob::config::KafkaConfig;
+use kjob::registry::Registration;
+use kjob::schema::{
     check, latest, load_dir, registered_versions, set_subject_compatibility, subject_compatibility,
     Compatibility,
 };

@@ -6,10 +6,10 @@ use clap::{ArgGroup, Args};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
 use super::time::parse_time;
-use crate::config::KafkaConfig;
-use crate::replay::{apply, plan, ReplayRow, ReplayTarget};
-use crate::retry::discover_tiers;
-use crate::topics::list_topics;
+use kjob::config::KafkaConfig;
+use kjob::replay::{apply, plan, ReplayRow, ReplayTarget};
+use kjob::retry::discover_tiers;
+use kjob::topics::list_topics;
 
 #[derive(Args, Debug)]
 #[command(group(ArgGroup::new("target").required(true).args(["to_datetime", "by_duration", "to_offset", "shift_by", "to_earliest", "to_latest"])))]

@@ -1,5 +1,5 @@
 //! `kjob outbox`: create the outbox table, run a relay, and see how it is
-//! doing. The relay is the same [`crate::outbox::Relay`] a program can embed.
+//! doing. The relay is the same [`kjob::outbox::Relay`] a program can embed.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -9,8 +9,8 @@ use clap::{Args, Subcommand};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use tokio_postgres::NoTls;
 
-use crate::config::KafkaConfig;
-use crate::outbox::{migration_sql, read_status, OutboxStatus, OutboxTable, Relay, DEFAULT_TABLE};
+use kjob::config::KafkaConfig;
+use kjob::outbox::{migration_sql, read_status, OutboxStatus, OutboxTable, Relay, DEFAULT_TABLE};
 
 /// Where the outbox lives.
 #[derive(Args, Debug, Clone)]
@@ -116,7 +116,7 @@ pub async fn run(config: &KafkaConfig, cmd: OutboxCommand) -> Result<()> {
                 return Ok(());
             }
             let client = connect(&db.database_url).await?;
-            crate::outbox::migrate(&client, &table).await?;
+            kjob::outbox::migrate(&client, &table).await?;
             println!("outbox table `{}` is ready", table.name());
             Ok(())
         }
@@ -127,7 +127,7 @@ pub async fn run(config: &KafkaConfig, cmd: OutboxCommand) -> Result<()> {
             retention,
             metrics_addr,
         } => {
-            let _telemetry = crate::telemetry::init()?;
+            let _telemetry = kjob::telemetry::init()?;
             // The operator CLI fails connections fast; a relay must keep
             // trying instead.
             let mut kafka = config.clone();

@@ -13,12 +13,12 @@ use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::time::{format_ms, parse_time};
-use crate::codec::Codec;
-use crate::config::KafkaConfig;
-use crate::dlq::redrive::{redrive, resolve, target_topic, AuditLog, RedriveTarget};
-use crate::dlq::store::{AuditEntry, Coordinates, DeadLetter, DlqReader, Filter};
-use crate::headers::truncate_utf8;
-use crate::producer::Producer;
+use kjob::codec::Codec;
+use kjob::config::KafkaConfig;
+use kjob::dlq::redrive::{redrive, resolve, target_topic, AuditLog, RedriveTarget};
+use kjob::dlq::store::{AuditEntry, Coordinates, DeadLetter, DlqReader, Filter};
+use kjob::headers::truncate_utf8;
+use kjob::producer::Producer;
 
 #[derive(Subcommand, Debug)]
 pub enum DlqCommand {
@@ -136,7 +136,7 @@ impl Select {
 }
 
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> crate::Result<T> + Send + 'static,
+    f: impl FnOnce() -> kjob::Result<T> + Send + 'static,
 ) -> Result<T> {
     Ok(tokio::task::spawn_blocking(f)
         .await
@@ -204,7 +204,7 @@ fn omitted_payload(d: &DeadLetter) -> Option<String> {
     d.headers
         .extra
         .iter()
-        .find(|(k, _)| k == crate::dlq::PAYLOAD_OMITTED)
+        .find(|(k, _)| k == kjob::dlq::PAYLOAD_OMITTED)
         .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
 }
 

@@ -3,9 +3,9 @@
 use anyhow::{anyhow, Result};
 use clap::Subcommand;
 
-use crate::config::KafkaConfig;
-use crate::retry::{parse_delay, RetryPolicy};
-use crate::topics::{create_topics, dlq_topic};
+use kjob::config::KafkaConfig;
+use kjob::retry::{parse_delay, RetryPolicy};
+use kjob::topics::{create_topics, dlq_topic};
 
 #[derive(Subcommand, Debug)]
 pub enum TopicsCommand {

@@ -10,11 +10,11 @@ use clap::Args;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde::Serialize;
 
-use crate::config::KafkaConfig;
-use crate::dlq::store::{DlqReader, Filter};
-use crate::lag::{group_lag, oldest_pending_ages, PartitionLag};
-use crate::retry::discover_tiers;
-use crate::topics::list_topics;
+use kjob::config::KafkaConfig;
+use kjob::dlq::store::{DlqReader, Filter};
+use kjob::lag::{group_lag, oldest_pending_ages, PartitionLag};
+use kjob::retry::discover_tiers;
+use kjob::topics::list_topics;
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
@@ -37,7 +37,7 @@ pub struct StatusArgs {
     database_url: Option<String>,
     /// The outbox table, with --database-url.
     #[cfg(feature = "postgres")]
-    #[arg(long, default_value = crate::outbox::DEFAULT_TABLE)]
+    #[arg(long, default_value = kjob::outbox::DEFAULT_TABLE)]
     outbox_table: String,
 }
 
@@ -74,7 +74,7 @@ pub struct RouteStatus {
     /// The outbox feeding the route, when asked for (`--database-url`).
     #[cfg(feature = "postgres")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub outbox: Option<crate::outbox::OutboxStatus>,
+    pub outbox: Option<kjob::outbox::OutboxStatus>,
 }
 
 fn sample(config: &KafkaConfig, group: &str, topics: &[String]) -> Result<Vec<PartitionLag>> {
@@ -189,7 +189,7 @@ pub async fn run(config: &KafkaConfig, args: StatusArgs) -> Result<()> {
     let outbox = match &args.database_url {
         Some(url) => Some((
             super::outbox::connect(url).await?,
-            crate::outbox::OutboxTable::new(&args.outbox_table)?,
+            kjob::outbox::OutboxTable::new(&args.outbox_table)?,
         )),
         None => None,
     };
@@ -203,7 +203,7 @@ pub async fn run(config: &KafkaConfig, args: StatusArgs) -> Result<()> {
             let read = async {
                 match &outbox {
                     Some((client, table)) => {
-                        crate::outbox::read_status(client, table, Some(&args.topic), interval)
+                        kjob::outbox::read_status(client, table, Some(&args.topic), interval)
                             .await
                             .map(Some)
                     }

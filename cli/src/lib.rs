@@ -19,17 +19,17 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::KafkaConfig;
+use kjob::config::KafkaConfig;
 
 /// kjob: operate background jobs on Kafka.
 #[derive(Parser, Debug)]
 #[command(name = "kjob", version, about)]
 pub struct Cli {
     /// Kafka bootstrap servers.
-    #[arg(long = "bootstrap-server", env = "KJOB_BOOTSTRAP_SERVERS", default_value = crate::config::DEFAULT_BOOTSTRAP_SERVERS, global = true)]
+    #[arg(long = "bootstrap-server", env = "KJOB_BOOTSTRAP_SERVERS", default_value = kjob::config::DEFAULT_BOOTSTRAP_SERVERS, global = true)]
     bootstrap_server: String,
     /// Schema registry (Confluent-compatible API base URL).
-    #[arg(long = "schema-registry", env = "KJOB_SCHEMA_REGISTRY_URL", default_value = crate::config::DEFAULT_SCHEMA_REGISTRY_URL, global = true)]
+    #[arg(long = "schema-registry", env = "KJOB_SCHEMA_REGISTRY_URL", default_value = kjob::config::DEFAULT_SCHEMA_REGISTRY_URL, global = true)]
     schema_registry: String,
     /// Kafka `security.protocol` (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL).
     /// The SASL password is read from `KJOB_SASL_PASSWORD` only: a flag
