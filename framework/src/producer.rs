@@ -43,6 +43,51 @@ pub fn enqueue_headers<J: Job>(job: &J, id: &str) -> JobHeaders {
     }
 }
 
+/// A job ready to be written anywhere (Kafka, an outbox row): its
+/// Confluent-framed payload, its fresh id, its enqueue headers with the
+/// producer span's trace context, and that span.
+pub(crate) struct PreparedJob {
+    pub payload: Vec<u8>,
+    pub id: String,
+    pub headers: JobHeaders,
+    pub span: JobSpan,
+}
+
+/// Registers (or looks up) `J`'s contract for `topic`, encodes `job`, and
+/// builds its headers and producer span. The one enqueue preparation,
+/// shared by [`Producer::enqueue_to`] and the outbox.
+pub(crate) async fn prepare_job<J: Job>(
+    codec: &Codec,
+    topic: &str,
+    job: &J,
+    operation: &'static str,
+    extra: Option<KeyValue>,
+) -> Result<PreparedJob> {
+    let contract = codec.register::<J>(topic).await?;
+    let payload = Codec::encode(&contract, job)?;
+    let id = new_job_id();
+    let span = JobSpan::producer(|| {
+        let mut attrs = vec![
+            KeyValue::new("messaging.system", "kafka"),
+            KeyValue::new("messaging.operation.type", operation),
+            KeyValue::new("messaging.destination.name", topic.to_string()),
+            KeyValue::new("messaging.message.id", id.clone()),
+            KeyValue::new("kjob.job", J::NAME),
+            KeyValue::new("kjob.version", i64::from(J::VERSION)),
+        ];
+        attrs.extend(extra);
+        attrs
+    });
+    let mut headers = enqueue_headers(job, &id);
+    span.inject(&mut headers);
+    Ok(PreparedJob {
+        payload,
+        id,
+        headers,
+        span,
+    })
+}
+
 /// Where an enqueued job landed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Enqueued {
@@ -146,21 +191,12 @@ impl Producer {
     /// Enqueues a job on an explicit topic (tests, or a route renamed by
     /// configuration). The schema is registered under that topic's subject.
     pub async fn enqueue_to<J: Job>(&self, topic: &str, job: &J) -> Result<Enqueued> {
-        let contract = self.codec.register::<J>(topic).await?;
-        let payload = Codec::encode(&contract, job)?;
-        let id = new_job_id();
-        let span = JobSpan::producer(|| {
-            vec![
-                KeyValue::new("messaging.system", "kafka"),
-                KeyValue::new("messaging.operation.type", "send"),
-                KeyValue::new("messaging.destination.name", topic.to_string()),
-                KeyValue::new("messaging.message.id", id.clone()),
-                KeyValue::new("kjob.job", J::NAME),
-                KeyValue::new("kjob.version", i64::from(J::VERSION)),
-            ]
-        });
-        let mut headers = enqueue_headers(job, &id);
-        span.inject(&mut headers);
+        let PreparedJob {
+            payload,
+            id,
+            headers,
+            span,
+        } = prepare_job(&self.codec, topic, job, "send", None).await?;
         let key = job.key();
         let sent = self
             .send_raw(

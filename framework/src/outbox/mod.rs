@@ -144,8 +144,7 @@ pub use relay::{Relay, RelayStats};
 use crate::codec::Codec;
 use crate::config::KafkaConfig;
 use crate::job::Job;
-use crate::producer::{enqueue_headers, new_job_id};
-use crate::telemetry::spans::JobSpan;
+use crate::producer::{prepare_job, PreparedJob};
 
 /// The default outbox table.
 pub const DEFAULT_TABLE: &str = "kjob_outbox";
@@ -435,22 +434,19 @@ impl Outbox {
         topic: &str,
         job: &J,
     ) -> Result<OutboxEnqueued, OutboxError> {
-        let contract = self.codec.register::<J>(topic).await?;
-        let payload = Codec::encode(&contract, job)?;
-        let id = new_job_id();
-        let span = JobSpan::producer(|| {
-            vec![
-                KeyValue::new("messaging.system", "kafka"),
-                KeyValue::new("messaging.operation.type", "create"),
-                KeyValue::new("messaging.destination.name", topic.to_string()),
-                KeyValue::new("messaging.message.id", id.clone()),
-                KeyValue::new("kjob.job", J::NAME),
-                KeyValue::new("kjob.version", i64::from(J::VERSION)),
-                KeyValue::new("kjob.outbox", self.table.name.clone()),
-            ]
-        });
-        let mut headers = enqueue_headers(job, &id);
-        span.inject(&mut headers);
+        let PreparedJob {
+            payload,
+            id,
+            headers,
+            span,
+        } = prepare_job(
+            &self.codec,
+            topic,
+            job,
+            "create",
+            Some(KeyValue::new("kjob.outbox", self.table.name.clone())),
+        )
+        .await?;
         let mut map = serde_json::Map::new();
         for h in headers.to_owned_headers().iter() {
             let value = h.value.map(String::from_utf8_lossy).unwrap_or_default();
