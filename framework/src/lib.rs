@@ -13,7 +13,7 @@
 //!   and the call returns the partition and offset only after the broker has
 //!   the job. An unreachable broker is an error, never a silent drop.
 //! * **Offsets are committed only after the handler finished**
-//!   ([`offsets`]): the committed position of a partition is the lowest
+//!   (the watermark in `offsets.rs`): the committed position of a partition is the lowest
 //!   offset still in flight, so jobs that finish out of order never move the
 //!   commit past an unfinished one. A crash therefore re-delivers, it never
 //!   loses.
@@ -30,8 +30,16 @@
 //! the registry.
 //!
 //! Start with the `orders` example and the README's Quickstart. The commit
-//! path lives in [`offsets`] (the watermark) and [`worker`] (when it is
-//! committed: periodically, on revoke and on shutdown).
+//! path lives in `offsets.rs` (the watermark) and [`worker`] (when it is
+//! committed: periodically, on revoke and on shutdown); the retry and DLQ
+//! decision in `routing.rs`, the forwards in [`retry`] and [`dlq`].
+//!
+//! **What is for whom.** Handler crates need the root re-exports (or
+//! [`prelude`]), [`retry`], [`layers`], [`idempotency`] and, for tests,
+//! [`testing`]. [`dlq`], [`replay`], [`lag`], [`topics`], [`schema`],
+//! [`registry`], [`headers`] and [`codec`] are the operator side that the
+//! `kjob` CLI is built on, public so that teams can script the same
+//! operations.
 
 pub mod classify;
 pub mod codec;
@@ -43,14 +51,14 @@ pub mod idempotency;
 pub mod job;
 pub mod lag;
 pub mod layers;
-pub mod offsets;
+pub(crate) mod offsets;
 #[cfg(feature = "postgres")]
 pub mod outbox;
 pub mod producer;
 pub mod registry;
 pub mod replay;
 pub mod retry;
-pub mod routing;
+pub(crate) mod routing;
 pub mod schema;
 pub mod telemetry;
 #[cfg(feature = "testing")]
@@ -65,7 +73,9 @@ pub use job::{Job, JobContext};
 pub use producer::{Enqueued, Producer};
 #[allow(deprecated)]
 pub use worker::Ordering;
-pub use worker::{Ext, GroupProtocol, OrderingMode, State, Worker, WorkerBuilder, WorkerStats};
+pub use worker::{
+    Ext, GroupProtocol, OrderingMode, Priority, State, Worker, WorkerBuilder, WorkerStats,
+};
 
 /// What a handler crate needs, in one import: `use kjob::prelude::*;`.
 ///
@@ -81,5 +91,5 @@ pub mod prelude {
     pub use crate::job::{Job, JobContext};
     pub use crate::producer::{Enqueued, Producer};
     pub use crate::retry::RetryPolicy;
-    pub use crate::worker::{Ext, OrderingMode, State, Worker, WorkerBuilder};
+    pub use crate::worker::{Ext, OrderingMode, Priority, State, Worker, WorkerBuilder};
 }

@@ -40,6 +40,7 @@ impl OffsetTracker {
 
     /// Registers a record as dispatched. Must be called before the record can
     /// finish, in offset order per partition (the order Kafka delivers).
+    #[cfg(test)]
     pub fn start(&mut self, offset: i64) {
         self.start_at(offset, None);
     }
@@ -108,6 +109,7 @@ impl OffsetTracker {
     }
 
     /// The last committed position (next-to-read form).
+    #[cfg(test)]
     pub fn committed(&self) -> Option<i64> {
         self.committed
     }

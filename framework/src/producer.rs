@@ -171,9 +171,10 @@ impl Producer {
         &self.codec
     }
 
-    /// The underlying rdkafka producer, for forwarding raw records (retry
-    /// tiers, DLQ) with the same delivery guarantees.
-    pub fn raw(&self) -> &FutureProducer {
+    /// The underlying rdkafka producer: the outbox relay sends through it
+    /// without waiting per record, to keep its batches in flight.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn raw(&self) -> &FutureProducer {
         &self.inner
     }
 
@@ -240,7 +241,9 @@ impl Producer {
 
     /// Produces already-encoded bytes and waits for the acknowledgement.
     /// Used for forwarding (retry, DLQ, re-drive), where the payload must
-    /// travel unchanged.
+    /// travel unchanged. Hidden from the docs: it takes rdkafka's header
+    /// type, and handler code has no reason to bypass the encoder.
+    #[doc(hidden)]
     pub async fn send_raw(
         &self,
         topic: &str,

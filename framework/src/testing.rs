@@ -224,6 +224,7 @@ impl Harness {
     pub fn new(builder: WorkerBuilder) -> Result<Self> {
         let schemas = Arc::new(MemorySchemas::default());
         let routes = builder.build_routes(schemas.clone() as Arc<dyn SchemaSource>)?;
+        let priorities = builder.topic_priorities(&routes.entries);
         let mut order: Vec<String> = routes.entries.keys().cloned().collect();
         // Main topics first, then tiers shortest-first, like a fair consumer.
         order.sort_by_key(|t| {
@@ -250,7 +251,7 @@ impl Harness {
             stats: Arc::new(WorkerStats::default()),
             cancel: CancellationToken::new(),
         };
-        let mut sched = Scheduler::new(settings.1);
+        let mut sched = Scheduler::new(settings.1).with_priorities(priorities);
         let tps: Vec<(String, i32)> = order.iter().map(|t| (t.clone(), 0)).collect();
         let mut out = Vec::new();
         sched.assign(&tps, &mut out);

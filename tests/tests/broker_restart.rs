@@ -65,7 +65,11 @@ impl Scratch {
                  transaction.state.log.replication.factor=1\ntransaction.state.log.min.isr=1\n\
                  share.coordinator.state.topic.replication.factor=1\n\
                  share.coordinator.state.topic.min.isr=1\n\
-                 group.initial.rebalance.delay.ms=0\nnum.network.threads=2\nnum.io.threads=2\n",
+                 group.initial.rebalance.delay.ms=0\nnum.network.threads=2\nnum.io.threads=2\n\
+                 group.consumer.min.session.timeout.ms=6000\n\
+                 group.consumer.session.timeout.ms=10000\n\
+                 group.consumer.min.heartbeat.interval.ms=500\n\
+                 group.consumer.heartbeat.interval.ms=500\n",
                 dir.join("data").display()
             ),
         )

@@ -107,14 +107,29 @@ async fn main() -> anyhow::Result<()> {
     let workers: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3);
     let rate: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(400);
     let protocols: [Setting; 4] = [
-        ("classic eager range (default)", &[], false),
         (
-            "classic cooperative-sticky",
-            &[("partition.assignment.strategy", "cooperative-sticky")],
+            "classic eager range",
+            &[("group.protocol", "classic")],
             false,
         ),
-        ("classic + static membership", &[], true),
-        ("KIP-848 (range)", &[("group.protocol", "consumer")], false),
+        (
+            "classic cooperative-sticky",
+            &[
+                ("group.protocol", "classic"),
+                ("partition.assignment.strategy", "cooperative-sticky"),
+            ],
+            false,
+        ),
+        (
+            "classic + static membership",
+            &[("group.protocol", "classic")],
+            true,
+        ),
+        (
+            "KIP-848 range (default)",
+            &[("group.protocol", "consumer")],
+            false,
+        ),
     ];
     println!("{workers} workers, {rate} jobs/s, {PARTITIONS} partitions\n");
     println!("| protocol | restart | longest partition stall | SIGTERM -> exit | main partitions per worker after |");

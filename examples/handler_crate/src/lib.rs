@@ -5,7 +5,8 @@
 //! * [`contracts`]: the job types, each with its `schemas/*.avsc` file;
 //! * [`deps`]: traits for what handlers need (a mailer, a store);
 //! * [`handlers`]: plain async fns of (job, context, `State` dependencies);
-//! * [`layers`]: middleware of the crate's own around every attempt;
+//! * [`layers`]: middleware of the crate's own around every attempt, and
+//!   [`tx`]: one PostgreSQL transaction per attempt, committed on `Ok`;
 //! * [`register`]: one function wiring handlers and retry policy into a
 //!   [`WorkerBuilder`], used by the worker binary *and* by the unit tests
 //!   (through `kjob::testing::Harness`), so tests run the production wiring;
@@ -18,6 +19,7 @@ pub mod handlers;
 pub mod layers;
 pub mod memory;
 pub mod pg;
+pub mod tx;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -10,6 +10,9 @@
 //! | `kjob_oldest_pending_seconds` | gauge | `topic` |
 //! | `kjob_retry_due_lateness_seconds` | histogram | `topic` |
 //! | `kjob_rebalances_total` | counter | |
+//! | `kjob_priority_waiting` | gauge | `priority` (high, normal, low): jobs ready, waiting for a slot |
+//! | `kjob_priority_in_flight` | gauge | `priority`: jobs running |
+//! | `kjob_priority_latency_seconds` | histogram | `priority`: record timestamp to the attempt's outcome (p99 per lane) |
 //!
 //! Each worker owns its registry, so two workers in one process (tests, a
 //! multi-tenant binary) never mix their numbers. A worker without a metrics
@@ -49,6 +52,8 @@ pub struct Snapshot {
     pub lag: HashMap<(String, i32), i64>,
     /// topic -> age in seconds of the oldest uncommitted record kjob holds.
     pub oldest_pending_seconds: HashMap<String, f64>,
+    /// Per priority level (high, normal, low): (running, waiting).
+    pub priority: [(usize, usize); crate::worker::Priority::LEVELS],
 }
 
 /// The instruments a worker records into.
@@ -59,6 +64,7 @@ pub struct Metrics {
     in_flight: UpDownCounter<i64>,
     lateness: Histogram<f64>,
     rebalances: Counter<u64>,
+    priority_latency: Histogram<f64>,
     /// Refreshed by the poll thread.
     pub snapshot: Arc<Mutex<Snapshot>>,
     exporter: Option<Exporter>,
@@ -144,6 +150,35 @@ impl Metrics {
                 }
             })
             .build();
+        for (name, description, running) in [
+            (
+                "kjob_priority_in_flight",
+                "Jobs running, per priority lane",
+                true,
+            ),
+            (
+                "kjob_priority_waiting",
+                "Jobs ready and waiting for a slot, per priority lane",
+                false,
+            ),
+        ] {
+            let snap = snapshot.clone();
+            meter
+                .i64_observable_gauge(name)
+                .with_description(description)
+                .with_callback(move |obs| {
+                    let snap = snap.lock().unwrap_or_else(PoisonError::into_inner);
+                    for (level, (run, wait)) in snap.priority.iter().enumerate() {
+                        let v = if running { *run } else { *wait };
+                        let p = crate::worker::Priority::at_level(level);
+                        obs.observe(
+                            i64::try_from(v).unwrap_or(i64::MAX),
+                            &[KeyValue::new("priority", p.as_str())],
+                        );
+                    }
+                })
+                .build();
+        }
         meter
             .i64_observable_gauge("kjob_breaker_state")
             .with_description("Circuit breaker state per downstream: 0 closed, 1 half-open, 2 open")
@@ -188,6 +223,10 @@ impl Metrics {
                 .u64_counter("kjob_rebalances")
                 .with_description("Partition assignments and revocations")
                 .build(),
+            priority_latency: meter
+                .f64_histogram("kjob_priority_latency_seconds")
+                .with_description("Record timestamp to the attempt's outcome, per priority lane")
+                .build(),
             snapshot,
             exporter,
         }
@@ -220,6 +259,13 @@ impl Metrics {
     pub fn lateness(&self, topic: &str, seconds: f64) {
         self.lateness
             .record(seconds, &[KeyValue::new("topic", topic.to_string())]);
+    }
+
+    /// An attempt of a `priority` lane ended `seconds` after its record's
+    /// timestamp.
+    pub fn priority_latency(&self, priority: crate::worker::Priority, seconds: f64) {
+        self.priority_latency
+            .record(seconds, &[KeyValue::new("priority", priority.as_str())]);
     }
 
     /// A rebalance happened.

@@ -19,8 +19,8 @@
 //!   [`http`] when a worker is given an address.
 
 pub mod http;
-pub mod metrics;
-pub mod spans;
+pub(crate) mod metrics;
+pub(crate) mod spans;
 
 use std::collections::HashMap;
 

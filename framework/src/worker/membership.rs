@@ -5,26 +5,42 @@
 //! crashes, restarts or is deployed, so kjob chooses them deliberately
 //! instead of inheriting librdkafka's general-purpose defaults:
 //!
-//! * **Classic protocol** (`group.protocol=classic`, the default): a session
-//!   timeout of 10 s with a heartbeat every 500 ms instead of librdkafka's
-//!   45 s / 3 s. kjob polls on a dedicated thread that never runs handler
-//!   code, so heartbeats are never starved by slow jobs and a short session
-//!   is safe; a SIGKILLed member's partitions move after about 10 s, not
-//!   45 s. Members learn that a rebalance began from a heartbeat answer, so
-//!   under eager assignment the heartbeat bounds how long a deploy stops
-//!   every partition (measured: 0.4–0.7 s per restart, against 1.0–1.3 s at
-//!   2 s heartbeats).
-//!   The eager `range` assignor spreads each topic on its own, so a route's
-//!   main topic is always balanced across members.
-//! * **KIP-848** (`group.protocol=consumer`, [`GroupProtocol::Consumer`]):
-//!   the broker computes assignments and members reconcile incrementally,
-//!   so a join or a clean leave moves only the partitions that change
-//!   owner. kjob asks for the broker's `range` assignor, which assigns each
-//!   topic separately and co-partitions topics with equal partition counts:
-//!   main-topic partitions spread evenly, and retry tier partition *n* goes
-//!   to the owner of main partition *n*. The session timeout is then the
-//!   broker's (`group.consumer.session.timeout.ms`, 45 s by default), which
-//!   is what a crashed member costs.
+//! * **KIP-848** (`group.protocol=consumer`, [`GroupProtocol::Consumer`],
+//!   the default): the broker computes assignments and members reconcile
+//!   incrementally, so a join or a clean leave moves only the partitions
+//!   that change owner and nobody else stops. kjob asks for the broker's
+//!   `range` assignor, which assigns each topic separately and
+//!   co-partitions topics with equal partition counts: main-topic
+//!   partitions spread evenly, and retry tier partition *n* goes to the
+//!   owner of main partition *n*. The member keeps its id and epoch across
+//!   a coordinator outage, so when a broker comes back the member carries
+//!   on where it was: no rejoin, no revocation, nothing handled twice
+//!   (measured: a job enqueued after a single broker's 18 s outage ran
+//!   1.1 s after the broker answered, 0 duplicates; the classic protocol
+//!   took 12.7 s and redelivered 1 671 jobs, see `tests/broker_restart.rs`).
+//!   Session and heartbeat are the broker's
+//!   (`group.consumer.session.timeout.ms` / `group.consumer.heartbeat.interval.ms`,
+//!   45 s / 5 s by default, with minimums of the same value): set them to
+//!   10 s / 500 ms on the brokers (`./dev` and `docker/compose.yml` do, with
+//!   the `group.consumer.min.*` bounds lowered) so a crashed member's
+//!   partitions move in about 10 s and members hear of a new assignment
+//!   within 500 ms; per group, `kafka-configs --entity-type groups --alter
+//!   --add-config consumer.session.timeout.ms=10000` works within the
+//!   broker's bounds. Needs Kafka 4.0 or newer.
+//! * **Classic protocol** (`group.protocol=classic`, `KJOB_GROUP_PROTOCOL=classic`,
+//!   for brokers older than 4.0): a session timeout of 10 s with a
+//!   heartbeat every 500 ms instead of librdkafka's 45 s / 3 s. kjob polls
+//!   on a dedicated thread that never runs handler code, so heartbeats are
+//!   never starved by slow jobs and a short session is safe; a SIGKILLed
+//!   member's partitions move after about 10 s. Members learn that a
+//!   rebalance began from a heartbeat answer, so under eager assignment the
+//!   heartbeat bounds how long a deploy stops every partition (measured:
+//!   0.4–0.7 s per restart). The eager `range` assignor spreads each topic
+//!   on its own, so a route's main topic is always balanced across members.
+//!   Its weak spot is a coordinator outage longer than the session: the
+//!   member drops its assignment and rejoins under a new id, and the
+//!   restarted coordinator holds the rebalance until the old id expires
+//!   (about one session timeout).
 //! * **Static membership** (`group.instance.id`, from
 //!   [`crate::WorkerBuilder::static_member`] or `KJOB_INSTANCE_ID`): a member
 //!   that restarts within the session timeout gets its partitions back
@@ -37,8 +53,7 @@
 //! broker came back. kjob caps the backoff at 1 s (starting at 100 ms, with
 //! librdkafka's jitter), so a client tries a returning broker at least once a
 //! second, while a down broker costs at most one connection attempt per
-//! second per client. (End to end, a broker outage longer than the session
-//! timeout also costs a group rejoin: 10–12 s measured, see the README.)
+//! second per client.
 
 use crate::error::{Error, Result};
 
@@ -52,11 +67,14 @@ pub const INSTANCE_ID_ENV: &str = "KJOB_INSTANCE_ID";
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GroupProtocol {
     /// The classic protocol with client-side assignment (eager `range` by
-    /// default; `partition.assignment.strategy` can be overridden).
-    #[default]
+    /// default; `partition.assignment.strategy` can be overridden). For
+    /// brokers older than Kafka 4.0.
     Classic,
-    /// Kafka 4's consumer rebalance protocol (KIP-848): broker-side
-    /// assignment with incremental reconciliation. Needs Kafka 4.0 or newer.
+    /// Kafka 4's consumer rebalance protocol (KIP-848), the default:
+    /// broker-side assignment with incremental reconciliation, and a member
+    /// that survives a coordinator outage without a rejoin. Needs Kafka 4.0
+    /// or newer.
+    #[default]
     Consumer,
 }
 

@@ -35,6 +35,7 @@ pub mod limits;
 pub mod membership;
 pub(crate) mod pipeline;
 pub(crate) mod poll;
+pub mod priority;
 pub(crate) mod record;
 pub mod route;
 pub(crate) mod scheduler;
@@ -65,6 +66,7 @@ use crate::retry::RetryPolicy;
 use crate::topics::{create_topics, create_topics_with, dlq_topic, partition_counts};
 pub use membership::GroupProtocol;
 use pipeline::Pipeline;
+pub use priority::Priority;
 pub use route::{run_handler, Attempt, Ext, FromParts, Handler, Parts, State};
 use route::{Route, StateMap, TypedRoute};
 use scheduler::{Limits, Scheduler};
@@ -130,6 +132,7 @@ pub struct WorkerBuilder {
     create_topics: bool,
     retry: RetryPolicy,
     retry_overrides: HashMap<String, RetryPolicy>,
+    priorities: HashMap<String, Priority>,
     endpoint: Option<SocketAddr>,
     #[cfg(feature = "postgres")]
     outbox_relay: Option<crate::outbox::Relay>,
@@ -192,6 +195,16 @@ impl WorkerBuilder {
             .entry(topic.to_string())
             .or_default()
             .push(layer.erase());
+        self
+    }
+
+    /// How urgent the route on main topic `topic` (and its retry tiers) is
+    /// against this worker's other routes (default [`Priority::Normal`]):
+    /// free slots go to the most urgent active route first, and less urgent
+    /// ones keep at most three quarters of them meanwhile. See
+    /// [`priority`].
+    pub fn priority(mut self, topic: &str, priority: Priority) -> Self {
+        self.priorities.insert(topic.to_string(), priority);
         self
     }
 
@@ -288,7 +301,7 @@ impl WorkerBuilder {
     }
 
     /// The rebalance protocol (default: `KJOB_GROUP_PROTOCOL`, else
-    /// [`GroupProtocol::Classic`]). A `group.protocol` set on the
+    /// [`GroupProtocol::Consumer`], i.e. KIP-848). A `group.protocol` set on the
     /// [`KafkaConfig`] is honoured too. See [`membership`] for what each
     /// costs on a deploy and on a crash.
     pub fn group_protocol(mut self, protocol: GroupProtocol) -> Self {
@@ -338,9 +351,11 @@ impl WorkerBuilder {
             None => Metrics::disabled(),
         };
         let (_, limits) = self.scheduler_settings();
+        let priorities = self.topic_priorities(&routes.entries);
         let run_limits = self.run_limits.with_env()?;
         Ok(Worker {
             limits,
+            priorities,
             run_limits,
             metrics,
             endpoint: self.endpoint,
@@ -376,6 +391,18 @@ impl WorkerBuilder {
         )
     }
 
+    /// Every consumed topic's priority: a route's tiers take its main
+    /// topic's.
+    pub(crate) fn topic_priorities(
+        &self,
+        routes: &HashMap<String, RouteEntry>,
+    ) -> HashMap<String, Priority> {
+        routes
+            .iter()
+            .map(|(topic, e)| (topic.clone(), e.priority))
+            .collect()
+    }
+
     /// Turns the registrations into routes decoding through `schemas`: the
     /// registry for a worker, an in-memory store for the test harness. One
     /// code path, so both route, classify and retry alike.
@@ -408,6 +435,7 @@ impl WorkerBuilder {
                 reason,
             })?;
             let retry = Arc::new(retry);
+            let priority = self.priorities.get(topic).copied().unwrap_or_default();
             let mut layers = self.layers.clone();
             layers.extend(self.route_layers.get(topic).into_iter().flatten().cloned());
             let route = make(
@@ -422,6 +450,7 @@ impl WorkerBuilder {
                     main: topic.clone(),
                     tier: Some(i),
                     retry: retry.clone(),
+                    priority,
                 };
                 if entries.insert(tier.clone(), entry).is_some() {
                     return Err(Error::DuplicateTopic { topic: tier });
@@ -432,6 +461,7 @@ impl WorkerBuilder {
                 main: topic.clone(),
                 tier: None,
                 retry,
+                priority,
             };
             if entries.insert(topic.clone(), entry).is_some() {
                 return Err(Error::DuplicateTopic {
@@ -444,6 +474,12 @@ impl WorkerBuilder {
             return Err(Error::NoSuchRoute {
                 topic: unknown.clone(),
                 setting: "layer_for",
+            });
+        }
+        if let Some(unknown) = self.priorities.keys().find(|t| !mains.contains(t)) {
+            return Err(Error::NoSuchRoute {
+                topic: unknown.clone(),
+                setting: "priority",
             });
         }
         if let Some(unknown) = self.retry_overrides.keys().find(|t| !mains.contains(t)) {
@@ -466,6 +502,7 @@ pub(crate) struct Routes {
 /// [`Worker::run_until`] until a future of your choice completes.
 pub struct Worker {
     limits: Limits,
+    priorities: HashMap<String, Priority>,
     run_limits: limits::Limits,
     config: KafkaConfig,
     settings: Settings,
@@ -510,6 +547,7 @@ impl Worker {
             create_topics: true,
             retry: RetryPolicy::default(),
             retry_overrides: HashMap::new(),
+            priorities: HashMap::new(),
             endpoint: None,
             #[cfg(feature = "postgres")]
             outbox_relay: None,
@@ -599,7 +637,7 @@ impl Worker {
         let limits = self.limits;
         let context = poll::WorkerContext {
             core: std::sync::Mutex::new(poll::Core {
-                sched: Scheduler::new(limits),
+                sched: Scheduler::new(limits).with_priorities(self.priorities.clone()),
                 done: done_rx,
                 applied_pause: Default::default(),
                 post_assign: Vec::new(),

@@ -170,6 +170,11 @@ impl Pipeline {
             now_ms,
         );
         let duration_ms = elapsed.as_millis() as u64;
+        if let Some(ts) = msg.timestamp().to_millis() {
+            let done_ms = now_ms.saturating_add(duration_ms as i64);
+            self.metrics
+                .priority_latency(entry.priority, ((done_ms - ts).max(0) as f64) / 1000.0);
+        }
         let at = At(msg);
         let outcome = match next {
             Next::Done => {

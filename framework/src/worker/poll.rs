@@ -381,7 +381,10 @@ impl WorkerContext {
     /// oldest record this worker holds uncommitted (0 when nothing is).
     fn refresh_oldest_pending(&self) {
         let now = now_ms();
-        let oldest = self.lock().sched.oldest_pending();
+        let (oldest, by_level) = {
+            let core = self.lock();
+            (core.sched.oldest_pending(), core.sched.by_level())
+        };
         let ages = oldest
             .into_iter()
             .map(|(topic, ts)| {
@@ -389,11 +392,13 @@ impl WorkerContext {
                 (topic, age)
             })
             .collect();
-        self.metrics
+        let mut snap = self
+            .metrics
             .snapshot
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .oldest_pending_seconds = ages;
+            .unwrap_or_else(PoisonError::into_inner);
+        snap.oldest_pending_seconds = ages;
+        snap.priority = by_level;
     }
 }
 

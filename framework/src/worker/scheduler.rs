@@ -17,9 +17,17 @@
 //!   record, by ordering mode) run one after another: a lane has at most one
 //!   job ready or running, the rest wait behind it.
 //! * **Concurrency.** At most `concurrency` jobs run at once. Jobs whose lane
-//!   is free wait in one ready queue; a revoke or a stop drops them at once
+//!   is free wait in a ready queue; a revoke or a stop drops them at once
 //!   (they are uncommitted, so the next owner gets them), and only running
 //!   jobs are waited for.
+//! * **Priorities.** Each topic has a priority level (its route's). There is
+//!   one ready queue per level, and free slots go to the most urgent level
+//!   first. While a more urgent level is active (it has jobs running or
+//!   ready, or had a record within the last second), less urgent levels
+//!   together use at most `concurrency - concurrency / 4` slots, so an
+//!   urgent job finds a free slot at once however slow the bulk handlers
+//!   are. Less urgent partitions are never paused for it: polling goes on
+//!   and their share of slots keeps them moving.
 //! * **Backpressure.** At `max_in_flight` accepted-but-unfinished records a
 //!   partition is paused, and resumed at half. Polling never stops.
 //! * **Holds.** A retry-tier record that is not due pauses its partition and
@@ -34,6 +42,8 @@
 //!   counted as no longer running but never marks an offset done.
 
 use std::collections::{HashMap, VecDeque};
+
+use crate::worker::Priority;
 
 use crate::offsets::OffsetTracker;
 
@@ -78,6 +88,7 @@ pub(crate) struct Ticket {
     epoch: u64,
     pub offset: i64,
     lane: LaneKey,
+    level: usize,
 }
 
 /// A job to run now.
@@ -133,6 +144,49 @@ struct Hold {
     resumed: bool,
 }
 
+/// How long a priority level counts as active after its last record: long
+/// enough to bridge the gaps of a steady trickle of urgent jobs.
+const ACTIVE_MS: i64 = 1_000;
+
+/// Jobs whose lane is free, one queue per priority level.
+struct Ready<R> {
+    queues: [VecDeque<Job<R>>; Priority::LEVELS],
+}
+
+impl<R> Ready<R> {
+    fn new() -> Self {
+        Self {
+            queues: std::array::from_fn(|_| VecDeque::new()),
+        }
+    }
+
+    fn push(&mut self, job: Job<R>) {
+        self.queues[job.ticket.level].push_back(job);
+    }
+
+    fn len(&self) -> usize {
+        self.queues.iter().map(VecDeque::len).sum()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queues.iter().all(VecDeque::is_empty)
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Job<R>) -> bool) {
+        for q in &mut self.queues {
+            q.retain(&mut keep);
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Job<R>> {
+        self.queues.iter().flatten()
+    }
+
+    fn clear(&mut self) {
+        self.queues.iter_mut().for_each(VecDeque::clear);
+    }
+}
+
 /// A lane with a job ready or running at its head.
 struct Lane<R> {
     /// The head job was dispatched (it is not in the ready queue).
@@ -144,6 +198,8 @@ struct Lane<R> {
 struct Part<R> {
     tp: Tp,
     epoch: u64,
+    /// Priority level of the partition's topic (0 is the most urgent).
+    level: usize,
     tracker: OffsetTracker,
     lanes: HashMap<LaneKey, Lane<R>>,
     paused_bound: bool,
@@ -164,8 +220,16 @@ pub(crate) struct Scheduler<R> {
     limits: Limits,
     slots: Vec<Option<Part<R>>>,
     index: HashMap<String, HashMap<i32, usize>>,
-    ready: VecDeque<Job<R>>,
+    ready: Ready<R>,
     running: usize,
+    /// Topic -> priority; unlisted topics are [`Priority::Normal`].
+    priorities: HashMap<String, Priority>,
+    /// Running jobs per priority level.
+    running_at: [usize; Priority::LEVELS],
+    /// When each level last took a record (ms).
+    seen_ms: [i64; Priority::LEVELS],
+    /// The latest time an event brought (ms).
+    now_ms: i64,
     next_epoch: u64,
     stopping: bool,
     last_commit_ms: i64,
@@ -181,12 +245,35 @@ impl<R: Located> Scheduler<R> {
             },
             slots: Vec::new(),
             index: HashMap::new(),
-            ready: VecDeque::new(),
+            ready: Ready::new(),
             running: 0,
+            priorities: HashMap::new(),
+            running_at: [0; Priority::LEVELS],
+            seen_ms: [i64::MIN; Priority::LEVELS],
+            now_ms: i64::MIN,
             next_epoch: 0,
             stopping: false,
             last_commit_ms: i64::MIN,
         }
+    }
+
+    /// Sets each topic's priority (a route's tiers take its main topic's).
+    /// Applies to partitions assigned from now on.
+    pub(crate) fn with_priorities(mut self, priorities: HashMap<String, Priority>) -> Self {
+        self.priorities = priorities;
+        self
+    }
+
+    /// Jobs running and jobs ready to run, per priority level.
+    pub(crate) fn by_level(&self) -> [(usize, usize); Priority::LEVELS] {
+        std::array::from_fn(|l| (self.running_at[l], self.ready.queues[l].len()))
+    }
+
+    /// Whether `level` had work recently (see the module docs).
+    fn active(&self, level: usize) -> bool {
+        self.running_at[level] > 0
+            || !self.ready.queues[level].is_empty()
+            || self.now_ms.saturating_sub(self.seen_ms[level]) < ACTIVE_MS
     }
 
     fn slot_of(&self, topic: &str, partition: i32) -> Option<usize> {
@@ -230,9 +317,16 @@ impl<R: Located> Scheduler<R> {
                 }
             }
             self.next_epoch += 1;
+            let level = self
+                .priorities
+                .get(&tp.0)
+                .copied()
+                .unwrap_or_default()
+                .level();
             let part = Part {
                 tp: tp.clone(),
                 epoch: self.next_epoch,
+                level,
                 tracker: OffsetTracker::new(),
                 lanes: HashMap::new(),
                 paused_bound: false,
@@ -363,6 +457,7 @@ impl<R: Located> Scheduler<R> {
 
     /// A polled record. `now_ms` decides whether a tier record is due.
     pub(crate) fn record(&mut self, rec: Incoming<R>, now_ms: i64, out: &mut Vec<Action<R>>) {
+        self.now_ms = self.now_ms.max(now_ms);
         if self.stopping {
             return;
         }
@@ -394,6 +489,7 @@ impl<R: Located> Scheduler<R> {
         }
         p.hold = None;
         p.tracker.start_at(rec.offset, rec.timestamp_ms);
+        self.seen_ms[p.level] = now_ms;
         if rec.foreign {
             p.tracker.finish(rec.offset);
             return;
@@ -404,6 +500,7 @@ impl<R: Located> Scheduler<R> {
                 epoch: p.epoch,
                 offset: rec.offset,
                 lane: rec.lane,
+                level: p.level,
             },
             item: rec.item,
         };
@@ -417,7 +514,7 @@ impl<R: Located> Scheduler<R> {
                         queue: VecDeque::new(),
                     },
                 );
-                self.ready.push_back(job);
+                self.ready.push(job);
             }
         }
         if !p.paused_bound && p.tracker.in_flight() >= self.limits.max_in_flight {
@@ -429,16 +526,36 @@ impl<R: Located> Scheduler<R> {
         }
     }
 
-    /// Hands ready jobs to runners, up to the concurrency limit, as one
-    /// `Run` batch. Call after a batch of events.
+    /// Hands ready jobs to runners, up to the concurrency limit and the
+    /// most urgent level first, as one `Run` batch. Call after a batch of
+    /// events.
     pub(crate) fn dispatch(&mut self, out: &mut Vec<Action<R>>) {
-        let free = self.limits.concurrency.saturating_sub(self.running);
-        if free == 0 || self.ready.is_empty() {
+        if self.running >= self.limits.concurrency || self.ready.is_empty() {
             return;
         }
-        let n = free.min(self.ready.len());
-        let batch: Vec<Job<R>> = self.ready.drain(..n).collect();
-        self.running += batch.len();
+        let mut batch: Vec<Job<R>> = Vec::new();
+        let mut urgent_active = false;
+        for level in 0..Priority::LEVELS {
+            // Slots kept free for a more urgent level that is active.
+            let reserve = if urgent_active {
+                self.limits.concurrency / 4
+            } else {
+                0
+            };
+            urgent_active |= self.active(level);
+            let queue = &mut self.ready.queues[level];
+            let free = (self.limits.concurrency - reserve).saturating_sub(self.running);
+            let n = free.min(queue.len());
+            if n == 0 {
+                continue;
+            }
+            batch.extend(queue.drain(..n));
+            self.running += n;
+            self.running_at[level] += n;
+        }
+        if batch.is_empty() {
+            return;
+        }
         for j in &batch {
             if let Some(p) = self.slots[j.ticket.slot].as_mut() {
                 p.max_dispatched = p.max_dispatched.max(Some(j.ticket.offset));
@@ -455,6 +572,7 @@ impl<R: Located> Scheduler<R> {
     /// re-delivered, so its offset stays unfinished).
     pub(crate) fn finished(&mut self, ticket: Ticket, done: bool, out: &mut Vec<Action<R>>) {
         self.running = self.running.saturating_sub(1);
+        self.running_at[ticket.level] = self.running_at[ticket.level].saturating_sub(1);
         let Some(p) = self
             .slots
             .get_mut(ticket.slot)
@@ -475,7 +593,7 @@ impl<R: Located> Scheduler<R> {
             _ => None,
         };
         match next {
-            Some(job) => self.ready.push_back(job),
+            Some(job) => self.ready.push(job),
             None => {
                 p.lanes.remove(&ticket.lane);
             }
@@ -495,6 +613,7 @@ impl<R: Located> Scheduler<R> {
     /// Time passed: resumes holds that are due, and commits moved
     /// watermarks once per commit interval.
     pub(crate) fn tick(&mut self, now_ms: i64, out: &mut Vec<Action<R>>) {
+        self.now_ms = self.now_ms.max(now_ms);
         for p in self.slots.iter_mut().flatten() {
             if let Some(h) = p.hold.as_mut().filter(|h| !h.resumed && h.due_ms <= now_ms) {
                 h.resumed = true;
@@ -621,6 +740,119 @@ mod tests {
                 _ => vec![],
             })
             .collect()
+    }
+
+    /// A record of a named topic (partition 0), for the priority tests.
+    struct Topical(&'static str);
+
+    impl Located for Topical {
+        fn topic(&self) -> &str {
+            self.0
+        }
+        fn partition(&self) -> i32 {
+            0
+        }
+    }
+
+    fn on(topic: &'static str, offset: i64) -> Incoming<Topical> {
+        Incoming {
+            offset,
+            lane: LaneKey::Offset(offset),
+            timestamp_ms: None,
+            due_ms: None,
+            foreign: false,
+            item: Topical(topic),
+        }
+    }
+
+    /// The (topic, ticket) of every job in `Run` actions.
+    fn started(out: &[Action<Topical>]) -> Vec<(&'static str, Ticket)> {
+        out.iter()
+            .flat_map(|a| match a {
+                Action::Run(jobs) => jobs.iter().map(|j| (j.item.0, j.ticket)).collect(),
+                _ => vec![],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn urgent_jobs_take_free_slots_first_and_bulk_keeps_three_quarters_meanwhile() {
+        let mut s = Scheduler::new(limits(8, 1_000)).with_priorities(HashMap::from([
+            ("hi".to_string(), Priority::High),
+            ("lo".to_string(), Priority::Low),
+        ]));
+        let mut out = Vec::new();
+        s.assign(&[("hi".to_string(), 0), ("lo".to_string(), 0)], &mut out);
+        // A bulk flood alone takes every slot.
+        for o in 0..100 {
+            s.record(on("lo", o), 0, &mut out);
+        }
+        out.clear();
+        s.dispatch(&mut out);
+        let mut bulk: Vec<Ticket> = started(&out).into_iter().map(|(_, t)| t).collect();
+        assert_eq!(bulk.len(), 8, "bulk alone uses all 8 slots");
+        // Urgent work arrives behind 92 ready bulk jobs: the next free slots
+        // are its own.
+        for o in 0..3 {
+            s.record(on("hi", o), 10, &mut out);
+        }
+        out.clear();
+        for t in bulk.drain(..2) {
+            s.finished(t, true, &mut out);
+        }
+        s.dispatch(&mut out);
+        let next = started(&out);
+        assert_eq!(
+            next.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+            vec!["hi", "hi"],
+            "freed slots go to the urgent level"
+        );
+        // While urgent work is active, bulk keeps at most 6 of 8 slots.
+        out.clear();
+        for (_, t) in next {
+            s.finished(t, true, &mut out);
+        }
+        s.dispatch(&mut out);
+        let third = started(&out);
+        assert_eq!(third.len(), 1, "one urgent job left");
+        assert_eq!(third[0].0, "hi");
+        out.clear();
+        s.finished(third[0].1, true, &mut out);
+        s.record(on("hi", 3), 500, &mut out);
+        s.dispatch(&mut out);
+        let fourth = started(&out);
+        assert_eq!(fourth.len(), 1, "the new urgent job starts at once");
+        let (running, ready) = s.by_level()[2];
+        assert_eq!(running, 6, "bulk holds 6 slots while urgent work is active");
+        assert!(ready > 0);
+        // A second after the urgent level went quiet, bulk takes every slot.
+        out.clear();
+        for (_, t) in fourth {
+            s.finished(t, true, &mut out);
+        }
+        s.tick(1_600, &mut out);
+        out.clear();
+        s.dispatch(&mut out);
+        assert_eq!(s.by_level()[0], (0, 0));
+        assert_eq!(s.running(), 8, "bulk takes all 8 slots again");
+    }
+
+    #[test]
+    fn without_priorities_every_topic_shares_one_level() {
+        let mut s: Scheduler<Topical> = Scheduler::new(limits(4, 1_000));
+        let mut out = Vec::new();
+        s.assign(&[("a".to_string(), 0), ("b".to_string(), 0)], &mut out);
+        for o in 0..10 {
+            s.record(on("a", o), 0, &mut out);
+            s.record(on("b", o), 0, &mut out);
+        }
+        out.clear();
+        s.dispatch(&mut out);
+        assert_eq!(
+            started(&out).iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+            vec!["a", "b", "a", "b"],
+            "arrival order, all slots used"
+        );
     }
 
     #[test]

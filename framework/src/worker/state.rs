@@ -89,4 +89,6 @@ pub(crate) struct RouteEntry {
     /// `Some(i)` when this topic is retry tier `i` of `main`.
     pub tier: Option<usize>,
     pub retry: Arc<RetryPolicy>,
+    /// The route's priority (its tiers share it).
+    pub priority: super::Priority,
 }
