@@ -42,7 +42,8 @@ struct Scratch {
 }
 
 impl Scratch {
-    fn new() -> Self {
+    /// A broker with the stack's settings plus `extra` (properties lines).
+    fn new(extra: &str) -> Self {
         for port in [PORT, CONTROLLER_PORT] {
             assert!(
                 std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
@@ -69,7 +70,7 @@ impl Scratch {
                  group.consumer.min.session.timeout.ms=6000\n\
                  group.consumer.session.timeout.ms=10000\n\
                  group.consumer.min.heartbeat.interval.ms=500\n\
-                 group.consumer.heartbeat.interval.ms=500\n",
+                 group.consumer.heartbeat.interval.ms=500\n{extra}",
                 dir.join("data").display()
             ),
         )
@@ -185,7 +186,7 @@ async fn the_worker_recovers_by_itself_when_the_single_broker_restarts() {
     init_logging();
     let registry = KafkaConfig::from_env().schema_registry_url;
     let config = KafkaConfig::new(format!("127.0.0.1:{PORT}"), registry);
-    let mut broker = Scratch::new();
+    let mut broker = Scratch::new("");
     broker.start();
     wait_answering(&config, Duration::from_secs(90)).await;
     let hint = dir_hint(&broker.dir);
@@ -309,4 +310,59 @@ async fn the_worker_recovers_by_itself_when_the_single_broker_restarts() {
     );
     assert_eq!(distinct(), JOBS, "no job lost ({hint})");
     assert_eq!(ends.iter().sum::<i64>(), JOBS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "starts its own single-node Kafka on 29092: ./dev test --cluster"]
+async fn a_broker_without_kip848_groups_is_refused_with_an_error_naming_the_fix() {
+    init_logging();
+    let registry = KafkaConfig::from_env().schema_registry_url;
+    let config = KafkaConfig::new(format!("127.0.0.1:{PORT}"), registry);
+    // As a broker older than Kafka 4.0 would: no KIP-848 consumer groups.
+    let mut broker = Scratch::new("group.coordinator.rebalance.protocols=classic\n");
+    broker.start();
+    wait_answering(&config, Duration::from_secs(90)).await;
+    let topic = unique("nokip848");
+    create_topic(&config, &topic, 1).await;
+    let worker = Worker::builder(config.clone(), unique("nokip848-g"))
+        .handle_on::<TestJob, _>(&topic, |_job: TestJob, _ctx: JobContext| async {
+            Ok::<(), JobError>(())
+        })
+        .build()
+        .expect("worker builds");
+    let ran = tokio::time::timeout(
+        Duration::from_secs(60),
+        worker.run_until(std::future::pending()),
+    )
+    .await
+    .expect("the worker stops on its own instead of polling forever");
+    let error = ran
+        .expect_err("the default protocol cannot work here")
+        .to_string();
+    assert!(
+        error.contains("KJOB_GROUP_PROTOCOL=classic") && error.contains("KIP-848"),
+        "the error names the protocol and the fix: {error}"
+    );
+    // And the classic protocol works against the same broker.
+    let producer = Producer::new(&config).expect("producer");
+    enqueue_n(&producer, &topic, 10, 10, "ok").await;
+    let handled = Arc::new(AtomicU64::new(0));
+    let h = handled.clone();
+    let worker = Worker::builder(config.clone(), unique("nokip848-classic"))
+        .handle_on::<TestJob, _>(&topic, move |_job: TestJob, _ctx: JobContext| {
+            let h = h.clone();
+            async move {
+                h.fetch_add(1, Ordering::Relaxed);
+                Ok::<(), JobError>(())
+            }
+        })
+        .group_protocol(kjob::GroupProtocol::Classic)
+        .build()
+        .expect("worker builds");
+    let running = start(worker);
+    eventually(Duration::from_secs(60), "classic handles the jobs", || {
+        handled.load(Ordering::Relaxed) == 10
+    })
+    .await;
+    running.stop().await;
 }

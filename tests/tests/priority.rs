@@ -55,21 +55,23 @@ async fn urgent_jobs_overtake_a_bulk_backlog_and_the_backlog_still_drains() {
         .expect("worker builds");
     let running = start(worker);
 
-    eventually(
-        Duration::from_secs(60),
-        "the bulk backlog started",
-        || bulk_done.load(Ordering::Relaxed) >= 8,
-    )
+    eventually(Duration::from_secs(60), "the bulk backlog started", || {
+        bulk_done.load(Ordering::Relaxed) >= 8
+    })
     .await;
     let before = bulk_done.load(Ordering::Relaxed);
     enqueue_n(&producer, &urgent, URGENT, URGENT, "ok").await;
-    eventually(
-        Duration::from_secs(60),
-        "every urgent job handled",
-        || urgent_seen.lock().unwrap().len() == URGENT as usize,
-    )
+    eventually(Duration::from_secs(60), "every urgent job handled", || {
+        urgent_seen.lock().unwrap().len() == URGENT as usize
+    })
     .await;
-    let last = urgent_seen.lock().unwrap().iter().copied().max().unwrap_or(0);
+    let last = urgent_seen
+        .lock()
+        .unwrap()
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(0);
     eprintln!(
         "urgent jobs enqueued after {before} of {BULK} bulk jobs; all {URGENT} handled by bulk job {last}"
     );
@@ -83,11 +85,9 @@ async fn urgent_jobs_overtake_a_bulk_backlog_and_the_backlog_still_drains() {
     );
 
     // The backlog drains, and every offset is committed.
-    eventually(
-        Duration::from_secs(120),
-        "the bulk backlog drained",
-        || bulk_done.load(Ordering::Relaxed) == BULK as u64,
-    )
+    eventually(Duration::from_secs(120), "the bulk backlog drained", || {
+        bulk_done.load(Ordering::Relaxed) == BULK as u64
+    })
     .await;
     wait_committed_at_end(&config, &group, &bulk, 2).await;
     wait_committed_at_end(&config, &group, &urgent, 2).await;

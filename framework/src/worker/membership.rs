@@ -125,6 +125,35 @@ pub fn instance_id_from_env() -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
+/// Settings of the classic protocol that librdkafka refuses under KIP-848,
+/// where the broker decides them.
+const CLASSIC_ONLY: [&str; 3] = [
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "partition.assignment.strategy",
+];
+
+/// Refuses, at build time and with the fix named, a classic-only setting
+/// under KIP-848: a config written for kjob's earlier classic default
+/// would otherwise fail later, as a client creation error.
+pub(crate) fn reject_classic_only(config: &crate::KafkaConfig) -> Result<()> {
+    match CLASSIC_ONLY
+        .iter()
+        .find_map(|k| Some((*k, config.overrides.get(*k)?)))
+    {
+        None => Ok(()),
+        Some((name, value)) => Err(Error::InvalidSetting {
+            name: name.into(),
+            value: value.clone(),
+            reason: "a classic-protocol setting: under KIP-848 (`group.protocol=consumer`, \
+                     kjob's default) the broker decides it (`group.consumer.session.timeout.ms`, \
+                     `group.consumer.heartbeat.interval.ms`, `group.remote.assignor`); drop \
+                     it, or keep the classic protocol with KJOB_GROUP_PROTOCOL=classic"
+                .into(),
+        }),
+    }
+}
+
 /// kjob's consumer settings for `protocol`; the user's own overrides in
 /// [`crate::KafkaConfig`] are applied on top of these.
 pub(crate) fn consumer_settings(protocol: GroupProtocol) -> Vec<(&'static str, &'static str)> {
@@ -161,6 +190,17 @@ mod tests {
         );
         let err = GroupProtocol::parse("cooperative").unwrap_err().to_string();
         assert!(err.contains("`classic` or `consumer`"), "{err}");
+    }
+
+    #[test]
+    fn a_classic_only_setting_is_refused_under_kip848_with_the_fix_named() {
+        let config = crate::KafkaConfig::new("127.0.0.1:9092", "http://127.0.0.1:8081")
+            .set("session.timeout.ms", "6000");
+        let err = reject_classic_only(&config).unwrap_err().to_string();
+        assert!(err.contains("session.timeout.ms"), "{err}");
+        assert!(err.contains("KJOB_GROUP_PROTOCOL=classic"), "{err}");
+        let plain = crate::KafkaConfig::new("127.0.0.1:9092", "http://127.0.0.1:8081");
+        assert!(reject_classic_only(&plain).is_ok());
     }
 
     #[test]

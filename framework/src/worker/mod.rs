@@ -346,6 +346,9 @@ impl WorkerBuilder {
                 None => GroupProtocol::from_env()?.unwrap_or_default(),
             },
         };
+        if protocol == GroupProtocol::Consumer {
+            membership::reject_classic_only(&self.config)?;
+        }
         let metrics = match self.endpoint {
             Some(_) => Metrics::prometheus()?,
             None => Metrics::disabled(),
@@ -753,11 +756,32 @@ impl Worker {
                     format!("--topic {topics}"),
                 )
             }
-            _ => {
+            C::SaslAuthenticationFailed | C::Authentication => {
                 return Error::Authentication {
                     bootstrap: self.config.bootstrap_servers.clone(),
                     message: fatal.message,
                 }
+            }
+            C::UnsupportedVersion | C::UnsupportedFeature
+                if self.protocol == GroupProtocol::Consumer =>
+            {
+                return Error::InvalidSetting {
+                    name: "group.protocol".into(),
+                    value: "consumer".into(),
+                    reason: format!(
+                        "the brokers at {} do not serve KIP-848 consumer groups (Kafka 4.0 or \
+                         newer, with `consumer` in `group.coordinator.rebalance.protocols`); \
+                         set KJOB_GROUP_PROTOCOL=classic (or .group_protocol(GroupProtocol::Classic)) \
+                         for older brokers. librdkafka said: {}",
+                        self.config.bootstrap_servers, fatal.message
+                    ),
+                }
+            }
+            _ => {
+                return Error::Worker(format!(
+                    "the Kafka client stopped on a fatal error: {}",
+                    fatal.message
+                ))
             }
         };
         Error::not_authorized(&self.config, operation, resource, &acl_args, fatal.message)

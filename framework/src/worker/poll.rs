@@ -170,6 +170,16 @@ fn fatal_consumer_error(
 ) -> Option<FatalConsumerError> {
     use rdkafka::types::RDKafkaErrorCode as C;
     let code = e.rdkafka_error_code()?;
+    if code == C::Fatal {
+        // librdkafka gave up on the client (for example a broker without
+        // KIP-848 consumer groups refused `group.protocol=consumer`): the
+        // client keeps the underlying error.
+        let (code, message) = consumer
+            .client()
+            .fatal_error()
+            .unwrap_or((code, e.to_string()));
+        return Some(FatalConsumerError { code, message });
+    }
     let fatal = matches!(
         code,
         C::TopicAuthorizationFailed
