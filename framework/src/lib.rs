@@ -37,7 +37,7 @@
 //! **What is for whom.** Handler crates need the root re-exports (or
 //! [`prelude`]), [`retry`], [`layers`], [`idempotency`] and, for tests,
 //! [`testing`]. [`dlq`], [`replay`], [`lag`], [`topics`], [`schema`],
-//! [`registry`], [`headers`] and [`codec`] are the operator side that the
+//! [`registry`], [`groups`], [`headers`] and [`codec`] are the operator side that the
 //! `kjob` CLI is built on, public so that teams can script the same
 //! operations.
 
@@ -46,6 +46,7 @@ pub mod codec;
 pub mod config;
 pub mod dlq;
 pub mod error;
+pub mod groups;
 pub mod headers;
 pub mod idempotency;
 pub mod job;

@@ -24,13 +24,16 @@ enum Protocol {
 
 fn builder(config: &KafkaConfig, group: &str, protocol: Protocol) -> kjob::WorkerBuilder {
     match protocol {
-        Protocol::Eager => Worker::builder(config.clone(), group),
+        Protocol::Eager => {
+            Worker::builder(config.clone(), group).group_protocol(GroupProtocol::Classic)
+        }
         Protocol::Cooperative => Worker::builder(
             config
                 .clone()
                 .set("partition.assignment.strategy", "cooperative-sticky"),
             group,
-        ),
+        )
+        .group_protocol(GroupProtocol::Classic),
         Protocol::Kip848 => {
             Worker::builder(config.clone(), group).group_protocol(GroupProtocol::Consumer)
         }

@@ -762,6 +762,21 @@ impl Worker {
                     message: fatal.message,
                 }
             }
+            C::UnreleasedInstanceId => {
+                return Error::InvalidSetting {
+                    name: membership::INSTANCE_ID_ENV.into(),
+                    value: self.static_member.clone().unwrap_or_default(),
+                    reason: format!(
+                        "another member of group `{group}` still holds this static-member id: \
+                         a second live process with the same id, or (under KIP-848) a previous \
+                         run that stopped without leaving, whose id the broker releases when its \
+                         session (group.consumer.session.timeout.ms) expires. Give every live \
+                         process its own id, or start again after the session timeout. \
+                         librdkafka said: {}",
+                        fatal.message
+                    ),
+                }
+            }
             C::UnsupportedVersion | C::UnsupportedFeature
                 if self.protocol == GroupProtocol::Consumer =>
             {
