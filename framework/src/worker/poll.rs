@@ -170,7 +170,7 @@ fn fatal_consumer_error(
 ) -> Option<FatalConsumerError> {
     use rdkafka::types::RDKafkaErrorCode as C;
     let code = e.rdkafka_error_code()?;
-    if code == C::Fatal {
+    if code == C::Fatal || matches!(e, rdkafka::error::KafkaError::MessageConsumptionFatal(_)) {
         // librdkafka gave up on the client (for example a broker without
         // KIP-848 consumer groups refused `group.protocol=consumer`): the
         // client keeps the underlying error.
