@@ -67,7 +67,8 @@ use crate::topics::{create_topics, create_topics_with, dlq_topic, partition_coun
 pub use membership::GroupProtocol;
 use pipeline::Pipeline;
 pub use priority::Priority;
-pub use route::{run_handler, Attempt, Ext, FromParts, Handler, Parts, State};
+pub(crate) use route::Attempt;
+pub use route::{Ext, FromParts, Handler, Parts, State};
 use route::{Route, StateMap, TypedRoute};
 use scheduler::{Limits, Scheduler};
 pub use state::WorkerStats;

@@ -405,25 +405,6 @@ async fn guarded(
     }
 }
 
-/// Runs one handler attempt with panic capture and an optional timeout,
-/// classified exactly as the worker classifies it.
-pub async fn run_handler<J, M, H: Handler<J, M>>(
-    handler: &H,
-    job: J,
-    ctx: JobContext,
-    timeout: Option<Duration>,
-) -> Attempt {
-    let states = StateMap::default();
-    let parts = Parts {
-        states: &states,
-        extensions: &EMPTY_EXTENSIONS,
-    };
-    // Build the future inside the async block so a panic in the handler's
-    // synchronous prelude is caught too.
-    let fut = async move { handler.call(job, ctx, &parts).await };
-    guarded(fut, timeout).await
-}
-
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_string()
