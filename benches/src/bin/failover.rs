@@ -8,9 +8,8 @@
 //! Runs three settings in turn, each in a fresh group and topic, with jobs
 //! arriving at a steady 200/s on 4 partitions:
 //! * `librdkafka defaults`: classic protocol, 45 s session (kjob before);
-//! * `classic`: kjob's classic settings, 10 s session, 500 ms heartbeat;
-//! * `KIP-848` (kjob's default): `group.protocol=consumer`; the session is
-//!   the broker's `group.consumer.session.timeout.ms` (10 s on `./dev`'s
+//! * `classic` (kjob's default): 10 s session, 500 ms heartbeat;
+//! * `KIP-848`: `group.protocol=consumer`; the session is the broker's `group.consumer.session.timeout.ms` (10 s on `./dev`'s
 //!   stack, 45 s on a broker with default settings).
 //!
 //! The driver re-runs this binary as the worker (`failover worker`), which
@@ -44,11 +43,11 @@ async fn main() -> anyhow::Result<()> {
             ],
         ),
         (
-            "kjob classic (10 s session)",
+            "kjob default: classic (10 s session)",
             &[("group.protocol", "classic")],
         ),
         (
-            "kjob default: KIP-848 (broker session 10 s)",
+            "KIP-848 (broker session 10 s)",
             &[("group.protocol", "consumer")],
         ),
     ];

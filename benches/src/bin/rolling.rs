@@ -108,7 +108,7 @@ async fn main() -> anyhow::Result<()> {
     let rate: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(400);
     let protocols: [Setting; 4] = [
         (
-            "classic eager range",
+            "classic eager range (default)",
             &[("group.protocol", "classic")],
             false,
         ),
@@ -126,7 +126,7 @@ async fn main() -> anyhow::Result<()> {
             true,
         ),
         (
-            "KIP-848 range (default)",
+            "KIP-848 (range)",
             &[("group.protocol", "consumer")],
             false,
         ),

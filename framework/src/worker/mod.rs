@@ -302,7 +302,7 @@ impl WorkerBuilder {
     }
 
     /// The rebalance protocol (default: `KJOB_GROUP_PROTOCOL`, else
-    /// [`GroupProtocol::Consumer`], i.e. KIP-848). A `group.protocol` set on the
+    /// [`GroupProtocol::Classic`]). A `group.protocol` set on the
     /// [`KafkaConfig`] is honoured too. See [`membership`] for what each
     /// costs on a deploy and on a crash.
     pub fn group_protocol(mut self, protocol: GroupProtocol) -> Self {

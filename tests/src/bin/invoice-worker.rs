@@ -20,7 +20,7 @@ async fn main() -> anyhow::Result<()> {
     kjob_integration_tests::init_logging();
     let store = PgStore::connect(&env("KJOB_DATABASE_URL")?).await?;
     let commit = Duration::from_millis(env("KJOB_TEST_COMMIT_MS")?.parse()?);
-    let config = KafkaConfig::from_env();
+    let config = KafkaConfig::from_env().set("session.timeout.ms", "6000");
     let deps = Deps {
         store,
         mailer: Arc::new(MemoryMailer::default()),
