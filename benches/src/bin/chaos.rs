@@ -17,6 +17,7 @@
 //! worker processes. The shared single-node stack and registry are never
 //! touched. PostgreSQL is the shared one, with tables named `chaos_<run>_*`
 //! (dropped at the end of a passing run, kept for inspection otherwise).
+//! Worker logs stay in `.stack/cluster/chaos-<run>/`.
 //!
 //! The handler is idempotent through `PgMarkers`: one transaction writes the
 //! marker (keyed by the job's domain key, its seq) and the effect row. Each
@@ -218,14 +219,25 @@ struct Fleet {
 }
 
 impl Fleet {
+    /// Sends `sig` to the slot's current process, if it has one.
     fn signal(&self, slot: usize, sig: &str) -> bool {
-        let pid = self.pids[slot].load(Ordering::Acquire);
-        pid != 0
-            && std::process::Command::new("kill")
-                .args([sig, &pid.to_string()])
-                .status()
-                .is_ok_and(|s| s.success())
+        signal_pid(self.pids[slot].load(Ordering::Acquire), sig)
     }
+
+    /// SIGKILLs the slot's current process. Its pid is taken out at once, so
+    /// a second kill planned a moment later finds another live process
+    /// rather than the one already dying.
+    fn kill(&self, slot: usize) -> bool {
+        signal_pid(self.pids[slot].swap(0, Ordering::AcqRel), "-KILL")
+    }
+}
+
+fn signal_pid(pid: u64, sig: &str) -> bool {
+    pid != 0
+        && std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success())
 }
 
 fn supervise(
@@ -311,10 +323,38 @@ fn alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// How one broker restart went.
+struct BrokerRestart {
+    /// From the signal until the process was gone (a SIGTERM is a
+    /// controlled shutdown: leadership moves first).
+    stopped: Duration,
+    /// From the start until the node served a metadata request on its
+    /// SASL_SSL listener.
+    answering: Duration,
+}
+
+/// Whether cluster node `node` serves metadata on its own listener.
+async fn node_answers(config: &KafkaConfig, node: u32) -> bool {
+    let mut c = config.clone();
+    c.bootstrap_servers = format!("127.0.0.1:{}", 19091 + node);
+    tokio::task::spawn_blocking(move || {
+        c.rdkafka_config()
+            .create::<BaseConsumer>()
+            .is_ok_and(|b| b.fetch_metadata(None, Duration::from_secs(3)).is_ok())
+    })
+    .await
+    .unwrap_or(false)
+}
+
 /// Stops cluster node `node` with `sig`, waits 5 s after it is gone and
-/// starts it again through `./dev stack up --brokers 3` (which returns once
-/// every node answers). Returns the time from the signal to answering.
-async fn restart_broker(node: u32, sig: &'static str, logs: &Path) -> anyhow::Result<Duration> {
+/// starts it again through `./dev stack up --brokers 3`, timing the stop and
+/// the start until the node answers.
+async fn restart_broker(
+    config: &KafkaConfig,
+    node: u32,
+    sig: &'static str,
+    logs: &Path,
+) -> anyhow::Result<BrokerRestart> {
     let pid = node_pid(node)?;
     let at = Instant::now();
     let ok = std::process::Command::new("kill")
@@ -324,28 +364,41 @@ async fn restart_broker(node: u32, sig: &'static str, logs: &Path) -> anyhow::Re
     anyhow::ensure!(ok, "kill {sig} {pid} (node {node}) failed");
     while alive(pid) {
         anyhow::ensure!(
-            at.elapsed() < Duration::from_secs(60),
-            "node {node} (pid {pid}) still running 60 s after {sig}"
+            at.elapsed() < Duration::from_secs(120),
+            "node {node} (pid {pid}) still running 120 s after {sig}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let stopped = at.elapsed();
     tokio::time::sleep(Duration::from_secs(5)).await;
     let log = std::fs::File::options()
         .create(true)
         .append(true)
         .open(logs.join("cluster-up.log"))?;
-    let status = tokio::process::Command::new(repo_root().join("dev"))
+    let started = Instant::now();
+    let mut up = tokio::process::Command::new(repo_root().join("dev"))
         .args(["stack", "up", "--brokers", "3"])
         .stdout(log.try_clone()?)
         .stderr(log)
-        .status()
-        .await?;
+        .spawn()?;
+    let answering = loop {
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(180),
+            "node {node} did not answer within 180 s of its start; see {}",
+            logs.join("cluster-up.log").display()
+        );
+        if node_answers(config, node).await {
+            break started.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let status = up.wait().await?;
     anyhow::ensure!(
         status.success(),
         "./dev stack up --brokers 3 failed restarting node {node}; see {}",
         logs.join("cluster-up.log").display()
     );
-    Ok(at.elapsed())
+    Ok(BrokerRestart { stopped, answering })
 }
 
 /// Enqueues `0..jobs` at `rate`/s in batches, retrying whatever the broker
@@ -624,7 +677,7 @@ async fn drive(s: Settings) -> anyhow::Result<bool> {
                     .map(|i| (slot + i) % fleet.pids.len())
                     .find(|i| fleet.pids[*i].load(Ordering::Acquire) != 0);
                 match live {
-                    Some(i) if fleet.signal(i, "-KILL") => {
+                    Some(i) if fleet.kill(i) => {
                         done += 1;
                         timeline.note(t0, format!("SIGKILL worker {i} ({done})"));
                     }
@@ -635,19 +688,20 @@ async fn drive(s: Settings) -> anyhow::Result<bool> {
         })
     };
     let broker_task = {
-        let (timeline, dir) = (timeline.clone(), dir.clone());
+        let (timeline, dir, config) = (timeline.clone(), dir.clone(), config.clone());
         tokio::spawn(async move {
             let mut out = Vec::new();
             for (when, node, sig) in brokers {
                 tokio::time::sleep_until(at(when).into()).await;
                 timeline.note(t0, format!("broker node {node}: kill {sig}"));
-                let r = restart_broker(node, sig, &dir).await;
+                let r = restart_broker(&config, node, sig, &dir).await;
                 match &r {
-                    Ok(d) => timeline.note(
+                    Ok(b) => timeline.note(
                         t0,
                         format!(
-                            "broker node {node} back, {:.1} s after the signal",
-                            d.as_secs_f64()
+                            "broker node {node} stopped {:.1} s after the signal, answering {:.1} s after its start",
+                            b.stopped.as_secs_f64(),
+                            b.answering.as_secs_f64()
                         ),
                     ),
                     Err(e) => {
@@ -851,7 +905,11 @@ async fn drive(s: Settings) -> anyhow::Result<bool> {
     );
     for (node, sig, r) in &broker_results {
         let r = match r {
-            Ok(d) => format!("back {:.1} s after the signal", d.as_secs_f64()),
+            Ok(b) => format!(
+                "stopped {:.1} s after the signal, down 5 s, answering {:.1} s after its start",
+                b.stopped.as_secs_f64(),
+                b.answering.as_secs_f64()
+            ),
             Err(e) => format!("FAILED: {e}"),
         };
         println!("| broker restart | node {node}, kill {sig}, {r} |");
@@ -880,10 +938,11 @@ async fn drive(s: Settings) -> anyhow::Result<bool> {
             "DROP TABLE {t}_effects, {t}_deliveries, {t}_skips, {t}_markers"
         ))
         .await?;
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(dir.join("registry"));
+        println!("chaos: worker logs in {}", dir.display());
     } else {
         println!(
-            "chaos: kept tables {t}_* and {} for inspection",
+            "chaos: kept tables {t}_* and {} (logs, registry) for inspection",
             dir.display()
         );
     }
