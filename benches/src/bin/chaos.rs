@@ -296,13 +296,8 @@ fn supervise(
 }
 
 /// Prints what happened when (seconds since the start).
-#[derive(Default)]
-struct Timeline;
-
-impl Timeline {
-    fn note(&self, t0: Instant, what: String) {
-        println!("chaos: {:7.1} s  {what}", t0.elapsed().as_secs_f64());
-    }
+fn note(t0: Instant, what: String) {
+    println!("chaos: {:7.1} s  {what}", t0.elapsed().as_secs_f64());
 }
 
 fn node_pid(node: u32) -> anyhow::Result<u32> {
@@ -662,12 +657,11 @@ async fn drive(s: Settings) -> anyhow::Result<bool> {
     ];
     let outage_at = rng.random_range(0.4..0.55) * feed_secs;
 
-    let timeline = Arc::new(Timeline::default());
     let feed_start = Instant::now();
     let at = move |secs: f64| feed_start + Duration::from_secs_f64(secs);
 
     let killer = {
-        let (fleet, timeline) = (fleet.clone(), timeline.clone());
+        let fleet = fleet.clone();
         tokio::spawn(async move {
             let mut done = 0usize;
             for (when, slot) in kills {
@@ -679,24 +673,24 @@ async fn drive(s: Settings) -> anyhow::Result<bool> {
                 match live {
                     Some(i) if fleet.kill(i) => {
                         done += 1;
-                        timeline.note(t0, format!("SIGKILL worker {i} ({done})"));
+                        note(t0, format!("SIGKILL worker {i} ({done})"));
                     }
-                    _ => timeline.note(t0, "no live worker to SIGKILL; skipped".into()),
+                    _ => note(t0, "no live worker to SIGKILL; skipped".into()),
                 }
             }
             done
         })
     };
     let broker_task = {
-        let (timeline, dir, config) = (timeline.clone(), dir.clone(), config.clone());
+        let (dir, config) = (dir.clone(), config.clone());
         tokio::spawn(async move {
             let mut out = Vec::new();
             for (when, node, sig) in brokers {
                 tokio::time::sleep_until(at(when).into()).await;
-                timeline.note(t0, format!("broker node {node}: kill {sig}"));
+                note(t0, format!("broker node {node}: kill {sig}"));
                 let r = restart_broker(&config, node, sig, &dir).await;
                 match &r {
-                    Ok(b) => timeline.note(
+                    Ok(b) => note(
                         t0,
                         format!(
                             "broker node {node} stopped {:.1} s after the signal, answering {:.1} s after its start",
@@ -705,7 +699,7 @@ async fn drive(s: Settings) -> anyhow::Result<bool> {
                         ),
                     ),
                     Err(e) => {
-                        timeline.note(t0, format!("broker node {node} restart failed: {e:#}"))
+                        note(t0, format!("broker node {node} restart failed: {e:#}"))
                     }
                 }
                 out.push((node, sig, r.map_err(|e| format!("{e:#}"))));
@@ -715,19 +709,18 @@ async fn drive(s: Settings) -> anyhow::Result<bool> {
     };
     let (registry_tx, registry_rx) = tokio::sync::oneshot::channel();
     let registry_task = {
-        let timeline = timeline.clone();
         tokio::spawn(async move {
             tokio::time::sleep_until(at(outage_at).into()).await;
             registry.kill();
             let down = Instant::now();
-            timeline.note(t0, "registry SIGKILLed".into());
+            note(t0, "registry SIGKILLed".into());
             tokio::time::sleep(s.outage).await;
             let r = match registry.start() {
                 Ok(()) => registry.wait_answering(Duration::from_secs(120)).await,
                 Err(e) => Err(e),
             };
             let unavailable = down.elapsed();
-            timeline.note(
+            note(
                 t0,
                 format!(
                     "registry answering again, unavailable {:.1} s",
@@ -747,13 +740,13 @@ async fn drive(s: Settings) -> anyhow::Result<bool> {
     };
     feed(&producer, &topic, s.jobs, s.rate, &retried).await?;
     let fed = feed_start.elapsed();
-    timeline.note(t0, format!("all {} jobs acknowledged", s.jobs));
+    note(t0, format!("all {} jobs acknowledged", s.jobs));
     let poison_keys: HashSet<String> = poison_task.await??.into_iter().collect();
     let kills_done = killer.await?;
     let broker_results = broker_task.await?;
     let outage = registry_task.await?;
     let faults_over = Instant::now();
-    timeline.note(t0, "every fault is over".into());
+    note(t0, "every fault is over".into());
     // Keep the registry alive until the end (its drop kills it).
     let _registry = registry_rx.await.ok();
 
@@ -778,7 +771,7 @@ async fn drive(s: Settings) -> anyhow::Result<bool> {
     let drained_at = Instant::now();
     let drain_after_feed = drained_at.duration_since(feed_start + fed);
     let drain_after_faults = drained_at.saturating_duration_since(faults_over);
-    timeline.note(t0, format!("drained: {distinct} of {} effects", s.jobs));
+    note(t0, format!("drained: {distinct} of {} effects", s.jobs));
 
     // Committed == end on the main topic and every tier; the DLQ filled.
     let mut route_topics = vec![topic.clone()];
