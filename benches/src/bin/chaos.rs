@@ -328,14 +328,18 @@ struct BrokerRestart {
     answering: Duration,
 }
 
-/// Whether cluster node `node` serves metadata on its own listener.
-async fn node_answers(config: &KafkaConfig, node: u32) -> bool {
+/// Whether cluster node `node` serves metadata for `topic` on its own
+/// listener (one topic: the whole cluster's metadata, a thousand topics
+/// left by test runs, can take longer than the timeout on a busy machine).
+async fn node_answers(config: &KafkaConfig, node: u32, topic: &str) -> bool {
     let mut c = config.clone();
     c.bootstrap_servers = format!("127.0.0.1:{}", 19091 + node);
+    let topic = topic.to_string();
     tokio::task::spawn_blocking(move || {
-        c.rdkafka_config()
-            .create::<BaseConsumer>()
-            .is_ok_and(|b| b.fetch_metadata(None, Duration::from_secs(3)).is_ok())
+        c.rdkafka_config().create::<BaseConsumer>().is_ok_and(|b| {
+            b.fetch_metadata(Some(&topic), Duration::from_secs(5))
+                .is_ok()
+        })
     })
     .await
     .unwrap_or(false)
@@ -346,6 +350,7 @@ async fn node_answers(config: &KafkaConfig, node: u32) -> bool {
 /// the start until the node answers.
 async fn restart_broker(
     config: &KafkaConfig,
+    topic: &str,
     node: u32,
     sig: &'static str,
     logs: &Path,
@@ -382,7 +387,7 @@ async fn restart_broker(
             "node {node} did not answer within 180 s of its start; see {}",
             logs.join("cluster-up.log").display()
         );
-        if node_answers(config, node).await {
+        if node_answers(config, node, topic).await {
             break started.elapsed();
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -445,35 +450,46 @@ async fn feed(
 }
 
 /// Deliberate poison, spread over the feed: records that are not Avro, and
-/// valid jobs the handler refuses. Returns their keys.
-async fn poison(producer: &Producer, topic: &str, over: Duration) -> anyhow::Result<Vec<String>> {
+/// valid jobs the handler refuses. Each is retried until the broker
+/// acknowledges it, as the feed does (a broker restart can time a send
+/// out). Returns their keys and how many sends were retried.
+async fn poison(
+    producer: &Producer,
+    topic: &str,
+    over: Duration,
+) -> anyhow::Result<(Vec<String>, usize)> {
     let mut keys = Vec::new();
+    let mut retried = 0usize;
     for i in 0..POISON_EACH {
         tokio::time::sleep(over / POISON_EACH as u32).await;
         let raw = format!("poison-raw-{i}");
-        producer
+        while producer
             .send_raw(
                 topic,
                 Some(raw.as_bytes()),
                 Some(b"not a Confluent-framed record"),
                 OwnedHeaders::new(),
             )
-            .await?;
+            .await
+            .is_err()
+        {
+            retried += 1;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
         let refused = format!("poison-job-{i}");
-        producer
-            .enqueue_to(
-                topic,
-                &BenchJob {
-                    key: refused.clone(),
-                    seq: POISON_SEQ + i,
-                    behaviour: "poison".into(),
-                },
-            )
-            .await?;
+        let job = BenchJob {
+            key: refused.clone(),
+            seq: POISON_SEQ + i,
+            behaviour: "poison".into(),
+        };
+        while producer.enqueue_to(topic, &job).await.is_err() {
+            retried += 1;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
         keys.push(raw);
         keys.push(refused);
     }
-    Ok(keys)
+    Ok((keys, retried))
 }
 
 fn consumer(config: &KafkaConfig, group: &str) -> anyhow::Result<BaseConsumer> {
@@ -682,13 +698,13 @@ async fn drive(s: Settings) -> anyhow::Result<bool> {
         })
     };
     let broker_task = {
-        let (dir, config) = (dir.clone(), config.clone());
+        let (dir, config, topic) = (dir.clone(), config.clone(), topic.clone());
         tokio::spawn(async move {
             let mut out = Vec::new();
             for (when, node, sig) in brokers {
                 tokio::time::sleep_until(at(when).into()).await;
                 note(t0, format!("broker node {node}: kill {sig}"));
-                let r = restart_broker(&config, node, sig, &dir).await;
+                let r = restart_broker(&config, &topic, node, sig, &dir).await;
                 match &r {
                     Ok(b) => note(
                         t0,
@@ -741,7 +757,9 @@ async fn drive(s: Settings) -> anyhow::Result<bool> {
     feed(&producer, &topic, s.jobs, s.rate, &retried).await?;
     let fed = feed_start.elapsed();
     note(t0, format!("all {} jobs acknowledged", s.jobs));
-    let poison_keys: HashSet<String> = poison_task.await??.into_iter().collect();
+    let (poison_keys, poison_retried) = poison_task.await??;
+    retried.fetch_add(poison_retried, Ordering::Relaxed);
+    let poison_keys: HashSet<String> = poison_keys.into_iter().collect();
     let kills_done = killer.await?;
     let broker_results = broker_task.await?;
     let outage = registry_task.await?;
