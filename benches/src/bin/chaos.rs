@@ -267,7 +267,11 @@ fn supervise(
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .kill_on_drop(true);
+            // kjob's tracing logs go to stdout, errors to stderr: both to the log.
             if let Ok(log) = log {
+                if let Ok(copy) = log.try_clone() {
+                    cmd.stdout(copy);
+                }
                 cmd.stderr(log);
             }
             let mut child = match cmd.spawn() {
