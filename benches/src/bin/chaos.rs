@@ -88,6 +88,28 @@ async fn main() -> anyhow::Result<()> {
     if std::env::args().nth(1).as_deref() == Some("worker") {
         return worker().await;
     }
+    const FLAGS: [&str; 7] = [
+        "--jobs",
+        "--rate",
+        "--workers",
+        "--kills",
+        "--seed",
+        "--registry-outage",
+        "--help",
+    ];
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(bad) = args
+        .iter()
+        .step_by(2)
+        .find(|a| !FLAGS.contains(&a.as_str()) || *a == "--help")
+    {
+        anyhow::ensure!(
+            bad == "--help",
+            "unknown argument {bad:?}; use --jobs N --rate PER_SEC --workers N --kills N --seed N --registry-outage SECS"
+        );
+        println!("./dev chaos [--jobs 100000] [--rate 500] [--workers 4] [--kills 20] [--seed N] [--registry-outage 30]");
+        return Ok(());
+    }
     let settings = Settings {
         jobs: arg("--jobs", 100_000)?,
         rate: arg("--rate", 500)?,
