@@ -1,5 +1,7 @@
 //! Shared pieces of the benchmark harnesses.
 
+pub mod scratch_registry;
+
 use kjob::Job;
 use serde::{Deserialize, Serialize};
 
@@ -40,7 +42,8 @@ impl Job for BenchJob {
 /// `rolling`): serves `BENCH_TOPIC` in `BENCH_GROUP` with a no-op handler
 /// and prints `<partition> <seq>` for every job it handles, so the driver
 /// can timestamp progress per partition. `BENCH_RDKAFKA=k=v,...` adds
-/// librdkafka settings; `BENCH_INSTANCE` sets a static-member id.
+/// librdkafka settings. The group protocol and a static-member id come from
+/// `KJOB_GROUP_PROTOCOL` and `KJOB_INSTANCE_ID`, as in a deployment.
 pub async fn printing_worker() -> anyhow::Result<()> {
     use kjob::{JobContext, JobError, KafkaConfig, Worker};
     let topic = std::env::var("BENCH_TOPIC")?;
@@ -57,10 +60,10 @@ pub async fn printing_worker() -> anyhow::Result<()> {
         println!("{} {}", ctx.partition, job.seq);
         Ok::<(), JobError>(())
     };
-    let mut builder = Worker::builder(config, group).handle_on::<BenchJob, _>(&topic, handler);
-    if let Ok(id) = std::env::var("BENCH_INSTANCE") {
-        builder = builder.static_member(id);
-    }
-    builder.build()?.run().await?;
+    Worker::builder(config, group)
+        .handle_on::<BenchJob, _>(&topic, handler)
+        .build()?
+        .run()
+        .await?;
     Ok(())
 }

@@ -515,19 +515,106 @@ pub async fn wait_committed_at_end(
     topic: &str,
     partitions: i32,
 ) {
+    wait_committed_at_end_within(config, group, topic, partitions, Duration::from_secs(30)).await;
+}
+
+/// [`wait_committed_at_end`] with its own bound (a cluster that just lost
+/// a broker may take longer to settle). Returns the end offsets.
+pub async fn wait_committed_at_end_within(
+    config: &KafkaConfig,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+    within: Duration,
+) -> Vec<i64> {
     let ends = end_offsets(config, topic, partitions);
-    eventually(
-        Duration::from_secs(30),
-        "committed offsets == end offsets",
-        || {
-            let committed = committed_offsets(config, group, topic, partitions);
-            committed
-                .iter()
-                .zip(&ends)
-                .all(|(c, e)| *e == 0 || *c == Some(*e))
-        },
-    )
+    eventually(within, "committed offsets == end offsets", || {
+        let committed = committed_offsets(config, group, topic, partitions);
+        committed
+            .iter()
+            .zip(&ends)
+            .all(|(c, e)| *e == 0 || *c == Some(*e))
+    })
     .await;
+    ends
+}
+
+/// Enqueues the test jobs `seqs` (keys `k{seq % keys}`) in chunks of
+/// 2 500, failing the test if the broker did not acknowledge one.
+pub async fn enqueue_seqs(
+    producer: &kjob::Producer,
+    topic: &str,
+    seqs: std::ops::Range<i64>,
+    keys: i64,
+) {
+    let seqs: Vec<i64> = seqs.collect();
+    for chunk in seqs.chunks(2_500) {
+        let jobs: Vec<TestJob> = chunk
+            .iter()
+            .map(|s| TestJob::ok(format!("k{}", s % keys.max(1)), *s))
+            .collect();
+        for r in producer.enqueue_batch_to(topic, &jobs).await {
+            r.expect("enqueue acknowledged");
+        }
+    }
+}
+
+/// How often each job `0..n` (by `seq`) was delivered to a handler: the
+/// lost and duplicate counts of a failure test.
+#[derive(Clone)]
+pub struct Deliveries {
+    counts: std::sync::Arc<Vec<std::sync::atomic::AtomicU32>>,
+    total: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Deliveries {
+    /// Counters for seqs `0..n`.
+    pub fn new(n: i64) -> Self {
+        Self {
+            counts: std::sync::Arc::new(
+                (0..n)
+                    .map(|_| std::sync::atomic::AtomicU32::new(0))
+                    .collect(),
+            ),
+            total: Default::default(),
+        }
+    }
+
+    /// One delivery of `seq` (out-of-range seqs count only in the total).
+    pub fn record(&self, seq: i64) {
+        use std::sync::atomic::Ordering;
+        if let Some(slot) = usize::try_from(seq).ok().and_then(|i| self.counts.get(i)) {
+            slot.fetch_add(1, Ordering::Relaxed);
+        }
+        self.total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Deliveries so far, duplicates included.
+    pub fn total(&self) -> u64 {
+        self.total.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Jobs delivered at least once.
+    pub fn distinct(&self) -> i64 {
+        self.counts
+            .iter()
+            .filter(|c| c.load(std::sync::atomic::Ordering::Relaxed) > 0)
+            .count() as i64
+    }
+
+    /// Whether any job in `seqs` was delivered.
+    pub fn any_in(&self, seqs: std::ops::Range<i64>) -> bool {
+        seqs.filter_map(|s| usize::try_from(s).ok().and_then(|i| self.counts.get(i)))
+            .any(|c| c.load(std::sync::atomic::Ordering::Relaxed) > 0)
+    }
+
+    /// Deliveries beyond the first of each job.
+    pub fn duplicates(&self) -> u64 {
+        self.counts
+            .iter()
+            .map(|c| u64::from(c.load(std::sync::atomic::Ordering::Relaxed)).saturating_sub(1))
+            .sum()
+    }
 }
 
 /// Initialises test logging once (RUST_LOG controls it; warnings by default).

@@ -9,8 +9,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker};
@@ -196,22 +194,10 @@ async fn the_worker_recovers_by_itself_when_the_single_broker_restarts() {
     create_topic(&config, &topic, PARTITIONS).await;
     let producer = Producer::new(&config).expect("producer");
     // Half before the restart, half after it: the worker must fetch again.
-    let enqueue = |range: std::ops::Range<i64>| {
-        let (producer, topic) = (producer.clone(), topic.clone());
-        async move {
-            let jobs: Vec<TestJob> = range
-                .map(|s| TestJob::ok(format!("k{}", s % 31), s))
-                .collect();
-            for r in producer.enqueue_batch_to(&topic, &jobs).await {
-                r.expect("enqueue");
-            }
-        }
-    };
-    enqueue(0..JOBS / 2).await;
+    enqueue_seqs(&producer, &topic, 0..JOBS / 2, 31).await;
 
-    let counts: Arc<Vec<AtomicU32>> = Arc::new((0..JOBS).map(|_| AtomicU32::new(0)).collect());
-    let handled = Arc::new(AtomicU64::new(0));
-    let (c, h) = (counts.clone(), handled.clone());
+    let deliveries = Deliveries::new(JOBS);
+    let d = deliveries.clone();
     // A small prefetch, so the records are not all in the client's memory
     // before the broker goes away.
     let worker_config = config
@@ -220,14 +206,11 @@ async fn the_worker_recovers_by_itself_when_the_single_broker_restarts() {
         .set("max.partition.fetch.bytes", "16384");
     let worker = Worker::builder(worker_config, &group)
         .handle_on::<TestJob, _>(&topic, move |job: TestJob, _ctx: JobContext| {
-            let (c, h) = (c.clone(), h.clone());
+            let d = d.clone();
             async move {
                 // Slow enough that the restart lands mid-run.
                 tokio::time::sleep(Duration::from_millis(20)).await;
-                if let Some(slot) = usize::try_from(job.seq).ok().and_then(|i| c.get(i)) {
-                    slot.fetch_add(1, Ordering::Relaxed);
-                }
-                h.fetch_add(1, Ordering::Relaxed);
+                d.record(job.seq);
                 Ok::<(), JobError>(())
             }
         })
@@ -241,66 +224,45 @@ async fn the_worker_recovers_by_itself_when_the_single_broker_restarts() {
     eventually(
         Duration::from_secs(60),
         "1 000 jobs handled before the restart",
-        || handled.load(Ordering::Relaxed) >= 1_000,
+        || deliveries.total() >= 1_000,
     )
     .await;
     broker.kill();
-    let at_kill = handled.load(Ordering::Relaxed);
+    let at_kill = deliveries.total();
     let killed_at = Instant::now();
     tokio::time::sleep(Duration::from_secs(5)).await;
     broker.start();
     wait_answering(&config, Duration::from_secs(90)).await;
     let back_after = killed_at.elapsed();
     let back_at = Instant::now();
-    let at_back = handled.load(Ordering::Relaxed);
-    enqueue(JOBS / 2..JOBS).await;
+    let at_back = deliveries.total();
+    enqueue_seqs(&producer, &topic, JOBS / 2..JOBS, 31).await;
     // Broker back -> the worker handles jobs that only the restarted broker
     // has (the second half), through its own reconnect and the producer's.
     eventually(
         Duration::from_secs(60),
         "a job enqueued after the restart was handled",
-        || {
-            counts[(JOBS / 2) as usize..]
-                .iter()
-                .any(|c| c.load(Ordering::Relaxed) > 0)
-        },
+        || deliveries.any_in(JOBS / 2..JOBS),
     )
     .await;
     let working_again = back_at.elapsed();
 
-    let distinct = || {
-        counts
-            .iter()
-            .filter(|c| c.load(Ordering::Relaxed) > 0)
-            .count() as i64
-    };
     eventually(
         Duration::from_secs(180),
         "every job handled after the restart",
-        || distinct() == JOBS,
+        || deliveries.distinct() == JOBS,
     )
     .await;
     let resumed = killed_at.elapsed();
-    let ends = end_offsets(&config, &topic, PARTITIONS);
-    eventually(
-        Duration::from_secs(60),
-        "committed offsets equal the end offsets",
-        || {
-            committed_offsets(&config, &group, &topic, PARTITIONS)
-                == ends.iter().copied().map(Some).collect::<Vec<_>>()
-        },
-    )
-    .await;
+    let ends =
+        wait_committed_at_end_within(&config, &group, &topic, PARTITIONS, Duration::from_secs(60))
+            .await;
     running.stop().await;
-    let deliveries: u64 = counts
-        .iter()
-        .map(|c| u64::from(c.load(Ordering::Relaxed)))
-        .sum();
     eprintln!(
         "restart: broker SIGKILLed after {at_kill} of {JOBS} jobs, answering again {back_after:?} later \
          ({at_back} handled by then); a job enqueued after the restart handled {working_again:?} after the broker answered; \
          all handled {resumed:?} after the kill by the same worker; duplicate deliveries {}",
-        deliveries - JOBS as u64
+        deliveries.duplicates()
     );
     // The broker dies mid-run; what the worker had already fetched it may
     // finish while the broker is down (at_back), the rest needs the broker.
@@ -308,7 +270,7 @@ async fn the_worker_recovers_by_itself_when_the_single_broker_restarts() {
         at_kill < (JOBS / 2) as u64,
         "the kill must land mid-run ({at_kill} done)"
     );
-    assert_eq!(distinct(), JOBS, "no job lost ({hint})");
+    assert_eq!(deliveries.distinct(), JOBS, "no job lost ({hint})");
     assert_eq!(ends.iter().sum::<i64>(), JOBS);
 }
 

@@ -7,8 +7,6 @@
 //! `#[ignore]`d in the default suite (CI has no cluster); `./dev test
 //! --cluster` runs it with `--ignored`.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kjob::{JobContext, JobError, Producer, Worker};
@@ -31,19 +29,6 @@ fn leader(config: &kjob::KafkaConfig, topic: &str, partition: i32) -> i32 {
         .expect("partition has a leader")
 }
 
-async fn enqueue_range(producer: &Producer, topic: &str, range: std::ops::Range<i64>) {
-    let seqs: Vec<i64> = range.collect();
-    for chunk in seqs.chunks(2_500) {
-        let jobs: Vec<TestJob> = chunk
-            .iter()
-            .map(|s| TestJob::ok(format!("k{}", s % 97), *s))
-            .collect();
-        for r in producer.enqueue_batch_to(topic, &jobs).await {
-            r.expect("an enqueue must be acknowledged even while a broker dies");
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the three-broker SASL_SSL cluster: ./dev test --cluster"]
 async fn sigkill_of_a_partition_leader_loses_nothing() {
@@ -57,19 +42,15 @@ async fn sigkill_of_a_partition_leader_loses_nothing() {
 
     // Half the jobs are in before the worker starts; the rest are enqueued
     // while the leader is killed.
-    enqueue_range(&producer, &topic, 0..JOBS / 2).await;
+    enqueue_seqs(&producer, &topic, 0..JOBS / 2, 97).await;
 
-    let counts: Arc<Vec<AtomicU32>> = Arc::new((0..JOBS).map(|_| AtomicU32::new(0)).collect());
-    let handled = Arc::new(AtomicU64::new(0));
-    let (c, h) = (counts.clone(), handled.clone());
+    let deliveries = Deliveries::new(JOBS);
+    let d = deliveries.clone();
     let worker = Worker::builder(config.clone(), &group)
         .handle_on::<TestJob, _>(&topic, move |job: TestJob, _ctx: JobContext| {
-            let (c, h) = (c.clone(), h.clone());
+            let d = d.clone();
             async move {
-                if let Some(slot) = usize::try_from(job.seq).ok().and_then(|i| c.get(i)) {
-                    slot.fetch_add(1, Ordering::Relaxed);
-                }
-                h.fetch_add(1, Ordering::Relaxed);
+                d.record(job.seq);
                 Ok::<(), JobError>(())
             }
         })
@@ -82,17 +63,17 @@ async fn sigkill_of_a_partition_leader_loses_nothing() {
     eventually(
         Duration::from_secs(120),
         "10 000 jobs handled before the kill",
-        || handled.load(Ordering::Relaxed) >= 10_000,
+        || deliveries.total() >= 10_000,
     )
     .await;
     let victim = leader(&config, &topic, 0);
     let pid = cluster.node_pid(victim);
     let second_half = {
         let (producer, topic) = (producer.clone(), topic.clone());
-        tokio::spawn(async move { enqueue_range(&producer, &topic, JOBS / 2..JOBS).await })
+        tokio::spawn(async move { enqueue_seqs(&producer, &topic, JOBS / 2..JOBS, 97).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let at_kill = handled.load(Ordering::Relaxed);
+    let at_kill = deliveries.total();
     let killed_at = Instant::now();
     let status = std::process::Command::new("kill")
         .args(["-KILL", &pid.to_string()])
@@ -106,29 +87,16 @@ async fn sigkill_of_a_partition_leader_loses_nothing() {
 
     second_half.await.expect("enqueue task");
     let all_enqueued = killed_at.elapsed();
-    let distinct = || {
-        counts
-            .iter()
-            .filter(|c| c.load(Ordering::Relaxed) > 0)
-            .count() as i64
-    };
     eventually(
         Duration::from_secs(300),
         "every job handled after the kill",
-        || distinct() == JOBS,
+        || deliveries.distinct() == JOBS,
     )
     .await;
     let drained = started.elapsed();
-    let ends = end_offsets(&config, &topic, PARTITIONS);
-    eventually(
-        Duration::from_secs(60),
-        "committed offsets equal the end offsets",
-        || {
-            committed_offsets(&config, &group, &topic, PARTITIONS)
-                == ends.iter().copied().map(Some).collect::<Vec<_>>()
-        },
-    )
-    .await;
+    let ends =
+        wait_committed_at_end_within(&config, &group, &topic, PARTITIONS, Duration::from_secs(60))
+            .await;
     running.stop().await;
     let new_leader = leader(&config, &topic, 0);
 
@@ -136,11 +104,7 @@ async fn sigkill_of_a_partition_leader_loses_nothing() {
     cluster.up();
 
     let total: i64 = ends.iter().sum();
-    let deliveries: u64 = counts
-        .iter()
-        .map(|c| u64::from(c.load(Ordering::Relaxed)))
-        .sum();
-    let duplicates = deliveries - JOBS as u64;
+    let duplicates = deliveries.duplicates();
     eprintln!(
         "failover: {JOBS} jobs, lost 0, log holds {total}, duplicate deliveries {duplicates}, \
          second half enqueued {all_enqueued:?} after the kill, all handled {drained:?} after the worker started, \
@@ -150,6 +114,6 @@ async fn sigkill_of_a_partition_leader_loses_nothing() {
         total, JOBS,
         "the idempotent producer wrote every job exactly once"
     );
-    assert_eq!(distinct(), JOBS, "no job lost");
+    assert_eq!(deliveries.distinct(), JOBS, "no job lost");
     assert_ne!(new_leader, victim, "leadership moved off the killed node");
 }
