@@ -6,13 +6,13 @@
 //! run. Errors go to stderr with a non-zero exit code: 2 for bad usage
 //! (clap), 1 for everything that failed while running.
 
-mod dlq;
+pub mod dlq;
 #[cfg(feature = "postgres")]
 mod outbox;
-mod replay;
+pub mod replay;
 mod schema;
-mod status;
-mod time;
+pub mod status;
+pub mod time;
 mod topics;
 
 use std::process::ExitCode;

@@ -38,6 +38,7 @@ pub mod codec;
 pub mod config;
 pub mod dlq;
 pub mod error;
+pub mod groups;
 pub mod headers;
 pub mod idempotency;
 pub mod job;

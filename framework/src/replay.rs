@@ -93,21 +93,18 @@ fn admin_consumer(config: &KafkaConfig, group: &str) -> Result<BaseConsumer> {
 /// The live members of `group` and whether the coordinator knows the group
 /// at all (a group with committed offsets but no members is known, "Empty").
 pub fn members(config: &KafkaConfig, group: &str) -> Result<(bool, Vec<Member>)> {
-    let c = admin_consumer(config, group)?;
-    let list = c
-        .fetch_group_list(Some(group), Duration::from_secs(10))
-        .map_err(|e| Error::kafka(format!("describing group `{group}`"), e))?;
-    let Some(g) = list.groups().iter().find(|g| g.name() == group) else {
+    let groups = crate::groups::describe_groups(config, Some(group))?;
+    let Some(g) = groups.into_iter().find(|g| g.name == group) else {
         return Ok((false, Vec::new()));
     };
-    let known = !g.state().eq_ignore_ascii_case("dead");
+    let known = !g.state.eq_ignore_ascii_case("dead");
     let members = g
-        .members()
-        .iter()
+        .members
+        .into_iter()
         .map(|m| Member {
-            id: m.id().to_string(),
-            client_id: m.client_id().to_string(),
-            host: m.client_host().to_string(),
+            id: m.id,
+            client_id: m.client_id,
+            host: m.host,
         })
         .collect();
     Ok((known, members))
