@@ -466,7 +466,9 @@ async fn the_dashboard_in_a_real_browser() {
         "assignment shown: {members}"
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
+    c.set_window_size(1280, 760).await.expect("window size");
     save_screenshot(&c, "ui-overview.png").await;
+    c.set_window_size(1280, 1000).await.expect("window size");
 
     let audit = audit_actions(&config, &topic);
     let retried: Vec<&serde_json::Value> =
@@ -506,7 +508,7 @@ async fn the_dashboard_in_a_real_browser() {
     click(&c, "#cancel").await;
     let start = Instant::now();
     let outcome = loop {
-        c.goto(&c.current_url().await.expect("url").to_string())
+        c.goto(c.current_url().await.expect("url").as_ref())
             .await
             .expect("goto");
         if let Ok(e) = c.find(Locator::Css(".outcome")).await {

@@ -18,7 +18,7 @@ use kjob::dlq::store::Coordinates;
 
 use super::assets::layout;
 use super::auth::check_csrf;
-use super::pages::{error_page, urlencode};
+use super::pages::{error_page, urlencode, Refusal};
 use super::{AppState, Shared};
 use crate::dlq::{empty_as_none, execute_redrive, plan_redrive, resolve_records, Select, Target};
 use crate::time::format_ms;
@@ -114,24 +114,24 @@ impl ActionForm {
             until: self.until.clone(),
         }
     }
-    fn at(&self) -> Result<Vec<Coordinates>, Response> {
+    fn at(&self) -> Result<Vec<Coordinates>, Refusal> {
         self.at
             .iter()
             .flat_map(|s| s.split(','))
             .map(|c| {
                 c.trim()
                     .parse()
-                    .map_err(|e: kjob::Error| error_page(StatusCode::BAD_REQUEST, &e.to_string()))
+                    .map_err(|e: kjob::Error| Refusal(StatusCode::BAD_REQUEST, e.to_string()))
             })
             .collect()
     }
-    fn rate(&self) -> Result<u32, Response> {
+    fn rate(&self) -> Result<u32, Refusal> {
         match &self.rate {
             None => Ok(DEFAULT_RATE),
             Some(r) => r.parse::<u32>().ok().filter(|r| *r >= 1).ok_or_else(|| {
-                error_page(
+                Refusal(
                     StatusCode::BAD_REQUEST,
-                    &format!("rate `{r}` must be a whole number of records per second, at least 1"),
+                    format!("rate `{r}` must be a whole number of records per second, at least 1"),
                 )
             }),
         }
@@ -142,11 +142,11 @@ impl ActionForm {
 /// background task and a redirect to its progress page.
 pub async fn redrive(State(state): State<Shared>, Form(f): Form<ActionForm>) -> Response {
     if let Err(r) = check_csrf(&state, &f.csrf) {
-        return r;
+        return r.into_response();
     }
     let (at, rate) = match (f.at(), f.rate()) {
         (Ok(a), Ok(r)) => (a, r),
-        (Err(e), _) | (_, Err(e)) => return e,
+        (Err(e), _) | (_, Err(e)) => return e.into_response(),
     };
     let select = f.select();
     let plan = match plan_redrive(&state.config, &select, &at, f.to).await {
@@ -243,7 +243,7 @@ pub async fn redrive(State(state): State<Shared>, Form(f): Form<ActionForm>) -> 
 /// `POST /dlq/resolve`: resolves with the required reason, audited.
 pub async fn resolve(State(state): State<Shared>, Form(f): Form<ActionForm>) -> Response {
     if let Err(r) = check_csrf(&state, &f.csrf) {
-        return r;
+        return r.into_response();
     }
     if f.reason.trim().is_empty() {
         return error_page(
@@ -253,7 +253,7 @@ pub async fn resolve(State(state): State<Shared>, Form(f): Form<ActionForm>) -> 
     }
     let at = match f.at() {
         Ok(a) => a,
-        Err(e) => return e,
+        Err(e) => return e.into_response(),
     };
     match resolve_records(&state.config, &f.select(), &at, &f.reason, &state.by).await {
         Ok((dlq, n)) => layout(
@@ -319,7 +319,7 @@ pub async fn cancel(
     Form(f): Form<CsrfForm>,
 ) -> Response {
     if let Err(r) = check_csrf(&state, &f.csrf) {
-        return r;
+        return r.into_response();
     }
     match find(&state, id) {
         Some(t) => {

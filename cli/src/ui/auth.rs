@@ -7,7 +7,7 @@ use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 
-use super::pages::error_page;
+use super::pages::{error_page, Refusal};
 use super::Shared;
 
 const COOKIE: &str = "kjob_ui_token";
@@ -109,13 +109,13 @@ pub async fn guard(State(state): State<Shared>, req: Request, next: Next) -> Res
 }
 
 /// Refuses a form whose anti-CSRF token is not this process's.
-pub fn check_csrf(state: &Shared, given: &str) -> Result<(), Response> {
+pub fn check_csrf(state: &Shared, given: &str) -> Result<(), Refusal> {
     if same(given, &state.csrf) {
         Ok(())
     } else {
-        Err(error_page(
+        Err(Refusal(
             StatusCode::FORBIDDEN,
-            "the form's anti-CSRF token is missing or stale (the dashboard restarted?); reload the page and try again",
+            "the form's anti-CSRF token is missing or stale (the dashboard restarted?); reload the page and try again".into(),
         ))
     }
 }

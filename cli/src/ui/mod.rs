@@ -27,6 +27,7 @@ use kjob::config::KafkaConfig;
 
 pub use sampler::{RouteKey, RouteView};
 
+/// `kjob ui`'s flags.
 #[derive(Args, Debug)]
 pub struct UiArgs {
     /// Address to serve on. Anything but loopback needs --token.

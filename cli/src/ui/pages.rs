@@ -31,6 +31,16 @@ pub fn error_page(status: StatusCode, message: &str) -> Response {
     (status, body).into_response()
 }
 
+/// A refused request: its status and the message the page shows.
+#[derive(Debug)]
+pub struct Refusal(pub StatusCode, pub String);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        error_page(self.0, &self.1)
+    }
+}
+
 fn live_every(state: &Shared) -> u64 {
     state.sample_every.as_secs().max(1)
 }
@@ -478,35 +488,41 @@ pub async fn dlq_show(State(state): State<Shared>, Query(q): Query<ShowQuery>) -
     };
     layout(&state, "Dead letter", html! {
         h1 { "Dead letter " code { (text(&shown["dlq"])) " " (at) } }
-        section.card {
-            table.fields {
-                tbody {
-                    tr { th { "key" } td.mono.key { (text(&shown["key"])) } }
-                    tr { th { "failed at" } td { (text(&shown["failed_at"])) } }
+        p { a href={"/dlq?topic=" (urlencode(&q.topic)) "&all=on"} { "← all dead letters of this route" } }
+        div.columns {
+            section.card {
+                table.fields {
+                    tbody {
+                        tr { th { "key" } td.mono.key { (text(&shown["key"])) } }
+                        tr { th { "failed at" } td { (text(&shown["failed_at"])) } }
+                    }
+                }
+                h2 { "Headers" }
+                table.headers {
+                    tbody { @for (k, v) in &headers { tr { td.mono { (k) } td.mono { (text(v)) } } } }
                 }
             }
-            h2 { "Headers" }
-            table.headers {
-                thead { tr { th { "header" } th { "value" } } }
-                tbody { @for (k, v) in &headers { tr { td.mono { (k) } td.mono { (text(v)) } } } }
-            }
-            h2 { "Payload" }
-            pre.payload { (payload) }
-        }
-        section.card.audit {
-            h2 { "Audit" }
-            @match &audit {
-                Some(a) => table { tbody {
-                    @for (k, v) in a { tr { th { (k) } td { (if k == "at_ms" { format_ms(v.as_i64()) } else { text(v) }) } } }
-                } },
-                None => p.muted { "unresolved: no audit entry yet" },
-            }
-        }
-        @if state.allow_actions && audit.is_none() {
-            section.card.actions {
-                h2 { "Actions" }
-                (redrive_form(&state, &select, Some(at)))
-                (resolve_form(&state, &select, Some(at)))
+            div {
+                section.card {
+                    h2 { "Payload" }
+                    pre.payload { (payload) }
+                }
+                section.card.audit {
+                    h2 { "Audit" }
+                    @match &audit {
+                        Some(a) => table { tbody {
+                            @for (k, v) in a { tr { th { (k) } td { (if k == "at_ms" { format_ms(v.as_i64()) } else { text(v) }) } } }
+                        } },
+                        None => p.muted { "unresolved: no audit entry yet" },
+                    }
+                }
+                @if state.allow_actions && audit.is_none() {
+                    section.card.actions {
+                        h2 { "Actions" }
+                        (redrive_form(&state, &select, Some(at)))
+                        (resolve_form(&state, &select, Some(at)))
+                    }
+                }
             }
         }
     }).into_response()
