@@ -78,6 +78,8 @@ pub struct AppState {
     csrf: String,
     by: String,
     routes: RwLock<Vec<RouteView>>,
+    /// Why the last sampling round could not list topics or groups.
+    problem: RwLock<Option<String>>,
     sample_every: Duration,
     tasks: Mutex<HashMap<u64, Arc<actions::Task>>>,
 }
@@ -103,6 +105,7 @@ pub async fn run(config: &KafkaConfig, args: UiArgs) -> Result<()> {
         csrf: uuid::Uuid::new_v4().simple().to_string(),
         by: args.by,
         routes: RwLock::new(Vec::new()),
+        problem: RwLock::new(None),
         sample_every: args.sample_every,
         tasks: Mutex::new(HashMap::new()),
     });

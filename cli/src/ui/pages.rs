@@ -159,8 +159,11 @@ pub async fn overview(State(state): State<Shared>) -> Markup {
         html! {
             h1 { "Routes" }
             div #overview data-live=(live_every(&state)) {
+                @if let Some(p) = state.problem.read().ok().and_then(|p| p.clone()) {
+                    div.error { (p) }
+                }
                 @if routes.is_empty() {
-                    p.notice { "No routes yet: routes appear when a group with live members consumes them, or name them with --route TOPIC=GROUP." }
+                    p.notice { "No routes yet: routes appear when a group with live members consumes them (the first round can take a few seconds on a cluster with many groups), or name them with --route TOPIC=GROUP." }
                 }
                 @for v in &routes { (route_card(v)) }
             }

@@ -95,15 +95,25 @@ fn tick(
     discover: bool,
 ) -> TickOut {
     let config = &state.config;
-    let all_topics = list_topics(config).unwrap_or_default();
+    let mut problems = Vec::new();
+    let all_topics = list_topics(config).unwrap_or_else(|e| {
+        problems.push(format!("listing topics: {e}"));
+        Vec::new()
+    });
     let groups: Vec<Group> = if discover {
-        describe_groups(config, None).unwrap_or_default()
+        describe_groups(config, None).unwrap_or_else(|e| {
+            problems.push(format!("finding routes from the consumer groups: {e}"));
+            Vec::new()
+        })
     } else {
         keys.iter()
             .filter_map(|k| describe_groups(config, Some(&k.group)).ok())
             .flatten()
             .collect()
     };
+    if let Ok(mut p) = state.problem.write() {
+        *p = (!problems.is_empty()).then(|| problems.join("; "));
+    }
     if discover {
         for g in groups.iter().filter(|g| !g.members.is_empty()) {
             for t in g.assigned_topics() {
