@@ -244,7 +244,7 @@ async fn the_dashboard_in_a_real_browser() {
     let broken = Arc::new(AtomicBool::new(true));
     let handled: Arc<Mutex<Vec<i64>>> = Default::default();
     let w = start_worker(&config, &topic, &group, broken.clone(), handled.clone());
-    eventually(Duration::from_secs(40), "ten dead letters", || {
+    eventually(Duration::from_secs(90), "ten dead letters", || {
         WorkerStats::get(&w.stats.dead_lettered) == 10
     })
     .await;
@@ -446,7 +446,7 @@ async fn the_dashboard_in_a_real_browser() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert!(text(&c, ".outcome").await.contains("re-drove 10 record(s)"));
-    eventually(Duration::from_secs(40), "the worker handles all 13", || {
+    eventually(Duration::from_secs(90), "the worker handles all 13", || {
         let mut h = handled.lock().unwrap_or_else(|p| p.into_inner()).clone();
         h.sort_unstable();
         h.dedup();
@@ -455,7 +455,13 @@ async fn the_dashboard_in_a_real_browser() {
     .await;
     // The overview while the worker runs: members, assignment, rates
     // (the sparklines show the re-drive being handled).
-    c.goto(&format!("{base}/")).await.expect("goto");
+    eventually_text(
+        &c,
+        &format!("{base}/"),
+        &format!("section.route[data-topic='{topic}'] .dlq-unresolved"),
+        "0",
+    )
+    .await;
     let members = text(
         &c,
         &format!("section.route[data-topic='{topic}'] table.members"),
@@ -491,7 +497,7 @@ async fn the_dashboard_in_a_real_browser() {
             .await
             .expect("enqueue");
     }
-    eventually(Duration::from_secs(40), "six more dead letters", || {
+    eventually(Duration::from_secs(90), "six more dead letters", || {
         WorkerStats::get(&w.stats.dead_lettered) == 6
     })
     .await;

@@ -18,7 +18,7 @@ use kjob::dlq::store::Coordinates;
 
 use super::assets::layout;
 use super::auth::check_csrf;
-use super::pages::{error_page, urlencode, Refusal};
+use super::pages::{error_page, upstream_or, urlencode, Refusal};
 use super::{AppState, Shared};
 use crate::dlq::{empty_as_none, execute_redrive, plan_redrive, resolve_records, Select, Target};
 use crate::time::format_ms;
@@ -151,7 +151,7 @@ pub async fn redrive(State(state): State<Shared>, Form(f): Form<ActionForm>) -> 
     let select = f.select();
     let plan = match plan_redrive(&state.config, &select, &at, f.to).await {
         Ok(p) => p,
-        Err(e) => return error_page(StatusCode::BAD_REQUEST, &format!("{e:#}")),
+        Err(e) => return error_page(upstream_or(&e, StatusCode::BAD_REQUEST), &format!("{e:#}")),
     };
     if f.execute.is_none() {
         let to = match f.to {
@@ -230,7 +230,7 @@ pub async fn redrive(State(state): State<Shared>, Form(f): Form<ActionForm>) -> 
                 "cancelled after {n} of {} record(s)",
                 plan.picked.len()
             )),
-            Ok(n) => Ok(format!("re-drove {n} record(s) to `{}`", plan.target_topic)),
+            Ok(n) => Ok(format!("re-drove {n} record(s) to {}", plan.target_topic)),
             Err(e) => Err(format!("{e:#}")),
         };
         if let Ok(mut o) = task.outcome.lock() {
@@ -266,7 +266,7 @@ pub async fn resolve(State(state): State<Shared>, Form(f): Form<ActionForm>) -> 
             },
         )
         .into_response(),
-        Err(e) => error_page(StatusCode::BAD_REQUEST, &format!("{e:#}")),
+        Err(e) => error_page(upstream_or(&e, StatusCode::BAD_REQUEST), &format!("{e:#}")),
     }
 }
 

@@ -40,6 +40,8 @@ button { font:inherit; padding:.35rem .8rem; border-radius:5px; border:1px solid
 button.secondary { background:#fff; color:var(--accent); } button.danger { background:var(--bad); border-color:var(--bad); }
 progress { width:100%; height:1.1rem; }
 a { color:var(--accent); }
+.scroll { overflow-x:auto; }
+table.dlq td { white-space:nowrap; } table.dlq td.wrap { white-space:normal; min-width:16rem; }
 .columns { display:grid; grid-template-columns:minmax(0,1fr) minmax(0,1fr); gap:1rem; align-items:start; }
 table.headers td:first-child { width:40%; color:var(--muted); }
 table.headers td { word-break:break-all; }

@@ -41,12 +41,41 @@ impl IntoResponse for Refusal {
     }
 }
 
+/// 502 when Kafka or the registry failed, else `status` (the request
+/// itself was wrong: an unknown record, group or target).
+pub fn upstream_or(e: &anyhow::Error, status: StatusCode) -> StatusCode {
+    use kjob::Error as E;
+    match e.downcast_ref::<E>() {
+        Some(
+            E::Kafka { .. }
+            | E::Registry { .. }
+            | E::RegistryTimeout { .. }
+            | E::RegistryUnauthorized { .. }
+            | E::Delivery { .. }
+            | E::Authentication { .. }
+            | E::NotAuthorized { .. }
+            | E::CreateTopic { .. }
+            | E::Worker(_),
+        ) => StatusCode::BAD_GATEWAY,
+        _ => status,
+    }
+}
+
 fn live_every(state: &Shared) -> u64 {
     state.sample_every.as_secs().max(1)
 }
 
 /// A small inline SVG line of the last values (the newest on the right).
 pub fn sparkline(values: &[f64], width: u32, height: u32) -> Markup {
+    // One sample draws as a flat line rather than nothing.
+    let one;
+    let values = match values {
+        [v] => {
+            one = [*v, *v];
+            &one[..]
+        }
+        _ => values,
+    };
     let max = values.iter().copied().fold(0.0, f64::max).max(1e-9);
     let n = values.len().max(2) - 1;
     let points: Vec<String> = values
@@ -60,6 +89,7 @@ pub fn sparkline(values: &[f64], width: u32, height: u32) -> Markup {
         .collect();
     html! {
         svg width=(width) height=(height) viewBox={"0 0 " (width) " " (height)} role="img" {
+            line x1="0" y1=(height - 1) x2=(width) y2=(height - 1) stroke="#e4e7ec" stroke-width="1" {}
             polyline fill="none" stroke="#2563eb" stroke-width="1.5" points=(points.join(" ")) {}
         }
     }
@@ -112,7 +142,10 @@ fn route_card(v: &RouteView) -> Markup {
     );
     html! {
         section.card.route data-topic=(v.key.topic) data-group=(v.key.group) {
-            h2 { a href=(route_href) { (v.key.topic) } " " small { "group " (v.key.group) } }
+            h2 {
+                a href=(route_href) { (v.key.topic) } " " small { "group " (v.key.group) }
+                @if let Some(p) = hist.last() { " " small.sampled { "· sampled " (format_ms(Some(p.at_ms))) } }
+            }
             @if let Some(e) = &v.error { div.error { "sampling failed: " (e) } }
             @if let Some(s) = &v.status {
                 div.metrics {
@@ -339,7 +372,9 @@ pub async fn replay(State(state): State<Shared>, Query(q): Query<ReplayQuery>) -
     .await;
     let rows = match rows {
         Ok(Ok(r)) => r,
-        Ok(Err(e)) => return error_page(StatusCode::BAD_REQUEST, &format!("{e:#}")),
+        Ok(Err(e)) => {
+            return error_page(upstream_or(&e, StatusCode::BAD_REQUEST), &format!("{e:#}"))
+        }
         Err(e) => {
             return error_page(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -431,7 +466,7 @@ pub async fn dlq_list(State(state): State<Shared>, Query(q): Query<DlqQuery>) ->
             Err(e) => div.error { (format!("{e:#}")) },
             Ok(rows) => {
                 p.muted.count { (rows.len()) " shown, " (rows.iter().filter(|(_, a)| a.is_none()).count()) " unresolved" }
-                table.dlq {
+                div.scroll { table.dlq {
                     thead { tr { th { "partition:offset" } th { "job" } th { "key" } th.num { "attempts" } th { "error class" } th { "error" } th { "failed at" } th { "status" } } }
                     tbody {
                         @for (d, a) in rows {
@@ -441,13 +476,13 @@ pub async fn dlq_list(State(state): State<Shared>, Query(q): Query<DlqQuery>) ->
                                 td.mono.key { (d.key.clone().unwrap_or_else(|| "-".into())) }
                                 td.num { (d.headers.attempt.map_or("-".into(), |a| a.to_string())) }
                                 td { (d.headers.error_class.clone().unwrap_or_else(|| "-".into())) }
-                                td { (kjob::headers::truncate_utf8(d.headers.error.as_deref().unwrap_or("-"), 120)) }
+                                td.wrap { (kjob::headers::truncate_utf8(d.headers.error.as_deref().unwrap_or("-"), 120)) }
                                 td { (format_ms(d.timestamp_ms)) }
                                 td.status { (a.as_ref().map_or("unresolved".to_string(), |a| format!("{} by {}", a.action, a.by))) }
                             }
                         }
                     }
-                }
+                } }
             }
         }
         @if state.allow_actions {
@@ -475,7 +510,7 @@ pub async fn dlq_show(State(state): State<Shared>, Query(q): Query<ShowQuery>) -
     };
     let shown = match crate::dlq::show(&state.config, &q.topic, at).await {
         Ok(v) => v,
-        Err(e) => return error_page(StatusCode::NOT_FOUND, &format!("{e:#}")),
+        Err(e) => return error_page(upstream_or(&e, StatusCode::NOT_FOUND), &format!("{e:#}")),
     };
     let payload = serde_json::to_string_pretty(&shown["payload"]).unwrap_or_default();
     let headers = shown["headers"].as_object().cloned().unwrap_or_default();
