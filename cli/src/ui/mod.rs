@@ -10,7 +10,9 @@
 mod actions;
 mod assets;
 mod auth;
+mod dead_letters;
 mod pages;
+mod route;
 mod sampler;
 
 use std::collections::HashMap;
@@ -132,10 +134,10 @@ pub async fn run(config: &KafkaConfig, args: UiArgs) -> Result<()> {
 fn router(state: Shared) -> Router {
     Router::new()
         .route("/", get(pages::overview))
-        .route("/route", get(pages::route))
-        .route("/replay", get(pages::replay))
-        .route("/dlq", get(pages::dlq_list))
-        .route("/dlq/show", get(pages::dlq_show))
+        .route("/route", get(route::route))
+        .route("/replay", get(route::replay))
+        .route("/dlq", get(dead_letters::dlq_list))
+        .route("/dlq/show", get(dead_letters::dlq_show))
         .route("/dlq/redrive", post(actions::redrive))
         .route("/dlq/resolve", post(actions::resolve))
         .route("/tasks/{id}", get(actions::task_page))
