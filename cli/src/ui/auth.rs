@@ -35,10 +35,9 @@ fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
 
 fn query_token(req: &Request) -> Option<String> {
     req.uri().query().and_then(|q| {
-        q.split('&')
-            .filter_map(|kv| kv.split_once('='))
-            .find(|(k, _)| *k == "token")
-            .map(|(_, v)| v.to_string())
+        form_urlencoded::parse(q.as_bytes())
+            .find(|(k, _)| k == "token")
+            .map(|(_, v)| v.into_owned())
     })
 }
 
