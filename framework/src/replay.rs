@@ -92,9 +92,13 @@ fn admin_consumer(config: &KafkaConfig, group: &str) -> Result<BaseConsumer> {
 
 /// The live members of `group` and whether the coordinator knows the group
 /// at all (a group with committed offsets but no members is known, "Empty").
+/// Asked in the group's own protocol, so the members of a KIP-848 group are
+/// seen too ([`crate::groups`]).
 pub fn members(config: &KafkaConfig, group: &str) -> Result<(bool, Vec<Member>)> {
-    let groups = crate::groups::describe_groups(config, Some(group))?;
-    let Some(g) = groups.into_iter().find(|g| g.name == group) else {
+    let Some(g) = crate::groups::describe_groups(config, Some(group))?
+        .into_iter()
+        .find(|g| g.name == group)
+    else {
         return Ok((false, Vec::new()));
     };
     let known = !g.state.eq_ignore_ascii_case("dead");
