@@ -7,10 +7,13 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use anyhow::{anyhow, bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use indicatif::{ProgressBar, ProgressStyle};
+use serde::Deserialize;
 
 use super::time::{format_ms, parse_time};
 use kjob::codec::Codec;
@@ -81,36 +84,51 @@ pub enum DlqCommand {
     },
 }
 
-/// Which DLQ and which records.
-#[derive(Args, Debug)]
+/// Which DLQ and which records: the CLI's flags and the dashboard's form
+/// fields (empty fields count as absent).
+#[derive(Args, Debug, Clone, Default, Deserialize)]
 pub struct Select {
     /// DLQ topic or its main topic.
     #[arg(long)]
-    topic: String,
+    pub topic: String,
     /// Only this job name.
     #[arg(long)]
-    job: Option<String>,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub job: Option<String>,
     /// Only this error class (or family, e.g. `decode`).
     #[arg(long)]
-    class: Option<String>,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub class: Option<String>,
     /// Dead-lettered at or after (2026-11-29T10:00:00, or 2h for "2 hours ago").
     #[arg(long)]
-    since: Option<String>,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub since: Option<String>,
     /// Dead-lettered before.
     #[arg(long)]
-    until: Option<String>,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub until: Option<String>,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+/// A form field left empty is a filter not given.
+pub fn empty_as_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let v: Option<String> = Option::deserialize(d)?;
+    Ok(v.map(|s| s.trim().to_string()).filter(|s| !s.is_empty()))
+}
+
+/// Where a re-drive sends dead letters (`--to`, the form's `to`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Target {
     /// The shortest retry tier.
+    #[default]
     Retry,
     /// The main topic.
     Main,
 }
 
 impl Select {
-    fn filter(&self) -> Result<Filter> {
+    /// The filter these selections mean; a bad time names its flag.
+    pub fn filter(&self) -> Result<Filter> {
         let since_ms = self
             .since
             .as_deref()
@@ -187,7 +205,7 @@ pub const HEX_CAP_BYTES: usize = 4096;
 
 /// An undecodable payload: the reason, the first [`HEX_CAP_BYTES`] as hex,
 /// and how much was left out.
-fn undecodable(reason: &str, payload: Option<&[u8]>) -> serde_json::Value {
+pub fn undecodable(reason: &str, payload: Option<&[u8]>) -> serde_json::Value {
     let bytes = payload.unwrap_or(&[]);
     let shown = &bytes[..bytes.len().min(HEX_CAP_BYTES)];
     serde_json::json!({
@@ -262,12 +280,167 @@ fn pick(
     Ok(out)
 }
 
+/// Dead letters passing `select`, each with its audit entry (unresolved
+/// only unless `all`): `kjob dlq list` and the dashboard's DLQ browser.
+pub async fn list(
+    config: &KafkaConfig,
+    select: &Select,
+    all: bool,
+) -> Result<Vec<(DeadLetter, Option<AuditEntry>)>> {
+    let filter = select.filter()?;
+    let reader = DlqReader::new(config, &select.topic);
+    blocking(move || reader.list(&filter, all)).await
+}
+
+/// One dead letter in full, as `kjob dlq show` prints it: coordinates, key,
+/// headers, the payload decoded through the registry (or capped hex), and
+/// its audit entry.
+pub async fn show(config: &KafkaConfig, topic: &str, at: Coordinates) -> Result<serde_json::Value> {
+    let reader = DlqReader::new(config, topic);
+    let dlq = format!("{}.dlq", reader.main_topic());
+    let (letters, audit) = blocking(move || Ok((reader.dead_letters()?, reader.audit()?))).await?;
+    let Some(d) = letters.into_iter().find(|d| d.at == at) else {
+        bail!("no dead letter at {at} in `{dlq}`");
+    };
+    let codec = Codec::from_config(config)?;
+    let payload = match (&d.payload, omitted_payload(&d)) {
+        (None, Some(where_)) => serde_json::json!({
+            "omitted": format!("the broker refused the full record; the original ({where_}) can still be read there until that topic's retention removes it"),
+        }),
+        _ => match codec.decode_to_json(d.payload.as_deref()).await {
+            Ok(v) => v,
+            Err(e) => undecodable(&e.to_string(), d.payload.as_deref()),
+        },
+    };
+    let headers: serde_json::Map<String, serde_json::Value> = {
+        use rdkafka::message::Headers;
+        let owned = d.headers.to_owned_headers();
+        owned
+            .iter()
+            .map(|h| {
+                let v = h.value.map(|v| String::from_utf8_lossy(v).into_owned());
+                (h.key.to_string(), serde_json::json!(v))
+            })
+            .collect()
+    };
+    Ok(serde_json::json!({
+        "dlq": dlq,
+        "at": d.at.to_string(),
+        "key": d.key,
+        "failed_at": format_ms(d.timestamp_ms),
+        "headers": headers,
+        "payload": payload,
+        "audit": audit.get(&at),
+    }))
+}
+
+/// What a re-drive would move, and where: the dry run.
+#[derive(Debug, Clone)]
+pub struct RedrivePlan {
+    /// The route's main topic.
+    pub main: String,
+    /// Where the records go.
+    pub target_topic: String,
+    /// The unresolved dead letters picked.
+    pub picked: Vec<DeadLetter>,
+}
+
+/// Picks the unresolved records (`at`, or all passing `select`) and resolves
+/// the target topic. Nothing is written.
+pub async fn plan_redrive(
+    config: &KafkaConfig,
+    select: &Select,
+    at: &[Coordinates],
+    to: Target,
+) -> Result<RedrivePlan> {
+    let filter = select.filter()?;
+    let reader = DlqReader::new(config, &select.topic);
+    let main = reader.main_topic().to_string();
+    let dlq = format!("{main}.dlq");
+    let rows = blocking(move || reader.list(&filter, true)).await?;
+    let picked = pick(rows, at, &dlq)?;
+    let target = match to {
+        Target::Retry => RedriveTarget::FirstTier,
+        Target::Main => RedriveTarget::Main,
+    };
+    let (cfg, m) = (config.clone(), main.clone());
+    let target_topic = blocking(move || target_topic(&cfg, &m, target)).await?;
+    Ok(RedrivePlan {
+        main,
+        target_topic,
+        picked,
+    })
+}
+
+/// Re-drives the plan at most `rate` records per second, auditing each one
+/// as `retried` by `by` in `<topic>.dlq.audit`. `progress` hears the count
+/// done after each record; setting `cancel` stops before the next record
+/// (what was re-drove stays re-driven and audited). Returns the count done.
+pub async fn execute_redrive(
+    config: &KafkaConfig,
+    plan: &RedrivePlan,
+    rate: u32,
+    by: &str,
+    progress: impl Fn(usize),
+    cancel: &AtomicBool,
+) -> Result<usize> {
+    if rate == 0 {
+        bail!("--rate must be at least 1 record per second");
+    }
+    let producer = Producer::new(config)?;
+    let audit = AuditLog::open(config, producer.clone(), &plan.main).await?;
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
+    let mut done = 0;
+    for d in &plan.picked {
+        tick.tick().await;
+        if cancel.load(Ordering::SeqCst) {
+            break;
+        }
+        redrive(&producer, &audit, &plan.main, d, &plan.target_topic, by).await?;
+        done += 1;
+        progress(done);
+    }
+    Ok(done)
+}
+
+/// Resolves the unresolved records (`at`, or all passing `select`, which
+/// then must filter something) with a required `reason`, audited as
+/// `resolved` by `by`. Returns the DLQ topic and the count.
+pub async fn resolve_records(
+    config: &KafkaConfig,
+    select: &Select,
+    at: &[Coordinates],
+    reason: &str,
+    by: &str,
+) -> Result<(String, usize)> {
+    if reason.trim().is_empty() {
+        bail!("--reason must say why the records need no re-drive");
+    }
+    let filter = select.filter()?;
+    let no_filter = select.job.is_none()
+        && select.class.is_none()
+        && select.since.is_none()
+        && select.until.is_none();
+    if at.is_empty() && no_filter {
+        bail!("name the records (partition:offset) or give a filter (--job, --class, --since, --until)");
+    }
+    let reader = DlqReader::new(config, &select.topic);
+    let main = reader.main_topic().to_string();
+    let dlq = format!("{main}.dlq");
+    let rows = blocking(move || reader.list(&filter, true)).await?;
+    let picked = pick(rows, at, &dlq)?;
+    let producer = Producer::new(config)?;
+    let audit = AuditLog::open(config, producer, &main).await?;
+    for d in &picked {
+        resolve(&audit, d.at, by, reason).await?;
+    }
+    Ok((dlq, picked.len()))
+}
+
 pub async fn run(config: &KafkaConfig, cmd: DlqCommand) -> Result<()> {
     match cmd {
         DlqCommand::List { select, all, json } => {
-            let filter = select.filter()?;
-            let reader = DlqReader::new(config, &select.topic);
-            let rows = blocking(move || reader.list(&filter, all)).await?;
+            let rows = list(config, &select, all).await?;
             if json {
                 let out: Vec<serde_json::Value> = rows.iter().map(|(d, a)| summary(d, a)).collect();
                 println!("{}", serde_json::to_string(&out)?);
@@ -279,43 +452,7 @@ pub async fn run(config: &KafkaConfig, cmd: DlqCommand) -> Result<()> {
             Ok(())
         }
         DlqCommand::Show { topic, at, json } => {
-            let reader = DlqReader::new(config, &topic);
-            let dlq = format!("{}.dlq", reader.main_topic());
-            let (letters, audit) =
-                blocking(move || Ok((reader.dead_letters()?, reader.audit()?))).await?;
-            let Some(d) = letters.into_iter().find(|d| d.at == at) else {
-                bail!("no dead letter at {at} in `{dlq}`");
-            };
-            let codec = Codec::from_config(config)?;
-            let payload = match (&d.payload, omitted_payload(&d)) {
-                (None, Some(where_)) => serde_json::json!({
-                    "omitted": format!("the broker refused the full record; the original ({where_}) can still be read there until that topic's retention removes it"),
-                }),
-                _ => match codec.decode_to_json(d.payload.as_deref()).await {
-                    Ok(v) => v,
-                    Err(e) => undecodable(&e.to_string(), d.payload.as_deref()),
-                },
-            };
-            let headers: serde_json::Map<String, serde_json::Value> = {
-                use rdkafka::message::Headers;
-                let owned = d.headers.to_owned_headers();
-                owned
-                    .iter()
-                    .map(|h| {
-                        let v = h.value.map(|v| String::from_utf8_lossy(v).into_owned());
-                        (h.key.to_string(), serde_json::json!(v))
-                    })
-                    .collect()
-            };
-            let out = serde_json::json!({
-                "dlq": dlq,
-                "at": d.at.to_string(),
-                "key": d.key,
-                "failed_at": format_ms(d.timestamp_ms),
-                "headers": headers,
-                "payload": payload,
-                "audit": audit.get(&at),
-            });
+            let out = show(config, &topic, at).await?;
             if json {
                 println!("{}", serde_json::to_string(&out)?);
             } else {
@@ -335,41 +472,33 @@ pub async fn run(config: &KafkaConfig, cmd: DlqCommand) -> Result<()> {
             if rate == 0 {
                 bail!("--rate must be at least 1 record per second");
             }
-            let filter = select.filter()?;
-            let reader = DlqReader::new(config, &select.topic);
-            let main = reader.main_topic().to_string();
-            let dlq = format!("{main}.dlq");
-            let rows = blocking(move || reader.list(&filter, true)).await?;
-            let picked = pick(rows, &at, &dlq)?;
-            let target = match to {
-                Target::Retry => RedriveTarget::FirstTier,
-                Target::Main => RedriveTarget::Main,
-            };
-            let (cfg, m) = (config.clone(), main.clone());
-            let target_topic = blocking(move || target_topic(&cfg, &m, target)).await?;
+            let plan = plan_redrive(config, &select, &at, to).await?;
             let rows: Vec<(DeadLetter, Option<AuditEntry>)> =
-                picked.iter().cloned().map(|d| (d, None)).collect();
+                plan.picked.iter().cloned().map(|d| (d, None)).collect();
             println!("{}", table(&rows, false));
             if !execute {
                 println!(
-                    "dry run: {} record(s) would be re-driven to `{target_topic}`; pass --execute to do it",
-                    picked.len()
+                    "dry run: {} record(s) would be re-driven to `{}`; pass --execute to do it",
+                    plan.picked.len(),
+                    plan.target_topic
                 );
                 return Ok(());
             }
-            let producer = Producer::new(config)?;
-            let audit = AuditLog::open(config, producer.clone(), &main).await?;
-            let bar = ProgressBar::new(picked.len() as u64).with_style(
+            let bar = ProgressBar::new(plan.picked.len() as u64).with_style(
                 ProgressStyle::with_template("re-drive [{bar:30}] {pos}/{len} {per_sec}")?,
             );
-            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
-            for d in &picked {
-                tick.tick().await;
-                redrive(&producer, &audit, &main, d, &target_topic, &by).await?;
-                bar.inc(1);
-            }
+            let never = AtomicBool::new(false);
+            let done = execute_redrive(
+                config,
+                &plan,
+                rate,
+                &by,
+                |n| bar.set_position(n as u64),
+                &never,
+            )
+            .await?;
             bar.finish();
-            println!("re-drove {} record(s) to `{target_topic}`", picked.len());
+            println!("re-drove {done} record(s) to `{}`", plan.target_topic);
             Ok(())
         }
         DlqCommand::Resolve {
@@ -378,28 +507,8 @@ pub async fn run(config: &KafkaConfig, cmd: DlqCommand) -> Result<()> {
             reason,
             by,
         } => {
-            if reason.trim().is_empty() {
-                bail!("--reason must say why the records need no re-drive");
-            }
-            let filter = select.filter()?;
-            let no_filter = select.job.is_none()
-                && select.class.is_none()
-                && select.since.is_none()
-                && select.until.is_none();
-            if at.is_empty() && no_filter {
-                bail!("name the records (partition:offset) or give a filter (--job, --class, --since, --until)");
-            }
-            let reader = DlqReader::new(config, &select.topic);
-            let main = reader.main_topic().to_string();
-            let dlq = format!("{main}.dlq");
-            let rows = blocking(move || reader.list(&filter, true)).await?;
-            let picked = pick(rows, &at, &dlq)?;
-            let producer = Producer::new(config)?;
-            let audit = AuditLog::open(config, producer, &main).await?;
-            for d in &picked {
-                resolve(&audit, d.at, &by, &reason).await?;
-            }
-            println!("resolved {} record(s) in `{dlq}`", picked.len());
+            let (dlq, n) = resolve_records(config, &select, &at, &reason, &by).await?;
+            println!("resolved {n} record(s) in `{dlq}`");
             Ok(())
         }
     }

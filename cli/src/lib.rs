@@ -6,14 +6,15 @@
 //! run. Errors go to stderr with a non-zero exit code: 2 for bad usage
 //! (clap), 1 for everything that failed while running.
 
-mod dlq;
+pub mod dlq;
 #[cfg(feature = "postgres")]
 mod outbox;
-mod replay;
+pub mod replay;
 mod schema;
-mod status;
-mod time;
+pub mod status;
+pub mod time;
 mod topics;
+pub mod ui;
 
 use std::process::ExitCode;
 
@@ -72,6 +73,8 @@ enum Command {
     /// Create a route's topics.
     #[command(subcommand)]
     Topics(topics::TopicsCommand),
+    /// A web dashboard: routes, lag, retries and the DLQ in the browser.
+    Ui(ui::UiArgs),
 }
 
 /// Parses the process arguments and runs the command.
@@ -115,6 +118,7 @@ pub fn main() -> ExitCode {
             Command::Schema(cmd) => schema::run(&config, cmd).await,
             Command::Status(args) => status::run(&config, args).await,
             Command::Topics(cmd) => topics::run(&config, cmd).await,
+            Command::Ui(args) => ui::run(&config, args).await,
         }
     });
     match result {

@@ -57,29 +57,76 @@ pub struct ReplayArgs {
 
 impl ReplayArgs {
     fn target(&self) -> Result<ReplayTarget> {
-        if let Some(t) = &self.to_datetime {
-            return Ok(ReplayTarget::ToDatetime(parse_absolute(t)?));
-        }
-        if let Some(d) = &self.by_duration {
-            let d = humantime::parse_duration(d).map_err(|e| {
-                anyhow!("--by-duration `{d}` is not a duration like 2h or 30m: {e}")
-            })?;
-            return Ok(ReplayTarget::ByDuration(d));
-        }
-        if let Some(o) = self.to_offset {
-            if o < 0 {
-                bail!("--to-offset must be 0 or more, got {o}");
-            }
-            return Ok(ReplayTarget::ToOffset(o));
-        }
-        if let Some(n) = self.shift_by {
-            return Ok(ReplayTarget::ShiftBy(n));
-        }
-        if self.to_earliest {
-            return Ok(ReplayTarget::ToEarliest);
-        }
-        Ok(ReplayTarget::ToLatest)
+        target_from(&TargetSpec {
+            to_datetime: self.to_datetime.as_deref(),
+            by_duration: self.by_duration.as_deref(),
+            to_offset: self.to_offset,
+            shift_by: self.shift_by,
+            to_earliest: self.to_earliest,
+        })
     }
+}
+
+/// The replay target as the CLI's flags give it (at most one set; none
+/// means `--to-latest`), shared with the dashboard's replay form.
+#[derive(Debug, Default)]
+pub struct TargetSpec<'a> {
+    /// `--to-datetime`.
+    pub to_datetime: Option<&'a str>,
+    /// `--by-duration`.
+    pub by_duration: Option<&'a str>,
+    /// `--to-offset`.
+    pub to_offset: Option<i64>,
+    /// `--shift-by`.
+    pub shift_by: Option<i64>,
+    /// `--to-earliest`.
+    pub to_earliest: bool,
+}
+
+/// Validates and converts a [`TargetSpec`]; errors name the flag.
+pub fn target_from(spec: &TargetSpec<'_>) -> Result<ReplayTarget> {
+    if let Some(t) = spec.to_datetime {
+        return Ok(ReplayTarget::ToDatetime(parse_absolute(t)?));
+    }
+    if let Some(d) = spec.by_duration {
+        let d = humantime::parse_duration(d)
+            .map_err(|e| anyhow!("--by-duration `{d}` is not a duration like 2h or 30m: {e}"))?;
+        return Ok(ReplayTarget::ByDuration(d));
+    }
+    if let Some(o) = spec.to_offset {
+        if o < 0 {
+            bail!("--to-offset must be 0 or more, got {o}");
+        }
+        return Ok(ReplayTarget::ToOffset(o));
+    }
+    if let Some(n) = spec.shift_by {
+        return Ok(ReplayTarget::ShiftBy(n));
+    }
+    if spec.to_earliest {
+        return Ok(ReplayTarget::ToEarliest);
+    }
+    Ok(ReplayTarget::ToLatest)
+}
+
+/// The replay plan (the dry-run table's rows) for `group` on `topic`, and
+/// on its retry tiers with `include_tiers`. Nothing is written. Blocking.
+pub fn plan_rows(
+    config: &KafkaConfig,
+    group: &str,
+    topic: &str,
+    include_tiers: bool,
+    partitions: Option<&[i32]>,
+    target: ReplayTarget,
+) -> Result<Vec<ReplayRow>> {
+    let mut topics = vec![topic.to_string()];
+    if include_tiers {
+        topics.extend(
+            discover_tiers(topic, &list_topics(config)?)
+                .into_iter()
+                .map(|(_, t)| t),
+        );
+    }
+    Ok(plan(config, group, &topics, partitions, target)?)
 }
 
 fn parse_absolute(s: &str) -> Result<i64> {
@@ -117,11 +164,14 @@ pub async fn run(config: &KafkaConfig, args: ReplayArgs) -> Result<()> {
     let target = args.target()?;
     let config = config.clone();
     tokio::task::spawn_blocking(move || -> Result<()> {
-        let mut topics = vec![args.topic.clone()];
-        if args.include_tiers {
-            topics.extend(discover_tiers(&args.topic, &list_topics(&config)?).into_iter().map(|(_, t)| t));
-        }
-        let rows = plan(&config, &args.group, &topics, args.partitions.as_deref(), target)?;
+        let rows = plan_rows(
+            &config,
+            &args.group,
+            &args.topic,
+            args.include_tiers,
+            args.partitions.as_deref(),
+            target,
+        )?;
         println!("{}", table(&rows));
         let total: i64 = rows.iter().map(|r| r.replayed().max(0)).sum();
         let into = args.shadow_group.as_deref().unwrap_or(&args.group);

@@ -169,6 +169,30 @@ pub fn oldest_pending_ages(
     config: &KafkaConfig,
     rows: &[PartitionLag],
 ) -> Result<Vec<(String, i32, f64)>> {
+    Ok(pending_heads(config, rows)?
+        .into_iter()
+        .map(|h| (h.topic, h.partition, h.age_seconds))
+        .collect())
+}
+
+/// The first uncommitted record of a partition with lag.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingHead {
+    /// Topic name.
+    pub topic: String,
+    /// Partition number.
+    pub partition: i32,
+    /// How long ago it was written, seconds.
+    pub age_seconds: f64,
+    /// When it is due (retry tiers set `kjob-due-at`; `None` elsewhere):
+    /// the next time a tier's partition releases a job.
+    pub due_at_ms: Option<i64>,
+}
+
+/// The first uncommitted record of each partition with lag (the record at
+/// the committed offset): its age and, for retry tiers, when it is due.
+/// Partitions without lag are absent. Blocking.
+pub fn pending_heads(config: &KafkaConfig, rows: &[PartitionLag]) -> Result<Vec<PendingHead>> {
     use rdkafka::Message;
     let pending: Vec<&PartitionLag> = rows.iter().filter(|r| r.lag() > 0).collect();
     if pending.is_empty() {
@@ -191,22 +215,23 @@ pub fn oldest_pending_ages(
         .assign(&tpl)
         .map_err(|e| Error::kafka("assigning status reader", e))?;
     let now = crate::dlq::now_ms();
-    let mut out: Vec<(String, i32, f64)> = Vec::new();
+    let mut out: Vec<PendingHead> = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while out.len() < pending.len() && std::time::Instant::now() < deadline {
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
             if out
                 .iter()
-                .any(|(t, p, _)| t == m.topic() && *p == m.partition())
+                .any(|h| h.topic == m.topic() && h.partition == m.partition())
             {
                 continue;
             }
             let ts = m.timestamp().to_millis().unwrap_or(now);
-            out.push((
-                m.topic().to_string(),
-                m.partition(),
-                ((now - ts).max(0) as f64) / 1000.0,
-            ));
+            out.push(PendingHead {
+                topic: m.topic().to_string(),
+                partition: m.partition(),
+                age_seconds: ((now - ts).max(0) as f64) / 1000.0,
+                due_at_ms: crate::headers::JobHeaders::parse(m.headers()).due_at_ms,
+            });
         }
     }
     Ok(out)

@@ -1,0 +1,331 @@
+//! The mutating actions, only with `--allow-actions`: re-drive (dry-run
+//! preview first, then a cancellable background task with progress) and
+//! resolve (a reason is required). Both go through the CLI's own
+//! functions, so they are audited in `<topic>.dlq.audit` exactly as
+//! `kjob dlq retry` and `kjob dlq resolve` audit.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::Form;
+use maud::{html, Markup};
+use serde::Deserialize;
+
+use kjob::dlq::store::Coordinates;
+
+use super::assets::layout;
+use super::auth::check_csrf;
+use super::pages::{error_page, upstream_or, urlencode, Refusal};
+use super::{AppState, Shared};
+use crate::dlq::{empty_as_none, execute_redrive, plan_redrive, resolve_records, Select, Target};
+use crate::time::format_ms;
+
+/// Re-drives at most this many records per second unless the form says less.
+const DEFAULT_RATE: u32 = 100;
+
+/// A re-drive running in the background.
+pub struct Task {
+    /// What it does, for the page.
+    what: String,
+    /// The route's DLQ, for the link back.
+    topic: String,
+    total: usize,
+    done: AtomicUsize,
+    cancel: AtomicBool,
+    outcome: Mutex<Option<Result<String, String>>>,
+}
+
+fn hidden_select(select: &Select, at: Option<Coordinates>) -> Markup {
+    let opt = |v: &Option<String>| v.clone().unwrap_or_default();
+    html! {
+        input type="hidden" name="topic" value=(select.topic);
+        input type="hidden" name="job" value=(opt(&select.job));
+        input type="hidden" name="class" value=(opt(&select.class));
+        input type="hidden" name="since" value=(opt(&select.since));
+        input type="hidden" name="until" value=(opt(&select.until));
+        @if let Some(at) = at { input type="hidden" name="at" value=(at.to_string()); }
+    }
+}
+
+/// The re-drive form (a dry-run preview comes first).
+pub fn redrive_form(state: &AppState, select: &Select, at: Option<Coordinates>) -> Markup {
+    html! {
+        form.inline.redrive method="post" action="/dlq/redrive" {
+            input type="hidden" name="csrf" value=(state.csrf);
+            (hidden_select(select, at))
+            label { "to" select name="to" {
+                option value="retry" { "first retry tier" }
+                option value="main" { "main topic" }
+            } }
+            label { "rate (records/s)" input type="number" name="rate" min="1" value=(DEFAULT_RATE); }
+            button #redrive-preview type="submit" { "Preview re-drive" }
+        }
+    }
+}
+
+/// The resolve form; the browser and the server both require a reason.
+pub fn resolve_form(state: &AppState, select: &Select, at: Option<Coordinates>) -> Markup {
+    html! {
+        form.inline.resolve method="post" action="/dlq/resolve" {
+            input type="hidden" name="csrf" value=(state.csrf);
+            (hidden_select(select, at))
+            label { "reason (required, audited)" input #reason name="reason" required size="40"; }
+            button.danger #resolve type="submit" { "Resolve" }
+        }
+    }
+}
+
+/// The fields both actions post.
+#[derive(Deserialize)]
+pub struct ActionForm {
+    #[serde(default)]
+    csrf: String,
+    topic: String,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    job: Option<String>,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    class: Option<String>,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    since: Option<String>,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    until: Option<String>,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    at: Option<String>,
+    #[serde(default)]
+    to: Target,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    rate: Option<String>,
+    #[serde(default)]
+    execute: Option<String>,
+    #[serde(default)]
+    reason: String,
+}
+
+impl ActionForm {
+    fn select(&self) -> Select {
+        Select {
+            topic: self.topic.clone(),
+            job: self.job.clone(),
+            class: self.class.clone(),
+            since: self.since.clone(),
+            until: self.until.clone(),
+        }
+    }
+    fn at(&self) -> Result<Vec<Coordinates>, Refusal> {
+        self.at
+            .iter()
+            .flat_map(|s| s.split(','))
+            .map(|c| {
+                c.trim()
+                    .parse()
+                    .map_err(|e: kjob::Error| Refusal(StatusCode::BAD_REQUEST, e.to_string()))
+            })
+            .collect()
+    }
+    fn rate(&self) -> Result<u32, Refusal> {
+        match &self.rate {
+            None => Ok(DEFAULT_RATE),
+            Some(r) => r.parse::<u32>().ok().filter(|r| *r >= 1).ok_or_else(|| {
+                Refusal(
+                    StatusCode::BAD_REQUEST,
+                    format!("rate `{r}` must be a whole number of records per second, at least 1"),
+                )
+            }),
+        }
+    }
+}
+
+/// `POST /dlq/redrive`: without `execute` the dry-run preview, with it a
+/// background task and a redirect to its progress page.
+pub async fn redrive(State(state): State<Shared>, Form(f): Form<ActionForm>) -> Response {
+    if let Err(r) = check_csrf(&state, &f.csrf) {
+        return r.into_response();
+    }
+    let (at, rate) = match (f.at(), f.rate()) {
+        (Ok(a), Ok(r)) => (a, r),
+        (Err(e), _) | (_, Err(e)) => return e.into_response(),
+    };
+    let select = f.select();
+    let plan = match plan_redrive(&state.config, &select, &at, f.to).await {
+        Ok(p) => p,
+        Err(e) => return error_page(upstream_or(&e, StatusCode::BAD_REQUEST), &format!("{e:#}")),
+    };
+    if f.execute.is_none() {
+        let to = match f.to {
+            Target::Retry => "retry",
+            Target::Main => "main",
+        };
+        return layout(&state, "Re-drive preview", html! {
+            h1 { "Re-drive preview (dry run)" }
+            p.notice.preview {
+                (plan.picked.len()) " record(s) would be re-driven to " code { (plan.target_topic) }
+                " at most " (rate) " per second."
+            }
+            table.dlq {
+                thead { tr { th { "partition:offset" } th { "job" } th { "key" } th { "error class" } th { "failed at" } } }
+                tbody { @for d in &plan.picked { tr {
+                    td.mono { (d.at) } td { (d.headers.job.clone().unwrap_or_default()) }
+                    td.mono { (d.key.clone().unwrap_or_default()) }
+                    td { (d.headers.error_class.clone().unwrap_or_default()) }
+                    td { (format_ms(d.timestamp_ms)) }
+                } } }
+            }
+            @if !plan.picked.is_empty() {
+                form.inline method="post" action="/dlq/redrive" {
+                    input type="hidden" name="csrf" value=(state.csrf);
+                    (hidden_select(&select, None))
+                    @if let Some(a) = &f.at { input type="hidden" name="at" value=(a); }
+                    input type="hidden" name="to" value=(to);
+                    input type="hidden" name="rate" value=(rate);
+                    input type="hidden" name="execute" value="1";
+                    button #redrive-execute type="submit" { "Re-drive " (plan.picked.len()) " record(s)" }
+                }
+            }
+            p { a href={"/dlq?topic=" (urlencode(&f.topic))} { "Back to the dead letters" } }
+        }).into_response();
+    }
+    if plan.picked.is_empty() {
+        return error_page(
+            StatusCode::BAD_REQUEST,
+            "nothing to re-drive: no unresolved dead letter matches",
+        );
+    }
+    let task = Arc::new(Task {
+        what: format!(
+            "re-drive of {} record(s) to `{}`",
+            plan.picked.len(),
+            plan.target_topic
+        ),
+        topic: f.topic.clone(),
+        total: plan.picked.len(),
+        done: AtomicUsize::new(0),
+        cancel: AtomicBool::new(false),
+        outcome: Mutex::new(None),
+    });
+    let id = match state.tasks.lock() {
+        Ok(mut tasks) => {
+            let id = tasks.len() as u64 + 1;
+            tasks.insert(id, task.clone());
+            id
+        }
+        Err(_) => return error_page(StatusCode::INTERNAL_SERVER_ERROR, "task registry poisoned"),
+    };
+    let (config, by) = (state.config.clone(), state.by.clone());
+    tokio::spawn(async move {
+        let t = task.clone();
+        let result = execute_redrive(
+            &config,
+            &plan,
+            rate,
+            &by,
+            |n| t.done.store(n, Ordering::SeqCst),
+            &task.cancel,
+        )
+        .await;
+        let outcome = match result {
+            Ok(n) if n < plan.picked.len() => Ok(format!(
+                "cancelled after {n} of {} record(s)",
+                plan.picked.len()
+            )),
+            Ok(n) => Ok(format!("re-drove {n} record(s) to {}", plan.target_topic)),
+            Err(e) => Err(format!("{e:#}")),
+        };
+        if let Ok(mut o) = task.outcome.lock() {
+            *o = Some(outcome);
+        }
+    });
+    Redirect::to(&format!("/tasks/{id}")).into_response()
+}
+
+/// `POST /dlq/resolve`: resolves with the required reason, audited.
+pub async fn resolve(State(state): State<Shared>, Form(f): Form<ActionForm>) -> Response {
+    if let Err(r) = check_csrf(&state, &f.csrf) {
+        return r.into_response();
+    }
+    if f.reason.trim().is_empty() {
+        return error_page(
+            StatusCode::BAD_REQUEST,
+            "a resolve needs a reason: say why the records need no re-drive (it is kept in the audit log)",
+        );
+    }
+    let at = match f.at() {
+        Ok(a) => a,
+        Err(e) => return e.into_response(),
+    };
+    match resolve_records(&state.config, &f.select(), &at, &f.reason, &state.by).await {
+        Ok((dlq, n)) => layout(
+            &state,
+            "Resolved",
+            html! {
+                h1 { "Resolved" }
+                p.notice.resolved { "resolved " (n) " record(s) in " code { (dlq) } }
+                p { a href={"/dlq?topic=" (urlencode(&f.topic))} { "Back to the dead letters" } }
+            },
+        )
+        .into_response(),
+        Err(e) => error_page(upstream_or(&e, StatusCode::BAD_REQUEST), &format!("{e:#}")),
+    }
+}
+
+fn find(state: &AppState, id: u64) -> Option<Arc<Task>> {
+    state.tasks.lock().ok()?.get(&id).cloned()
+}
+
+/// `GET /tasks/{id}`: progress, outcome and a cancel button.
+pub async fn task_page(State(state): State<Shared>, Path(id): Path<u64>) -> Response {
+    let Some(t) = find(&state, id) else {
+        return error_page(
+            StatusCode::NOT_FOUND,
+            &format!("no task {id} (tasks live as long as the dashboard process)"),
+        );
+    };
+    let done = t.done.load(Ordering::SeqCst);
+    let outcome = t.outcome.lock().ok().and_then(|o| o.clone());
+    layout(&state, "Re-drive", html! {
+        h1 { (t.what) }
+        div #task data-live="1" data-state=(match &outcome { None => "running", Some(Ok(_)) => "finished", Some(Err(_)) => "failed" }) {
+            progress max=(t.total) value=(done) {}
+            p.progress { span.done { (done) } " / " (t.total) " done" }
+            @match &outcome {
+                None => {
+                    @if t.cancel.load(Ordering::SeqCst) { p.muted { "cancelling…" } }
+                    form method="post" action={"/tasks/" (id) "/cancel"} {
+                        input type="hidden" name="csrf" value=(state.csrf);
+                        button.danger #cancel type="submit" { "Cancel" }
+                    }
+                }
+                Some(Ok(msg)) => p.notice.outcome { (msg) },
+                Some(Err(msg)) => div.error.outcome { (msg) },
+            }
+        }
+        p { a href={"/dlq?topic=" (urlencode(&t.topic)) "&all=on"} { "Back to the dead letters" } }
+    }).into_response()
+}
+
+/// The cancel form's field.
+#[derive(Deserialize)]
+pub struct CsrfForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+/// `POST /tasks/{id}/cancel`: stops before the next record.
+pub async fn cancel(
+    State(state): State<Shared>,
+    Path(id): Path<u64>,
+    Form(f): Form<CsrfForm>,
+) -> Response {
+    if let Err(r) = check_csrf(&state, &f.csrf) {
+        return r.into_response();
+    }
+    match find(&state, id) {
+        Some(t) => {
+            t.cancel.store(true, Ordering::SeqCst);
+            Redirect::to(&format!("/tasks/{id}")).into_response()
+        }
+        None => error_page(StatusCode::NOT_FOUND, &format!("no task {id}")),
+    }
+}

@@ -1,0 +1,114 @@
+//! The stylesheet, the live-update script and the page shell, compiled
+//! into the binary (no node build, nothing fetched by the browser).
+
+use axum::http::header;
+use axum::response::IntoResponse;
+use maud::{html, Markup, DOCTYPE};
+
+use super::AppState;
+
+const CSS: &str = r#"
+:root { --fg:#1f2430; --muted:#667085; --line:#e4e7ec; --bg:#f7f8fa; --accent:#2563eb; --bad:#c2410c; --ok:#15803d; }
+* { box-sizing:border-box; }
+body { margin:0; font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif; color:var(--fg); background:var(--bg); }
+header { display:flex; align-items:center; gap:1.5rem; padding:.7rem 1.5rem; background:#111827; color:#fff; }
+header a { color:#d1d5db; text-decoration:none; } header a:hover { color:#fff; }
+header .brand { font-weight:700; color:#fff; }
+header .mode { margin-left:auto; font-size:12px; padding:.15rem .5rem; border-radius:999px; background:#374151; }
+header .mode.rw { background:#b45309; }
+main { padding:1.2rem 1.5rem; max-width:1250px; }
+h1 { font-size:20px; margin:.2rem 0 1rem; } h2 { font-size:16px; margin:1.2rem 0 .5rem; }
+.card { background:#fff; border:1px solid var(--line); border-radius:8px; padding:1rem 1.2rem; margin-bottom:1rem; }
+.card h2 { margin-top:0; } .card h2 small { color:var(--muted); font-weight:400; }
+table { border-collapse:collapse; width:100%; background:#fff; }
+th, td { text-align:left; padding:.35rem .6rem; border-bottom:1px solid var(--line); vertical-align:top; }
+th { font-size:12px; text-transform:uppercase; letter-spacing:.03em; color:var(--muted); font-weight:600; }
+td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
+.metrics { display:flex; flex-wrap:wrap; gap:1rem; margin:.8rem 0; }
+.metric { border:1px solid var(--line); border-radius:6px; padding:.5rem .8rem; min-width:170px; }
+.metric .label { font-size:12px; color:var(--muted); } .metric .value { font-size:20px; font-weight:600; }
+.metric svg { display:block; margin-top:.2rem; }
+.bad { color:var(--bad); } .ok { color:var(--ok); } .muted { color:var(--muted); }
+.error { background:#fef2f2; border:1px solid #fecaca; color:#991b1b; padding:.6rem .8rem; border-radius:6px; margin-bottom:1rem; }
+.notice { background:#eff6ff; border:1px solid #bfdbfe; padding:.6rem .8rem; border-radius:6px; margin-bottom:1rem; }
+pre { background:#0f172a; color:#e2e8f0; padding:.8rem; border-radius:6px; overflow:auto; max-height:420px; font-size:12.5px; }
+code, .mono { font-family:ui-monospace,SFMono-Regular,Menlo,monospace; font-size:12.5px; }
+form.inline { display:flex; flex-wrap:wrap; gap:.5rem; align-items:end; margin:.4rem 0; }
+label { display:flex; flex-direction:column; font-size:12px; color:var(--muted); gap:.15rem; }
+input, select { font:inherit; padding:.3rem .45rem; border:1px solid #cbd5e1; border-radius:5px; background:#fff; }
+button { font:inherit; padding:.35rem .8rem; border-radius:5px; border:1px solid var(--accent); background:var(--accent); color:#fff; cursor:pointer; }
+button.secondary { background:#fff; color:var(--accent); } button.danger { background:var(--bad); border-color:var(--bad); }
+progress { width:100%; height:1.1rem; }
+a { color:var(--accent); }
+.scroll { overflow-x:auto; }
+table.dlq td { white-space:nowrap; } table.dlq td.wrap { white-space:normal; min-width:16rem; }
+.columns { display:grid; grid-template-columns:minmax(0,1fr) minmax(0,1fr); gap:1rem; align-items:start; }
+table.headers td:first-child { width:40%; color:var(--muted); }
+table.headers td { word-break:break-all; }
+"#;
+
+const JS: &str = r#"
+// Live parts of a page carry data-live="<seconds>": fetch the page again
+// and swap those parts in place (the rest, e.g. forms, stays as typed).
+(function () {
+  const live = document.querySelectorAll('[data-live]');
+  if (!live.length) return;
+  const every = 1000 * Math.max(1, Number(live[0].dataset.live) || 5);
+  async function refresh() {
+    try {
+      const r = await fetch(location.href, { headers: { 'X-Live': '1' }, credentials: 'same-origin' });
+      if (r.ok) {
+        const doc = new DOMParser().parseFromString(await r.text(), 'text/html');
+        for (const el of document.querySelectorAll('[data-live][id]')) {
+          const fresh = doc.getElementById(el.id);
+          if (fresh) el.replaceWith(fresh);
+        }
+      }
+    } catch (e) { /* the next round tries again */ }
+    setTimeout(refresh, every);
+  }
+  setTimeout(refresh, every);
+})();
+"#;
+
+/// `GET /assets/style.css`.
+pub async fn css() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], CSS)
+}
+
+/// `GET /assets/app.js`.
+pub async fn js() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        JS,
+    )
+}
+
+/// The page shell: navigation, the read-only/actions badge, the body.
+pub fn layout(state: &AppState, title: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · kjob" }
+                link rel="stylesheet" href="/assets/style.css";
+            }
+            body {
+                header {
+                    a.brand href="/" { "kjob" }
+                    a href="/" { "Overview" }
+                    a href="/dlq" { "Dead letters" }
+                    @if state.allow_actions {
+                        span.mode.rw { "actions allowed" }
+                    } @else {
+                        span.mode { "read-only" }
+                    }
+                }
+                main { (body) }
+                script src="/assets/app.js" {}
+            }
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! The DLQ browser and one dead letter in full, through the same functions
+//! as `kjob dlq list` and `kjob dlq show`; the action forms appear only
+//! with `--allow-actions`.
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use maud::html;
+use serde::Deserialize;
+
+use kjob::dlq::store::Coordinates;
+
+use super::actions::{redrive_form, resolve_form};
+use super::assets::layout;
+use super::pages::{error_page, upstream_or, urlencode};
+use super::Shared;
+use crate::dlq::{empty_as_none, Select};
+use crate::time::format_ms;
+
+/// The DLQ browser's query: the filters, plus `all` to include audited ones.
+#[derive(Deserialize, Default)]
+pub struct DlqQuery {
+    #[serde(default)]
+    topic: String,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    job: Option<String>,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    class: Option<String>,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    since: Option<String>,
+    #[serde(default, deserialize_with = "empty_as_none")]
+    until: Option<String>,
+    #[serde(default)]
+    all: Option<String>,
+}
+
+impl DlqQuery {
+    fn select(&self) -> Select {
+        Select {
+            topic: self.topic.clone(),
+            job: self.job.clone(),
+            class: self.class.clone(),
+            since: self.since.clone(),
+            until: self.until.clone(),
+        }
+    }
+}
+
+/// `GET /dlq`: the DLQ of one route, filtered, with the actions.
+pub async fn dlq_list(State(state): State<Shared>, Query(q): Query<DlqQuery>) -> Response {
+    if q.topic.trim().is_empty() {
+        let routes = state.routes.read().map(|r| r.clone()).unwrap_or_default();
+        return layout(&state, "Dead letters", html! {
+            h1 { "Dead letters" }
+            table {
+                thead { tr { th { "route" } th { "group" } th.num { "unresolved" } } }
+                tbody { @for v in &routes { tr {
+                    td { a href={"/dlq?topic=" (urlencode(&v.key.topic))} { (v.key.topic) } }
+                    td { (v.key.group) }
+                    td.num { (v.status.as_ref().and_then(|s| s.dlq_unresolved).map_or("-".to_string(), |n| n.to_string())) }
+                } } }
+            }
+        }).into_response();
+    }
+    let select = q.select();
+    let all = q.all.is_some();
+    let rows = crate::dlq::list(&state.config, &select, all).await;
+    let topic = q.topic.clone();
+    layout(&state, "Dead letters", html! {
+        h1 { "Dead letters of " code { (topic) } }
+        form.inline method="get" action="/dlq" {
+            input type="hidden" name="topic" value=(topic);
+            label { "job" input name="job" value=(q.job.clone().unwrap_or_default()); }
+            label { "error class" input name="class" placeholder="e.g. permanent" value=(q.class.clone().unwrap_or_default()); }
+            label { "since" input name="since" placeholder="2h or 2026-11-29T10:00:00" value=(q.since.clone().unwrap_or_default()); }
+            label { "until" input name="until" value=(q.until.clone().unwrap_or_default()); }
+            label { "re-driven / resolved too" input type="checkbox" name="all" value="on" checked[all]; }
+            button.secondary type="submit" { "Filter" }
+        }
+        @match &rows {
+            Err(e) => div.error { (format!("{e:#}")) },
+            Ok(rows) => {
+                p.muted.count { (rows.len()) " shown, " (rows.iter().filter(|(_, a)| a.is_none()).count()) " unresolved" }
+                div.scroll { table.dlq {
+                    thead { tr { th { "partition:offset" } th { "job" } th { "key" } th.num { "attempts" } th { "error class" } th { "error" } th { "failed at" } th { "status" } } }
+                    tbody {
+                        @for (d, a) in rows {
+                            tr data-at=(d.at.to_string()) {
+                                td.mono { a href={"/dlq/show?topic=" (urlencode(&topic)) "&at=" (d.at)} { (d.at) } }
+                                td { (d.headers.job.clone().unwrap_or_else(|| "-".into())) }
+                                td.mono.key { (d.key.clone().unwrap_or_else(|| "-".into())) }
+                                td.num { (d.headers.attempt.map_or("-".into(), |a| a.to_string())) }
+                                td { (d.headers.error_class.clone().unwrap_or_else(|| "-".into())) }
+                                td.wrap { (kjob::headers::truncate_utf8(d.headers.error.as_deref().unwrap_or("-"), 120)) }
+                                td { (format_ms(d.timestamp_ms)) }
+                                td.status { (a.as_ref().map_or("unresolved".to_string(), |a| format!("{} by {}", a.action, a.by))) }
+                            }
+                        }
+                    }
+                } }
+            }
+        }
+        @if state.allow_actions {
+            section.card.actions {
+                h2 { "Re-drive or resolve everything shown (unresolved only)" }
+                (redrive_form(&state, &select, None))
+                (resolve_form(&state, &select, None))
+            }
+        }
+    }).into_response()
+}
+
+/// `?topic=&at=partition:offset`.
+#[derive(Deserialize)]
+pub struct ShowQuery {
+    topic: String,
+    at: String,
+}
+
+/// `GET /dlq/show`: one dead letter as `kjob dlq show` prints it.
+pub async fn dlq_show(State(state): State<Shared>, Query(q): Query<ShowQuery>) -> Response {
+    let at: Coordinates = match q.at.parse() {
+        Ok(a) => a,
+        Err(e) => return error_page(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let shown = match crate::dlq::show(&state.config, &q.topic, at).await {
+        Ok(v) => v,
+        Err(e) => return error_page(upstream_or(&e, StatusCode::NOT_FOUND), &format!("{e:#}")),
+    };
+    let payload = serde_json::to_string_pretty(&shown["payload"]).unwrap_or_default();
+    let headers = shown["headers"].as_object().cloned().unwrap_or_default();
+    let audit = shown["audit"].as_object().cloned();
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".to_string(),
+        other => other.to_string(),
+    };
+    let select = Select {
+        topic: q.topic.clone(),
+        ..Default::default()
+    };
+    layout(&state, "Dead letter", html! {
+        h1 { "Dead letter " code { (text(&shown["dlq"])) " " (at) } }
+        p { a href={"/dlq?topic=" (urlencode(&q.topic)) "&all=on"} { "← all dead letters of this route" } }
+        div.columns {
+            section.card {
+                table.fields {
+                    tbody {
+                        tr { th { "key" } td.mono.key { (text(&shown["key"])) } }
+                        tr { th { "failed at" } td { (text(&shown["failed_at"])) } }
+                    }
+                }
+                h2 { "Headers" }
+                table.headers {
+                    tbody { @for (k, v) in &headers { tr { td.mono { (k) } td.mono { (text(v)) } } } }
+                }
+            }
+            div {
+                section.card {
+                    h2 { "Payload" }
+                    pre.payload { (payload) }
+                }
+                section.card.audit {
+                    h2 { "Audit" }
+                    @match &audit {
+                        Some(a) => table { tbody {
+                            @for (k, v) in a { tr { th { (k) } td { (if k == "at_ms" { format_ms(v.as_i64()) } else { text(v) }) } } }
+                        } },
+                        None => p.muted { "unresolved: no audit entry yet" },
+                    }
+                }
+                @if state.allow_actions && audit.is_none() {
+                    section.card.actions {
+                        h2 { "Actions" }
+                        (redrive_form(&state, &select, Some(at)))
+                        (resolve_form(&state, &select, Some(at)))
+                    }
+                }
+            }
+        }
+    }).into_response()
+}

@@ -1,0 +1,236 @@
+//! The overview page and what every page shares: error pages, sparklines,
+//! the members table. Everything taken from records goes through maud's
+//! escaping; nothing here writes to Kafka. The route and DLQ pages live in
+//! `route.rs` and `dead_letters.rs`.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use maud::{html, Markup, DOCTYPE};
+
+use kjob::groups::GroupMember;
+
+use super::assets::layout;
+use super::sampler::{Point, RouteView};
+use super::Shared;
+use crate::time::format_ms;
+
+/// A page that says what went wrong (escaped), with the given status.
+pub fn error_page(status: StatusCode, message: &str) -> Response {
+    let body = html! {
+        (DOCTYPE)
+        html lang="en" {
+            head { meta charset="utf-8"; title { "kjob · " (status.as_u16()) } link rel="stylesheet" href="/assets/style.css"; }
+            body { main { h1 { (status) } div.error { (message) } p { a href="/" { "Back to the overview" } } } }
+        }
+    };
+    (status, body).into_response()
+}
+
+/// A refused request: its status and the message the page shows.
+#[derive(Debug)]
+pub struct Refusal(pub StatusCode, pub String);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        error_page(self.0, &self.1)
+    }
+}
+
+/// 502 when Kafka or the registry failed, else `status` (the request
+/// itself was wrong: an unknown record, group or target).
+pub fn upstream_or(e: &anyhow::Error, status: StatusCode) -> StatusCode {
+    use kjob::Error as E;
+    match e.downcast_ref::<E>() {
+        Some(
+            E::Kafka { .. }
+            | E::Registry { .. }
+            | E::RegistryTimeout { .. }
+            | E::RegistryUnauthorized { .. }
+            | E::Delivery { .. }
+            | E::Authentication { .. }
+            | E::NotAuthorized { .. }
+            | E::CreateTopic { .. }
+            | E::Worker(_),
+        ) => StatusCode::BAD_GATEWAY,
+        _ => status,
+    }
+}
+
+pub fn live_every(state: &Shared) -> u64 {
+    state.sample_every.as_secs().max(1)
+}
+
+/// A small inline SVG line of the last values (the newest on the right).
+pub fn sparkline(values: &[f64], width: u32, height: u32) -> Markup {
+    // One sample draws as a flat line rather than nothing.
+    let one;
+    let values = match values {
+        [v] => {
+            one = [*v, *v];
+            &one[..]
+        }
+        _ => values,
+    };
+    let max = values.iter().copied().fold(0.0, f64::max).max(1e-9);
+    let n = values.len().max(2) - 1;
+    let points: Vec<String> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let x = f64::from(width) * i as f64 / n as f64;
+            let y = f64::from(height) - 2.0 - (f64::from(height) - 4.0) * (v / max);
+            format!("{x:.1},{y:.1}")
+        })
+        .collect();
+    html! {
+        svg width=(width) height=(height) viewBox={"0 0 " (width) " " (height)} role="img" {
+            line x1="0" y1=(height - 1) x2=(width) y2=(height - 1) stroke="#e4e7ec" stroke-width="1" {}
+            polyline fill="none" stroke="#2563eb" stroke-width="1.5" points=(points.join(" ")) {}
+        }
+    }
+}
+
+fn series(history: &[Point], f: impl Fn(&Point) -> f64) -> Vec<f64> {
+    history.iter().map(f).collect()
+}
+
+fn metric(label: &str, value: String, spark: Option<Vec<f64>>) -> Markup {
+    html! {
+        div.metric {
+            div.label { (label) }
+            div.value { (value) }
+            @if let Some(v) = spark { (sparkline(&v, 160, 32)) }
+        }
+    }
+}
+
+pub fn members_table(state_name: &str, members: &[GroupMember]) -> Markup {
+    html! {
+        p.muted { "group state: " strong { (state_name) } ", " (members.len()) " member(s)" }
+        @if !members.is_empty() {
+            table.members {
+                thead { tr { th { "client id" } th { "host" } th { "member id" } th { "assignment" } } }
+                tbody {
+                    @for m in members {
+                        tr {
+                            td.mono { (m.client_id) } td { (m.host) } td.mono { (m.id) }
+                            td.mono {
+                                @for (t, parts) in &m.assignment {
+                                    div { (t) ": " (parts.iter().map(i32::to_string).collect::<Vec<_>>().join(", ")) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn route_card(v: &RouteView) -> Markup {
+    let hist: Vec<Point> = v.history.iter().copied().collect();
+    let last = hist.last().copied().unwrap_or_default();
+    let route_href = format!(
+        "/route?topic={}&group={}",
+        urlencode(&v.key.topic),
+        urlencode(&v.key.group)
+    );
+    html! {
+        section.card.route data-topic=(v.key.topic) data-group=(v.key.group) {
+            h2 {
+                a href=(route_href) { (v.key.topic) } " " small { "group " (v.key.group) }
+                @if let Some(p) = hist.last() { " " small.sampled { "· sampled " (format_ms(Some(p.at_ms))) } }
+            }
+            @if let Some(e) = &v.error { div.error { "sampling failed: " (e) } }
+            @if let Some(s) = &v.status {
+                div.metrics {
+                    (metric("lag (main + tiers)", last.lag.to_string(), Some(hist.iter().map(|p| p.lag as f64).collect())))
+                    (metric("handled/s", format!("{:.1}", last.handled), Some(series(&hist, |p| p.handled))))
+                    (metric("retried/s", format!("{:.1}", last.retried), Some(series(&hist, |p| p.retried))))
+                    (metric("dead-lettered/s", format!("{:.1}", last.dead_lettered), Some(series(&hist, |p| p.dead_lettered))))
+                    div.metric {
+                        div.label { "DLQ unresolved" }
+                        div.value.dlq-unresolved {
+                            a href={"/dlq?topic=" (urlencode(&v.key.topic))} {
+                                (s.dlq_unresolved.map_or("-".to_string(), |n| n.to_string()))
+                            }
+                        }
+                    }
+                }
+                table {
+                    thead { tr { th { "topic" } th { "role" } th.num { "partitions" } th.num { "lag / waiting" } th.num { "oldest pending" } th.num { "handled/s" } } }
+                    tbody {
+                        @for t in &s.topics {
+                            tr {
+                                td.mono { (t.topic) } td { (t.role) } td.num { (t.partitions) }
+                                td.num.lag data-topic=(t.topic) { (t.lag) }
+                                td.num { (format!("{:.1}s", t.oldest_pending_seconds)) }
+                                td.num { (format!("{:.1}", t.handled_per_second)) }
+                            }
+                        }
+                    }
+                }
+            } @else if v.error.is_none() {
+                p.muted { "sampling…" }
+            }
+            (members_table(&v.group_state, &v.members))
+        }
+    }
+}
+
+/// `GET /`: every route with lag, rates, DLQ and members.
+pub async fn overview(State(state): State<Shared>) -> Markup {
+    let routes = state.routes.read().map(|r| r.clone()).unwrap_or_default();
+    layout(
+        &state,
+        "Overview",
+        html! {
+            h1 { "Routes" }
+            div #overview data-live=(live_every(&state)) {
+                @if let Some(p) = state.problem.read().ok().and_then(|p| p.clone()) {
+                    div.error { (p) }
+                }
+                @if routes.is_empty() {
+                    p.notice { "No routes yet: routes appear when a group with live members consumes them (the first round can take a few seconds on a cluster with many groups), or name them with --route TOPIC=GROUP." }
+                }
+                @for v in &routes { (route_card(v)) }
+            }
+        },
+    )
+}
+
+/// Percent-encodes a query value (topic and group names are plain, but a
+/// link must not break on an odd one).
+pub fn urlencode(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_sample_still_draws_a_line() {
+        let svg = sparkline(&[3.0], 100, 20).into_string();
+        assert!(svg.contains("points=\"0.0,2.0 100.0,2.0\""), "{svg}");
+    }
+
+    #[test]
+    fn member_fields_are_escaped() {
+        let m = GroupMember {
+            id: "<b>id</b>".into(),
+            client_id: "<script>x()</script>".into(),
+            host: "\"><img src=x>".into(),
+            assignment: vec![("<t>".into(), vec![0])],
+        };
+        let html = members_table("Stable", &[m]).into_string();
+        assert!(!html.contains("<script>") && !html.contains("<img") && !html.contains("<t>"));
+        assert!(html.contains("&lt;script&gt;x()&lt;/script&gt;"), "{html}");
+    }
+
+    #[test]
+    fn query_values_are_percent_encoded() {
+        assert_eq!(urlencode("orders.a b&c=d"), "orders.a+b%26c%3Dd");
+    }
+}

@@ -1,0 +1,207 @@
+//! The route page (partitions, tiers, lag chart, members) and the replay
+//! dry run, read-only.
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use maud::{html, Markup};
+use serde::Deserialize;
+
+use super::assets::layout;
+use super::pages::{error_page, live_every, members_table, sparkline, upstream_or};
+use super::sampler::Point;
+use super::Shared;
+use crate::replay::{plan_rows, target_from, TargetSpec};
+use crate::time::format_ms;
+
+/// `?topic=&group=`.
+#[derive(Deserialize)]
+pub struct RouteQuery {
+    topic: String,
+    group: String,
+}
+
+fn lag_chart(history: &[Point]) -> Markup {
+    let (w, h) = (720u32, 140u32);
+    let values: Vec<f64> = history.iter().map(|p| p.lag as f64).collect();
+    let max = values.iter().copied().fold(0.0, f64::max);
+    html! {
+        div.lag-chart {
+            (sparkline(&values, w, h))
+            p.muted {
+                "lag over the last " (history.len()) " samples; max " (max as i64)
+                @if let (Some(a), Some(b)) = (history.first(), history.last()) {
+                    ", " (format_ms(Some(a.at_ms))) " – " (format_ms(Some(b.at_ms)))
+                }
+            }
+        }
+    }
+}
+
+/// `GET /route`: partitions, tiers, lag chart, members, replay form.
+pub async fn route(State(state): State<Shared>, Query(q): Query<RouteQuery>) -> Response {
+    let Some(v) = state.route_view(&q.topic, &q.group) else {
+        return error_page(
+            StatusCode::NOT_FOUND,
+            &format!(
+                "no route `{}` for group `{}` is being sampled; start the dashboard with --route {}={}",
+                q.topic, q.group, q.topic, q.group
+            ),
+        );
+    };
+    let hist: Vec<Point> = v.history.iter().copied().collect();
+    let now = kjob::dlq::now_ms();
+    layout(&state, &q.topic, html! {
+        h1 { "Route " code { (q.topic) } " · group " code { (q.group) } }
+        div #route data-live=(live_every(&state)) {
+            @if let Some(e) = &v.error { div.error { "sampling failed: " (e) } }
+            section.card { h2 { "Lag" } (lag_chart(&hist)) }
+            section.card {
+                h2 { "Partitions" }
+                table {
+                    thead { tr { th { "topic" } th.num { "partition" } th.num { "committed" } th.num { "end" } th.num { "lag" } } }
+                    tbody {
+                        @for r in &v.rows {
+                            tr {
+                                td.mono { (r.topic) } td.num { (r.partition) }
+                                td.num { (r.committed.map_or("-".to_string(), |c| c.to_string())) }
+                                td.num { (r.end) } td.num.lag { (r.lag()) }
+                            }
+                        }
+                    }
+                }
+            }
+            @if let Some(s) = &v.status {
+                section.card {
+                    h2 { "Retry tiers" }
+                    table {
+                        thead { tr { th { "tier" } th.num { "jobs waiting" } th { "next due" } } }
+                        tbody {
+                            @for t in s.topics.iter().filter(|t| t.role != "main") {
+                                tr {
+                                    td.mono { (t.topic) } td.num { (t.lag) }
+                                    td { @match t.next_due_ms {
+                                        Some(ms) => { (format_ms(Some(ms))) " (" (if ms > now { format!("in {:.0}s", (ms - now) as f64 / 1000.0) } else { "now".into() }) ")" }
+                                        None => { "-" }
+                                    } }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            section.card { h2 { "Members" } (members_table(&v.group_state, &v.members)) }
+        }
+        section.card {
+            h2 { "Replay (dry run)" }
+            form.inline method="get" action="/replay" {
+                input type="hidden" name="topic" value=(q.topic);
+                input type="hidden" name="group" value=(q.group);
+                label { "target" select name="to" {
+                    option value="by-duration" { "by duration (e.g. 1h)" }
+                    option value="to-datetime" { "to date-time" }
+                    option value="shift-by" { "shift by N" }
+                    option value="to-offset" { "to offset" }
+                    option value="to-earliest" { "to earliest" }
+                    option value="to-latest" { "to latest" }
+                } }
+                label { "value" input name="value" placeholder="1h"; }
+                label { "retry tiers too" input type="checkbox" name="include_tiers" value="on"; }
+                button type="submit" { "Plan" }
+            }
+        }
+    }).into_response()
+}
+
+/// `GET /replay?topic&group&to&value&include_tiers`.
+#[derive(Deserialize)]
+pub struct ReplayQuery {
+    topic: String,
+    group: String,
+    to: String,
+    #[serde(default)]
+    value: String,
+    #[serde(default)]
+    include_tiers: Option<String>,
+}
+
+/// `GET /replay`: the same dry-run table `kjob replay` prints.
+pub async fn replay(State(state): State<Shared>, Query(q): Query<ReplayQuery>) -> Response {
+    let value = q.value.trim().to_string();
+    let num = |flag: &str| -> Result<i64, String> {
+        value
+            .parse::<i64>()
+            .map_err(|_| format!("{flag} needs a whole number, got `{value}`"))
+    };
+    let spec = match q.to.as_str() {
+        "by-duration" => Ok(TargetSpec {
+            by_duration: Some(&value),
+            ..Default::default()
+        }),
+        "to-datetime" => Ok(TargetSpec {
+            to_datetime: Some(&value),
+            ..Default::default()
+        }),
+        "shift-by" => num("--shift-by").map(|n| TargetSpec {
+            shift_by: Some(n),
+            ..Default::default()
+        }),
+        "to-offset" => num("--to-offset").map(|n| TargetSpec {
+            to_offset: Some(n),
+            ..Default::default()
+        }),
+        "to-earliest" => Ok(TargetSpec {
+            to_earliest: true,
+            ..Default::default()
+        }),
+        "to-latest" => Ok(TargetSpec::default()),
+        other => Err(format!("unknown replay target `{other}`")),
+    };
+    let target = match spec
+        .map_err(anyhow::Error::msg)
+        .and_then(|s| target_from(&s))
+    {
+        Ok(t) => t,
+        Err(e) => return error_page(StatusCode::BAD_REQUEST, &format!("{e:#}")),
+    };
+    let (config, group, topic, tiers) = (
+        state.config.clone(),
+        q.group.clone(),
+        q.topic.clone(),
+        q.include_tiers.is_some(),
+    );
+    let rows = tokio::task::spawn_blocking(move || {
+        plan_rows(&config, &group, &topic, tiers, None, target)
+    })
+    .await;
+    let rows = match rows {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            return error_page(upstream_or(&e, StatusCode::BAD_REQUEST), &format!("{e:#}"))
+        }
+        Err(e) => {
+            return error_page(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("background task: {e}"),
+            )
+        }
+    };
+    let total: i64 = rows.iter().map(|r| r.replayed().max(0)).sum();
+    layout(&state, "Replay", html! {
+        h1 { "Replay dry run: " code { (q.topic) } " · group " code { (q.group) } }
+        table.replay {
+            thead { tr { th { "topic" } th.num { "partition" } th.num { "committed now" } th.num { "target" } th.num { "log end" } th.num { "jobs handled again" } } }
+            tbody {
+                @for r in &rows {
+                    tr {
+                        td.mono { (r.topic) } td.num { (r.partition) }
+                        td.num { (r.committed.map_or("-".to_string(), |c| c.to_string())) }
+                        td.num { (r.target) } td.num { (r.end) } td.num { (r.replayed()) }
+                    }
+                }
+            }
+        }
+        p.notice { "dry run: " (total) " job(s) would be handled again by group " code { (q.group) } ". To apply it, stop the group's workers and run "
+            code { "kjob replay --group " (q.group) " --topic " (q.topic) " … --execute" } "." }
+    }).into_response()
+}

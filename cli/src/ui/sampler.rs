@@ -1,0 +1,203 @@
+//! Samples every route in the background: lag, rates and group members,
+//! through the same `status` functions `kjob status` uses, keeping the
+//! last minutes of history for the sparklines and the lag chart.
+
+use kjob::groups::{describe_groups, Group, GroupMember};
+use kjob::lag::PartitionLag;
+use kjob::retry::parse_delay;
+use kjob::topics::list_topics;
+use std::collections::{HashMap, VecDeque};
+
+use super::Shared;
+use crate::status::{route_topics, sample, status_between, RouteSample, RouteStatus};
+
+/// Samples kept per route (at the default 5 s: ten minutes).
+pub const HISTORY: usize = 120;
+
+/// A route: a main topic and the group that consumes it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RouteKey {
+    /// The main topic.
+    pub topic: String,
+    /// The consumer group.
+    pub group: String,
+}
+
+/// One point of a route's history.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Point {
+    /// Epoch ms of the sample.
+    pub at_ms: i64,
+    /// Lag over the main topic and tiers.
+    pub lag: i64,
+    /// Handled per second (main and tiers).
+    pub handled: f64,
+    /// Written to retry tiers per second.
+    pub retried: f64,
+    /// Written to the DLQ per second.
+    pub dead_lettered: f64,
+}
+
+/// What the pages show of a route.
+#[derive(Clone, Debug)]
+pub struct RouteView {
+    /// Which route.
+    pub key: RouteKey,
+    /// The latest status (`None` until the first sample worked).
+    pub status: Option<RouteStatus>,
+    /// Per-partition positions from the latest sample.
+    pub rows: Vec<PartitionLag>,
+    /// The latest sampling error, shown instead of stale numbers' silence.
+    pub error: Option<String>,
+    /// Coordinator state of the group.
+    pub group_state: String,
+    /// Live members and their assignments.
+    pub members: Vec<GroupMember>,
+    /// Oldest first.
+    pub history: VecDeque<Point>,
+}
+
+/// Starts the sampling loop.
+pub fn spawn(state: Shared, fixed: Vec<RouteKey>, discover: bool) {
+    tokio::spawn(async move {
+        let mut previous: HashMap<RouteKey, RouteSample> = HashMap::new();
+        let mut known: Vec<RouteKey> = fixed;
+        loop {
+            let st = state.clone();
+            let (prev, keys) = (std::mem::take(&mut previous), known.clone());
+            let out = tokio::task::spawn_blocking(move || tick(&st, prev, keys, discover)).await;
+            if let Ok((prev, keys)) = out {
+                previous = prev;
+                known = keys;
+            }
+            tokio::time::sleep(state.sample_every).await;
+        }
+    });
+}
+
+/// The main topic a consumed topic belongs to (`orders.retry.5s` -> `orders`).
+fn main_of(topic: &str) -> Option<&str> {
+    if topic.ends_with(".dlq") || topic.ends_with(".dlq.audit") {
+        return None;
+    }
+    match topic.rsplit_once(".retry.") {
+        Some((main, d)) if parse_delay(d).is_some() => Some(main),
+        _ => Some(topic),
+    }
+}
+
+type TickOut = (HashMap<RouteKey, RouteSample>, Vec<RouteKey>);
+
+fn tick(
+    state: &Shared,
+    mut previous: HashMap<RouteKey, RouteSample>,
+    mut keys: Vec<RouteKey>,
+    discover: bool,
+) -> TickOut {
+    let config = &state.config;
+    let mut problems = Vec::new();
+    let all_topics = list_topics(config).unwrap_or_else(|e| {
+        problems.push(format!("listing topics: {e}"));
+        Vec::new()
+    });
+    let groups: Vec<Group> = if discover {
+        describe_groups(config, None).unwrap_or_else(|e| {
+            problems.push(format!("finding routes from the consumer groups: {e}"));
+            Vec::new()
+        })
+    } else {
+        keys.iter()
+            .filter_map(|k| describe_groups(config, Some(&k.group)).ok())
+            .flatten()
+            .collect()
+    };
+    if let Ok(mut p) = state.problem.write() {
+        *p = (!problems.is_empty()).then(|| problems.join("; "));
+    }
+    if discover {
+        for g in groups.iter().filter(|g| !g.members.is_empty()) {
+            for t in g.assigned_topics() {
+                if let Some(main) = main_of(&t) {
+                    let key = RouteKey {
+                        topic: main.to_string(),
+                        group: g.name.clone(),
+                    };
+                    if !keys.contains(&key) {
+                        keys.push(key);
+                    }
+                }
+            }
+        }
+        keys.sort();
+    }
+    let old: HashMap<RouteKey, RouteView> = state
+        .routes
+        .read()
+        .map(|r| r.iter().map(|v| (v.key.clone(), v.clone())).collect())
+        .unwrap_or_default();
+    let mut views = Vec::new();
+    for key in &keys {
+        let mut view = old.get(key).cloned().unwrap_or_else(|| RouteView {
+            key: key.clone(),
+            status: None,
+            rows: Vec::new(),
+            error: None,
+            group_state: "unknown".into(),
+            members: Vec::new(),
+            history: VecDeque::new(),
+        });
+        match groups.iter().find(|g| g.name == key.group) {
+            Some(g) => {
+                view.group_state = g.state.clone();
+                view.members = g.members.clone();
+            }
+            None => {
+                view.group_state = "unknown".into();
+                view.members.clear();
+            }
+        }
+        let topics = route_topics(&key.topic, &all_topics);
+        let read = sample(config, &key.group, &topics).and_then(|now| {
+            let first = previous.get(key).unwrap_or(&now);
+            let status = status_between(config, &key.group, first, &now)?;
+            Ok((now, status))
+        });
+        match read {
+            Ok((now, status)) => {
+                view.history.push_back(Point {
+                    at_ms: kjob::dlq::now_ms(),
+                    lag: status.topics.iter().map(|t| t.lag).sum(),
+                    handled: status.topics.iter().map(|t| t.handled_per_second).sum(),
+                    retried: status.retried_per_second,
+                    dead_lettered: status.dead_lettered_per_second,
+                });
+                while view.history.len() > HISTORY {
+                    view.history.pop_front();
+                }
+                view.rows = now.rows.clone();
+                view.status = Some(status);
+                view.error = None;
+                previous.insert(key.clone(), now);
+            }
+            Err(e) => view.error = Some(format!("{e:#}")),
+        }
+        views.push(view);
+    }
+    if let Ok(mut w) = state.routes.write() {
+        *w = views;
+    }
+    (previous, keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiers_map_to_their_main_topic() {
+        assert_eq!(main_of("orders.retry.5s"), Some("orders"));
+        assert_eq!(main_of("orders.retry.later"), Some("orders.retry.later"));
+        assert_eq!(main_of("orders"), Some("orders"));
+        assert_eq!(main_of("orders.dlq"), None);
+    }
+}
