@@ -292,6 +292,7 @@ async fn a_broker_without_kip848_groups_is_refused_with_an_error_naming_the_fix(
         .handle_on::<TestJob, _>(&topic, |_job: TestJob, _ctx: JobContext| async {
             Ok::<(), JobError>(())
         })
+        .group_protocol(kjob::GroupProtocol::Consumer)
         .build()
         .expect("worker builds");
     let ran = tokio::time::timeout(
