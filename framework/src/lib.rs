@@ -36,6 +36,7 @@
 pub mod classify;
 pub mod codec;
 pub mod config;
+pub mod delay;
 pub mod dlq;
 pub mod error;
 pub mod headers;

@@ -128,6 +128,7 @@ pub struct WorkerBuilder {
     protocol: Option<GroupProtocol>,
     run_limits: limits::Limits,
     create_topics: bool,
+    delayed_jobs: bool,
     retry: RetryPolicy,
     retry_overrides: HashMap<String, RetryPolicy>,
     endpoint: Option<SocketAddr>,
@@ -304,6 +305,17 @@ impl WorkerBuilder {
         self
     }
 
+    /// Whether the worker also serves its routes' delay topics
+    /// (`<topic>.delay.<bucket>`, see [`crate::delay`]), creating them at
+    /// start when [`WorkerBuilder::create_topics`] allows, so that
+    /// [`Producer::enqueue_in`] and [`Producer::enqueue_at`] work for its
+    /// routes (default false: six more topics per route, consumed by the
+    /// same consumer).
+    pub fn delayed_jobs(mut self, yes: bool) -> Self {
+        self.delayed_jobs = yes;
+        self
+    }
+
     /// Serves `/metrics` (Prometheus), `/healthz` and `/readyz` on `addr`
     /// while the worker runs (port 0 picks a free port; see
     /// [`WorkerStats::endpoint`]). Without it, metrics are no-ops.
@@ -421,16 +433,32 @@ impl WorkerBuilder {
                     route: route.clone(),
                     main: topic.clone(),
                     tier: Some(i),
+                    delay: None,
                     retry: retry.clone(),
                 };
                 if entries.insert(tier.clone(), entry).is_some() {
                     return Err(Error::DuplicateTopic { topic: tier });
                 }
             }
+            if self.delayed_jobs {
+                for (i, delay) in crate::delay::delay_topics(topic).into_iter().enumerate() {
+                    let entry = RouteEntry {
+                        route: route.clone(),
+                        main: topic.clone(),
+                        tier: None,
+                        delay: Some(i),
+                        retry: retry.clone(),
+                    };
+                    if entries.insert(delay.clone(), entry).is_some() {
+                        return Err(Error::DuplicateTopic { topic: delay });
+                    }
+                }
+            }
             let entry = RouteEntry {
                 route,
                 main: topic.clone(),
                 tier: None,
+                delay: None,
                 retry,
             };
             if entries.insert(topic.clone(), entry).is_some() {
@@ -508,6 +536,7 @@ impl Worker {
             protocol: None,
             run_limits: limits::Limits::default(),
             create_topics: true,
+            delayed_jobs: false,
             retry: RetryPolicy::default(),
             retry_overrides: HashMap::new(),
             endpoint: None,
@@ -779,7 +808,7 @@ impl Worker {
             wanted.push((dlq_topic(main), main.clone()));
         }
         for (topic, entry) in &self.routes {
-            if entry.tier.is_some() {
+            if entry.tier.is_some() || entry.delay.is_some() {
                 wanted.push((topic.clone(), entry.main.clone()));
             }
         }
@@ -829,20 +858,29 @@ impl Worker {
             m
         };
         let limits = crate::topics::max_message_bytes(&self.config, &mains_of_missing).await;
+        let retention = crate::delay::CREATED_RETENTION.as_millis().to_string();
         for (main, limit) in mains_of_missing.iter().zip(limits) {
-            let topics: Vec<(String, i32)> = missing
+            let of_main: Vec<(String, i32)> = missing
                 .iter()
                 .filter(|(t, _)| wanted.iter().any(|(w, m)| w == t && m == main))
                 .cloned()
                 .collect();
-            match limit {
-                Some(bytes) => {
-                    let sized = (bytes + crate::topics::FORWARD_HEADROOM_BYTES).to_string();
-                    create_topics_with(&self.config, &topics, &[("max.message.bytes", &sized)])
-                        .await?
-                }
-                None => create_topics(&self.config, &topics).await?,
+            // Delay topics also get an explicit retention (the delay
+            // producer checks it), whatever the broker's default.
+            let (delays, topics): (Vec<_>, Vec<_>) = of_main
+                .into_iter()
+                .partition(|(t, _)| self.routes.get(t).is_some_and(|e| e.delay.is_some()));
+            let sized = limit.map(|bytes| (bytes + crate::topics::FORWARD_HEADROOM_BYTES).to_string());
+            let mut cfg: Vec<(&str, &str)> = Vec::new();
+            if let Some(sized) = &sized {
+                cfg.push(("max.message.bytes", sized));
             }
+            match cfg.is_empty() {
+                false => create_topics_with(&self.config, &topics, &cfg).await?,
+                true => create_topics(&self.config, &topics).await?,
+            }
+            cfg.push(("retention.ms", &retention));
+            create_topics_with(&self.config, &delays, &cfg).await?;
         }
         Ok(())
     }

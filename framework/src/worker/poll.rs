@@ -369,7 +369,7 @@ impl WorkerContext {
         let is_tier = self
             .routes
             .get(msg.topic())
-            .is_some_and(|e| e.tier.is_some());
+            .is_some_and(|e| e.tier.is_some() || e.delay.is_some());
         let rec = incoming(msg, self.settings.ordering, is_tier, &self.settings.group);
         if rec.foreign {
             WorkerStats::bump(&self.stats.skipped_foreign);

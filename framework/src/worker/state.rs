@@ -37,6 +37,8 @@ pub struct WorkerStats {
     pub panicked: AtomicU64,
     /// Tier records skipped because another consumer group wrote them.
     pub skipped_foreign: AtomicU64,
+    /// Delayed jobs forwarded from one delay topic to the next.
+    pub delay_hops: AtomicU64,
     /// Rebalances (assign or revoke) this worker went through.
     pub rebalances: AtomicU64,
     /// Set while the worker is assigned partitions and consuming.
@@ -88,5 +90,8 @@ pub(crate) struct RouteEntry {
     pub main: String,
     /// `Some(i)` when this topic is retry tier `i` of `main`.
     pub tier: Option<usize>,
+    /// `Some(i)` when this topic is delay bucket `i` of `main`
+    /// ([`crate::delay`]).
+    pub delay: Option<usize>,
     pub retry: Arc<RetryPolicy>,
 }
