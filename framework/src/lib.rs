@@ -42,6 +42,7 @@ pub mod error;
 pub mod headers;
 pub mod idempotency;
 pub mod job;
+pub mod json_avro;
 pub mod lag;
 pub mod layers;
 pub mod offsets;

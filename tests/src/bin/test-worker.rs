@@ -7,6 +7,8 @@
 //! `KJOB_TEST_DELAY_MS` (simulated handler latency), `KJOB_TEST_COMMIT_MS`
 //! (commit interval, default 200) and `KJOB_TEST_TIERS_MS` (comma-separated
 //! retry tier delays, default 1000), `KJOB_TEST_CONCURRENCY` (default 64).
+//! `KJOB_TEST_DELAYED=1` also serves the route's delay topics and appends
+//! `ran <seq> <now ms> <due ms>` for each job (its lateness).
 //! A job whose behaviour is `fail-first`
 //! fails its first attempt with a retryable error.
 
@@ -47,9 +49,18 @@ async fn main() -> Result<(), String> {
         .filter_map(|t| t.trim().parse().ok())
         .map(Duration::from_millis)
         .collect();
+    let delayed = std::env::var("KJOB_TEST_DELAYED").is_ok_and(|v| v == "1");
     let handler = move |job: TestJob, ctx: JobContext| {
         let record = record.clone();
         async move {
+            if delayed {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as i64)
+                    .unwrap_or(0);
+                let due = ctx.due_at_ms.unwrap_or(-1);
+                append_line(&record, &format!("ran {} {now} {due}", job.seq));
+            }
             append_line(&record, &format!("start {}", job.seq));
             tokio::time::sleep(delay).await;
             if job.behaviour == "fail-first" && ctx.attempt == 1 {
@@ -73,6 +84,7 @@ async fn main() -> Result<(), String> {
         .commit_interval(commit)
         .retry(kjob::retry::RetryPolicy::tiers(tiers))
         .shutdown_grace(Duration::from_secs(20))
+        .delayed_jobs(delayed)
         .build()
         .map_err(|e| e.to_string())?
         .run()
