@@ -7,6 +7,7 @@
 //! (clap), 1 for everything that failed while running.
 
 mod dlq;
+mod enqueue;
 #[cfg(feature = "postgres")]
 mod outbox;
 mod replay;
@@ -55,6 +56,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Enqueue a job (or a file of JSON lines), encoded against the topic's latest schema.
+    Enqueue(enqueue::EnqueueArgs),
     /// Inspect, re-drive and resolve dead letters.
     #[command(subcommand)]
     Dlq(dlq::DlqCommand),
@@ -109,6 +112,7 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Dlq(cmd) => dlq::run(&config, cmd).await,
+            Command::Enqueue(args) => enqueue::run(&config, args).await,
             #[cfg(feature = "postgres")]
             Command::Outbox(cmd) => outbox::run(&config, cmd).await,
             Command::Replay(args) => replay::run(&config, args).await,
