@@ -7,7 +7,7 @@
 //! dropped silently.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::join_all;
@@ -56,7 +56,8 @@ pub(crate) struct PreparedJob {
 }
 
 /// Registers (or looks up) `J`'s contract for `topic`, encodes `job`, and
-/// builds its headers and producer span. The one enqueue preparation,
+/// builds its headers and producer span, with a fresh id unless `id` gives
+/// one (a cron tick's deterministic id). The one enqueue preparation,
 /// shared by [`Producer::enqueue_to`] and the outbox.
 pub(crate) async fn prepare_job<J: Job>(
     codec: &Codec,
@@ -64,10 +65,11 @@ pub(crate) async fn prepare_job<J: Job>(
     job: &J,
     operation: &'static str,
     extra: Option<KeyValue>,
+    id: Option<String>,
 ) -> Result<PreparedJob> {
     let contract = codec.register::<J>(topic).await?;
     let payload = Codec::encode(&contract, job)?;
-    let id = new_job_id();
+    let id = id.unwrap_or_else(new_job_id);
     let span = JobSpan::producer(|| {
         let mut attrs = vec![
             KeyValue::new("messaging.system", "kafka"),
@@ -121,7 +123,9 @@ pub struct Producer {
     config: KafkaConfig,
     /// Delay topics' `retention.ms`, as read (and when), so a burst of
     /// delayed enqueues asks the cluster once a minute, not per job.
-    retention: Arc<Mutex<HashMap<String, (Instant, i64)>>>,
+    /// An async lock: concurrent delayed enqueues wait for one reading
+    /// instead of each asking the cluster.
+    retention: Arc<tokio::sync::Mutex<HashMap<String, (Instant, i64)>>>,
 }
 
 /// How long a delay topic's retention, once read, is trusted.
@@ -209,12 +213,25 @@ impl Producer {
     /// Enqueues a job on an explicit topic (tests, or a route renamed by
     /// configuration). The schema is registered under that topic's subject.
     pub async fn enqueue_to<J: Job>(&self, topic: &str, job: &J) -> Result<Enqueued> {
+        self.enqueue_with_id_to(topic, job, None).await
+    }
+
+    /// [`Producer::enqueue_to`] with a job id of the caller's choosing, for
+    /// jobs whose identity is known up front (a cron tick,
+    /// `cron:<name>:<tick>`): enqueueing it twice gives two records with
+    /// one id, which `PgMarkers` recognises as a duplicate.
+    pub async fn enqueue_with_id_to<J: Job>(
+        &self,
+        topic: &str,
+        job: &J,
+        id: Option<String>,
+    ) -> Result<Enqueued> {
         let PreparedJob {
             payload,
             id,
             headers,
             span,
-        } = prepare_job(&self.codec, topic, job, "send", None).await?;
+        } = prepare_job(&self.codec, topic, job, "send", None, id).await?;
         let key = job.key();
         let sent = self
             .send_raw(
@@ -270,7 +287,8 @@ impl Producer {
             topic: topic.to_string(),
             source,
         })?;
-        self.enqueue_at_to(topic, job, SystemTime::now() + delay)
+        let now_ms = epoch_ms(SystemTime::now());
+        self.enqueue_delayed(topic, job, now_ms, now_ms + delay.as_millis() as i64)
             .await
     }
 
@@ -283,8 +301,19 @@ impl Producer {
         job: &J,
         at: SystemTime,
     ) -> Result<Enqueued> {
-        let run_at_ms = epoch_ms(at);
         let now_ms = epoch_ms(SystemTime::now());
+        self.enqueue_delayed(topic, job, now_ms, epoch_ms(at)).await
+    }
+
+    /// The delayed enqueue, from one reading of the clock (`now_ms`), so
+    /// the first hop is planned from the same instant the delay counts from.
+    async fn enqueue_delayed<J: Job>(
+        &self,
+        topic: &str,
+        job: &J,
+        now_ms: i64,
+        run_at_ms: i64,
+    ) -> Result<Enqueued> {
         let delay = Duration::from_millis(run_at_ms.saturating_sub(now_ms).max(0) as u64);
         delay::check_delay(delay).map_err(|source| Error::Delay {
             topic: topic.to_string(),
@@ -302,11 +331,19 @@ impl Producer {
             job,
             "send",
             Some(KeyValue::new("kjob.run_at_ms", run_at_ms)),
+            None,
         )
         .await?;
         let key = job.key();
         match self
-            .send_delayed(topic, Some(key.as_bytes()), &payload, headers, run_at_ms)
+            .send_delayed_from(
+                now_ms,
+                topic,
+                Some(key.as_bytes()),
+                &payload,
+                headers,
+                run_at_ms,
+            )
             .await
         {
             Ok((delay_topic, partition, offset)) => Ok(Enqueued {
@@ -331,10 +368,24 @@ impl Producer {
         main: &str,
         key: Option<&[u8]>,
         payload: &[u8],
+        headers: JobHeaders,
+        run_at_ms: i64,
+    ) -> Result<(String, i32, i64)> {
+        let now_ms = epoch_ms(SystemTime::now());
+        self.send_delayed_from(now_ms, main, key, payload, headers, run_at_ms)
+            .await
+    }
+
+    async fn send_delayed_from(
+        &self,
+        now_ms: i64,
+        main: &str,
+        key: Option<&[u8]>,
+        payload: &[u8],
         mut headers: JobHeaders,
         run_at_ms: i64,
     ) -> Result<(String, i32, i64)> {
-        let hop = delay::first_hop(epoch_ms(SystemTime::now()), run_at_ms);
+        let hop = delay::first_hop(now_ms, run_at_ms);
         headers.run_at_ms = Some(run_at_ms);
         headers.due_at_ms = Some(hop.release_ms);
         let target = delay::delay_topic(main, hop.bucket);
@@ -359,8 +410,8 @@ impl Producer {
             .iter()
             .map(|b| (*b, delay::delay_topic(main, *b)))
             .collect();
+        let mut cache = self.retention.lock().await;
         let unknown: Vec<String> = {
-            let cache = self.retention.lock().unwrap_or_else(PoisonError::into_inner);
             topics
                 .iter()
                 .filter(|(_, t)| {
@@ -385,7 +436,6 @@ impl Producer {
                 }));
             }
             let read = crate::topics::retention_ms(&self.config, &unknown).await;
-            let mut cache = self.retention.lock().unwrap_or_else(PoisonError::into_inner);
             for (t, r) in unknown.iter().zip(read) {
                 match r {
                     Ok(ms) => {
@@ -400,7 +450,6 @@ impl Producer {
                 }
             }
         }
-        let cache = self.retention.lock().unwrap_or_else(PoisonError::into_inner);
         for (b, t) in &topics {
             let ms = cache.get(t).map_or(-1, |(_, ms)| *ms);
             delay::check_retention(t, *b, ms).map_err(err)?;
