@@ -11,6 +11,7 @@ mod enqueue;
 #[cfg(feature = "postgres")]
 mod outbox;
 mod replay;
+mod schedules;
 mod schema;
 mod status;
 mod time;
@@ -67,6 +68,8 @@ enum Command {
     Outbox(outbox::OutboxCommand),
     /// Reset a group's offsets to handle jobs again (dry run unless --execute).
     Replay(replay::ReplayArgs),
+    /// A group's cron schedules: expression, last fired tick, next tick.
+    Schedules(schedules::SchedulesArgs),
     /// Check or register job contracts against the schema registry.
     #[command(subcommand)]
     Schema(schema::SchemaCommand),
@@ -116,6 +119,7 @@ pub fn main() -> ExitCode {
             #[cfg(feature = "postgres")]
             Command::Outbox(cmd) => outbox::run(&config, cmd).await,
             Command::Replay(args) => replay::run(&config, args).await,
+            Command::Schedules(args) => schedules::run(&config, args).await,
             Command::Schema(cmd) => schema::run(&config, cmd).await,
             Command::Status(args) => status::run(&config, args).await,
             Command::Topics(cmd) => topics::run(&config, cmd).await,

@@ -53,6 +53,7 @@ pub mod registry;
 pub mod replay;
 pub mod retry;
 pub mod routing;
+pub mod schedule;
 pub mod schema;
 pub mod telemetry;
 #[cfg(feature = "testing")]

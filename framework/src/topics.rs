@@ -260,6 +260,24 @@ pub async fn retention_ms(
         .collect()
 }
 
+/// Waits (10 s at most) until the cluster's metadata lists every topic of
+/// `topics`. A consumer that subscribes to a topic created a moment ago
+/// but not yet in the metadata it fetches is not assigned it until its next
+/// metadata refresh (5 minutes by default); waiting here avoids that.
+pub async fn wait_visible(config: &KafkaConfig, topics: &[String]) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (c, t) = (config.clone(), topics.to_vec());
+        let counts = tokio::task::spawn_blocking(move || partition_counts(&c, &t))
+            .await
+            .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
+        if counts.iter().all(Option::is_some) || Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Creates each `(topic, partitions)` that does not exist yet. Existing topics
 /// are left alone. A permission problem names the topic and the ACL needed.
 pub async fn create_topics(config: &KafkaConfig, topics: &[(String, i32)]) -> Result<()> {

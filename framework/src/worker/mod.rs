@@ -129,6 +129,7 @@ pub struct WorkerBuilder {
     run_limits: limits::Limits,
     create_topics: bool,
     delayed_jobs: bool,
+    schedules: Vec<crate::schedule::Schedule>,
     retry: RetryPolicy,
     retry_overrides: HashMap<String, RetryPolicy>,
     endpoint: Option<SocketAddr>,
@@ -316,6 +317,27 @@ impl WorkerBuilder {
         self
     }
 
+    /// Enqueues `make()` on `J`'s main topic at every tick of the cron
+    /// expression `expr` (with seconds, UTC: `0 */5 * * * *` is every five
+    /// minutes), once per tick across every worker of the group, whatever
+    /// their number; see [`crate::schedule`] for leadership, ids and the
+    /// catch-up policy ([`crate::schedule::CatchUp::Latest`] by default).
+    pub fn schedule<J: Job>(
+        self,
+        name: &str,
+        expr: &str,
+        make: impl Fn() -> J + Send + Sync + 'static,
+    ) -> Self {
+        self.schedule_with(crate::schedule::Schedule::new(name, expr, make))
+    }
+
+    /// Adds a [`crate::schedule::Schedule`] configured in full (another
+    /// topic, another catch-up policy).
+    pub fn schedule_with(mut self, schedule: crate::schedule::Schedule) -> Self {
+        self.schedules.push(schedule);
+        self
+    }
+
     /// Serves `/metrics` (Prometheus), `/healthz` and `/readyz` on `addr`
     /// while the worker runs (port 0 picks a free port; see
     /// [`WorkerStats::endpoint`]). Without it, metrics are no-ops.
@@ -351,6 +373,17 @@ impl WorkerBuilder {
         };
         let (_, limits) = self.scheduler_settings();
         let run_limits = self.run_limits.with_env()?;
+        let mut names = std::collections::HashSet::new();
+        for s in &self.schedules {
+            s.validate()?;
+            if !names.insert(s.name()) {
+                return Err(Error::InvalidSetting {
+                    name: "schedule".into(),
+                    value: s.name().to_string(),
+                    reason: "two schedules share this name; names are unique within a group".into(),
+                });
+            }
+        }
         Ok(Worker {
             limits,
             run_limits,
@@ -364,6 +397,7 @@ impl WorkerBuilder {
             static_member: self.static_member.or_else(membership::instance_id_from_env),
             protocol,
             create_topics: self.create_topics,
+            schedules: self.schedules,
             stats: Arc::new(WorkerStats::default()),
             #[cfg(feature = "postgres")]
             outbox_relay: self.outbox_relay,
@@ -503,6 +537,7 @@ pub struct Worker {
     static_member: Option<String>,
     protocol: GroupProtocol,
     create_topics: bool,
+    schedules: Vec<crate::schedule::Schedule>,
     stats: Arc<WorkerStats>,
     metrics: Metrics,
     endpoint: Option<SocketAddr>,
@@ -537,6 +572,7 @@ impl Worker {
             run_limits: limits::Limits::default(),
             create_topics: true,
             delayed_jobs: false,
+            schedules: Vec::new(),
             retry: RetryPolicy::default(),
             retry_overrides: HashMap::new(),
             endpoint: None,
@@ -592,6 +628,18 @@ impl Worker {
                 }
             });
         }
+        if !self.schedules.is_empty() {
+            let producer =
+                Producer::with_codec(&self.config, self.codec.clone(), Duration::from_secs(30))?;
+            tokio::spawn(crate::schedule::run_schedules(
+                self.config.clone(),
+                self.settings.group.clone(),
+                producer,
+                self.stats.clone(),
+                self.schedules.clone(),
+                background.clone(),
+            ));
+        }
         if let Some(addr) = self.endpoint {
             let bound = http::serve(
                 addr,
@@ -643,7 +691,11 @@ impl Worker {
             last_error: std::sync::Mutex::new(None),
         };
         let consumer = Arc::new(self.consumer(context)?);
-        let topics = self.topics();
+        let mut topics = self.topics();
+        if !self.schedules.is_empty() {
+            // Its partition 0's owner is the group's schedule leader.
+            topics.push(crate::schedule::leader_topic(&self.settings.group));
+        }
         let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
         consumer
             .subscribe(&topic_refs)
@@ -802,6 +854,9 @@ impl Worker {
     /// ones whose partition count differs.
     async fn preflight(&self) -> Result<()> {
         self.codec.ping().await?;
+        if !self.schedules.is_empty() {
+            self.schedule_topics().await?;
+        }
         let mut wanted: Vec<(String, String)> = Vec::new(); // (topic, its main topic)
         for main in &self.mains {
             wanted.push((main.clone(), main.clone()));
@@ -881,6 +936,42 @@ impl Worker {
             }
             cfg.push(("retention.ms", &retention));
             create_topics_with(&self.config, &delays, &cfg).await?;
+        }
+        if !missing.is_empty() {
+            let created: Vec<String> = missing.iter().map(|(t, _)| t.clone()).collect();
+            crate::topics::wait_visible(&self.config, &created).await?;
+        }
+        Ok(())
+    }
+
+    /// The schedule leader topic (one partition) and the compacted state
+    /// topic (one partition), created when missing and allowed.
+    async fn schedule_topics(&self) -> Result<()> {
+        let group = &self.settings.group;
+        let leader = crate::schedule::leader_topic(group);
+        let state = crate::schedule::state_topic(group);
+        let names = vec![leader.clone(), state.clone()];
+        let config = self.config.clone();
+        let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &names))
+            .await
+            .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
+        for ((topic, count), compact) in [leader, state].into_iter().zip(counts).zip([false, true]) {
+            if count.is_some() {
+                continue;
+            }
+            if !self.create_topics {
+                return Err(Error::MissingTopic {
+                    topic,
+                    bootstrap: self.config.bootstrap_servers.clone(),
+                });
+            }
+            let cfg: &[(&str, &str)] = if compact {
+                &[("cleanup.policy", "compact")]
+            } else {
+                &[]
+            };
+            create_topics_with(&self.config, &[(topic.clone(), 1)], cfg).await?;
+            crate::topics::wait_visible(&self.config, &[topic]).await?;
         }
         Ok(())
     }

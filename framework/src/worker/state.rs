@@ -39,6 +39,10 @@ pub struct WorkerStats {
     pub skipped_foreign: AtomicU64,
     /// Delayed jobs forwarded from one delay topic to the next.
     pub delay_hops: AtomicU64,
+    /// Scheduled (cron) jobs this worker enqueued as the schedule leader.
+    pub schedule_fired: AtomicU64,
+    /// Set while this worker is the group's schedule leader.
+    pub schedule_leader: AtomicBool,
     /// Rebalances (assign or revoke) this worker went through.
     pub rebalances: AtomicU64,
     /// Set while the worker is assigned partitions and consuming.

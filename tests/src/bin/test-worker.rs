@@ -9,6 +9,9 @@
 //! retry tier delays, default 1000), `KJOB_TEST_CONCURRENCY` (default 64).
 //! `KJOB_TEST_DELAYED=1` also serves the route's delay topics and appends
 //! `ran <seq> <now ms> <due ms>` for each job (its lateness).
+//! `KJOB_TEST_SCHEDULE=<name>=<cron>` runs that schedule (catch-up: all,
+//! up to 1000), enqueueing `TestJob { seq: <fire time in s> }` on the topic, and
+//! appends `leader <pid> <ms>` whenever this process becomes the leader.
 //! A job whose behaviour is `fail-first`
 //! fails its first attempt with a retryable error.
 
@@ -28,7 +31,8 @@ async fn main() -> Result<(), String> {
     kjob_integration_tests::init_logging();
     let topic = env("KJOB_TEST_TOPIC")?;
     let group = env("KJOB_TEST_GROUP")?;
-    let record = Arc::new(PathBuf::from(env("KJOB_TEST_RECORD")?));
+    let record_path = PathBuf::from(env("KJOB_TEST_RECORD")?);
+    let record = Arc::new(record_path.clone());
     let delay = Duration::from_millis(
         env("KJOB_TEST_DELAY_MS")
             .ok()
@@ -78,7 +82,24 @@ async fn main() -> Result<(), String> {
     if std::env::var("KJOB_GROUP_PROTOCOL").as_deref() != Ok("consumer") {
         config = config.set("session.timeout.ms", "6000");
     }
-    Worker::builder(config, group)
+    let mut builder = Worker::builder(config, group);
+    let schedule = std::env::var("KJOB_TEST_SCHEDULE").ok();
+    if let Some((name, expr)) = schedule.as_deref().and_then(|s| s.split_once('=')) {
+        let tick_topic = topic.clone();
+        builder = builder.schedule_with(
+            kjob::schedule::Schedule::new(name, expr, || TestJob::ok("tick", 0))
+                .on(&tick_topic, || {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs() as i64)
+                        .unwrap_or(0);
+                    TestJob::ok("tick", now)
+                })
+                .catch_up(kjob::schedule::CatchUp::All { max: 1000 }),
+        );
+    }
+    let leader_record = record_path.clone();
+    let worker = builder
         .handle_on::<TestJob, _>(&topic, handler)
         .concurrency(concurrency)
         .commit_interval(commit)
@@ -86,7 +107,26 @@ async fn main() -> Result<(), String> {
         .shutdown_grace(Duration::from_secs(20))
         .delayed_jobs(delayed)
         .build()
-        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let stats = worker.stats();
+    tokio::spawn(async move {
+        let mut was = false;
+        loop {
+            let now = stats
+                .schedule_leader
+                .load(std::sync::atomic::Ordering::Acquire);
+            if now && !was {
+                let ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as i64)
+                    .unwrap_or(0);
+                append_line(&leader_record, &format!("leader {} {ms}", std::process::id()));
+            }
+            was = now;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    worker
         .run()
         .await
         .or_else(|e| {
