@@ -94,8 +94,8 @@ async fn enqueue_encodes_against_the_latest_schema_and_refuses_what_does_not_fit
     );
     refused(
         &config,
-        &["enqueue", "--topic", &topic, "--json", r#"{"key":"a","seq":1}"#],
-        &["behaviour", "missing"],
+        &["enqueue", "--topic", &topic, "--json", r#"{"key":"a","behaviour":"ok"}"#],
+        &["seq", "missing"],
     );
     refused(
         &config,
