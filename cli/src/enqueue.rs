@@ -144,7 +144,12 @@ pub async fn run(config: &KafkaConfig, args: EnqueueArgs) -> Result<()> {
         }
     }
     if !refused.is_empty() {
-        let shown = refused.iter().take(20).cloned().collect::<Vec<_>>().join("\n  ");
+        let shown = refused
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n  ");
         let more = refused.len().saturating_sub(20);
         let more = if more > 0 {
             format!("\n  ... and {more} more")
@@ -190,9 +195,11 @@ pub async fn run(config: &KafkaConfig, args: EnqueueArgs) -> Result<()> {
             let id = headers.id.clone().unwrap_or_default();
             let key = r.key.as_deref().map(str::as_bytes);
             let at = match run_at_ms {
-                Some(run_at) => producer
-                    .send_delayed(topic, key, &r.payload, headers, run_at)
-                    .await,
+                Some(run_at) => {
+                    producer
+                        .send_delayed(topic, key, &r.payload, headers, run_at)
+                        .await
+                }
                 None => producer
                     .send_raw(topic, key, Some(&r.payload), headers.to_owned_headers())
                     .await
@@ -214,7 +221,10 @@ pub async fn run(config: &KafkaConfig, args: EnqueueArgs) -> Result<()> {
         }
     }
     if failed > 0 {
-        bail!("{failed} of {} job(s) were not enqueued (see above); the others were", ready.len());
+        bail!(
+            "{failed} of {} job(s) were not enqueued (see above); the others were",
+            ready.len()
+        );
     }
     Ok(())
 }

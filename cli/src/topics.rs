@@ -5,8 +5,8 @@ use anyhow::{anyhow, Result};
 use clap::Subcommand;
 
 use kjob::config::KafkaConfig;
-use kjob::retry::{parse_delay, RetryPolicy};
 use kjob::delay::{delay_topics, CREATED_RETENTION};
+use kjob::retry::{parse_delay, RetryPolicy};
 use kjob::topics::{create_topics, create_topics_with, dlq_topic};
 
 #[derive(Subcommand, Debug)]

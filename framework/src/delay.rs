@@ -97,9 +97,7 @@ pub struct Hop {
 /// shortest bucket is left: the job runs (after the remainder).
 pub fn next_hop(from_ms: i64, run_at_ms: i64) -> Option<Hop> {
     let left = run_at_ms.saturating_sub(from_ms);
-    let bucket = BUCKETS
-        .iter()
-        .rposition(|b| b.as_millis() as i64 <= left)?;
+    let bucket = BUCKETS.iter().rposition(|b| b.as_millis() as i64 <= left)?;
     Some(Hop {
         bucket,
         release_ms: from_ms + BUCKETS[bucket].as_millis() as i64,
@@ -157,18 +155,14 @@ pub enum DelayError {
         reason: String,
     },
     /// The topic would delete the job before its hop ends.
-    #[error("delay topic `{topic}` keeps records for {retention:?}, but a job waits there {bucket:?} at a time and kjob requires {factor}x that; this delay is refused. Raise it: kafka-configs --alter --entity-type topics --entity-name {topic} --add-config retention.ms={needed_ms}")]
+    #[error("delay topic `{topic}` keeps records for {retention_ms} ms, but a job waits there {bucket_ms} ms at a time and kjob requires {RETENTION_FACTOR}x that; this delay is refused. Raise it: kafka-configs --alter --entity-type topics --entity-name {topic} --add-config retention.ms={}", .bucket_ms * u64::from(RETENTION_FACTOR))]
     RetentionTooShort {
         /// The topic.
         topic: String,
-        /// Its retention.
-        retention: Duration,
-        /// The bucket length.
-        bucket: Duration,
-        /// [`RETENTION_FACTOR`].
-        factor: u32,
-        /// The retention that would do.
-        needed_ms: u128,
+        /// Its `retention.ms`.
+        retention_ms: i64,
+        /// The bucket length (ms).
+        bucket_ms: u64,
     },
 }
 
@@ -182,16 +176,14 @@ pub fn check_delay(delay: Duration) -> Result<(), DelayError> {
 
 /// Checks `retention_ms` of bucket `bucket`'s topic `topic`.
 pub fn check_retention(topic: &str, bucket: usize, retention_ms: i64) -> Result<(), DelayError> {
-    let b = BUCKETS[bucket.min(BUCKETS.len() - 1)];
-    let needed = b.as_millis() * u128::from(RETENTION_FACTOR);
+    let bucket_ms = BUCKETS[bucket.min(BUCKETS.len() - 1)].as_millis() as u64;
+    let needed = bucket_ms * u64::from(RETENTION_FACTOR);
     // -1 is "keep forever".
-    if retention_ms >= 0 && (retention_ms as u128) < needed {
+    if retention_ms >= 0 && (retention_ms as u64) < needed {
         return Err(DelayError::RetentionTooShort {
             topic: topic.to_string(),
-            retention: Duration::from_millis(retention_ms as u64),
-            bucket: b,
-            factor: RETENTION_FACTOR,
-            needed_ms: needed,
+            retention_ms,
+            bucket_ms,
         });
     }
     Ok(())

@@ -76,8 +76,8 @@ fn collect_names<'a>(schema: &'a Schema, names: &mut HashMap<Name, &'a Schema>) 
 
 fn describe(json: &Json) -> String {
     let text = json.to_string();
-    let short = if text.len() > 40 {
-        format!("{}...", &text[..text.floor_char_boundary(40)])
+    let short = if text.chars().count() > 40 {
+        format!("{}...", text.chars().take(40).collect::<String>())
     } else {
         text
     };
@@ -140,18 +140,38 @@ fn convert(
         Schema::Boolean => Value::Boolean(json.as_bool().ok_or_else(|| expected("a boolean"))?),
         Schema::Int => Value::Int(int_in(i32::MIN.into(), i32::MAX.into(), "an int")? as i32),
         Schema::Long => Value::Long(int_in(i64::MIN, i64::MAX, "a long")?),
-        Schema::Date => Value::Date(int_in(i32::MIN.into(), i32::MAX.into(), "a date (days since 1970-01-01)")? as i32),
+        Schema::Date => Value::Date(int_in(
+            i32::MIN.into(),
+            i32::MAX.into(),
+            "a date (days since 1970-01-01)",
+        )? as i32),
         Schema::TimeMillis => Value::TimeMillis(int_in(0, 86_399_999, "a time-millis")? as i32),
         Schema::TimeMicros => Value::TimeMicros(int_in(0, 86_399_999_999, "a time-micros")?),
-        Schema::TimestampMillis => Value::TimestampMillis(int_in(i64::MIN, i64::MAX, "a timestamp-millis")?),
-        Schema::TimestampMicros => Value::TimestampMicros(int_in(i64::MIN, i64::MAX, "a timestamp-micros")?),
-        Schema::TimestampNanos => Value::TimestampNanos(int_in(i64::MIN, i64::MAX, "a timestamp-nanos")?),
-        Schema::LocalTimestampMillis => Value::LocalTimestampMillis(int_in(i64::MIN, i64::MAX, "a local-timestamp-millis")?),
-        Schema::LocalTimestampMicros => Value::LocalTimestampMicros(int_in(i64::MIN, i64::MAX, "a local-timestamp-micros")?),
-        Schema::LocalTimestampNanos => Value::LocalTimestampNanos(int_in(i64::MIN, i64::MAX, "a local-timestamp-nanos")?),
+        Schema::TimestampMillis => {
+            Value::TimestampMillis(int_in(i64::MIN, i64::MAX, "a timestamp-millis")?)
+        }
+        Schema::TimestampMicros => {
+            Value::TimestampMicros(int_in(i64::MIN, i64::MAX, "a timestamp-micros")?)
+        }
+        Schema::TimestampNanos => {
+            Value::TimestampNanos(int_in(i64::MIN, i64::MAX, "a timestamp-nanos")?)
+        }
+        Schema::LocalTimestampMillis => {
+            Value::LocalTimestampMillis(int_in(i64::MIN, i64::MAX, "a local-timestamp-millis")?)
+        }
+        Schema::LocalTimestampMicros => {
+            Value::LocalTimestampMicros(int_in(i64::MIN, i64::MAX, "a local-timestamp-micros")?)
+        }
+        Schema::LocalTimestampNanos => {
+            Value::LocalTimestampNanos(int_in(i64::MIN, i64::MAX, "a local-timestamp-nanos")?)
+        }
         Schema::Float => Value::Float(json.as_f64().ok_or_else(|| expected("a float"))? as f32),
         Schema::Double => Value::Double(json.as_f64().ok_or_else(|| expected("a double"))?),
-        Schema::String => Value::String(json.as_str().ok_or_else(|| expected("a string"))?.to_string()),
+        Schema::String => Value::String(
+            json.as_str()
+                .ok_or_else(|| expected("a string"))?
+                .to_string(),
+        ),
         Schema::Uuid(_) => {
             let s = json.as_str().ok_or_else(|| expected("a UUID string"))?;
             Value::Uuid(
@@ -164,7 +184,10 @@ fn convert(
         })?),
         Schema::Fixed(f) => {
             let b = bytes(json).ok_or_else(|| {
-                expected(&format!("{} bytes (a string, one character per byte)", f.size))
+                expected(&format!(
+                    "{} bytes (a string, one character per byte)",
+                    f.size
+                ))
             })?;
             if b.len() != f.size {
                 return Err(fail(format!(
@@ -183,7 +206,8 @@ fn convert(
             let i = e.symbols.iter().position(|x| x == s).ok_or_else(|| {
                 fail(format!(
                     "\"{s}\" is not a symbol of enum {}; one of {:?}",
-                    e.name.name(), e.symbols
+                    e.name.name(),
+                    e.symbols
                 ))
             })?;
             Value::Enum(i as u32, s.to_string())
@@ -197,7 +221,9 @@ fn convert(
             Value::Array(out)
         }
         Schema::Map(m) => {
-            let obj = json.as_object().ok_or_else(|| expected("an object (a map)"))?;
+            let obj = json
+                .as_object()
+                .ok_or_else(|| expected("an object (a map)"))?;
             let mut out = HashMap::with_capacity(obj.len());
             for (k, v) in obj {
                 out.insert(k.clone(), convert(&m.types, v, &child(path, k), names)?);
@@ -241,9 +267,20 @@ fn convert(
         Schema::Union(u) => {
             let variants = u.variants();
             // Avro's JSON encoding: {"string": "x"}, {"com.acme.Item": {...}}.
-            if let Some((branch, inner)) = json.as_object().filter(|o| o.len() == 1).and_then(|o| o.iter().next()) {
-                if let Some((i, v)) = variants.iter().enumerate().find(|(_, v)| branch_name(v) == *branch) {
-                    return Ok(Value::Union(i as u32, Box::new(convert(v, inner, path, names)?)));
+            if let Some((branch, inner)) = json
+                .as_object()
+                .filter(|o| o.len() == 1)
+                .and_then(|o| o.iter().next())
+            {
+                if let Some((i, v)) = variants
+                    .iter()
+                    .enumerate()
+                    .find(|(_, v)| branch_name(v) == *branch)
+                {
+                    return Ok(Value::Union(
+                        i as u32,
+                        Box::new(convert(v, inner, path, names)?),
+                    ));
                 }
             }
             let mut reasons = Vec::new();
@@ -263,8 +300,18 @@ fn convert(
         Schema::Ref { name } => {
             let target = names
                 .get(name)
-                .or_else(|| names.iter().find(|(n, _)| n.name() == name.name()).map(|(_, s)| s))
-                .ok_or_else(|| fail(format!("the schema refers to `{}`, which it does not define", name.name())))?;
+                .or_else(|| {
+                    names
+                        .iter()
+                        .find(|(n, _)| n.name() == name.name())
+                        .map(|(_, s)| s)
+                })
+                .ok_or_else(|| {
+                    fail(format!(
+                        "the schema refers to `{}`, which it does not define",
+                        name.name()
+                    ))
+                })?;
             convert(target, json, path, names)?
         }
         other => {
@@ -286,7 +333,10 @@ fn convert_default(
 ) -> Result<Value, Mismatch> {
     match schema {
         Schema::Union(u) => match u.variants().first() {
-            Some(first) => Ok(Value::Union(0, Box::new(convert(first, default, path, names)?))),
+            Some(first) => Ok(Value::Union(
+                0,
+                Box::new(convert(first, default, path, names)?),
+            )),
             None => convert(schema, default, path, names),
         },
         _ => convert(schema, default, path, names),
@@ -341,8 +391,11 @@ mod tests {
     #[test]
     fn a_fitting_value_encodes_and_defaults_fill_in() {
         let s = schema();
-        let v = from_json(&s, &json!({"id":"o1","qty":2,"items":[{"sku":"x","n":1}],"other":{"sku":"y","n":2}}))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let v = from_json(
+            &s,
+            &json!({"id":"o1","qty":2,"items":[{"sku":"x","n":1}],"other":{"sku":"y","n":2}}),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(v, Value::Record(_)));
         assert!(to_datum(&s, &json!({"id":"o1","qty":2,"note":{"string":"hi"}})).is_ok());
         assert!(to_datum(&s, &json!({"id":"o1","qty":2,"note":"hi"})).is_ok());
@@ -352,7 +405,10 @@ mod tests {
     fn mismatches_name_the_field_and_the_reason() {
         let m = err(json!({"id":"o1","qty":"two"}));
         assert_eq!(m.path, "qty");
-        assert!(m.reason.contains("expected an int") && m.reason.contains("\"two\""), "{m}");
+        assert!(
+            m.reason.contains("expected an int") && m.reason.contains("\"two\""),
+            "{m}"
+        );
         let m = err(json!({"qty":1}));
         assert_eq!(m.path, "id");
         assert!(m.reason.contains("missing"), "{m}");

@@ -21,8 +21,8 @@ use rdkafka::util::Timeout;
 use crate::telemetry::spans::JobSpan;
 
 use crate::codec::Codec;
-use crate::delay::{self, DelayError};
 use crate::config::KafkaConfig;
+use crate::delay::{self, DelayError};
 use crate::error::{Error, Result};
 use crate::headers::JobHeaders;
 use crate::job::Job;
@@ -415,9 +415,9 @@ impl Producer {
             topics
                 .iter()
                 .filter(|(_, t)| {
-                    !cache
+                    cache
                         .get(t)
-                        .is_some_and(|(at, _)| at.elapsed() < RETENTION_CACHE)
+                        .is_none_or(|(at, _)| at.elapsed() >= RETENTION_CACHE)
                 })
                 .map(|(_, t)| t.clone())
                 .collect()
@@ -425,10 +425,11 @@ impl Producer {
         if !unknown.is_empty() {
             let config = self.config.clone();
             let names = unknown.clone();
-            let counts =
-                tokio::task::spawn_blocking(move || crate::topics::partition_counts(&config, &names))
-                    .await
-                    .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
+            let counts = tokio::task::spawn_blocking(move || {
+                crate::topics::partition_counts(&config, &names)
+            })
+            .await
+            .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
             if let Some((t, _)) = unknown.iter().zip(&counts).find(|(_, c)| c.is_none()) {
                 return Err(err(DelayError::NoTopic {
                     topic: t.clone(),

@@ -42,7 +42,10 @@ async fn wait_new_leader(record: &Path, seen: usize, within: Duration) -> (u32, 
         if l.len() > seen {
             return l[l.len() - 1];
         }
-        assert!(start.elapsed() < within, "no schedule leader after {within:?}");
+        assert!(
+            start.elapsed() < within,
+            "no schedule leader after {within:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -57,7 +60,9 @@ async fn one_tick_once_across_three_workers_with_the_leader_killed_twice() {
     let dir = std::env::temp_dir().join(unique("kjob-cron"));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let record = dir.join("record");
-    let mut children: Vec<Child> = (0..3).map(|_| spawn_worker(&topic, &group, &record)).collect();
+    let mut children: Vec<Child> = (0..3)
+        .map(|_| spawn_worker(&topic, &group, &record))
+        .collect();
 
     wait_new_leader(&record, 0, Duration::from_secs(60)).await;
     let started = kjob::dlq::now_ms();
@@ -79,7 +84,10 @@ async fn one_tick_once_across_three_workers_with_the_leader_killed_twice() {
         println!("round {round}: SIGKILLed leader {leader}");
         let (next, at) = wait_new_leader(&record, before.len(), Duration::from_secs(60)).await;
         assert_ne!(next, leader, "a surviving worker took over");
-        println!("  new leader {next} after {} ms", at - killed[killed.len() - 1].1);
+        println!(
+            "  new leader {next} after {} ms",
+            at - killed[killed.len() - 1].1
+        );
     }
     // Run to 30 s after the first leader started, then stop the survivor.
     let until = started + 30_000;
@@ -134,7 +142,10 @@ async fn one_tick_once_across_three_workers_with_the_leader_killed_twice() {
         killed
     );
     assert!(missing.is_empty(), "ticks never enqueued: {missing:?}");
-    assert!(hi - lo >= 29_000, "the window covers the 30 s run: {lo}..{hi}");
+    assert!(
+        hi - lo >= 29_000,
+        "the window covers the 30 s run: {lo}..{hi}"
+    );
     for (_, t) in &killed {
         assert!(lo < *t && *t < hi, "each kill fell inside the window");
     }
@@ -175,7 +186,11 @@ async fn one_tick_once_across_three_workers_with_the_leader_killed_twice() {
         .output()
         .expect("running kjob");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         stdout.contains("tick")
             && stdout.contains("* * * * * *")

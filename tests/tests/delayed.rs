@@ -128,7 +128,11 @@ fn check(ran: &HashMap<i64, Vec<Ran>>, earliest: &HashMap<i64, i64>) -> Vec<i64>
     for (seq, runs) in ran {
         let floor = earliest[seq];
         for r in runs {
-            assert!(r.due >= floor, "job {seq}: due {} before asked {floor}", r.due);
+            assert!(
+                r.due >= floor,
+                "job {seq}: due {} before asked {floor}",
+                r.due
+            );
             assert!(r.at >= r.due, "job {seq} ran {} ms early", r.due - r.at);
         }
         late.push(runs[0].at - runs[0].due);
@@ -200,7 +204,10 @@ async fn delayed_jobs_survive_a_worker_kill() {
         .map(|r| r.at - r.due)
         .collect();
     away.sort_unstable();
-    report("  of which due >1 s before the kill or >10 s after it", &away);
+    report(
+        "  of which due >1 s before the kill or >10 s after it",
+        &away,
+    );
     let twice = ran.values().filter(|r| r.len() > 1).count();
     println!("  run twice after the kill (uncommitted when killed): {twice}");
 }
@@ -258,7 +265,11 @@ async fn delays_are_refused_before_anything_is_written() {
         .expect_err("31 days is refused");
     assert!(err.to_string().contains("30 days"), "{err}");
     for (t, _) in &delays {
-        assert_eq!(end_offsets(&config, t, 1), vec![0], "nothing written to {t}");
+        assert_eq!(
+            end_offsets(&config, t, 1),
+            vec![0],
+            "nothing written to {t}"
+        );
     }
     // Ten minutes only passes the 10 m and 1 m buckets: accepted.
     let ok = producer

@@ -42,13 +42,21 @@ fn ok(config: &KafkaConfig, args: &[&str]) -> String {
 
 fn refused(config: &KafkaConfig, args: &[&str], needles: &[&str]) {
     let o = kjob(config, args);
-    assert_eq!(o.code, 1, "kjob {args:?} should fail: {}{}", o.stdout, o.stderr);
+    assert_eq!(
+        o.code, 1,
+        "kjob {args:?} should fail: {}{}",
+        o.stdout, o.stderr
+    );
     for n in needles {
         assert!(o.stderr.contains(n), "stderr lacks `{n}`: {}", o.stderr);
     }
 }
 
-async fn decoded(codec: &Codec, config: &KafkaConfig, topic: &str) -> Vec<(String, serde_json::Value, JobHeaders)> {
+async fn decoded(
+    codec: &Codec,
+    config: &KafkaConfig,
+    topic: &str,
+) -> Vec<(String, serde_json::Value, JobHeaders)> {
     let mut out = Vec::new();
     for m in read_all(config, topic) {
         let json = codec.decode_to_json(m.payload()).await.expect("decodes");
@@ -69,37 +77,78 @@ async fn enqueue_encodes_against_the_latest_schema_and_refuses_what_does_not_fit
     // No schema yet: a clear error, nothing written.
     refused(
         &config,
-        &["enqueue", "--topic", &topic, "--json", r#"{"key":"a","seq":1,"behaviour":"ok"}"#],
+        &[
+            "enqueue",
+            "--topic",
+            &topic,
+            "--json",
+            r#"{"key":"a","seq":1,"behaviour":"ok"}"#,
+        ],
         &["no schema is registered", &format!("{topic}-value")],
     );
-    codec.register::<TestJob>(&topic).await.expect("registering the contract");
+    codec
+        .register::<TestJob>(&topic)
+        .await
+        .expect("registering the contract");
 
     let out = ok(
         &config,
-        &["enqueue", "--topic", &topic, "--key", "cust-1", "--json", r#"{"key":"cust-1","seq":7,"behaviour":"ok"}"#],
+        &[
+            "enqueue",
+            "--topic",
+            &topic,
+            "--key",
+            "cust-1",
+            "--json",
+            r#"{"key":"cust-1","seq":7,"behaviour":"ok"}"#,
+        ],
     );
     assert!(out.contains("enqueued"), "{out}");
     let records = decoded(&codec, &config, &topic).await;
     assert_eq!(records.len(), 1);
     let (key, json, headers) = &records[0];
     assert_eq!(key, "cust-1");
-    assert_eq!(json, &serde_json::json!({"key":"cust-1","seq":7,"behaviour":"ok"}));
-    assert!(headers.id.is_some() && headers.attempt == Some(1), "{headers:?}");
+    assert_eq!(
+        json,
+        &serde_json::json!({"key":"cust-1","seq":7,"behaviour":"ok"})
+    );
+    assert!(
+        headers.id.is_some() && headers.attempt == Some(1),
+        "{headers:?}"
+    );
 
     // A value that does not fit: the field and the reason, nothing written.
     refused(
         &config,
-        &["enqueue", "--topic", &topic, "--json", r#"{"key":"a","seq":"seven","behaviour":"ok"}"#],
+        &[
+            "enqueue",
+            "--topic",
+            &topic,
+            "--json",
+            r#"{"key":"a","seq":"seven","behaviour":"ok"}"#,
+        ],
         &["seq", "expected a long", "\"seven\"", "nothing was written"],
     );
     refused(
         &config,
-        &["enqueue", "--topic", &topic, "--json", r#"{"key":"a","behaviour":"ok"}"#],
+        &[
+            "enqueue",
+            "--topic",
+            &topic,
+            "--json",
+            r#"{"key":"a","behaviour":"ok"}"#,
+        ],
         &["seq", "missing"],
     );
     refused(
         &config,
-        &["enqueue", "--topic", &topic, "--json", r#"{"key":"a","seq":1,"behaviour":"ok","colour":"red"}"#],
+        &[
+            "enqueue",
+            "--topic",
+            &topic,
+            "--json",
+            r#"{"key":"a","seq":1,"behaviour":"ok","colour":"red"}"#,
+        ],
         &["colour", "no such field"],
     );
 
@@ -114,25 +163,54 @@ async fn enqueue_encodes_against_the_latest_schema_and_refuses_what_does_not_fit
     .expect("writing file");
     refused(
         &config,
-        &["enqueue", "--topic", &topic, "--file", bad.to_str().unwrap_or_default(), "--key-field", "key"],
+        &[
+            "enqueue",
+            "--topic",
+            &topic,
+            "--file",
+            bad.to_str().unwrap_or_default(),
+            "--key-field",
+            "key",
+        ],
         &["line 4: field seq", "line 5: not JSON", "2 of 4"],
     );
-    assert_eq!(decoded(&codec, &config, &topic).await.len(), 1, "nothing of the bad file was written");
+    assert_eq!(
+        decoded(&codec, &config, &topic).await.len(),
+        1,
+        "nothing of the bad file was written"
+    );
 
     // A good file: every line, keyed by its field, in order per key.
     let good = dir.join("good.jsonl");
     let lines: Vec<String> = (0..100)
-        .map(|i| format!("{{\"key\":\"k{}\",\"seq\":{i},\"behaviour\":\"ok\"}}", i % 5))
+        .map(|i| {
+            format!(
+                "{{\"key\":\"k{}\",\"seq\":{i},\"behaviour\":\"ok\"}}",
+                i % 5
+            )
+        })
         .collect();
     std::fs::write(&good, lines.join("\n")).expect("writing file");
     ok(
         &config,
-        &["enqueue", "--topic", &topic, "--file", good.to_str().unwrap_or_default(), "--key-field", "key"],
+        &[
+            "enqueue",
+            "--topic",
+            &topic,
+            "--file",
+            good.to_str().unwrap_or_default(),
+            "--key-field",
+            "key",
+        ],
     );
     let records = decoded(&codec, &config, &topic).await;
     assert_eq!(records.len(), 101);
     for (key, json, _) in &records[..] {
-        assert_eq!(json["key"].as_str(), Some(key.as_str()), "keyed by its field");
+        assert_eq!(
+            json["key"].as_str(),
+            Some(key.as_str()),
+            "keyed by its field"
+        );
     }
 }
 
@@ -144,10 +222,23 @@ async fn enqueue_in_runs_the_job_after_the_delay() {
     let topic = unique("enqueue-in");
     let created = ok(
         &config,
-        &["topics", "create", "--topic", &topic, "--partitions", "1", "--tiers", "1s", "--delays"],
+        &[
+            "topics",
+            "create",
+            "--topic",
+            &topic,
+            "--partitions",
+            "1",
+            "--tiers",
+            "1s",
+            "--delays",
+        ],
     );
     assert!(created.contains(&format!("{topic}.delay.1d")), "{created}");
-    codec.register::<TestJob>(&topic).await.expect("registering the contract");
+    codec
+        .register::<TestJob>(&topic)
+        .await
+        .expect("registering the contract");
 
     let ran: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
     let seen = ran.clone();
@@ -169,7 +260,17 @@ async fn enqueue_in_runs_the_job_after_the_delay() {
     let before = kjob::dlq::now_ms();
     let out = ok(
         &config,
-        &["enqueue", "--topic", &topic, "--key", "a", "--in", "3s", "--json", r#"{"key":"a","seq":1,"behaviour":"ok"}"#],
+        &[
+            "enqueue",
+            "--topic",
+            &topic,
+            "--key",
+            "a",
+            "--in",
+            "3s",
+            "--json",
+            r#"{"key":"a","seq":1,"behaviour":"ok"}"#,
+        ],
     );
     assert!(out.contains(&format!("{topic}.delay.1s")), "{out}");
     eventually(Duration::from_secs(30), "the delayed job ran", || {
@@ -177,7 +278,10 @@ async fn enqueue_in_runs_the_job_after_the_delay() {
     })
     .await;
     let (at, due) = ran.lock().expect("lock")[0];
-    assert!(due >= before + 3_000, "due {due} is at least 3 s after {before}");
+    assert!(
+        due >= before + 3_000,
+        "due {due} is at least 3 s after {before}"
+    );
     assert!(at >= due, "ran {} ms early", due - at);
     println!("kjob enqueue --in 3s: ran {} ms after due", at - due);
     running.stop().await;
@@ -185,7 +289,15 @@ async fn enqueue_in_runs_the_job_after_the_delay() {
     // Longer than 30 days: refused before anything is written.
     refused(
         &config,
-        &["enqueue", "--topic", &topic, "--in", "31days", "--json", r#"{"key":"a","seq":2,"behaviour":"ok"}"#],
+        &[
+            "enqueue",
+            "--topic",
+            &topic,
+            "--in",
+            "31days",
+            "--json",
+            r#"{"key":"a","seq":2,"behaviour":"ok"}"#,
+        ],
         &["30 days"],
     );
 }

@@ -73,7 +73,9 @@ pub fn read_states(config: &KafkaConfig, group: &str) -> Result<HashMap<String, 
                 Ok(s) => {
                     out.insert(key, s);
                 }
-                Err(e) => warn!(topic = %topic, key = %key, error = %e, "unreadable schedule state; ignored"),
+                Err(e) => {
+                    warn!(topic = %topic, key = %key, error = %e, "unreadable schedule state; ignored")
+                }
             },
         }
     }
@@ -234,7 +236,10 @@ pub(crate) async fn run_schedules(
             _ = tokio::time::sleep(LOOP) => {}
         }
         let leading = firing.leading();
-        firing.stats.schedule_leader.store(leading, Ordering::Release);
+        firing
+            .stats
+            .schedule_leader
+            .store(leading, Ordering::Release);
         if !leading {
             if states.take().is_some() {
                 info!(group = %firing.group, "no longer the schedule leader");

@@ -171,7 +171,9 @@ impl Schedule {
             return Err(bad("a schedule name must be non-empty and contain no `:` (it is part of the job id cron:<name>:<tick>)".into()));
         }
         if let CatchUp::All { max: 0 } = self.catch_up {
-            return Err(bad("CatchUp::All needs max >= 1 (or use CatchUp::Skip)".into()));
+            return Err(bad(
+                "CatchUp::All needs max >= 1 (or use CatchUp::Skip)".into()
+            ));
         }
         self.cron.as_ref().map(|_| ()).map_err(|e| bad(e.clone()))
     }
@@ -294,7 +296,9 @@ mod tests {
         let p = plan(&every_second(), T0, T0 + 1_000, CatchUp::Skip);
         assert_eq!(p.fire, vec![T0 + 1_000]);
         assert_eq!(p.settled, Some(T0 + 1_000));
-        assert!(plan(&every_second(), T0, T0 + 999, CatchUp::Latest).fire.is_empty());
+        assert!(plan(&every_second(), T0, T0 + 999, CatchUp::Latest)
+            .fire
+            .is_empty());
     }
 
     #[test]
@@ -302,14 +306,23 @@ mod tests {
         // Ten seconds without a leader.
         let now = T0 + 10_000;
         let all = plan(&every_second(), T0, now, CatchUp::All { max: 100 });
-        assert_eq!(all.fire, (1..=10).map(|s| T0 + s * 1000).collect::<Vec<_>>());
+        assert_eq!(
+            all.fire,
+            (1..=10).map(|s| T0 + s * 1000).collect::<Vec<_>>()
+        );
         assert_eq!(all.skipped, 0);
         let capped = plan(&every_second(), T0, now, CatchUp::All { max: 3 });
         // 8, 9, 10 are on time (within 2 s); 5, 6, 7 are the latest 3 missed.
-        assert_eq!(capped.fire, (5..=10).map(|s| T0 + s * 1000).collect::<Vec<_>>());
+        assert_eq!(
+            capped.fire,
+            (5..=10).map(|s| T0 + s * 1000).collect::<Vec<_>>()
+        );
         assert_eq!(capped.skipped, 4);
         let latest = plan(&every_second(), T0, now, CatchUp::Latest);
-        assert_eq!(latest.fire, vec![T0 + 7_000, T0 + 8_000, T0 + 9_000, T0 + 10_000]);
+        assert_eq!(
+            latest.fire,
+            vec![T0 + 7_000, T0 + 8_000, T0 + 9_000, T0 + 10_000]
+        );
         let skip = plan(&every_second(), T0, now, CatchUp::Skip);
         assert_eq!(skip.fire, vec![T0 + 8_000, T0 + 9_000, T0 + 10_000]);
         assert_eq!(skip.skipped, 7);

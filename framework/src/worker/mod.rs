@@ -925,7 +925,8 @@ impl Worker {
             let (delays, topics): (Vec<_>, Vec<_>) = of_main
                 .into_iter()
                 .partition(|(t, _)| self.routes.get(t).is_some_and(|e| e.delay.is_some()));
-            let sized = limit.map(|bytes| (bytes + crate::topics::FORWARD_HEADROOM_BYTES).to_string());
+            let sized =
+                limit.map(|bytes| (bytes + crate::topics::FORWARD_HEADROOM_BYTES).to_string());
             let mut cfg: Vec<(&str, &str)> = Vec::new();
             if let Some(sized) = &sized {
                 cfg.push(("max.message.bytes", sized));
@@ -955,7 +956,8 @@ impl Worker {
         let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &names))
             .await
             .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
-        for ((topic, count), compact) in [leader, state].into_iter().zip(counts).zip([false, true]) {
+        for ((topic, count), compact) in [leader, state].into_iter().zip(counts).zip([false, true])
+        {
             if count.is_some() {
                 continue;
             }

@@ -120,18 +120,18 @@ async fn main() -> Result<(), String> {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_millis() as i64)
                     .unwrap_or(0);
-                append_line(&leader_record, &format!("leader {} {ms}", std::process::id()));
+                append_line(
+                    &leader_record,
+                    &format!("leader {} {ms}", std::process::id()),
+                );
             }
             was = now;
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
-    worker
-        .run()
-        .await
-        .or_else(|e| {
-            // A worker limit (KJOB_STOP_*) exits with its own status.
-            eprintln!("{e}");
-            std::process::exit(i32::from(e.exit_code()))
-        })
+    worker.run().await.or_else(|e| {
+        // A worker limit (KJOB_STOP_*) exits with its own status.
+        eprintln!("{e}");
+        std::process::exit(i32::from(e.exit_code()))
+    })
 }
