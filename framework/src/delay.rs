@@ -19,11 +19,13 @@
 //! the clock, so the small lateness of each hop does not add up: a job that
 //! hops nine times is no later than one that hops once.
 //!
-//! **The remainder.** What is left after the last hop is below the shortest
-//! bucket (under 1 s). The worker waits it out as part of the attempt, so a
-//! job runs no earlier than `D` and typically a few milliseconds after it.
-//! This wait occupies one of the worker's concurrency slots for under a
-//! second.
+//! **The remainder.** Hops are planned towards `D` minus [`LEAD`] (500 ms),
+//! so what is left after the last hop is between `LEAD` and `LEAD` plus the
+//! shortest bucket. The worker waits it out as part of the attempt, so a job
+//! runs no earlier than `D` and typically a few milliseconds after it, even
+//! when resuming the held partition took a few hundred milliseconds. This
+//! wait occupies one of the worker's concurrency slots for 0.5 to 1.5 s:
+//! size `concurrency` above the delayed jobs due per second times 1.5.
 //!
 //! **Run where it is.** The last hop does not go back to the main topic: the
 //! job runs from its delay topic, like a retry runs from its tier. It never
@@ -50,6 +52,13 @@ pub const BUCKETS: [Duration; 6] = [
     Duration::from_secs(3600),
     Duration::from_secs(86_400),
 ];
+
+/// The last hop is planned to end this long before the run time, and the
+/// rest is waited out in the attempt: a partition resumed at its due time
+/// needs a fetch round trip (and, on a busy machine, a scheduling delay)
+/// before the record is back, so a job released exactly at its run time
+/// would run that much late.
+pub const LEAD: Duration = Duration::from_millis(500);
 
 /// The longest delay accepted (30 days).
 pub const MAX_DELAY: Duration = Duration::from_secs(30 * 86_400);
@@ -93,10 +102,11 @@ pub struct Hop {
 }
 
 /// The hop that starts at `from_ms` for a job due at `run_at_ms`: the
-/// longest bucket not longer than what is left. `None` when less than the
-/// shortest bucket is left: the job runs (after the remainder).
+/// longest bucket not longer than what is left until [`LEAD`] before the
+/// run time. `None` when less than the shortest bucket is left: the job
+/// runs (after waiting out the remainder, at least `LEAD`).
 pub fn next_hop(from_ms: i64, run_at_ms: i64) -> Option<Hop> {
-    let left = run_at_ms.saturating_sub(from_ms);
+    let left = (run_at_ms - LEAD.as_millis() as i64).saturating_sub(from_ms);
     let bucket = BUCKETS.iter().rposition(|b| b.as_millis() as i64 <= left)?;
     Some(Hop {
         bucket,
@@ -212,7 +222,7 @@ mod tests {
 
     #[test]
     fn hops_take_the_longest_bucket_that_fits_and_never_pass_the_due_time() {
-        let run_at = 25 * S + 300;
+        let run_at = 25 * S + 800;
         let first = first_hop(0, run_at);
         assert_eq!(
             first,
@@ -228,13 +238,17 @@ mod tests {
             assert!(h.release_ms <= run_at);
             at = h.release_ms;
         }
-        assert!(run_at - at < S, "less than the shortest bucket is left");
+        let left = run_at - at;
+        assert!(
+            left >= LEAD.as_millis() as i64 && left < S + LEAD.as_millis() as i64,
+            "between LEAD and LEAD plus the shortest bucket is left: {left}"
+        );
     }
 
     #[test]
     fn short_and_past_delays_go_through_the_shortest_bucket_at_once() {
         assert_eq!(
-            first_hop(5 * S, 5 * S + 400),
+            first_hop(5 * S, 5 * S + 1_400),
             Hop {
                 bucket: 0,
                 release_ms: 5 * S
@@ -247,14 +261,14 @@ mod tests {
                 release_ms: 5 * S
             }
         );
-        assert_eq!(next_hop(5 * S, 5 * S + 999), None);
+        assert_eq!(next_hop(5 * S, 5 * S + 1_499), None);
     }
 
     #[test]
     fn thirty_days_fit_and_more_is_refused() {
         let run_at = MAX_DELAY.as_millis() as i64;
         let p = path(0, run_at);
-        assert_eq!(p.iter().filter(|b| **b == 5).count(), 30);
+        assert_eq!(p.iter().filter(|b| **b == 5).count(), 29);
         assert!(check_delay(MAX_DELAY).is_ok());
         assert!(check_delay(MAX_DELAY + Duration::from_secs(1)).is_err());
     }
