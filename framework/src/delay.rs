@@ -19,13 +19,15 @@
 //! the clock, so the small lateness of each hop does not add up: a job that
 //! hops nine times is no later than one that hops once.
 //!
-//! **The remainder.** Hops are planned towards `D` minus [`LEAD`] (500 ms),
+//! **The remainder.** Hops are planned towards `D` minus [`LEAD`] (250 ms),
 //! so what is left after the last hop is between `LEAD` and `LEAD` plus the
 //! shortest bucket. The worker waits it out as part of the attempt, so a job
 //! runs no earlier than `D` and typically a few milliseconds after it, even
 //! when resuming the held partition took a few hundred milliseconds. This
-//! wait occupies one of the worker's concurrency slots for 0.5 to 1.5 s:
-//! size `concurrency` above the delayed jobs due per second times 1.5.
+//! wait occupies one of the worker's concurrency slots for 0.25 to 1.5 s
+//! (records are released up to [`HOLD_SLACK`] early, so that one resume of
+//! a held partition takes a batch): size `concurrency` above the delayed
+//! jobs due per second times 1.5.
 //!
 //! **Run where it is.** The last hop does not go back to the main topic: the
 //! job runs from its delay topic, like a retry runs from its tier. It never
@@ -58,7 +60,14 @@ pub const BUCKETS: [Duration; 6] = [
 /// needs a fetch round trip (and, on a busy machine, a scheduling delay)
 /// before the record is back, so a job released exactly at its run time
 /// would run that much late.
-pub const LEAD: Duration = Duration::from_millis(500);
+pub const LEAD: Duration = Duration::from_millis(250);
+
+/// A delay-topic record is released this much before its planned hop time.
+/// Harmless (a hop's next time is planned from the planned time, not the
+/// clock, and the last stage waits until the run time), and it lets one
+/// resume of a held partition take every record due in the next 250 ms,
+/// instead of a pause, seek and resume per record.
+pub const HOLD_SLACK: Duration = Duration::from_millis(250);
 
 /// The longest delay accepted (30 days).
 pub const MAX_DELAY: Duration = Duration::from_secs(30 * 86_400);
@@ -248,7 +257,7 @@ mod tests {
     #[test]
     fn short_and_past_delays_go_through_the_shortest_bucket_at_once() {
         assert_eq!(
-            first_hop(5 * S, 5 * S + 1_400),
+            first_hop(5 * S, 5 * S + 1_200),
             Hop {
                 bucket: 0,
                 release_ms: 5 * S
@@ -261,7 +270,7 @@ mod tests {
                 release_ms: 5 * S
             }
         );
-        assert_eq!(next_hop(5 * S, 5 * S + 1_499), None);
+        assert_eq!(next_hop(5 * S, 5 * S + 1_249), None);
     }
 
     #[test]

@@ -374,7 +374,11 @@ impl WorkerContext {
             true => super::OrderingMode::Unordered,
             false => self.settings.ordering,
         };
-        let rec = incoming(msg, ordering, is_tier, &self.settings.group);
+        let mut rec = incoming(msg, ordering, is_tier, &self.settings.group);
+        if entry.is_some_and(|e| e.delay.is_some()) {
+            let slack = crate::delay::HOLD_SLACK.as_millis() as i64;
+            rec.due_ms = rec.due_ms.map(|d| d - slack);
+        }
         if rec.foreign {
             WorkerStats::bump(&self.stats.skipped_foreign);
         }
