@@ -586,7 +586,9 @@ impl Worker {
         self.stats.clone()
     }
 
-    /// Every topic this worker consumes: main topics and their retry tiers.
+    /// Every route topic this worker consumes: main topics, their retry
+    /// tiers and (with [`WorkerBuilder::delayed_jobs`]) their delay topics.
+    /// With schedules it also subscribes to `<group>.schedules`.
     pub fn topics(&self) -> Vec<String> {
         let mut t: Vec<String> = self.routes.keys().cloned().collect();
         t.sort();
