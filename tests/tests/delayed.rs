@@ -203,7 +203,10 @@ async fn delayed_jobs_run_no_earlier_than_due() {
         .map(|r| r.at - r.due)
         .collect();
     steady.sort_unstable();
-    report("  of which due 4 s or more after the enqueue burst", &steady);
+    report(
+        "  of which due 4 s or more after the enqueue burst",
+        &steady,
+    );
     let dup = ran.values().filter(|r| r.len() > 1).count();
     assert_eq!(dup, 0, "no worker restart, so no job runs twice");
 }
