@@ -221,7 +221,8 @@ pub struct Plan {
 }
 
 /// Longest run of ticks looked at in one plan (a 1-second schedule missed
-/// for a day is 86 400): beyond it the oldest are counted as skipped.
+/// for a day is 86 400). A longer gap is settled a chunk at a time, its
+/// ticks counted as skipped, whatever the policy.
 const MAX_SCAN: usize = 1_000_000;
 
 /// Plans the ticks of `cron` in `(settled_ms, now_ms]` under `policy`.
@@ -237,11 +238,15 @@ pub(crate) fn plan(cron: &cron::Schedule, settled_ms: i64, now_ms: i64, policy: 
         CatchUp::All { max } => max.max(1),
         _ => 1,
     };
+    let mut scanned = 0usize;
+    let mut last_scanned = None;
     for t in cron.after(&after).take(MAX_SCAN) {
         let ms = t.timestamp_millis();
         if ms > now_ms {
             break;
         }
+        scanned += 1;
+        last_scanned = Some(ms);
         if ms >= on_time_from {
             on_time.push(ms);
         } else {
@@ -251,6 +256,15 @@ pub(crate) fn plan(cron: &cron::Schedule, settled_ms: i64, now_ms: i64, policy: 
                 dropped += 1;
             }
         }
+    }
+    if scanned == MAX_SCAN {
+        // Not at `now` yet: these are all long missed. Settle them and go
+        // on from there next time, firing none of them.
+        return Plan {
+            fire: Vec::new(),
+            skipped: scanned,
+            settled: last_scanned,
+        };
     }
     let settled = on_time.last().or(missed.last()).copied();
     let (fired_missed, skipped) = match policy {
@@ -327,6 +341,16 @@ mod tests {
         assert_eq!(skip.fire, vec![T0 + 8_000, T0 + 9_000, T0 + 10_000]);
         assert_eq!(skip.skipped, 7);
         assert_eq!(skip.settled, Some(now));
+    }
+
+    #[test]
+    fn a_very_long_gap_is_settled_in_chunks_without_firing_old_ticks() {
+        let now = T0 + (MAX_SCAN as i64 + 500) * 1000;
+        let first = plan(&every_second(), T0, now, CatchUp::Latest);
+        assert!(first.fire.is_empty());
+        assert_eq!(first.settled, Some(T0 + MAX_SCAN as i64 * 1000));
+        let second = plan(&every_second(), T0 + MAX_SCAN as i64 * 1000, now, CatchUp::Latest);
+        assert_eq!(second.fire.last(), Some(&now));
     }
 
     #[test]
