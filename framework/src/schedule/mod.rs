@@ -349,7 +349,12 @@ mod tests {
         let first = plan(&every_second(), T0, now, CatchUp::Latest);
         assert!(first.fire.is_empty());
         assert_eq!(first.settled, Some(T0 + MAX_SCAN as i64 * 1000));
-        let second = plan(&every_second(), T0 + MAX_SCAN as i64 * 1000, now, CatchUp::Latest);
+        let second = plan(
+            &every_second(),
+            T0 + MAX_SCAN as i64 * 1000,
+            now,
+            CatchUp::Latest,
+        );
         assert_eq!(second.fire.last(), Some(&now));
     }
 
