@@ -64,6 +64,8 @@ pub async fn run(config: &KafkaConfig, cmd: TopicsCommand) -> Result<()> {
                 create_topics_with(config, &topics, &[("retention.ms", &retention)]).await?;
                 all.extend(topics.into_iter().map(|(t, _)| t));
             }
+            // Visible to the next command (an `enqueue --in` right after).
+            kjob::topics::wait_visible(config, &all).await?;
             for t in all {
                 println!("{t}");
             }

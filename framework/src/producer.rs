@@ -283,9 +283,9 @@ impl Producer {
         job: &J,
         delay: Duration,
     ) -> Result<Enqueued> {
-        delay::check_delay(delay).map_err(|source| Error::Delay {
+        delay::check_delay(delay).map_err(|reason| Error::Delay {
             topic: topic.to_string(),
-            source,
+            reason,
         })?;
         let now_ms = epoch_ms(SystemTime::now());
         self.enqueue_delayed(topic, job, now_ms, now_ms + delay.as_millis() as i64)
@@ -315,9 +315,9 @@ impl Producer {
         run_at_ms: i64,
     ) -> Result<Enqueued> {
         let delay = Duration::from_millis(run_at_ms.saturating_sub(now_ms).max(0) as u64);
-        delay::check_delay(delay).map_err(|source| Error::Delay {
+        delay::check_delay(delay).map_err(|reason| Error::Delay {
             topic: topic.to_string(),
-            source,
+            reason,
         })?;
         self.check_delay_topics(topic, now_ms, run_at_ms).await?;
         let PreparedJob {
@@ -402,9 +402,9 @@ impl Producer {
         let mut buckets = delay::path(now_ms, run_at_ms);
         buckets.sort_unstable();
         buckets.dedup();
-        let err = |source| Error::Delay {
+        let err = |reason| Error::Delay {
             topic: main.to_string(),
-            source,
+            reason,
         };
         let topics: Vec<(usize, String)> = buckets
             .iter()

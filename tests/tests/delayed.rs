@@ -259,7 +259,7 @@ async fn delays_are_refused_before_anything_is_written() {
         .await
     {
         Err(Error::Delay {
-            source: DelayError::NoTopic { topic, .. },
+            reason: DelayError::NoTopic { topic, .. },
             ..
         }) => assert_eq!(topic, format!("{bare}.delay.1s")),
         other => panic!("expected NoTopic, got {other:?}"),
@@ -281,7 +281,7 @@ async fn delays_are_refused_before_anything_is_written() {
         matches!(
             err,
             Error::Delay {
-                source: DelayError::RetentionTooShort { .. },
+                reason: DelayError::RetentionTooShort { .. },
                 ..
             }
         ),
