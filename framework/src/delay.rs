@@ -2,7 +2,7 @@
 //!
 //! A delayed job never waits in the worker's memory for long, and never in
 //! a side database: it waits in *delay topics* `<topic>.delay.<bucket>`, one
-//! per bucket of [`BUCKETS`] (1 s, 10 s, 1 m, 10 m, 1 h, 1 d), with the same
+//! per bucket of [`BUCKETS`] (1 s, 3 s, 10 s, 1 m, 10 m, 1 h, 1 d), with the same
 //! due-time hold as the retry tiers (`kjob-due-at`: the worker pauses the
 //! partition, seeks back to the record and resumes at the due time).
 //!
@@ -46,8 +46,12 @@
 use std::time::Duration;
 
 /// The delay buckets, shortest first. Each is a topic `<topic>.delay.<b>`.
-pub const BUCKETS: [Duration; 6] = [
+/// The 3 s bucket keeps short delays to a few hops: with 1 s and 10 s
+/// alone a 9 s delay hopped nine times through the 1 s topic, and a burst
+/// of short delays kept that topic's partitions hopping every second.
+pub const BUCKETS: [Duration; 7] = [
     Duration::from_secs(1),
+    Duration::from_secs(3),
     Duration::from_secs(10),
     Duration::from_secs(60),
     Duration::from_secs(600),
@@ -90,7 +94,7 @@ pub fn delay_topics(topic: &str) -> Vec<String> {
     (0..BUCKETS.len()).map(|i| delay_topic(topic, i)).collect()
 }
 
-/// `1s`, `10s`, `1m`, `10m`, `1h`, `1d`.
+/// `1s`, `3s`, `10s`, `1m`, `10m`, `1h`, `1d`.
 fn bucket_name(d: Duration) -> String {
     let s = d.as_secs();
     if s >= 86_400 && s % 86_400 == 0 {
@@ -220,6 +224,7 @@ mod tests {
             delay_topics("o"),
             vec![
                 "o.delay.1s",
+                "o.delay.3s",
                 "o.delay.10s",
                 "o.delay.1m",
                 "o.delay.10m",
@@ -236,11 +241,12 @@ mod tests {
         assert_eq!(
             first,
             Hop {
-                bucket: 1,
+                bucket: 2,
                 release_ms: 10 * S
             }
         );
-        assert_eq!(path(0, run_at), vec![1, 1, 0, 0, 0, 0, 0]);
+        // 25.55 s to plan: 10, 10, 3, 1, 1 (0.55 s left).
+        assert_eq!(path(0, run_at), vec![2, 2, 1, 0, 0]);
         // Every planned release is at or before the run time.
         let mut at = first.release_ms;
         while let Some(h) = next_hop(at, run_at) {
@@ -277,16 +283,16 @@ mod tests {
     fn thirty_days_fit_and_more_is_refused() {
         let run_at = MAX_DELAY.as_millis() as i64;
         let p = path(0, run_at);
-        assert_eq!(p.iter().filter(|b| **b == 5).count(), 29);
+        assert_eq!(p.iter().filter(|b| **b == 6).count(), 29);
         assert!(check_delay(MAX_DELAY).is_ok());
         assert!(check_delay(MAX_DELAY + Duration::from_secs(1)).is_err());
     }
 
     #[test]
     fn retention_is_checked_per_bucket() {
-        assert!(check_retention("o.delay.1h", 4, 2 * 3_600_000).is_ok());
-        assert!(check_retention("o.delay.1h", 4, -1).is_ok());
-        let e = check_retention("o.delay.1h", 4, 3_600_000).unwrap_err();
+        assert!(check_retention("o.delay.1h", 5, 2 * 3_600_000).is_ok());
+        assert!(check_retention("o.delay.1h", 5, -1).is_ok());
+        let e = check_retention("o.delay.1h", 5, 3_600_000).unwrap_err();
         assert!(e.to_string().contains("retention.ms=7200000"), "{e}");
     }
 }
