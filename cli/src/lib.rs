@@ -7,9 +7,11 @@
 //! (clap), 1 for everything that failed while running.
 
 pub mod dlq;
+mod enqueue;
 #[cfg(feature = "postgres")]
 mod outbox;
 pub mod replay;
+mod schedules;
 mod schema;
 pub mod status;
 pub mod time;
@@ -56,6 +58,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Enqueue a job (or a file of JSON lines), encoded against the topic's latest schema.
+    Enqueue(enqueue::EnqueueArgs),
     /// Inspect, re-drive and resolve dead letters.
     #[command(subcommand)]
     Dlq(dlq::DlqCommand),
@@ -65,6 +69,8 @@ enum Command {
     Outbox(outbox::OutboxCommand),
     /// Reset a group's offsets to handle jobs again (dry run unless --execute).
     Replay(replay::ReplayArgs),
+    /// A group's cron schedules: expression, last fired tick, next tick.
+    Schedules(schedules::SchedulesArgs),
     /// Check or register job contracts against the schema registry.
     #[command(subcommand)]
     Schema(schema::SchemaCommand),
@@ -112,9 +118,11 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Dlq(cmd) => dlq::run(&config, cmd).await,
+            Command::Enqueue(args) => enqueue::run(&config, args).await,
             #[cfg(feature = "postgres")]
             Command::Outbox(cmd) => outbox::run(&config, cmd).await,
             Command::Replay(args) => replay::run(&config, args).await,
+            Command::Schedules(args) => schedules::run(&config, args).await,
             Command::Schema(cmd) => schema::run(&config, cmd).await,
             Command::Status(args) => status::run(&config, args).await,
             Command::Topics(cmd) => topics::run(&config, cmd).await,

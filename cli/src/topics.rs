@@ -1,11 +1,13 @@
-//! `kjob topics create`: a route's main topic, retry tiers and DLQ in one go.
+//! `kjob topics create`: a route's main topic, retry tiers and DLQ (and
+//! with `--delays` its delay topics) in one go.
 
 use anyhow::{anyhow, Result};
 use clap::Subcommand;
 
 use kjob::config::KafkaConfig;
+use kjob::delay::{delay_topics, CREATED_RETENTION};
 use kjob::retry::{parse_delay, RetryPolicy};
-use kjob::topics::{create_topics, dlq_topic};
+use kjob::topics::{create_topics, create_topics_with, dlq_topic};
 
 #[derive(Subcommand, Debug)]
 pub enum TopicsCommand {
@@ -20,6 +22,10 @@ pub enum TopicsCommand {
         /// Retry tiers, comma-separated (`5s,30s,5m,30m`).
         #[arg(long, default_value = "5s,30s,5m,30m")]
         tiers: String,
+        /// Also the delay topics `<topic>.delay.<bucket>` (1s..1d) that
+        /// `enqueue_in` / `kjob enqueue --in` write to, keeping records 7 days.
+        #[arg(long)]
+        delays: bool,
     },
 }
 
@@ -29,6 +35,7 @@ pub async fn run(config: &KafkaConfig, cmd: TopicsCommand) -> Result<()> {
             topic,
             partitions,
             tiers,
+            delays: with_delays,
         } => {
             if partitions < 1 {
                 return Err(anyhow!("--partitions must be at least 1, got {partitions}"));
@@ -48,6 +55,17 @@ pub async fn run(config: &KafkaConfig, cmd: TopicsCommand) -> Result<()> {
             all.push(dlq_topic(&topic));
             let wanted: Vec<(String, i32)> = all.iter().map(|t| (t.clone(), partitions)).collect();
             create_topics(config, &wanted).await?;
+            if with_delays {
+                let topics: Vec<(String, i32)> = delay_topics(&topic)
+                    .into_iter()
+                    .map(|t| (t, partitions))
+                    .collect();
+                let retention = CREATED_RETENTION.as_millis().to_string();
+                create_topics_with(config, &topics, &[("retention.ms", &retention)]).await?;
+                all.extend(topics.into_iter().map(|(t, _)| t));
+            }
+            // Visible to the next command (an `enqueue --in` right after).
+            kjob::topics::wait_visible(config, &all).await?;
             for t in all {
                 println!("{t}");
             }

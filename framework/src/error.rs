@@ -288,6 +288,16 @@ pub enum Error {
         /// The Avro library's reason.
         message: String,
     },
+    /// A delayed job cannot be accepted (too long, or its delay topics are
+    /// missing or keep records too briefly); nothing was written.
+    #[error("delayed job on `{topic}`: {reason}")]
+    Delay {
+        /// The main topic.
+        topic: String,
+        /// What is wrong, and the fix (in the message, not as a `source()`,
+        /// so an error chain printer does not say it twice).
+        reason: crate::delay::DelayError,
+    },
     /// A worker's internal thread failed or shutdown exceeded its bound.
     #[error("worker: {0}")]
     Worker(String),

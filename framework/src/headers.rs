@@ -18,6 +18,9 @@ pub const ID: &str = "kjob-id";
 pub const ATTEMPT: &str = "kjob-attempt";
 /// Absolute due time (epoch ms) for a record in a retry tier.
 pub const DUE_AT: &str = "kjob-due-at";
+/// When a delayed job is to run (epoch ms); its hops' `kjob-due-at` are
+/// the planned releases on the way (see [`crate::delay`]).
+pub const RUN_AT: &str = "kjob-run-at";
 /// When the job first failed (epoch ms).
 pub const FIRST_FAILED_AT: &str = "kjob-first-failed-at";
 /// The [`crate::ErrorClass`] of the last failure.
@@ -59,6 +62,8 @@ pub struct JobHeaders {
     pub attempt: Option<u32>,
     /// `kjob-due-at`.
     pub due_at_ms: Option<i64>,
+    /// `kjob-run-at`.
+    pub run_at_ms: Option<i64>,
     /// `kjob-first-failed-at`.
     pub first_failed_at_ms: Option<i64>,
     /// `kjob-error-class`.
@@ -105,6 +110,7 @@ impl JobHeaders {
                 ID => out.id = s().filter(|v| !v.trim().is_empty()),
                 ATTEMPT => out.attempt = text.and_then(|t| t.parse().ok()),
                 DUE_AT => out.due_at_ms = text.and_then(|t| t.parse().ok()),
+                RUN_AT => out.run_at_ms = text.and_then(|t| t.parse().ok()),
                 FIRST_FAILED_AT => out.first_failed_at_ms = text.and_then(|t| t.parse().ok()),
                 ERROR_CLASS => out.error_class = s(),
                 ERROR => out.error = s(),
@@ -177,6 +183,7 @@ impl JobHeaders {
         put(ID, self.id.clone());
         put(ATTEMPT, self.attempt.map(|v| v.to_string()));
         put(DUE_AT, self.due_at_ms.map(|v| v.to_string()));
+        put(RUN_AT, self.run_at_ms.map(|v| v.to_string()));
         put(
             FIRST_FAILED_AT,
             self.first_failed_at_ms.map(|v| v.to_string()),

@@ -77,7 +77,8 @@ pub struct JobContext {
     pub tenant: Option<String>,
     /// The consumer group running the job.
     pub group: String,
-    /// For a retry: when it was due (`kjob-due-at`, epoch ms). `now - due`
-    /// is how late the retry fired.
+    /// For a retry: when it was due (`kjob-due-at`, epoch ms); for a
+    /// delayed job: when it was asked to run (`kjob-run-at`). `now - due`
+    /// is how late it ran.
     pub due_at_ms: Option<i64>,
 }

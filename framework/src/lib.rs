@@ -44,12 +44,14 @@
 pub mod classify;
 pub mod codec;
 pub mod config;
+pub mod delay;
 pub mod dlq;
 pub mod error;
 pub mod groups;
 pub mod headers;
 pub mod idempotency;
 pub mod job;
+pub mod json_avro;
 pub mod lag;
 pub mod layers;
 pub(crate) mod offsets;
@@ -60,6 +62,7 @@ pub mod registry;
 pub mod replay;
 pub mod retry;
 pub(crate) mod routing;
+pub mod schedule;
 pub mod schema;
 pub mod telemetry;
 #[cfg(feature = "testing")]

@@ -6,8 +6,9 @@
 //! reached, the call fails after `delivery.timeout.ms`; a job is never
 //! dropped silently.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::join_all;
 use opentelemetry::KeyValue;
@@ -21,6 +22,7 @@ use crate::telemetry::spans::JobSpan;
 
 use crate::codec::Codec;
 use crate::config::KafkaConfig;
+use crate::delay::{self, DelayError};
 use crate::error::{Error, Result};
 use crate::headers::JobHeaders;
 use crate::job::Job;
@@ -54,7 +56,8 @@ pub(crate) struct PreparedJob {
 }
 
 /// Registers (or looks up) `J`'s contract for `topic`, encodes `job`, and
-/// builds its headers and producer span. The one enqueue preparation,
+/// builds its headers and producer span, with a fresh id unless `id` gives
+/// one (a cron tick's deterministic id). The one enqueue preparation,
 /// shared by [`Producer::enqueue_to`] and the outbox.
 pub(crate) async fn prepare_job<J: Job>(
     codec: &Codec,
@@ -62,10 +65,11 @@ pub(crate) async fn prepare_job<J: Job>(
     job: &J,
     operation: &'static str,
     extra: Option<KeyValue>,
+    id: Option<String>,
 ) -> Result<PreparedJob> {
     let contract = codec.register::<J>(topic).await?;
     let payload = Codec::encode(&contract, job)?;
-    let id = new_job_id();
+    let id = id.unwrap_or_else(new_job_id);
     let span = JobSpan::producer(|| {
         let mut attrs = vec![
             KeyValue::new("messaging.system", "kafka"),
@@ -116,6 +120,22 @@ pub struct Producer {
     codec: Arc<Codec>,
     delivery_timeout: Duration,
     bootstrap: String,
+    config: KafkaConfig,
+    /// Delay topics' `retention.ms`, as read (and when), so a burst of
+    /// delayed enqueues asks the cluster once a minute, not per job.
+    /// An async lock: concurrent delayed enqueues wait for one reading
+    /// instead of each asking the cluster.
+    retention: Arc<tokio::sync::Mutex<HashMap<String, (Instant, i64)>>>,
+}
+
+/// How long a delay topic's retention, once read, is trusted.
+const RETENTION_CACHE: Duration = Duration::from_secs(60);
+
+/// Milliseconds since the epoch of `t` (0 before the epoch).
+fn epoch_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 impl std::fmt::Debug for Producer {
@@ -163,6 +183,8 @@ impl Producer {
             codec,
             delivery_timeout: timeout,
             bootstrap: config.bootstrap_servers.clone(),
+            config: config.clone(),
+            retention: Arc::default(),
         })
     }
 
@@ -192,12 +214,25 @@ impl Producer {
     /// Enqueues a job on an explicit topic (tests, or a route renamed by
     /// configuration). The schema is registered under that topic's subject.
     pub async fn enqueue_to<J: Job>(&self, topic: &str, job: &J) -> Result<Enqueued> {
+        self.enqueue_with_id_to(topic, job, None).await
+    }
+
+    /// [`Producer::enqueue_to`] with a job id of the caller's choosing, for
+    /// jobs whose identity is known up front (a cron tick,
+    /// `cron:<name>:<tick>`): enqueueing it twice gives two records with
+    /// one id, which `PgMarkers` recognises as a duplicate.
+    pub async fn enqueue_with_id_to<J: Job>(
+        &self,
+        topic: &str,
+        job: &J,
+        id: Option<String>,
+    ) -> Result<Enqueued> {
         let PreparedJob {
             payload,
             id,
             headers,
             span,
-        } = prepare_job(&self.codec, topic, job, "send", None).await?;
+        } = prepare_job(&self.codec, topic, job, "send", None, id).await?;
         let key = job.key();
         let sent = self
             .send_raw(
@@ -225,6 +260,203 @@ impl Producer {
             partition,
             offset,
         })
+    }
+
+    /// Enqueues a job on its main topic to run `delay` from now (Celery's
+    /// `countdown`, Sidekiq's `perform_in`): never earlier, typically a few
+    /// milliseconds later. Any delay up to 30 days; see [`crate::delay`]
+    /// for how it waits (delay topics, no side database) and what it means
+    /// for per-key order (a delayed job does not block its key).
+    pub async fn enqueue_in<J: Job>(&self, job: &J, delay: Duration) -> Result<Enqueued> {
+        self.enqueue_in_to(J::NAME, job, delay).await
+    }
+
+    /// Enqueues a job on its main topic to run at `at` (Celery's `eta`). A
+    /// time already passed runs as soon as a worker gets to it.
+    pub async fn enqueue_at<J: Job>(&self, job: &J, at: SystemTime) -> Result<Enqueued> {
+        self.enqueue_at_to(J::NAME, job, at).await
+    }
+
+    /// [`Producer::enqueue_in`] on an explicit main topic.
+    pub async fn enqueue_in_to<J: Job>(
+        &self,
+        topic: &str,
+        job: &J,
+        delay: Duration,
+    ) -> Result<Enqueued> {
+        delay::check_delay(delay).map_err(|reason| Error::Delay {
+            topic: topic.to_string(),
+            reason,
+        })?;
+        let now_ms = epoch_ms(SystemTime::now());
+        self.enqueue_delayed(topic, job, now_ms, now_ms + delay.as_millis() as i64)
+            .await
+    }
+
+    /// [`Producer::enqueue_at`] on an explicit main topic. The job is
+    /// encoded against `topic`'s subject, exactly as [`Producer::enqueue_to`]
+    /// does, and written to the first of `topic`'s delay topics it passes.
+    pub async fn enqueue_at_to<J: Job>(
+        &self,
+        topic: &str,
+        job: &J,
+        at: SystemTime,
+    ) -> Result<Enqueued> {
+        let now_ms = epoch_ms(SystemTime::now());
+        self.enqueue_delayed(topic, job, now_ms, epoch_ms(at)).await
+    }
+
+    /// The delayed enqueue, from one reading of the clock (`now_ms`), so
+    /// the first hop is planned from the same instant the delay counts from.
+    async fn enqueue_delayed<J: Job>(
+        &self,
+        topic: &str,
+        job: &J,
+        now_ms: i64,
+        run_at_ms: i64,
+    ) -> Result<Enqueued> {
+        let delay = Duration::from_millis(run_at_ms.saturating_sub(now_ms).max(0) as u64);
+        delay::check_delay(delay).map_err(|reason| Error::Delay {
+            topic: topic.to_string(),
+            reason,
+        })?;
+        self.check_delay_topics(topic, now_ms, run_at_ms).await?;
+        let PreparedJob {
+            payload,
+            id,
+            headers,
+            span,
+        } = prepare_job(
+            &self.codec,
+            topic,
+            job,
+            "send",
+            Some(KeyValue::new("kjob.run_at_ms", run_at_ms)),
+            None,
+        )
+        .await?;
+        let key = job.key();
+        match self
+            .send_delayed_from(
+                now_ms,
+                topic,
+                Some(key.as_bytes()),
+                &payload,
+                headers,
+                run_at_ms,
+            )
+            .await
+        {
+            Ok((delay_topic, partition, offset)) => Ok(Enqueued {
+                id,
+                topic: delay_topic,
+                partition,
+                offset,
+            }),
+            Err(e) => {
+                span.fail(&e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes an encoded job (its enqueue headers already built) to the
+    /// first delay topic of main topic `main`, to run at `run_at_ms`, and
+    /// returns the topic, partition and offset. The CLI's `kjob enqueue
+    /// --in` uses it; call [`Producer::check_delay_topics`] first.
+    pub async fn send_delayed(
+        &self,
+        main: &str,
+        key: Option<&[u8]>,
+        payload: &[u8],
+        headers: JobHeaders,
+        run_at_ms: i64,
+    ) -> Result<(String, i32, i64)> {
+        let now_ms = epoch_ms(SystemTime::now());
+        self.send_delayed_from(now_ms, main, key, payload, headers, run_at_ms)
+            .await
+    }
+
+    async fn send_delayed_from(
+        &self,
+        now_ms: i64,
+        main: &str,
+        key: Option<&[u8]>,
+        payload: &[u8],
+        mut headers: JobHeaders,
+        run_at_ms: i64,
+    ) -> Result<(String, i32, i64)> {
+        let hop = delay::first_hop(now_ms, run_at_ms);
+        headers.run_at_ms = Some(run_at_ms);
+        headers.due_at_ms = Some(hop.release_ms);
+        let target = delay::delay_topic(main, hop.bucket);
+        let (partition, offset) = self
+            .send_raw(&target, key, Some(payload), headers.to_owned_headers())
+            .await?;
+        Ok((target, partition, offset))
+    }
+
+    /// Checks, before anything is written, that every delay topic a job
+    /// enqueued now for `run_at_ms` passes through exists and keeps records
+    /// long enough ([`delay::check_retention`]).
+    pub async fn check_delay_topics(&self, main: &str, now_ms: i64, run_at_ms: i64) -> Result<()> {
+        let mut buckets = delay::path(now_ms, run_at_ms);
+        buckets.sort_unstable();
+        buckets.dedup();
+        let err = |reason| Error::Delay {
+            topic: main.to_string(),
+            reason,
+        };
+        let topics: Vec<(usize, String)> = buckets
+            .iter()
+            .map(|b| (*b, delay::delay_topic(main, *b)))
+            .collect();
+        let mut cache = self.retention.lock().await;
+        let unknown: Vec<String> = {
+            topics
+                .iter()
+                .filter(|(_, t)| {
+                    cache
+                        .get(t)
+                        .is_none_or(|(at, _)| at.elapsed() >= RETENTION_CACHE)
+                })
+                .map(|(_, t)| t.clone())
+                .collect()
+        };
+        if !unknown.is_empty() {
+            let config = self.config.clone();
+            let names = unknown.clone();
+            let counts = tokio::task::spawn_blocking(move || {
+                crate::topics::partition_counts(&config, &names)
+            })
+            .await
+            .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
+            if let Some((t, _)) = unknown.iter().zip(&counts).find(|(_, c)| c.is_none()) {
+                return Err(err(DelayError::NoTopic {
+                    topic: t.clone(),
+                    main: main.to_string(),
+                }));
+            }
+            let read = crate::topics::retention_ms(&self.config, &unknown).await;
+            for (t, r) in unknown.iter().zip(read) {
+                match r {
+                    Ok(ms) => {
+                        cache.insert(t.clone(), (Instant::now(), ms));
+                    }
+                    Err(reason) => {
+                        return Err(err(DelayError::RetentionUnknown {
+                            topic: t.clone(),
+                            reason,
+                        }))
+                    }
+                }
+            }
+        }
+        for (b, t) in &topics {
+            let ms = cache.get(t).map_or(-1, |(_, ms)| *ms);
+            delay::check_retention(t, *b, ms).map_err(err)?;
+        }
+        Ok(())
     }
 
     /// Enqueues many jobs concurrently (librdkafka batches them) and returns

@@ -234,7 +234,7 @@ impl Harness {
         let tiers = routes
             .entries
             .iter()
-            .filter(|(_, e)| e.tier.is_some())
+            .filter(|(_, e)| e.tier.is_some() || e.delay.is_some())
             .map(|(t, _)| t.clone())
             .collect();
         let logs: Arc<Mutex<BTreeMap<String, Vec<OwnedMessage>>>> = Default::default();

@@ -223,6 +223,61 @@ pub async fn max_message_bytes(config: &KafkaConfig, topics: &[String]) -> Vec<O
         .collect()
 }
 
+/// The effective `retention.ms` of each topic (`-1`: kept forever), or why
+/// it could not be read (a missing topic, no DescribeConfigs permission).
+pub async fn retention_ms(
+    config: &KafkaConfig,
+    topics: &[String],
+) -> Vec<std::result::Result<i64, String>> {
+    use rdkafka::admin::ResourceSpecifier;
+    let admin = match config
+        .client_config(&[])
+        .create::<AdminClient<DefaultClientContext>>()
+    {
+        Ok(a) => a,
+        Err(e) => return vec![Err(format!("creating admin client: {e}")); topics.len()],
+    };
+    let specs: Vec<ResourceSpecifier<'_>> = topics
+        .iter()
+        .map(|t| ResourceSpecifier::Topic(t.as_str()))
+        .collect();
+    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
+    let results = match admin.describe_configs(&specs, &opts).await {
+        Ok(r) => r,
+        Err(e) => return vec![Err(e.to_string()); topics.len()],
+    };
+    results
+        .into_iter()
+        .map(|r| {
+            let resource = r.map_err(|code| code.to_string())?;
+            resource
+                .get("retention.ms")
+                .and_then(|e| e.value.as_deref())
+                .ok_or_else(|| "retention.ms not reported".to_string())?
+                .parse::<i64>()
+                .map_err(|e| format!("retention.ms: {e}"))
+        })
+        .collect()
+}
+
+/// Waits (10 s at most) until the cluster's metadata lists every topic of
+/// `topics`. A consumer that subscribes to a topic created a moment ago
+/// but not yet in the metadata it fetches is not assigned it until its next
+/// metadata refresh (5 minutes by default); waiting here avoids that.
+pub async fn wait_visible(config: &KafkaConfig, topics: &[String]) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (c, t) = (config.clone(), topics.to_vec());
+        let counts = tokio::task::spawn_blocking(move || partition_counts(&c, &t))
+            .await
+            .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
+        if counts.iter().all(Option::is_some) || Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Creates each `(topic, partitions)` that does not exist yet. Existing topics
 /// are left alone. A permission problem names the topic and the ACL needed.
 pub async fn create_topics(config: &KafkaConfig, topics: &[(String, i32)]) -> Result<()> {

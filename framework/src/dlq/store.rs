@@ -215,7 +215,7 @@ impl DlqReader {
 
 /// Reads every record currently in `topic` (up to the end offsets taken at
 /// the start). `None` if the topic does not exist.
-fn snapshot(config: &KafkaConfig, topic: &str) -> Result<Option<Vec<OwnedMessage>>> {
+pub(crate) fn snapshot(config: &KafkaConfig, topic: &str) -> Result<Option<Vec<OwnedMessage>>> {
     let Some(parts) = partition_counts(config, &[topic.to_string()])?
         .pop()
         .flatten()

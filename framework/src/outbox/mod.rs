@@ -445,6 +445,7 @@ impl Outbox {
             job,
             "create",
             Some(KeyValue::new("kjob.outbox", self.table.name.clone())),
+            None,
         )
         .await?;
         let mut map = serde_json::Map::new();

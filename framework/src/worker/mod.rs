@@ -131,6 +131,8 @@ pub struct WorkerBuilder {
     protocol: Option<GroupProtocol>,
     run_limits: limits::Limits,
     create_topics: bool,
+    delayed_jobs: bool,
+    schedules: Vec<crate::schedule::Schedule>,
     retry: RetryPolicy,
     retry_overrides: HashMap<String, RetryPolicy>,
     priorities: HashMap<String, Priority>,
@@ -318,6 +320,38 @@ impl WorkerBuilder {
         self
     }
 
+    /// Whether the worker also serves its routes' delay topics
+    /// (`<topic>.delay.<bucket>`, see [`crate::delay`]), creating them at
+    /// start when [`WorkerBuilder::create_topics`] allows, so that
+    /// [`Producer::enqueue_in`] and [`Producer::enqueue_at`] work for its
+    /// routes (default false: six more topics per route, consumed by the
+    /// same consumer).
+    pub fn delayed_jobs(mut self, yes: bool) -> Self {
+        self.delayed_jobs = yes;
+        self
+    }
+
+    /// Enqueues `make()` on `J`'s main topic at every tick of the cron
+    /// expression `expr` (with seconds, UTC: `0 */5 * * * *` is every five
+    /// minutes), once per tick across every worker of the group, whatever
+    /// their number; see [`crate::schedule`] for leadership, ids and the
+    /// catch-up policy ([`crate::schedule::CatchUp::Latest`] by default).
+    pub fn schedule<J: Job>(
+        self,
+        name: &str,
+        expr: &str,
+        make: impl Fn() -> J + Send + Sync + 'static,
+    ) -> Self {
+        self.schedule_with(crate::schedule::Schedule::new(name, expr, make))
+    }
+
+    /// Adds a [`crate::schedule::Schedule`] configured in full (another
+    /// topic, another catch-up policy).
+    pub fn schedule_with(mut self, schedule: crate::schedule::Schedule) -> Self {
+        self.schedules.push(schedule);
+        self
+    }
+
     /// Serves `/metrics` (Prometheus), `/healthz` and `/readyz` on `addr`
     /// while the worker runs (port 0 picks a free port; see
     /// [`WorkerStats::endpoint`]). Without it, metrics are no-ops.
@@ -357,6 +391,17 @@ impl WorkerBuilder {
         let (_, limits) = self.scheduler_settings();
         let priorities = self.topic_priorities(&routes.entries);
         let run_limits = self.run_limits.with_env()?;
+        let mut names = std::collections::HashSet::new();
+        for s in &self.schedules {
+            s.validate()?;
+            if !names.insert(s.name()) {
+                return Err(Error::InvalidSetting {
+                    name: "schedule".into(),
+                    value: s.name().to_string(),
+                    reason: "two schedules share this name; names are unique within a group".into(),
+                });
+            }
+        }
         Ok(Worker {
             limits,
             priorities,
@@ -371,6 +416,7 @@ impl WorkerBuilder {
             static_member: self.static_member.or_else(membership::instance_id_from_env),
             protocol,
             create_topics: self.create_topics,
+            schedules: self.schedules,
             stats: Arc::new(WorkerStats::default()),
             #[cfg(feature = "postgres")]
             outbox_relay: self.outbox_relay,
@@ -453,6 +499,7 @@ impl WorkerBuilder {
                     route: route.clone(),
                     main: topic.clone(),
                     tier: Some(i),
+                    delay: None,
                     retry: retry.clone(),
                     priority,
                 };
@@ -460,10 +507,26 @@ impl WorkerBuilder {
                     return Err(Error::DuplicateTopic { topic: tier });
                 }
             }
+            if self.delayed_jobs {
+                for (i, delay) in crate::delay::delay_topics(topic).into_iter().enumerate() {
+                    let entry = RouteEntry {
+                        route: route.clone(),
+                        main: topic.clone(),
+                        tier: None,
+                        delay: Some(i),
+                        retry: retry.clone(),
+                        priority,
+                    };
+                    if entries.insert(delay.clone(), entry).is_some() {
+                        return Err(Error::DuplicateTopic { topic: delay });
+                    }
+                }
+            }
             let entry = RouteEntry {
                 route,
                 main: topic.clone(),
                 tier: None,
+                delay: None,
                 retry,
                 priority,
             };
@@ -516,6 +579,7 @@ pub struct Worker {
     static_member: Option<String>,
     protocol: GroupProtocol,
     create_topics: bool,
+    schedules: Vec<crate::schedule::Schedule>,
     stats: Arc<WorkerStats>,
     metrics: Metrics,
     endpoint: Option<SocketAddr>,
@@ -549,6 +613,8 @@ impl Worker {
             protocol: None,
             run_limits: limits::Limits::default(),
             create_topics: true,
+            delayed_jobs: false,
+            schedules: Vec::new(),
             retry: RetryPolicy::default(),
             retry_overrides: HashMap::new(),
             priorities: HashMap::new(),
@@ -563,7 +629,9 @@ impl Worker {
         self.stats.clone()
     }
 
-    /// Every topic this worker consumes: main topics and their retry tiers.
+    /// Every route topic this worker consumes: main topics, their retry
+    /// tiers and (with [`WorkerBuilder::delayed_jobs`]) their delay topics.
+    /// With schedules it also subscribes to `<group>.schedules`.
     pub fn topics(&self) -> Vec<String> {
         let mut t: Vec<String> = self.routes.keys().cloned().collect();
         t.sort();
@@ -604,6 +672,18 @@ impl Worker {
                     tracing::error!(error = %e, "the worker's outbox relay stopped");
                 }
             });
+        }
+        if !self.schedules.is_empty() {
+            let producer =
+                Producer::with_codec(&self.config, self.codec.clone(), Duration::from_secs(30))?;
+            tokio::spawn(crate::schedule::run_schedules(
+                self.config.clone(),
+                self.settings.group.clone(),
+                producer,
+                self.stats.clone(),
+                self.schedules.clone(),
+                background.clone(),
+            ));
         }
         if let Some(addr) = self.endpoint {
             let bound = http::serve(
@@ -656,7 +736,11 @@ impl Worker {
             last_error: std::sync::Mutex::new(None),
         };
         let consumer = Arc::new(self.consumer(context)?);
-        let topics = self.topics();
+        let mut topics = self.topics();
+        if !self.schedules.is_empty() {
+            // Its partition 0's owner is the group's schedule leader.
+            topics.push(crate::schedule::leader_topic(&self.settings.group));
+        }
         let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
         consumer
             .subscribe(&topic_refs)
@@ -851,13 +935,16 @@ impl Worker {
     /// ones whose partition count differs.
     async fn preflight(&self) -> Result<()> {
         self.codec.ping().await?;
+        if !self.schedules.is_empty() {
+            self.schedule_topics().await?;
+        }
         let mut wanted: Vec<(String, String)> = Vec::new(); // (topic, its main topic)
         for main in &self.mains {
             wanted.push((main.clone(), main.clone()));
             wanted.push((dlq_topic(main), main.clone()));
         }
         for (topic, entry) in &self.routes {
-            if entry.tier.is_some() {
+            if entry.tier.is_some() || entry.delay.is_some() {
                 wanted.push((topic.clone(), entry.main.clone()));
             }
         }
@@ -907,20 +994,67 @@ impl Worker {
             m
         };
         let limits = crate::topics::max_message_bytes(&self.config, &mains_of_missing).await;
+        let retention = crate::delay::CREATED_RETENTION.as_millis().to_string();
         for (main, limit) in mains_of_missing.iter().zip(limits) {
-            let topics: Vec<(String, i32)> = missing
+            let of_main: Vec<(String, i32)> = missing
                 .iter()
                 .filter(|(t, _)| wanted.iter().any(|(w, m)| w == t && m == main))
                 .cloned()
                 .collect();
-            match limit {
-                Some(bytes) => {
-                    let sized = (bytes + crate::topics::FORWARD_HEADROOM_BYTES).to_string();
-                    create_topics_with(&self.config, &topics, &[("max.message.bytes", &sized)])
-                        .await?
-                }
-                None => create_topics(&self.config, &topics).await?,
+            // Delay topics also get an explicit retention (the delay
+            // producer checks it), whatever the broker's default.
+            let (delays, topics): (Vec<_>, Vec<_>) = of_main
+                .into_iter()
+                .partition(|(t, _)| self.routes.get(t).is_some_and(|e| e.delay.is_some()));
+            let sized =
+                limit.map(|bytes| (bytes + crate::topics::FORWARD_HEADROOM_BYTES).to_string());
+            let mut cfg: Vec<(&str, &str)> = Vec::new();
+            if let Some(sized) = &sized {
+                cfg.push(("max.message.bytes", sized));
             }
+            match cfg.is_empty() {
+                false => create_topics_with(&self.config, &topics, &cfg).await?,
+                true => create_topics(&self.config, &topics).await?,
+            }
+            cfg.push(("retention.ms", &retention));
+            create_topics_with(&self.config, &delays, &cfg).await?;
+        }
+        if !missing.is_empty() {
+            let created: Vec<String> = missing.iter().map(|(t, _)| t.clone()).collect();
+            crate::topics::wait_visible(&self.config, &created).await?;
+        }
+        Ok(())
+    }
+
+    /// The schedule leader topic (one partition) and the compacted state
+    /// topic (one partition), created when missing and allowed.
+    async fn schedule_topics(&self) -> Result<()> {
+        let group = &self.settings.group;
+        let leader = crate::schedule::leader_topic(group);
+        let state = crate::schedule::state_topic(group);
+        let names = vec![leader.clone(), state.clone()];
+        let config = self.config.clone();
+        let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &names))
+            .await
+            .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
+        for ((topic, count), compact) in [leader, state].into_iter().zip(counts).zip([false, true])
+        {
+            if count.is_some() {
+                continue;
+            }
+            if !self.create_topics {
+                return Err(Error::MissingTopic {
+                    topic,
+                    bootstrap: self.config.bootstrap_servers.clone(),
+                });
+            }
+            let cfg: &[(&str, &str)] = if compact {
+                &[("cleanup.policy", "compact")]
+            } else {
+                &[]
+            };
+            create_topics_with(&self.config, &[(topic.clone(), 1)], cfg).await?;
+            crate::topics::wait_visible(&self.config, &[topic]).await?;
         }
         Ok(())
     }

@@ -61,6 +61,8 @@ pub(crate) enum Outcome {
     Handled,
     /// Forwarded to a retry tier.
     Retried,
+    /// A delayed job not due yet, forwarded to its next delay topic.
+    Delayed,
     /// Forwarded to the DLQ (or an envelope of it).
     DeadLettered,
     /// Not finished: the worker stopped (or the record has no route); the
@@ -141,7 +143,23 @@ impl Pipeline {
         };
         let headers = JobHeaders::parse(msg.headers());
         let job: &'static str = entry.route.job_name();
-        let ctx = context_for(msg, &headers, &self.group, job);
+        let mut now_ms = now_ms;
+        if entry.delay.is_some() {
+            if let Some(outcome) = self.delay_step(entry, msg, &headers, now_ms).await {
+                return Attempted {
+                    outcome,
+                    id: headers.job_id(msg.topic(), msg.partition(), msg.offset()),
+                    job,
+                    attempt: headers.attempt.unwrap_or(1).max(1),
+                };
+            }
+            now_ms = now_ms.max(crate::dlq::now_ms());
+        }
+        let mut ctx = context_for(msg, &headers, &self.group, job);
+        if entry.delay.is_some() {
+            // Its lateness is measured against the time it was asked for.
+            ctx.due_at_ms = headers.run_at_ms.or(ctx.due_at_ms);
+        }
         let attempt = ctx.attempt;
         let id = ctx.id.clone();
         let span = handle_span(msg, &ctx, &headers, job);
@@ -246,6 +264,51 @@ impl Pipeline {
             job,
             attempt,
         }
+    }
+
+    /// A record of a delay topic ([`crate::delay`]), released at its
+    /// planned hop time: forwarded to the next delay topic while at least
+    /// the shortest bucket is left (`Some(outcome)`), otherwise the
+    /// sub-second remainder is waited out and `None` says "run it now".
+    async fn delay_step(
+        &self,
+        entry: &RouteEntry,
+        msg: &OwnedMessage,
+        headers: &JobHeaders,
+        now_ms: i64,
+    ) -> Option<Outcome> {
+        // Without a run time (a record written by hand) it is due now.
+        let run_at = headers.run_at_ms?;
+        let released = headers.due_at_ms.unwrap_or(now_ms);
+        if let Some(hop) = crate::delay::next_hop(released, run_at) {
+            let mut next = headers.clone();
+            next.id = Some(headers.job_id(msg.topic(), msg.partition(), msg.offset()));
+            next.due_at_ms = Some(hop.release_ms);
+            // Only this group hops it on: another group reading the same
+            // delay topic skips the record, as it skips our retries.
+            next.group = Some(self.group.clone());
+            let target = crate::delay::delay_topic(&entry.main, hop.bucket);
+            debug!(job.id = next.id.as_deref().unwrap_or(""), at = %At(msg), next = %target, release_ms = hop.release_ms, run_at_ms = run_at, "delayed job hops on");
+            return Some(match self.forward(&target, &entry.main, msg, &next).await {
+                Forwarded::Sent => {
+                    WorkerStats::bump(&self.stats.delay_hops);
+                    Outcome::Delayed
+                }
+                Forwarded::Enveloped => {
+                    WorkerStats::bump(&self.stats.dead_lettered);
+                    Outcome::DeadLettered
+                }
+                Forwarded::Cancelled => Outcome::Abandoned,
+            });
+        }
+        let wait = run_at - crate::dlq::now_ms();
+        if wait > 0 {
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_millis(wait as u64)) => {}
+                _ = self.cancel.cancelled() => return Some(Outcome::Abandoned),
+            }
+        }
+        None
     }
 
     /// Writes the record (payload and key unchanged, headers rebuilt) to

@@ -376,11 +376,19 @@ impl WorkerContext {
 
     /// What the scheduler needs of a polled record.
     fn incoming(&self, msg: OwnedMessage) -> Incoming<OwnedMessage> {
-        let is_tier = self
-            .routes
-            .get(msg.topic())
-            .is_some_and(|e| e.tier.is_some());
-        let rec = incoming(msg, self.settings.ordering, is_tier, &self.settings.group);
+        let entry = self.routes.get(msg.topic());
+        let is_tier = entry.is_some_and(|e| e.tier.is_some() || e.delay.is_some());
+        // Delayed jobs are not ordered among themselves (see crate::delay):
+        // one waiting out its last second must not hold back its key.
+        let ordering = match entry.is_some_and(|e| e.delay.is_some()) {
+            true => super::OrderingMode::Unordered,
+            false => self.settings.ordering,
+        };
+        let mut rec = incoming(msg, ordering, is_tier, &self.settings.group);
+        if entry.is_some_and(|e| e.delay.is_some()) {
+            let slack = crate::delay::HOLD_SLACK.as_millis() as i64;
+            rec.due_ms = rec.due_ms.map(|d| d - slack);
+        }
         if rec.foreign {
             WorkerStats::bump(&self.stats.skipped_foreign);
         }

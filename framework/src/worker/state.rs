@@ -37,6 +37,12 @@ pub struct WorkerStats {
     pub panicked: AtomicU64,
     /// Tier records skipped because another consumer group wrote them.
     pub skipped_foreign: AtomicU64,
+    /// Delayed jobs forwarded from one delay topic to the next.
+    pub delay_hops: AtomicU64,
+    /// Scheduled (cron) jobs this worker enqueued as the schedule leader.
+    pub schedule_fired: AtomicU64,
+    /// Set while this worker is the group's schedule leader.
+    pub schedule_leader: AtomicBool,
     /// Rebalances (assign or revoke) this worker went through.
     pub rebalances: AtomicU64,
     /// Set while the worker is assigned partitions and consuming.
@@ -88,6 +94,9 @@ pub(crate) struct RouteEntry {
     pub main: String,
     /// `Some(i)` when this topic is retry tier `i` of `main`.
     pub tier: Option<usize>,
+    /// `Some(i)` when this topic is delay bucket `i` of `main`
+    /// ([`crate::delay`]).
+    pub delay: Option<usize>,
     pub retry: Arc<RetryPolicy>,
     /// The route's priority (its tiers share it).
     pub priority: super::Priority,

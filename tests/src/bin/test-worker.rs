@@ -7,6 +7,11 @@
 //! `KJOB_TEST_DELAY_MS` (simulated handler latency), `KJOB_TEST_COMMIT_MS`
 //! (commit interval, default 200) and `KJOB_TEST_TIERS_MS` (comma-separated
 //! retry tier delays, default 1000), `KJOB_TEST_CONCURRENCY` (default 64).
+//! `KJOB_TEST_DELAYED=1` also serves the route's delay topics and appends
+//! `ran <seq> <now ms> <due ms>` for each job (its lateness).
+//! `KJOB_TEST_SCHEDULE=<name>=<cron>` runs that schedule (catch-up: all,
+//! up to 1000), enqueueing `TestJob { seq: <fire time in s> }` on the topic, and
+//! appends `leader <pid> <ms>` whenever this process becomes the leader.
 //! A job whose behaviour is `fail-first`
 //! fails its first attempt with a retryable error.
 
@@ -26,7 +31,8 @@ async fn main() -> Result<(), String> {
     kjob_integration_tests::init_logging();
     let topic = env("KJOB_TEST_TOPIC")?;
     let group = env("KJOB_TEST_GROUP")?;
-    let record = Arc::new(PathBuf::from(env("KJOB_TEST_RECORD")?));
+    let record_path = PathBuf::from(env("KJOB_TEST_RECORD")?);
+    let record = Arc::new(record_path.clone());
     let delay = Duration::from_millis(
         env("KJOB_TEST_DELAY_MS")
             .ok()
@@ -47,9 +53,18 @@ async fn main() -> Result<(), String> {
         .filter_map(|t| t.trim().parse().ok())
         .map(Duration::from_millis)
         .collect();
+    let delayed = std::env::var("KJOB_TEST_DELAYED").is_ok_and(|v| v == "1");
     let handler = move |job: TestJob, ctx: JobContext| {
         let record = record.clone();
         async move {
+            if delayed {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as i64)
+                    .unwrap_or(0);
+                let due = ctx.due_at_ms.unwrap_or(-1);
+                append_line(&record, &format!("ran {} {now} {due}", job.seq));
+            }
             append_line(&record, &format!("start {}", job.seq));
             tokio::time::sleep(delay).await;
             if job.behaviour == "fail-first" && ctx.attempt == 1 {
@@ -67,19 +82,56 @@ async fn main() -> Result<(), String> {
     if std::env::var("KJOB_GROUP_PROTOCOL").as_deref() != Ok("consumer") {
         config = config.set("session.timeout.ms", "6000");
     }
-    Worker::builder(config, group)
+    let mut builder = Worker::builder(config, group);
+    let schedule = std::env::var("KJOB_TEST_SCHEDULE").ok();
+    if let Some((name, expr)) = schedule.as_deref().and_then(|s| s.split_once('=')) {
+        let tick_topic = topic.clone();
+        builder = builder.schedule_with(
+            kjob::schedule::Schedule::new(name, expr, || TestJob::ok("tick", 0))
+                .on(&tick_topic, || {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs() as i64)
+                        .unwrap_or(0);
+                    TestJob::ok("tick", now)
+                })
+                .catch_up(kjob::schedule::CatchUp::All { max: 1000 }),
+        );
+    }
+    let leader_record = record_path.clone();
+    let worker = builder
         .handle_on::<TestJob, _>(&topic, handler)
         .concurrency(concurrency)
         .commit_interval(commit)
         .retry(kjob::retry::RetryPolicy::tiers(tiers))
         .shutdown_grace(Duration::from_secs(20))
+        .delayed_jobs(delayed)
         .build()
-        .map_err(|e| e.to_string())?
-        .run()
-        .await
-        .or_else(|e| {
-            // A worker limit (KJOB_STOP_*) exits with its own status.
-            eprintln!("{e}");
-            std::process::exit(i32::from(e.exit_code()))
-        })
+        .map_err(|e| e.to_string())?;
+    let stats = worker.stats();
+    tokio::spawn(async move {
+        let mut was = false;
+        loop {
+            let now = stats
+                .schedule_leader
+                .load(std::sync::atomic::Ordering::Acquire);
+            if now && !was {
+                let ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as i64)
+                    .unwrap_or(0);
+                append_line(
+                    &leader_record,
+                    &format!("leader {} {ms}", std::process::id()),
+                );
+            }
+            was = now;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    worker.run().await.or_else(|e| {
+        // A worker limit (KJOB_STOP_*) exits with its own status.
+        eprintln!("{e}");
+        std::process::exit(i32::from(e.exit_code()))
+    })
 }

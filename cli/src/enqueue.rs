@@ -1,0 +1,230 @@
+//! `kjob enqueue`: one job, or a file of JSON lines, from the command line.
+//!
+//! The value is encoded against the *latest* schema registered under the
+//! topic's subject (`<topic>-value`), the one producers and workers agree
+//! on. Every value is checked before anything is written: one bad line in a
+//! file of ten thousand refuses the whole file, naming the line, the field
+//! and the reason, so a script never half-enqueues a batch.
+
+use std::io::BufRead;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+
+use kjob::codec::{frame, subject_for_topic, Codec};
+use kjob::config::KafkaConfig;
+use kjob::headers::JobHeaders;
+use kjob::json_avro::to_datum;
+use kjob::producer::{new_job_id, Producer};
+use kjob::registry::Registration;
+
+#[derive(Args, Debug)]
+pub struct EnqueueArgs {
+    /// Main topic of the route (its subject `<topic>-value` has the schema).
+    #[arg(long)]
+    topic: String,
+    /// The job as one JSON object.
+    #[arg(long, conflicts_with = "file", required_unless_present = "file")]
+    json: Option<String>,
+    /// A file of jobs, one JSON object per line (`-` for stdin); blank lines are skipped.
+    #[arg(long)]
+    file: Option<String>,
+    /// Record key (per-key ordering) for every job.
+    #[arg(long, conflicts_with = "key_field")]
+    key: Option<String>,
+    /// Take each job's key from this top-level field of its JSON.
+    #[arg(long)]
+    key_field: Option<String>,
+    /// Run the job(s) after this delay (`90s`, `10m`, `2h`, up to 30 days),
+    /// through the route's delay topics.
+    #[arg(long = "in", value_parser = humantime::parse_duration)]
+    delay: Option<Duration>,
+    /// `kjob-job` header (the contract name); defaults to the topic.
+    #[arg(long)]
+    job: Option<String>,
+    /// `kjob-tenant` header.
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Check every value against the schema and write nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// One job ready to write.
+struct Ready {
+    line: usize,
+    key: Option<String>,
+    payload: Vec<u8>,
+}
+
+fn read_lines(args: &EnqueueArgs) -> Result<Vec<(usize, String)>> {
+    if let Some(json) = &args.json {
+        return Ok(vec![(1, json.clone())]);
+    }
+    let path = args.file.as_deref().unwrap_or("-");
+    let reader: Box<dyn BufRead> = if path == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(std::io::BufReader::new(
+            std::fs::File::open(path).with_context(|| format!("opening --file {path}"))?,
+        ))
+    };
+    let mut out = Vec::new();
+    for (i, line) in reader.lines().enumerate() {
+        let line = line.with_context(|| format!("reading --file {path}"))?;
+        if !line.trim().is_empty() {
+            out.push((i + 1, line));
+        }
+    }
+    Ok(out)
+}
+
+pub async fn run(config: &KafkaConfig, args: EnqueueArgs) -> Result<()> {
+    if let Some(d) = args.delay {
+        kjob::delay::check_delay(d).map_err(|e| anyhow!("--in: {e}"))?;
+    }
+    let lines = read_lines(&args)?;
+    if lines.is_empty() {
+        bail!("nothing to enqueue: the file has no JSON lines");
+    }
+    let codec = Codec::from_config(config)?;
+    let client = codec.client();
+    let subject = subject_for_topic(&args.topic);
+    let latest = client.versions(&subject).await?.into_iter().max().ok_or_else(|| {
+        anyhow!(
+            "no schema is registered under subject `{subject}`: register the contract first (`kjob schema register`, or start a producer or worker of the route)"
+        )
+    })?;
+    let text = client.version(&subject, latest).await?;
+    let schema = apache_avro::Schema::parse_str(&text)
+        .map_err(|e| anyhow!("`{subject}` version {latest} does not parse as Avro: {e}"))?;
+    // Registering the identical text answers the id it already has.
+    let id = match client.register(&subject, &text).await? {
+        Registration::Id(id) => id,
+        Registration::Refused { status, message } => {
+            bail!("the registry would not give the id of `{subject}` version {latest} (HTTP {status}): {message}")
+        }
+    };
+
+    // Check every line before writing any.
+    let mut ready = Vec::with_capacity(lines.len());
+    let mut refused = Vec::new();
+    for (line, text) in &lines {
+        let json: serde_json::Value = match serde_json::from_str(text) {
+            Ok(v) => v,
+            Err(e) => {
+                refused.push(format!("line {line}: not JSON: {e}"));
+                continue;
+            }
+        };
+        let key = match (&args.key, &args.key_field) {
+            (Some(k), _) => Some(k.clone()),
+            (None, Some(field)) => match json.get(field) {
+                Some(serde_json::Value::String(s)) => Some(s.clone()),
+                Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+                _ => {
+                    refused.push(format!(
+                        "line {line}: --key-field `{field}` is missing or not a string or number"
+                    ));
+                    continue;
+                }
+            },
+            (None, None) => None,
+        };
+        match to_datum(&schema, &json) {
+            Ok(body) => ready.push(Ready {
+                line: *line,
+                key,
+                payload: frame(id, &body),
+            }),
+            Err(m) => refused.push(format!(
+                "line {line}: field {m} (schema `{subject}` version {latest})"
+            )),
+        }
+    }
+    if !refused.is_empty() {
+        let shown = refused
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n  ");
+        let more = refused.len().saturating_sub(20);
+        let more = if more > 0 {
+            format!("\n  ... and {more} more")
+        } else {
+            String::new()
+        };
+        bail!(
+            "{} of {} value(s) do not match the schema; nothing was written:\n  {shown}{more}",
+            refused.len(),
+            lines.len()
+        );
+    }
+    let producer = Producer::new(config)?;
+    let run_at_ms = args.delay.map(|d| {
+        (SystemTime::now() + d)
+            .duration_since(UNIX_EPOCH)
+            .map(|t| t.as_millis() as i64)
+            .unwrap_or(0)
+    });
+    if let Some(run_at) = run_at_ms {
+        producer
+            .check_delay_topics(&args.topic, kjob::dlq::now_ms(), run_at)
+            .await?;
+    }
+    if args.dry_run {
+        println!(
+            "{} job(s) match `{subject}` version {latest} (schema id {id}); nothing written (--dry-run)",
+            ready.len()
+        );
+        return Ok(());
+    }
+    let sends = ready.iter().map(|r| {
+        let headers = JobHeaders {
+            job: Some(args.job.clone().unwrap_or_else(|| args.topic.clone())),
+            id: Some(new_job_id()),
+            attempt: Some(1),
+            tenant: args.tenant.clone(),
+            ..Default::default()
+        };
+        let producer = &producer;
+        let topic = args.topic.as_str();
+        async move {
+            let id = headers.id.clone().unwrap_or_default();
+            let key = r.key.as_deref().map(str::as_bytes);
+            let at = match run_at_ms {
+                Some(run_at) => {
+                    producer
+                        .send_delayed(topic, key, &r.payload, headers, run_at)
+                        .await
+                }
+                None => producer
+                    .send_raw(topic, key, Some(&r.payload), headers.to_owned_headers())
+                    .await
+                    .map(|(p, o)| (topic.to_string(), p, o)),
+            };
+            (r.line, id, at)
+        }
+    });
+    // Concurrently (librdkafka batches them), results in input order.
+    let results = futures::future::join_all(sends).await;
+    let mut failed = 0;
+    for (line, id, at) in results {
+        match at {
+            Ok((t, p, o)) => println!("line {line}: enqueued {id} at {t}:{p}:{o}"),
+            Err(e) => {
+                failed += 1;
+                eprintln!("line {line}: NOT enqueued: {e}");
+            }
+        }
+    }
+    if failed > 0 {
+        bail!(
+            "{failed} of {} job(s) were not enqueued (see above); the others were",
+            ready.len()
+        );
+    }
+    Ok(())
+}

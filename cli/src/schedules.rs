@@ -1,0 +1,80 @@
+//! `kjob schedules`: a group's cron schedules, from its state topic alone.
+//!
+//! Each row is what the last schedule leader recorded: the expression, the
+//! topic, the catch-up policy, the last tick fired and the next tick due.
+
+use anyhow::Result;
+use clap::Args;
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+
+use super::time::format_ms;
+use kjob::config::KafkaConfig;
+use kjob::schedule::{format_tick, next_tick, read_states, state_topic};
+
+#[derive(Args, Debug)]
+pub struct SchedulesArgs {
+    /// The consumer group whose workers run the schedules.
+    #[arg(long)]
+    group: String,
+    /// One JSON array instead of a table, for scripts.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(config: &KafkaConfig, args: SchedulesArgs) -> Result<()> {
+    let (c, g) = (config.clone(), args.group.clone());
+    let states = tokio::task::spawn_blocking(move || read_states(&c, &g)).await??;
+    let now = kjob::dlq::now_ms();
+    let mut rows: Vec<_> = states.into_values().collect();
+    rows.sort_by(|a, b| a.schedule.cmp(&b.schedule));
+    if args.json {
+        let out: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|s| {
+                serde_json::json!({
+                    "schedule": s.schedule,
+                    "cron": s.cron,
+                    "topic": s.topic,
+                    "catch_up": s.catch_up,
+                    "last_fired": s.last_fired_ms.map(format_tick),
+                    "next_tick": next_tick(&s.cron, now).map(format_tick),
+                    "leader": s.leader,
+                    "updated": format_ms(Some(s.updated_ms)),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!(
+            "no schedules recorded for group `{}` (topic {} is empty or missing)",
+            args.group,
+            state_topic(&args.group)
+        );
+        return Ok(());
+    }
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED).set_header([
+        "schedule",
+        "cron (UTC)",
+        "topic",
+        "catch-up",
+        "last fired tick",
+        "next tick",
+        "recorded by",
+    ]);
+    for s in rows {
+        table.add_row([
+            s.schedule.clone(),
+            s.cron.clone(),
+            s.topic.clone(),
+            s.catch_up.clone(),
+            s.last_fired_ms.map_or("never".into(), format_tick),
+            next_tick(&s.cron, now).map_or("none".into(), format_tick),
+            format!("{} at {}", s.leader, format_ms(Some(s.updated_ms))),
+        ]);
+    }
+    println!("{table}");
+    Ok(())
+}

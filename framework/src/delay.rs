@@ -1,0 +1,298 @@
+//! Delayed jobs: where a job waits until its time, and how it gets there.
+//!
+//! A delayed job never waits in the worker's memory for long, and never in
+//! a side database: it waits in *delay topics* `<topic>.delay.<bucket>`, one
+//! per bucket of [`BUCKETS`] (1 s, 3 s, 10 s, 1 m, 10 m, 1 h, 1 d), with the same
+//! due-time hold as the retry tiers (`kjob-due-at`: the worker pauses the
+//! partition, seeks back to the record and resumes at the due time).
+//!
+//! **Why buckets, and why hops.** A hold pauses a whole partition, so a
+//! partition must release its records in the order they were written. Every
+//! record written to bucket `b` is therefore released exactly `b` after its
+//! hop began, whatever its own delay. A job whose run time is `D` goes to the
+//! longest bucket not longer than what is left, hops again when released,
+//! each time to the longest bucket that still fits, and when less than the
+//! shortest bucket is left it runs from the delay topic it is in (after
+//! waiting out the sub-second remainder in the worker, see below).
+//!
+//! Hop times are planned from the previous hop's *planned* release, not from
+//! the clock, so the small lateness of each hop does not add up: a job that
+//! hops nine times is no later than one that hops once.
+//!
+//! **The remainder.** Hops are planned towards `D` minus [`LEAD`] (250 ms),
+//! so what is left after the last hop is between `LEAD` and `LEAD` plus the
+//! shortest bucket. The worker waits it out as part of the attempt, so a job
+//! runs no earlier than `D` and typically a few milliseconds after it, even
+//! when resuming the held partition took a few hundred milliseconds. This
+//! wait occupies one of the worker's concurrency slots for 0.25 to 1.5 s
+//! (records are released up to [`HOLD_SLACK`] early, so that one resume of
+//! a held partition takes a batch): size `concurrency` above the delayed
+//! jobs due per second times 1.5.
+//!
+//! **Run where it is.** The last hop does not go back to the main topic: the
+//! job runs from its delay topic, like a retry runs from its tier. It never
+//! queues behind a main-topic backlog, and it never blocks its key: while it
+//! waits, later jobs with the same key on the main topic run; when it runs,
+//! it runs in its own partition's lane. A delayed job is *not* ordered with
+//! the main-topic jobs of its key (as a retry is not).
+//!
+//! **Retention.** A record sits in bucket `b` for about `b`. A delay is
+//! refused unless each delay topic it passes through keeps records for at
+//! least [`RETENTION_FACTOR`] times its bucket, so a worker outage as long as
+//! the bucket loses nothing; topics the worker creates keep 7 days.
+//!
+//! This module is pure arithmetic, shared by the producer and the worker.
+
+use std::time::Duration;
+
+/// The delay buckets, shortest first. Each is a topic `<topic>.delay.<b>`.
+/// The 3 s bucket keeps short delays to a few hops: with 1 s and 10 s
+/// alone a 9 s delay hopped nine times through the 1 s topic, and a burst
+/// of short delays kept that topic's partitions hopping every second.
+pub const BUCKETS: [Duration; 7] = [
+    Duration::from_secs(1),
+    Duration::from_secs(3),
+    Duration::from_secs(10),
+    Duration::from_secs(60),
+    Duration::from_secs(600),
+    Duration::from_secs(3600),
+    Duration::from_secs(86_400),
+];
+
+/// The last hop is planned to end this long before the run time, and the
+/// rest is waited out in the attempt: a partition resumed at its due time
+/// needs a fetch round trip (and, on a busy machine, a scheduling delay)
+/// before the record is back, so a job released exactly at its run time
+/// would run that much late.
+pub const LEAD: Duration = Duration::from_millis(250);
+
+/// A delay-topic record is released this much before its planned hop time.
+/// Harmless (a hop's next time is planned from the planned time, not the
+/// clock, and the last stage waits until the run time), and it lets one
+/// resume of a held partition take every record due in the next 250 ms,
+/// instead of a pause, seek and resume per record.
+pub const HOLD_SLACK: Duration = Duration::from_millis(250);
+
+/// The longest delay accepted (30 days).
+pub const MAX_DELAY: Duration = Duration::from_secs(30 * 86_400);
+
+/// A delay topic must keep records this many times its bucket.
+pub const RETENTION_FACTOR: u32 = 2;
+
+/// `retention.ms` of the delay topics a worker or `kjob topics create` makes
+/// (7 days): three and a half times the longest bucket.
+pub const CREATED_RETENTION: Duration = Duration::from_secs(7 * 86_400);
+
+/// `<topic>.delay.<bucket>`, e.g. `orders.confirmation.delay.10s`.
+pub fn delay_topic(topic: &str, bucket: usize) -> String {
+    let b = BUCKETS[bucket.min(BUCKETS.len() - 1)];
+    format!("{topic}.delay.{}", bucket_name(b))
+}
+
+/// Every delay topic of main topic `topic`, shortest bucket first.
+pub fn delay_topics(topic: &str) -> Vec<String> {
+    (0..BUCKETS.len()).map(|i| delay_topic(topic, i)).collect()
+}
+
+/// `1s`, `3s`, `10s`, `1m`, `10m`, `1h`, `1d`.
+fn bucket_name(d: Duration) -> String {
+    let s = d.as_secs();
+    if s >= 86_400 && s % 86_400 == 0 {
+        format!("{}d", s / 86_400)
+    } else {
+        crate::retry::format_delay(d)
+    }
+}
+
+/// One hop: the bucket to write to and the record's planned release
+/// (`kjob-due-at`, epoch ms).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hop {
+    /// Index into [`BUCKETS`].
+    pub bucket: usize,
+    /// When the record is released from that bucket (epoch ms).
+    pub release_ms: i64,
+}
+
+/// The hop that starts at `from_ms` for a job due at `run_at_ms`: the
+/// longest bucket not longer than what is left until [`LEAD`] before the
+/// run time. `None` when less than the shortest bucket is left: the job
+/// runs (after waiting out the remainder, at least `LEAD`).
+pub fn next_hop(from_ms: i64, run_at_ms: i64) -> Option<Hop> {
+    let left = (run_at_ms - LEAD.as_millis() as i64).saturating_sub(from_ms);
+    let bucket = BUCKETS.iter().rposition(|b| b.as_millis() as i64 <= left)?;
+    Some(Hop {
+        bucket,
+        release_ms: from_ms + BUCKETS[bucket].as_millis() as i64,
+    })
+}
+
+/// The first hop of a job enqueued at `now_ms` to run at `run_at_ms`. A
+/// delay below the shortest bucket (or a time already passed) still goes
+/// through the shortest bucket's topic, released at once, so every delayed
+/// job takes the same path; the worker waits out the rest.
+pub fn first_hop(now_ms: i64, run_at_ms: i64) -> Hop {
+    next_hop(now_ms, run_at_ms).unwrap_or(Hop {
+        bucket: 0,
+        release_ms: now_ms,
+    })
+}
+
+/// The buckets a job enqueued at `now_ms` for `run_at_ms` passes through
+/// (with repeats), for the retention check.
+pub fn path(now_ms: i64, run_at_ms: i64) -> Vec<usize> {
+    let first = first_hop(now_ms, run_at_ms);
+    let mut out = vec![first.bucket];
+    let mut at = first.release_ms;
+    while let Some(h) = next_hop(at, run_at_ms) {
+        out.push(h.bucket);
+        at = h.release_ms;
+    }
+    out
+}
+
+/// Why a delay cannot be accepted. Each message says what to change.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DelayError {
+    /// Longer than [`MAX_DELAY`].
+    #[error("a delay of {requested:?} is longer than the 30 days kjob accepts; enqueue it later (or from a cron schedule) instead")]
+    TooLong {
+        /// The delay asked for.
+        requested: Duration,
+    },
+    /// The delay topic does not exist.
+    #[error("delay topic `{topic}` does not exist: start the worker with `WorkerBuilder::delayed_jobs(true)` (it creates the route's delay topics) or run `kjob topics create --topic {main} --delays`")]
+    NoTopic {
+        /// The missing topic.
+        topic: String,
+        /// Its main topic.
+        main: String,
+    },
+    /// The topic's retention could not be read.
+    #[error("cannot read retention.ms of delay topic `{topic}` ({reason}); grant DescribeConfigs on it to this principal (kafka-acls --add --operation DescribeConfigs --topic {topic})")]
+    RetentionUnknown {
+        /// The topic.
+        topic: String,
+        /// Why.
+        reason: String,
+    },
+    /// The topic would delete the job before its hop ends.
+    #[error("delay topic `{topic}` keeps records for {retention_ms} ms, but a job waits there {bucket_ms} ms at a time and kjob requires {RETENTION_FACTOR}x that; this delay is refused. Raise it: kafka-configs --alter --entity-type topics --entity-name {topic} --add-config retention.ms={}", .bucket_ms * u64::from(RETENTION_FACTOR))]
+    RetentionTooShort {
+        /// The topic.
+        topic: String,
+        /// Its `retention.ms`.
+        retention_ms: i64,
+        /// The bucket length (ms).
+        bucket_ms: u64,
+    },
+}
+
+/// Checks a delay before anything is written.
+pub fn check_delay(delay: Duration) -> Result<(), DelayError> {
+    if delay > MAX_DELAY {
+        return Err(DelayError::TooLong { requested: delay });
+    }
+    Ok(())
+}
+
+/// Checks `retention_ms` of bucket `bucket`'s topic `topic`.
+pub fn check_retention(topic: &str, bucket: usize, retention_ms: i64) -> Result<(), DelayError> {
+    let bucket_ms = BUCKETS[bucket.min(BUCKETS.len() - 1)].as_millis() as u64;
+    let needed = bucket_ms * u64::from(RETENTION_FACTOR);
+    // -1 is "keep forever".
+    if retention_ms >= 0 && (retention_ms as u64) < needed {
+        return Err(DelayError::RetentionTooShort {
+            topic: topic.to_string(),
+            retention_ms,
+            bucket_ms,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: i64 = 1000;
+
+    #[test]
+    fn names() {
+        assert_eq!(
+            delay_topics("o"),
+            vec![
+                "o.delay.1s",
+                "o.delay.3s",
+                "o.delay.10s",
+                "o.delay.1m",
+                "o.delay.10m",
+                "o.delay.1h",
+                "o.delay.1d"
+            ]
+        );
+    }
+
+    #[test]
+    fn hops_take_the_longest_bucket_that_fits_and_never_pass_the_due_time() {
+        let run_at = 25 * S + 800;
+        let first = first_hop(0, run_at);
+        assert_eq!(
+            first,
+            Hop {
+                bucket: 2,
+                release_ms: 10 * S
+            }
+        );
+        // 25.55 s to plan: 10, 10, 3, 1, 1 (0.55 s left).
+        assert_eq!(path(0, run_at), vec![2, 2, 1, 0, 0]);
+        // Every planned release is at or before the run time.
+        let mut at = first.release_ms;
+        while let Some(h) = next_hop(at, run_at) {
+            assert!(h.release_ms <= run_at);
+            at = h.release_ms;
+        }
+        let left = run_at - at;
+        assert!(
+            left >= LEAD.as_millis() as i64 && left < S + LEAD.as_millis() as i64,
+            "between LEAD and LEAD plus the shortest bucket is left: {left}"
+        );
+    }
+
+    #[test]
+    fn short_and_past_delays_go_through_the_shortest_bucket_at_once() {
+        assert_eq!(
+            first_hop(5 * S, 5 * S + 1_200),
+            Hop {
+                bucket: 0,
+                release_ms: 5 * S
+            }
+        );
+        assert_eq!(
+            first_hop(5 * S, 0),
+            Hop {
+                bucket: 0,
+                release_ms: 5 * S
+            }
+        );
+        assert_eq!(next_hop(5 * S, 5 * S + 1_249), None);
+    }
+
+    #[test]
+    fn thirty_days_fit_and_more_is_refused() {
+        let run_at = MAX_DELAY.as_millis() as i64;
+        let p = path(0, run_at);
+        assert_eq!(p.iter().filter(|b| **b == 6).count(), 29);
+        assert!(check_delay(MAX_DELAY).is_ok());
+        assert!(check_delay(MAX_DELAY + Duration::from_secs(1)).is_err());
+    }
+
+    #[test]
+    fn retention_is_checked_per_bucket() {
+        assert!(check_retention("o.delay.1h", 5, 2 * 3_600_000).is_ok());
+        assert!(check_retention("o.delay.1h", 5, -1).is_ok());
+        let e = check_retention("o.delay.1h", 5, 3_600_000).unwrap_err();
+        assert!(e.to_string().contains("retention.ms=7200000"), "{e}");
+    }
+}

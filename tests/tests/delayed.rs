@@ -1,0 +1,312 @@
+//! Delayed jobs against the real stack: `Producer::enqueue_in` through the
+//! route's delay topics, served by a worker *process* (so it can be
+//! SIGKILLed). Each job must run no earlier than its due time, none may be
+//! lost across a kill and restart of the worker, and the lateness is
+//! measured and printed (`-- --nocapture`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use kjob::delay::{delay_topics, DelayError};
+use kjob::{Error, KafkaConfig, Producer};
+use kjob_integration_tests::*;
+use rand::Rng;
+
+const JOBS: i64 = 1_000;
+
+/// One run of a job: when it ran and when it was due (epoch ms).
+#[derive(Clone, Copy, Debug)]
+struct Ran {
+    at: i64,
+    due: i64,
+}
+
+fn runs(record: &Path) -> HashMap<i64, Vec<Ran>> {
+    let mut m: HashMap<i64, Vec<Ran>> = HashMap::new();
+    for line in read_lines(record) {
+        let mut f = line.split(' ');
+        if f.next() != Some("ran") {
+            continue;
+        }
+        let nums: Vec<i64> = f.filter_map(|x| x.parse().ok()).collect();
+        if let [seq, at, due] = nums[..] {
+            if seq >= 0 {
+                m.entry(seq).or_default().push(Ran { at, due });
+            }
+        }
+    }
+    m
+}
+
+fn spawn_worker(topic: &str, group: &str, record: &Path, instance: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_test-worker"))
+        .env("KJOB_TEST_TOPIC", topic)
+        .env("KJOB_TEST_GROUP", group)
+        .env("KJOB_TEST_RECORD", record)
+        .env("KJOB_TEST_DELAYED", "1")
+        .env("KJOB_TEST_CONCURRENCY", "256")
+        // A restart within the session takes its partitions straight back.
+        .env("KJOB_INSTANCE_ID", instance)
+        .spawn()
+        .expect("test-worker runs")
+}
+
+/// Starts a worker and waits until it created the route's delay topics.
+async fn setup(partitions: i32) -> (KafkaConfig, String, String, PathBuf, Child) {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("delayed");
+    let group = unique("g");
+    create_topic(&config, &topic, partitions).await;
+    let dir = std::env::temp_dir().join(unique("kjob-delayed"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let record = dir.join("record");
+    let child = spawn_worker(&topic, &group, &record, &format!("{group}-w"));
+    let delays = delay_topics(&topic);
+    let start = Instant::now();
+    loop {
+        let (c, d) = (config.clone(), delays.clone());
+        let counts = tokio::task::spawn_blocking(move || kjob::topics::partition_counts(&c, &d))
+            .await
+            .expect("metadata task")
+            .expect("metadata");
+        if counts.iter().all(Option::is_some) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the worker did not create its delay topics"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Wait until the worker has joined its group and runs jobs (a new
+    // group's first join waits group.initial.rebalance.delay.ms, 3 s by
+    // default): a probe job on the main topic.
+    let producer = Producer::new(&config).expect("producer");
+    producer
+        .enqueue_to(&topic, &TestJob::ok("probe", -1))
+        .await
+        .expect("probe enqueued");
+    let start = Instant::now();
+    while !read_lines(&record).iter().any(|l| l == "done -1") {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the worker never ran the probe job"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (config, topic, group, record, child)
+}
+
+/// Enqueues `JOBS` jobs with random delays of 1–20 s; returns, per seq,
+/// the earliest time it may run (taken before the call, so the producer's
+/// own run time is at or after it).
+async fn enqueue_delayed(producer: &Producer, topic: &str) -> HashMap<i64, i64> {
+    let mut rng = rand::rng();
+    let plan: Vec<(TestJob, Duration)> = (0..JOBS)
+        .map(|i| {
+            (
+                TestJob::ok(format!("k{}", i % 50), i),
+                Duration::from_millis(rng.random_range(1_000..=20_000)),
+            )
+        })
+        .collect();
+    let before = kjob::dlq::now_ms();
+    let results = join_all(
+        plan.iter()
+            .map(|(job, d)| producer.enqueue_in_to(topic, job, *d)),
+    )
+    .await;
+    for r in results {
+        let e = r.expect("delayed enqueue acknowledged");
+        assert!(e.topic.starts_with(&format!("{topic}.delay.")), "{e:?}");
+    }
+    plan.iter()
+        .map(|(job, d)| (job.seq, before + d.as_millis() as i64))
+        .collect()
+}
+
+fn percentile(sorted: &[i64], p: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+/// Checks every job ran, none before its time, and returns the sorted
+/// lateness (ms) of each job's first run.
+fn check(ran: &HashMap<i64, Vec<Ran>>, earliest: &HashMap<i64, i64>) -> Vec<i64> {
+    let missing: Vec<&i64> = earliest.keys().filter(|s| !ran.contains_key(s)).collect();
+    assert!(missing.is_empty(), "delayed jobs lost: {missing:?}");
+    let mut late = Vec::new();
+    for (seq, runs) in ran {
+        let floor = earliest[seq];
+        for r in runs {
+            assert!(
+                r.due >= floor,
+                "job {seq}: due {} before asked {floor}",
+                r.due
+            );
+            assert!(r.at >= r.due, "job {seq} ran {} ms early", r.due - r.at);
+        }
+        late.push(runs[0].at - runs[0].due);
+    }
+    late.sort_unstable();
+    late
+}
+
+fn report(what: &str, late: &[i64]) {
+    println!(
+        "{what}: {} jobs, lateness p50 {} ms, p99 {} ms, max {} ms",
+        late.len(),
+        percentile(late, 0.50),
+        percentile(late, 0.99),
+        late.last().copied().unwrap_or(0)
+    );
+}
+
+fn stop(mut child: Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}
+
+async fn wait_all(record: &Path, n: usize, within: Duration) {
+    let start = Instant::now();
+    while runs(record).len() < n && start.elapsed() < within {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_jobs_run_no_earlier_than_due() {
+    let (config, topic, _group, record, child) = setup(3).await;
+    let producer = Producer::new(&config).expect("producer");
+    let earliest = enqueue_delayed(&producer, &topic).await;
+    wait_all(&record, JOBS as usize, Duration::from_secs(60)).await;
+    stop(child);
+    let ran = runs(&record);
+    let late = check(&ran, &earliest);
+    report("delayed jobs, steady worker", &late);
+    // The first seconds follow the burst of 1 000 enqueues (every first hop
+    // arrives at once); the rest is the steady state.
+    let start = earliest.values().min().copied().unwrap_or(0) - 1_000;
+    let mut steady: Vec<i64> = ran
+        .values()
+        .map(|r| r[0])
+        .filter(|r| r.due >= start + 4_000)
+        .map(|r| r.at - r.due)
+        .collect();
+    steady.sort_unstable();
+    report(
+        "  of which due 4 s or more after the enqueue burst",
+        &steady,
+    );
+    let dup = ran.values().filter(|r| r.len() > 1).count();
+    assert_eq!(dup, 0, "no worker restart, so no job runs twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_jobs_survive_a_worker_kill() {
+    let (config, topic, group, record, mut child) = setup(3).await;
+    let producer = Producer::new(&config).expect("producer");
+    let earliest = enqueue_delayed(&producer, &topic).await;
+    // Mid-run: about half of the jobs are due.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    child.kill().expect("SIGKILL the worker");
+    let _ = child.wait();
+    let killed_at = kjob::dlq::now_ms();
+    let child = spawn_worker(&topic, &group, &record, &format!("{group}-w"));
+    wait_all(&record, JOBS as usize, Duration::from_secs(90)).await;
+    stop(child);
+    let ran = runs(&record);
+    let late = check(&ran, &earliest);
+    report("delayed jobs, worker SIGKILLed and restarted", &late);
+    // The jobs due well away from the outage show the precision; the rest
+    // waited for the restart.
+    let mut away: Vec<i64> = ran
+        .values()
+        .map(|r| r[0])
+        .filter(|r| r.due < killed_at - 1_000 || r.due > killed_at + 10_000)
+        .map(|r| r.at - r.due)
+        .collect();
+    away.sort_unstable();
+    report(
+        "  of which due >1 s before the kill or >10 s after it",
+        &away,
+    );
+    let twice = ran.values().filter(|r| r.len() > 1).count();
+    println!("  run twice after the kill (uncommitted when killed): {twice}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delays_are_refused_before_anything_is_written() {
+    init_logging();
+    let config = ensure_stack();
+    let producer = Producer::new(&config).expect("producer");
+    let job = TestJob::ok("k", 1);
+
+    // No delay topics at all.
+    let bare = unique("delayed-bare");
+    create_topic(&config, &bare, 1).await;
+    match producer
+        .enqueue_in_to(&bare, &job, Duration::from_secs(5))
+        .await
+    {
+        Err(Error::Delay {
+            reason: DelayError::NoTopic { topic, .. },
+            ..
+        }) => assert_eq!(topic, format!("{bare}.delay.1s")),
+        other => panic!("expected NoTopic, got {other:?}"),
+    }
+
+    // Delay topics that keep records for one hour.
+    let short = unique("delayed-short");
+    create_topic(&config, &short, 1).await;
+    let delays: Vec<(String, i32)> = delay_topics(&short).into_iter().map(|t| (t, 1)).collect();
+    kjob::topics::create_topics_with(&config, &delays, &[("retention.ms", "3600000")])
+        .await
+        .expect("creating delay topics");
+    let err = producer
+        .enqueue_in_to(&short, &job, Duration::from_secs(2 * 3600))
+        .await
+        .expect_err("2 h through a 1 h bucket that keeps 1 h is refused");
+    let text = err.to_string();
+    assert!(
+        matches!(
+            err,
+            Error::Delay {
+                reason: DelayError::RetentionTooShort { .. },
+                ..
+            }
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{short}.delay.1h")) && text.contains("retention.ms=7200000"),
+        "names the topic and the fix: {text}"
+    );
+    let err = producer
+        .enqueue_in_to(&short, &job, Duration::from_secs(31 * 86_400))
+        .await
+        .expect_err("31 days is refused");
+    assert!(err.to_string().contains("30 days"), "{err}");
+    for (t, _) in &delays {
+        assert_eq!(
+            end_offsets(&config, t, 1),
+            vec![0],
+            "nothing written to {t}"
+        );
+    }
+    // Ten minutes passes the 10 m bucket and shorter ones: accepted.
+    let ok = producer
+        .enqueue_in_to(&short, &job, Duration::from_secs(601))
+        .await
+        .expect("10 min fits");
+    assert_eq!(ok.topic, format!("{short}.delay.10m"));
+}
