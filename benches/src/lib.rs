@@ -67,3 +67,16 @@ pub async fn printing_worker() -> anyhow::Result<()> {
         .await?;
     Ok(())
 }
+
+/// The value after `--<name>` on the command line, parsed as a number, or
+/// `default` when the flag is absent or not a number (the benches' flags
+/// are all counts, rates and durations).
+pub fn arg(name: &str, default: u64) -> u64 {
+    let flag = format!("--{name}");
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| *a == flag)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

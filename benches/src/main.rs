@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker, WorkerStats};
-use kjob_benches::BenchJob;
+use kjob_benches::{arg, BenchJob};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Message};
 
@@ -37,16 +37,6 @@ fn flag(name: &str) -> Option<String> {
         .position(|a| *a == flag)
         .and_then(|i| args.get(i + 1))
         .cloned()
-}
-
-fn arg(name: &str, default: u64) -> u64 {
-    let flag = format!("--{name}");
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| *a == flag)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 fn raw_loop(config: &KafkaConfig, topic: &str, n: u64) -> anyhow::Result<f64> {

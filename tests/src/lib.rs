@@ -755,6 +755,42 @@ impl Drop for KafkaProxy {
     }
 }
 
+/// What one run of the `kjob` CLI printed.
+pub struct CliOut {
+    /// The exit status (-1 when killed by a signal).
+    pub code: i32,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+/// Runs the `kjob` CLI binary `exe` (a test passes
+/// `env!("CARGO_BIN_EXE_kjob-cli")`, which only integration tests see)
+/// against the stack `config` points at, as operator `ops-tester` (the name
+/// audit records carry).
+pub fn run_kjob(exe: &str, config: &KafkaConfig, args: &[&str]) -> CliOut {
+    let out = Command::new(exe)
+        .args(args)
+        .env("KJOB_BOOTSTRAP_SERVERS", &config.bootstrap_servers)
+        .env("KJOB_SCHEMA_REGISTRY_URL", &config.schema_registry_url)
+        .env("USER", "ops-tester")
+        .output()
+        .expect("running kjob");
+    CliOut {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// [`run_kjob`] that must succeed; returns its standard output.
+pub fn kjob_ok(exe: &str, config: &KafkaConfig, args: &[&str]) -> String {
+    let o = run_kjob(exe, config, args);
+    assert_eq!(o.code, 0, "kjob {args:?} failed: {}{}", o.stdout, o.stderr);
+    o.stdout
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

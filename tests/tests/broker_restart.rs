@@ -17,6 +17,10 @@ use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker};
 use kjob_integration_tests::*;
 
 const PORT: u16 = 29092;
+
+/// The scratch broker's ports are fixed, so this file's tests (which
+/// `./dev test --cluster` runs two at a time) take turns.
+static SCRATCH_PORTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const CONTROLLER_PORT: u16 = 29093;
 const JOBS: i64 = 5_000;
 const PARTITIONS: i32 = 3;
@@ -186,6 +190,7 @@ async fn the_worker_recovers_by_itself_when_the_single_broker_restarts() {
     init_logging();
     let registry = KafkaConfig::from_env().schema_registry_url;
     let config = KafkaConfig::new(format!("127.0.0.1:{PORT}"), registry);
+    let _ports = SCRATCH_PORTS.lock().await;
     let mut broker = Scratch::new("");
     broker.start();
     wait_answering(&config, Duration::from_secs(90)).await;
@@ -283,6 +288,7 @@ async fn a_broker_without_kip848_groups_is_refused_with_an_error_naming_the_fix(
     let registry = KafkaConfig::from_env().schema_registry_url;
     let config = KafkaConfig::new(format!("127.0.0.1:{PORT}"), registry);
     // As a broker older than Kafka 4.0 would: no KIP-848 consumer groups.
+    let _ports = SCRATCH_PORTS.lock().await;
     let mut broker = Scratch::new("group.coordinator.rebalance.protocols=classic\n");
     broker.start();
     wait_answering(&config, Duration::from_secs(90)).await;

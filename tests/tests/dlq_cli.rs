@@ -1,7 +1,6 @@
 //! The operator workflow on a real DLQ, through the real `kjob` CLI:
 //! list, show, dry run, re-drive after a fix, resolve, and clear errors.
 
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -10,31 +9,12 @@ use kjob::retry::RetryPolicy;
 use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker, WorkerStats};
 use kjob_integration_tests::*;
 
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn kjob(config: &KafkaConfig, args: &[&str]) -> Out {
-    let out = Command::new(env!("CARGO_BIN_EXE_kjob-cli"))
-        .args(args)
-        .env("KJOB_BOOTSTRAP_SERVERS", &config.bootstrap_servers)
-        .env("KJOB_SCHEMA_REGISTRY_URL", &config.schema_registry_url)
-        .env("USER", "ops-tester")
-        .output()
-        .expect("running kjob");
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+fn kjob(config: &KafkaConfig, args: &[&str]) -> CliOut {
+    run_kjob(env!("CARGO_BIN_EXE_kjob-cli"), config, args)
 }
 
 fn ok(config: &KafkaConfig, args: &[&str]) -> String {
-    let o = kjob(config, args);
-    assert_eq!(o.code, 0, "kjob {args:?} failed: {}{}", o.stdout, o.stderr);
-    o.stdout
+    kjob_ok(env!("CARGO_BIN_EXE_kjob-cli"), config, args)
 }
 
 fn fails(config: &KafkaConfig, args: &[&str], code: i32, needle: &str) {

@@ -4,7 +4,6 @@
 //! nothing written), and `--in` through delay topics made by
 //! `kjob topics create --delays`.
 
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,30 +13,12 @@ use kjob::{JobContext, JobError, KafkaConfig, Worker};
 use kjob_integration_tests::*;
 use rdkafka::message::Message;
 
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn kjob(config: &KafkaConfig, args: &[&str]) -> Out {
-    let out = Command::new(env!("CARGO_BIN_EXE_kjob-cli"))
-        .args(args)
-        .env("KJOB_BOOTSTRAP_SERVERS", &config.bootstrap_servers)
-        .env("KJOB_SCHEMA_REGISTRY_URL", &config.schema_registry_url)
-        .output()
-        .expect("running kjob");
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+fn kjob(config: &KafkaConfig, args: &[&str]) -> CliOut {
+    run_kjob(env!("CARGO_BIN_EXE_kjob-cli"), config, args)
 }
 
 fn ok(config: &KafkaConfig, args: &[&str]) -> String {
-    let o = kjob(config, args);
-    assert_eq!(o.code, 0, "kjob {args:?} failed: {}{}", o.stdout, o.stderr);
-    o.stdout
+    kjob_ok(env!("CARGO_BIN_EXE_kjob-cli"), config, args)
 }
 
 fn refused(config: &KafkaConfig, args: &[&str], needles: &[&str]) {

@@ -3,7 +3,6 @@
 //! and bad input that changes nothing.
 
 use std::collections::HashSet;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -11,17 +10,8 @@ use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker};
 use kjob_integration_tests::*;
 
 fn kjob(config: &KafkaConfig, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kjob-cli"))
-        .args(args)
-        .env("KJOB_BOOTSTRAP_SERVERS", &config.bootstrap_servers)
-        .env("KJOB_SCHEMA_REGISTRY_URL", &config.schema_registry_url)
-        .output()
-        .expect("running kjob");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let o = run_kjob(env!("CARGO_BIN_EXE_kjob-cli"), config, args);
+    (o.code, o.stdout, o.stderr)
 }
 
 fn start_worker(

@@ -21,20 +21,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context as _;
 use kjob::outbox::{Outbox, Relay};
 use kjob::KafkaConfig;
-use kjob_benches::BenchJob;
+use kjob_benches::{arg, BenchJob};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio_postgres::{Client, NoTls};
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == &format!("--{name}"))
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn unique(prefix: &str) -> String {
     format!(

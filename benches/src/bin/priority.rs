@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use kjob::{JobContext, JobError, KafkaConfig, Priority, Producer, Worker};
-use kjob_benches::BenchJob;
+use kjob_benches::{arg, BenchJob};
 
 const BULK: i64 = 200_000;
 const CRITICAL_RATE: u64 = 200;
@@ -35,15 +35,6 @@ fn now_us() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as i64)
         .unwrap_or(0)
-}
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == &format!("--{name}"))
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 struct Phase {
