@@ -429,13 +429,16 @@ async fn the_dashboard_in_a_real_browser() {
     click(&c, "#redrive-execute").await;
     let start = Instant::now();
     loop {
-        let state = c
-            .find(Locator::Css("#task"))
+        // The click navigates to the progress page: wait for it to load.
+        // Its script may replace the element between find and read (a
+        // stale element): read again on the next turn.
+        let task = c
+            .wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::Css("#task"))
             .await
-            .expect("task")
-            .attr("data-state")
-            .await
-            .expect("state");
+            .unwrap_or_else(|e| panic!("no progress page after the re-drive: {e}"));
+        let state = task.attr("data-state").await.ok().flatten();
         if state.as_deref() == Some("finished") {
             break;
         }
