@@ -19,16 +19,28 @@
 //!   or a panic can leave the connection mid-statement, so the pool also
 //!   rolls back whenever it recycles a connection (see [`pool`]).
 //!
-//! ```ignore
-//! let pool = kjob_example_handler_crate::tx::pool(&database_url)?;
-//! Worker::builder(config, "billing")
-//!     .layer_for("payments.capture", PgTransaction::new(pool))
-//!     .handle_on("payments.capture", capture)
-//! # ;
-//! async fn capture(job: Capture, _ctx: JobContext, Ext(tx): Ext<Tx>) -> Result<(), JobError> {
-//!     tx.client().await.execute("INSERT INTO captures ...", &[&job.id]).await?;
+//! ```no_run
+//! use kjob::{Ext, JobContext, JobError, KafkaConfig, Worker};
+//! use kjob_example_handler_crate::contracts::RenderInvoice;
+//! use kjob_example_handler_crate::tx::{pool, PgTransaction, Tx};
+//!
+//! async fn render(job: RenderInvoice, _ctx: JobContext, Ext(tx): Ext<Tx>) -> Result<(), JobError> {
+//!     tx.client()
+//!         .await
+//!         .execute("INSERT INTO invoices (order_id, total_cents) VALUES ($1, 0)", &[&job.order_id])
+//!         .await?; // committed only if this handler returns Ok
 //!     Ok(())
 //! }
+//!
+//! # fn main() -> anyhow::Result<()> {
+//! let db = pool("postgres://postgres@127.0.0.1:54329/kjob")?;
+//! let worker = Worker::builder(KafkaConfig::from_env(), "billing")
+//!     .layer_for("invoices.render", PgTransaction::new(db))
+//!     .handle_on::<RenderInvoice, _>("invoices.render", render)
+//!     .build()?;
+//! # drop(worker);
+//! # Ok(())
+//! # }
 //! ```
 
 use std::sync::Arc;
