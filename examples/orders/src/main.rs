@@ -13,6 +13,12 @@
 //!    group's committed offsets reach the end of every partition, then prints
 //!    a summary.
 //!
+//! Two scheduling features show on the way: confirmation mails are a
+//! `Priority::High` route and CRM syncs `Priority::Low`, so a customer's
+//! mail never waits behind a sync backlog; and a few "how was your order?"
+//! follow-up mails are enqueued with `enqueue_in` (3 s), through the delay
+//! topics `<topic>.delay.<bucket>`, and run no earlier than that.
+//!
 //! Run it with `./dev demo` (starts the local stack if needed).
 
 mod contracts;
@@ -26,7 +32,7 @@ use comfy_table::Table;
 use contracts::{RenderInvoicePdf, SendOrderConfirmation, SyncCustomerToCrm};
 use indicatif::{ProgressBar, ProgressStyle};
 use kjob::retry::RetryPolicy;
-use kjob::{Job, JobContext, JobError, KafkaConfig, Producer, Worker, WorkerStats};
+use kjob::{Job, JobContext, JobError, KafkaConfig, Priority, Producer, Worker, WorkerStats};
 use rand::Rng;
 
 #[derive(Parser, Debug, Clone)]
@@ -142,6 +148,7 @@ fn consumed_topics() -> Vec<String> {
     topics()
         .into_iter()
         .flat_map(|t| std::iter::once(t.clone()).chain(policy.tier_topics(&t)))
+        .chain(kjob::delay::delay_topics(SendOrderConfirmation::NAME))
         .collect()
 }
 
@@ -221,6 +228,18 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("creating the demo topics")?;
 
+    // The confirmation route's delay topics, for the follow-up mails below.
+    let delays: Vec<(String, i32)> = kjob::delay::delay_topics(SendOrderConfirmation::NAME)
+        .into_iter()
+        .map(|t| (t, args.partitions))
+        .collect();
+    let retention = kjob::delay::CREATED_RETENTION.as_millis().to_string();
+    kjob::topics::create_topics_with(&config, &delays, &[("retention.ms", &retention)])
+        .await
+        .context("creating the delay topics")?;
+    let delay_names: Vec<String> = delays.into_iter().map(|(t, _)| t).collect();
+    kjob::topics::wait_visible(&config, &delay_names).await?;
+
     let producer = Producer::new(&config)?;
     // Register the contracts up front: an incompatible schema fails here.
     producer.prepare::<SendOrderConfirmation>().await?;
@@ -228,7 +247,23 @@ async fn main() -> anyhow::Result<()> {
     producer.prepare::<SyncCustomerToCrm>().await?;
 
     let started = Instant::now();
-    let enqueued = enqueue_all(&producer, args.jobs).await?;
+    let mut enqueued = enqueue_all(&producer, args.jobs).await?;
+    // Follow-up mails, due 3 s from now: they wait in the delay topics, not
+    // in the worker's memory, and do not hold up their order's other jobs.
+    const FOLLOW_UPS: u64 = 20;
+    for k in 0..FOLLOW_UPS {
+        let mail = SendOrderConfirmation {
+            order_id: format!("follow-up-{k}"),
+            tenant: format!("shop-{}", k % 7),
+            locale: "en".into(),
+        };
+        producer
+            .enqueue_in(&mail, Duration::from_secs(3))
+            .await
+            .context("delayed enqueue failed")?;
+        enqueued += 1;
+    }
+    println!("enqueued {FOLLOW_UPS} follow-up mails due in 3 s (enqueue_in)");
 
     let downstream = Arc::new(Downstream {
         transient_rate: args.transient_rate,
@@ -241,6 +276,9 @@ async fn main() -> anyhow::Result<()> {
         .handle::<RenderInvoicePdf, _>(move |j, c| render_invoice(j, c, d2.clone()))
         .handle::<SyncCustomerToCrm, _>(move |j, c| sync_crm(j, c, d3.clone()))
         .retry(retry_policy())
+        .priority(SendOrderConfirmation::NAME, Priority::High)
+        .priority(SyncCustomerToCrm::NAME, Priority::Low)
+        .delayed_jobs(true)
         .concurrency(256)
         .build()?;
     let stats = worker.stats();
