@@ -77,12 +77,14 @@ impl LagReader {
     /// Blocking.
     pub fn read(&self, topics: &[String]) -> Result<Vec<PartitionLag>> {
         let timeout = Duration::from_secs(10);
-        let md = self
-            .consumer
-            .fetch_metadata(None, timeout)
-            .map_err(|e| Error::kafka(format!("metadata from {}", self.bootstrap), e))?;
         let mut tpl = TopicPartitionList::new();
         for topic in topics {
+            // By name: a full metadata request is slow on a cluster with
+            // tens of thousands of partitions.
+            let md = self
+                .consumer
+                .fetch_metadata(Some(topic), timeout)
+                .map_err(|e| Error::kafka(format!("metadata from {}", self.bootstrap), e))?;
             let parts = md
                 .topics()
                 .iter()

@@ -155,19 +155,12 @@ fn cluster_metadata(config: &KafkaConfig) -> Result<rdkafka::metadata::Metadata>
 /// async code.
 pub fn partition_counts(config: &KafkaConfig, topics: &[String]) -> Result<Vec<Option<usize>>> {
     let client = metadata_client(config)?;
-    let md = fetch_metadata(config, &client, None)?;
     let mut counts = Vec::with_capacity(topics.len());
     for t in topics {
-        let listed = md
-            .topics()
-            .iter()
-            .find(|m| m.name() == t && m.error().is_none())
-            .map(|m| m.partitions().len());
-        if listed.is_some() {
-            counts.push(listed);
-            continue;
-        }
-        // Not listed: missing, or hidden by ACLs. Asking for it by name tells.
+        // By name, never the whole cluster: a cluster with tens of thousands
+        // of partitions answers a full metadata request too slowly for a
+        // worker's start. Asking by name also tells a missing topic from one
+        // hidden by ACLs.
         let one = fetch_metadata(config, &client, Some(t))?;
         let entry = one.topics().iter().find(|m| m.name() == t);
         match entry.and_then(|m| m.error()) {
