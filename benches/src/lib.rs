@@ -2,6 +2,13 @@
 
 pub mod scratch_registry;
 
+/// With `--features mimalloc`, every bench binary allocates through
+/// mimalloc: the worker copies each record on its poll thread and frees it
+/// on a runtime thread, which glibc's allocator serialises on arena locks.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use kjob::Job;
 use serde::{Deserialize, Serialize};
 

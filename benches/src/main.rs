@@ -46,6 +46,11 @@ fn raw_loop(config: &KafkaConfig, topic: &str, n: u64) -> anyhow::Result<f64> {
         .set("group.id", &group)
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
+        // The fetch settings kjob's worker uses, so the baseline is the best
+        // this consumer can do, not librdkafka's defaults (whose 1 s
+        // fetch.queue.backoff.ms idles a consumer that drains its queue fast).
+        .set("fetch.wait.max.ms", "100")
+        .set("fetch.queue.backoff.ms", "10")
         .create()?;
     c.subscribe(&[topic])?;
     let mut seen = 0u64;
@@ -103,6 +108,7 @@ async fn kjob_worker(config: &KafkaConfig, topic: &str, n: u64) -> anyhow::Resul
         tokio::time::sleep(Duration::from_micros(500)).await;
     }
     let first = Instant::now();
+    let cpu0 = process_cpu_secs();
     while WorkerStats::get(&stats.handled) < n {
         anyhow::ensure!(
             Instant::now() < deadline,
@@ -112,9 +118,27 @@ async fn kjob_worker(config: &KafkaConfig, topic: &str, n: u64) -> anyhow::Resul
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let secs = first.elapsed().as_secs_f64();
+    if let (Some(a), Some(b)) = (cpu0, process_cpu_secs()) {
+        println!(
+            "kjob worker CPU: {:.2} cores busy on average (process user+system time / wall time)",
+            (b - a) / secs
+        );
+    }
     let _ = tx.send(());
     running.await??;
     Ok(n as f64 / secs)
+}
+
+/// User + system CPU seconds of this process so far (Linux `/proc`).
+fn process_cpu_secs() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    // USER_HZ is 100 on every Linux this runs on.
+    Some((utime + stime) / 100.0)
 }
 
 fn now_us() -> i64 {

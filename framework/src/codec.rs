@@ -493,6 +493,31 @@ pub struct ReaderSchema {
     schema: Schema,
     canonical: String,
     identical: std::sync::RwLock<HashMap<u32, bool>>,
+    /// A datum reader over the reader schema, built once: building one
+    /// resolves every named type, which cost more than decoding a small
+    /// record. Used for writers identical to the reader (same canonical
+    /// form, so the same binary layout). `None` if it could not be built.
+    direct: Option<DirectReader>,
+}
+
+/// A [`GenericDatumReader`] together with the schema it borrows.
+#[ouroboros::self_referencing]
+struct DirectReader {
+    schema: Schema,
+    #[borrows(schema)]
+    #[covariant]
+    reader: GenericDatumReader<'this>,
+}
+
+impl DirectReader {
+    fn build(schema: &Schema) -> Option<Self> {
+        DirectReaderTryBuilder {
+            schema: schema.clone(),
+            reader_builder: |s: &Schema| GenericDatumReader::builder(s).build(),
+        }
+        .try_build()
+        .ok()
+    }
 }
 
 impl ReaderSchema {
@@ -501,6 +526,7 @@ impl ReaderSchema {
         bound_decode_allocations();
         Self {
             canonical: schema.canonical_form(),
+            direct: DirectReader::build(&schema),
             schema,
             identical: std::sync::RwLock::new(HashMap::new()),
         }
@@ -540,9 +566,12 @@ impl ReaderSchema {
         let writer = writer.schema();
         if self.is_identical(id, writer) {
             let mut cursor = body;
-            let fast = GenericDatumReader::builder(writer)
-                .build()
-                .and_then(|r| r.read_deser::<J>(&mut cursor));
+            let fast = match &self.direct {
+                Some(direct) => direct.borrow_reader().read_deser::<J>(&mut cursor),
+                None => GenericDatumReader::builder(writer)
+                    .build()
+                    .and_then(|r| r.read_deser::<J>(&mut cursor)),
+            };
             match fast {
                 Ok(job) if cursor.is_empty() => return Ok(job),
                 Ok(_) => {

@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-use rdkafka::message::OwnedMessage;
-
 use crate::classify::ErrorClass;
 use crate::dlq::forward_headers;
 use crate::headers::JobHeaders;
@@ -48,9 +46,9 @@ pub enum Next {
 /// jitter and `now_ms` the clock; both are parameters so the decision is
 /// deterministic under test.
 #[allow(clippy::too_many_arguments)]
-pub fn next_step(
+pub fn next_step<M: rdkafka::message::Message>(
     outcome: &Attempt,
-    source: &OwnedMessage,
+    source: &M,
     main: &str,
     group: &str,
     policy: &RetryPolicy,
@@ -100,7 +98,7 @@ pub fn next_step(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdkafka::message::Timestamp;
+    use rdkafka::message::{OwnedMessage, Timestamp};
 
     fn record() -> OwnedMessage {
         OwnedMessage::new(

@@ -241,7 +241,7 @@ impl Harness {
         let clock = Arc::new(AtomicI64::new(EPOCH_MS));
         let settings = builder.scheduler_settings();
         let pipeline = Pipeline {
-            routes: routes.entries,
+            routes: routes.entries.into_iter().collect(),
             group: builder.group().to_string(),
             sink: Arc::new(MemorySink {
                 logs: logs.clone(),

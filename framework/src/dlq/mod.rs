@@ -14,7 +14,7 @@ pub mod store;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::Message;
 
 use crate::headers::JobHeaders;
 
@@ -30,8 +30,8 @@ pub fn now_ms() -> i64 {
 /// source record: previous kjob headers are parsed and rebuilt, the failure
 /// recorded, and the original coordinates set on the first hop only (a
 /// record re-driven from a retry tier still points at its main-topic origin).
-pub fn forward_headers(
-    source: &OwnedMessage,
+pub fn forward_headers<M: Message>(
+    source: &M,
     group: &str,
     attempt: u32,
     class: &str,
@@ -66,9 +66,9 @@ pub const PAYLOAD_OMITTED: &str = "kjob-payload-omitted";
 /// [`ErrorClass::ForwardRejected`](crate::ErrorClass::ForwardRejected), plus
 /// [`PAYLOAD_OMITTED`] naming the source record, which still holds the
 /// payload until its topic's retention removes it.
-pub fn envelope_headers(
+pub fn envelope_headers<M: Message>(
     intended: &JobHeaders,
-    source: &OwnedMessage,
+    source: &M,
     target: &str,
     cause: &str,
 ) -> JobHeaders {
@@ -97,7 +97,7 @@ pub fn envelope_headers(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdkafka::message::{Header, Headers, OwnedHeaders, Timestamp};
+    use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage, Timestamp};
 
     fn record(topic: &str, headers: OwnedHeaders) -> OwnedMessage {
         OwnedMessage::new(

@@ -233,26 +233,22 @@ impl Metrics {
     }
 
     /// Counts one final outcome of an attempt.
-    pub fn outcome(&self, job: &str, outcome: &'static str) {
+    pub fn outcome(&self, job: &'static str, outcome: &'static str) {
         self.jobs.add(
             1,
-            &[
-                KeyValue::new("job", job.to_string()),
-                KeyValue::new("outcome", outcome),
-            ],
+            &[KeyValue::new("job", job), KeyValue::new("outcome", outcome)],
         );
     }
 
     /// Records a handler's duration.
-    pub fn handler_seconds(&self, job: &str, seconds: f64) {
+    pub fn handler_seconds(&self, job: &'static str, seconds: f64) {
         self.handler_seconds
-            .record(seconds, &[KeyValue::new("job", job.to_string())]);
+            .record(seconds, &[KeyValue::new("job", job)]);
     }
 
     /// One more (or one less) attempt running.
-    pub fn in_flight(&self, job: &str, delta: i64) {
-        self.in_flight
-            .add(delta, &[KeyValue::new("job", job.to_string())]);
+    pub fn in_flight(&self, job: &'static str, delta: i64) {
+        self.in_flight.add(delta, &[KeyValue::new("job", job)]);
     }
 
     /// A retry ran `seconds` after its due time.

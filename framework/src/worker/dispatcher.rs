@@ -1,55 +1,61 @@
 //! Dispatcher tasks: where `Run` batches execute on the async runtime.
 //!
 //! The worker starts one dispatcher per runtime thread. Each receives its
-//! share of every batch the scheduler releases and drives those attempts
+//! share of every batch the poll thread releases and drives those attempts
 //! concurrently in one `FuturesUnordered`, so no task is spawned per record
 //! and the poll thread wakes each dispatcher once per batch, not per
-//! record. Completions go back to the poll thread in batches: whatever
-//! finished together is sent as one message.
+//! record. Whatever finished together is reported to the scheduler in one
+//! call ([`Hub::finished`]), and the jobs that frees up start here at once:
+//! a slot is refilled without waiting for the poll thread.
 
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
-use rdkafka::message::OwnedMessage;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::pipeline::Pipeline;
-use super::poll::Done;
-use super::scheduler::Job;
+use super::poll::Hub;
+use super::polled::Polled;
+use super::scheduler::{Job, Ticket};
 use crate::dlq::now_ms;
 
-/// Runs batches from `jobs` until the channel closes and every attempt
-/// finished (or the task is aborted at the end of the grace period).
+/// Runs batches from `jobs`, and what their completions release, until the
+/// channel closes and every attempt finished (or the task is aborted at the
+/// end of the grace period). `me` is this dispatcher's index in the hub.
 pub(super) async fn run(
     pipeline: Arc<Pipeline>,
-    mut jobs: UnboundedReceiver<Vec<Job<OwnedMessage>>>,
-    done: Sender<Done>,
+    hub: Arc<Hub>,
+    me: usize,
+    mut jobs: UnboundedReceiver<Vec<Job<Polled>>>,
 ) {
     let mut running = FuturesUnordered::new();
+    let start = |running: &mut FuturesUnordered<_>, batch: Vec<Job<Polled>>| {
+        // One clock read per batch: its jobs start together.
+        let now = now_ms();
+        for job in batch {
+            let p = pipeline.clone();
+            running.push(async move {
+                let a = p.attempt(&job.item, rand::random::<f64>(), now).await;
+                (job.ticket, a.outcome.is_final())
+            });
+        }
+    };
     let mut open = true;
     loop {
         tokio::select! {
             batch = jobs.recv(), if open => match batch {
-                Some(batch) => {
-                    for job in batch {
-                        let p = pipeline.clone();
-                        running.push(async move {
-                            let a = p.attempt(&job.item, rand::random::<f64>(), now_ms()).await;
-                            (job.ticket, a.outcome.is_final())
-                        });
-                    }
-                }
+                Some(batch) => start(&mut running, batch),
                 None => open = false,
             },
             Some(first) = running.next(), if !running.is_empty() => {
-                let mut finished = vec![first];
+                let mut finished: Vec<(Ticket, bool)> = vec![first];
                 while let Some(Some(more)) = running.next().now_or_never() {
                     finished.push(more);
                 }
-                if done.send(finished).is_err() {
-                    return;
+                let released = hub.finished(me, finished);
+                if !released.is_empty() {
+                    start(&mut running, released);
                 }
             }
             else => return,

@@ -35,6 +35,7 @@ pub mod limits;
 pub mod membership;
 pub(crate) mod pipeline;
 pub(crate) mod poll;
+mod polled;
 pub mod priority;
 pub(crate) mod record;
 pub mod route;
@@ -655,7 +656,11 @@ impl Worker {
             Producer::with_codec(&self.config, self.codec.clone(), Duration::from_secs(30))?;
         let cancel = CancellationToken::new();
         let pipeline = Arc::new(Pipeline {
-            routes: self.routes.clone(),
+            routes: self
+                .routes
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
             group: self.settings.group.clone(),
             sink: Arc::new(producer),
             metrics: self.metrics.clone(),
@@ -703,31 +708,32 @@ impl Worker {
             .metrics()
             .num_workers()
             .max(1);
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<poll::Done>();
         let mut senders = Vec::with_capacity(threads);
-        let mut dispatchers = Vec::with_capacity(threads);
+        let mut receivers = Vec::with_capacity(threads);
         for _ in 0..threads {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             senders.push(tx);
-            dispatchers.push(tokio::spawn(dispatcher::run(
-                pipeline.clone(),
-                rx,
-                done_tx.clone(),
-            )));
+            receivers.push(rx);
         }
-        drop(done_tx);
+        let limits = self.limits;
+        let hub = Arc::new(poll::Hub::new(
+            Scheduler::new(limits).with_priorities(self.priorities.clone()),
+            senders,
+        ));
+        let dispatchers: Vec<_> = receivers
+            .into_iter()
+            .enumerate()
+            .map(|(me, rx)| tokio::spawn(dispatcher::run(pipeline.clone(), hub.clone(), me, rx)))
+            .collect();
         let aborts: Vec<tokio::task::AbortHandle> =
             dispatchers.iter().map(|d| d.abort_handle()).collect();
-        let limits = self.limits;
         let context = poll::WorkerContext {
-            core: std::sync::Mutex::new(poll::Core {
-                sched: Scheduler::new(limits).with_priorities(self.priorities.clone()),
-                done: done_rx,
-                applied_pause: Default::default(),
-                post_assign: Vec::new(),
-            }),
-            dispatch: poll::Dispatch::new(senders),
-            routes: self.routes.clone(),
+            hub,
+            routes: self
+                .routes
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
             settings: self.settings.clone(),
             stats: self.stats.clone(),
             metrics: self.metrics.clone(),

@@ -8,13 +8,12 @@
 //!
 //! Nothing here sleeps: a retry waits in its tier topic, not in the worker.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use opentelemetry::trace::FutureExt as _;
 use opentelemetry::KeyValue;
-use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Message, OwnedHeaders};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
@@ -92,7 +91,7 @@ pub(crate) struct Attempted {
 
 /// Everything an attempt needs besides the record.
 pub(crate) struct Pipeline {
-    pub routes: HashMap<String, RouteEntry>,
+    pub routes: rustc_hash::FxHashMap<String, RouteEntry>,
     pub group: String,
     pub sink: Arc<dyn Sink>,
     pub metrics: Metrics,
@@ -103,8 +102,8 @@ pub(crate) struct Pipeline {
 }
 
 /// The context a handler sees for `msg`.
-pub(crate) fn context_for(
-    msg: &OwnedMessage,
+pub(crate) fn context_for<M: Message>(
+    msg: &M,
     headers: &JobHeaders,
     group: &str,
     job: &str,
@@ -129,7 +128,7 @@ impl Pipeline {
     /// Runs one record to a final outcome at wall-clock time `now_ms`, with
     /// `unit` in `[0, 1)` for retry jitter (both parameters, so the harness
     /// is deterministic).
-    pub(crate) async fn attempt(&self, msg: &OwnedMessage, unit: f64, now_ms: i64) -> Attempted {
+    pub(crate) async fn attempt<M: Message>(&self, msg: &M, unit: f64, now_ms: i64) -> Attempted {
         let Some(entry) = self.routes.get(msg.topic()) else {
             // Unreachable: the consumer subscribes to route topics only. Not
             // marked done, so it is never lost.
@@ -145,7 +144,9 @@ impl Pipeline {
         let job: &'static str = entry.route.job_name();
         let mut now_ms = now_ms;
         if entry.delay.is_some() {
-            if let Some(outcome) = self.delay_step(entry, msg, &headers, now_ms).await {
+            // Boxed, like the forwards below: the rare paths' futures stay
+            // out of every attempt's state, which is moved on each dispatch.
+            if let Some(outcome) = Box::pin(self.delay_step(entry, msg, &headers, now_ms)).await {
                 return Attempted {
                     outcome,
                     id: headers.job_id(msg.topic(), msg.partition(), msg.offset()),
@@ -214,7 +215,7 @@ impl Pipeline {
                 );
                 span.fail(headers.error.as_deref().unwrap_or("retryable failure"));
                 span.inject(&mut headers);
-                match self.forward(&topic, &entry.main, msg, &headers).await {
+                match Box::pin(self.forward(&topic, &entry.main, msg, &headers)).await {
                     Forwarded::Sent => {
                         WorkerStats::bump(&self.stats.retried);
                         self.metrics.outcome(job, "retried");
@@ -245,7 +246,7 @@ impl Pipeline {
                 );
                 span.fail(&message);
                 span.inject(&mut headers);
-                match self.forward(&topic, &entry.main, msg, &headers).await {
+                match Box::pin(self.forward(&topic, &entry.main, msg, &headers)).await {
                     Forwarded::Cancelled => Outcome::Abandoned,
                     Forwarded::Sent | Forwarded::Enveloped => {
                         WorkerStats::bump(&self.stats.dead_lettered);
@@ -270,10 +271,10 @@ impl Pipeline {
     /// planned hop time: forwarded to the next delay topic while at least
     /// the shortest bucket is left (`Some(outcome)`), otherwise the
     /// sub-second remainder is waited out and `None` says "run it now".
-    async fn delay_step(
+    async fn delay_step<M: Message>(
         &self,
         entry: &RouteEntry,
-        msg: &OwnedMessage,
+        msg: &M,
         headers: &JobHeaders,
         now_ms: i64,
     ) -> Option<Outcome> {
@@ -325,11 +326,11 @@ impl Pipeline {
     /// coordinates where the original can still be read, without the
     /// payload. Only if the DLQ refuses even that is the write retried until
     /// an operator fixes the cause, which the log line names.
-    async fn forward(
+    async fn forward<M: Message>(
         &self,
         target: &str,
         main: &str,
-        msg: &OwnedMessage,
+        msg: &M,
         headers: &JobHeaders,
     ) -> Forwarded {
         let mut wait = std::time::Duration::from_millis(200);
@@ -370,9 +371,9 @@ impl Pipeline {
 }
 
 /// `partition:offset` of a record, formatted only if a log line is written.
-struct At<'a>(&'a OwnedMessage);
+struct At<'a, M>(&'a M);
 
-impl std::fmt::Display for At<'_> {
+impl<M: Message> std::fmt::Display for At<'_, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}:{}", self.0.partition(), self.0.offset())
     }
@@ -392,8 +393,8 @@ enum Forwarded {
 
 /// The consumer span of one attempt, with OpenTelemetry messaging attributes,
 /// continuing the trace carried in the record's `traceparent`.
-fn handle_span(
-    msg: &OwnedMessage,
+fn handle_span<M: Message>(
+    msg: &M,
     ctx: &JobContext,
     headers: &JobHeaders,
     job: &'static str,

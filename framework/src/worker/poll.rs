@@ -1,12 +1,19 @@
 //! The poll thread: the rdkafka adapter around the [`Scheduler`].
 //!
 //! It is the only code that talks to the consumer. Each turn it polls a
-//! batch of records, feeds them to the scheduler with the completions that
-//! arrived since the last turn, and carries out the scheduler's actions:
-//! `Run` batches go to the dispatcher tasks on the async runtime, and
-//! `Pause`, `Resume`, `Seek` and `Commit` go to the consumer. It never
-//! stops polling, so the group session and `max.poll.interval.ms` stay
-//! healthy however slow handlers are.
+//! batch of records, feeds them to the scheduler, and carries out the
+//! scheduler's actions: `Run` batches go to the dispatcher tasks on the
+//! async runtime, and `Pause`, `Resume`, `Seek` and `Commit` go to the
+//! consumer. It never stops polling, so the group session and
+//! `max.poll.interval.ms` stay healthy however slow handlers are.
+//!
+//! Completions do not travel back to this thread: a dispatcher reports the
+//! attempts that finished together to the scheduler itself ([`Hub::finished`],
+//! one lock per batch) and runs the jobs that this released right away. A
+//! cheap job's slot is thus refilled without a hop between threads; only
+//! the consumer actions a completion causes (resuming a partition that was
+//! paused at its in-flight bound) wait for this thread's next turn, at most
+//! [`BUSY_WAIT`] later.
 //!
 //! Commits (always the scheduler's watermark, "next offset to read"):
 //! * every `commit_interval`, asynchronously, for partitions whose watermark moved;
@@ -23,13 +30,14 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::Message;
+
+use super::polled::Polled;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, info, warn};
@@ -47,64 +55,142 @@ pub(crate) type Done = Vec<(Ticket, bool)>;
 /// the lock and the wake-ups, small enough to keep completions flowing.
 const MAX_BATCH: usize = 1024;
 
-/// How long a busy poll thread waits for completions before it looks at
-/// the consumer again: short, so new records are picked up within a couple
-/// of milliseconds even when no job finishes.
+/// The longest a busy poll thread blocks in the consumer: short, so the
+/// consumer actions completions caused are carried out promptly. New
+/// records end the wait at once.
 const BUSY_WAIT: Duration = Duration::from_millis(2);
 
-/// What only the poll thread touches (rebalance callbacks run on it too,
-/// inside `poll`). Locked once per turn or callback, never per record.
+/// The scheduler and what goes with it, behind the [`Hub`]'s lock. Taken
+/// once per poll turn, rebalance callback or completion batch, never per
+/// record.
 pub(crate) struct Core {
-    pub sched: Scheduler<OwnedMessage>,
-    pub done: Receiver<Done>,
+    pub sched: Scheduler<Polled>,
     /// Partitions kjob paused on the consumer and has not resumed since.
     pub applied_pause: HashSet<Tp>,
     /// Actions of an assignment, applied once it is in effect.
-    pub post_assign: Vec<Action<OwnedMessage>>,
+    pub post_assign: Vec<Action<Polled>>,
+    /// Consumer actions that completions caused, for the poll thread.
+    deferred: Vec<Action<Polled>>,
+    /// Threads waiting for running jobs to finish (revoke, shutdown).
+    waiters: usize,
 }
 
-impl Core {
-    /// Feeds every completion that has arrived to the scheduler.
-    fn drain_done(&mut self, out: &mut Vec<Action<OwnedMessage>>) {
-        while let Ok(batch) = self.done.try_recv() {
-            for (t, ok) in batch {
-                self.sched.finished(t, ok, out);
-            }
+/// What the poll thread and the dispatchers share.
+pub(crate) struct Hub {
+    core: Mutex<Core>,
+    /// Signalled after completions while someone waits for them.
+    progress: Condvar,
+    dispatch: Dispatch,
+}
+
+impl Hub {
+    pub(crate) fn new(
+        sched: Scheduler<Polled>,
+        senders: Vec<UnboundedSender<Vec<Job<Polled>>>>,
+    ) -> Self {
+        Self {
+            core: Mutex::new(Core {
+                sched,
+                applied_pause: HashSet::new(),
+                post_assign: Vec::new(),
+                deferred: Vec::new(),
+                waiters: 0,
+            }),
+            progress: Condvar::new(),
+            dispatch: Dispatch::new(senders),
         }
     }
 
-    /// Waits up to `wait` for one batch of completions, then drains.
-    fn wait_done(&mut self, wait: Duration, out: &mut Vec<Action<OwnedMessage>>) -> bool {
-        match self.done.recv_timeout(wait) {
-            Ok(batch) => {
-                for (t, ok) in batch {
-                    self.sched.finished(t, ok, out);
-                }
-                self.drain_done(out);
-                true
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Core> {
+        // Every critical section leaves the state consistent before anything
+        // that can panic, so a poisoned lock is still safe to use.
+        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Dispatcher `me` reports attempts that finished together. The jobs
+    /// this releases are returned for `me` to run at once, except a share
+    /// of a large release, which goes to the other dispatchers.
+    pub(crate) fn finished(&self, me: usize, batch: Done) -> Vec<Job<Polled>> {
+        let mut out = Vec::new();
+        let mut mine = Vec::new();
+        let wake = {
+            let mut core = self.lock();
+            for (t, ok) in batch {
+                core.sched.finished(t, ok, &mut out);
             }
-            Err(RecvTimeoutError::Timeout) => false,
-            Err(RecvTimeoutError::Disconnected) => false,
+            core.sched.dispatch(&mut out);
+            for action in out {
+                match action {
+                    Action::Run(jobs) => mine.extend(self.dispatch.share(me, jobs)),
+                    other => core.deferred.push(other),
+                }
+            }
+            core.waiters > 0
+        };
+        if wake {
+            self.progress.notify_all();
         }
+        mine
+    }
+
+    /// Waits, without holding the lock, until completions arrive or `wait`
+    /// passes.
+    fn wait<'a>(&self, mut core: MutexGuard<'a, Core>, wait: Duration) -> MutexGuard<'a, Core> {
+        core.waiters += 1;
+        let (mut core, _) = self
+            .progress
+            .wait_timeout(core, wait)
+            .unwrap_or_else(PoisonError::into_inner);
+        core.waiters -= 1;
+        core
+    }
+}
+
+impl Core {
+    /// The consumer actions completions caused since the last call.
+    fn take_deferred(&mut self, out: &mut Vec<Action<Polled>>) {
+        out.append(&mut self.deferred);
     }
 }
 
 /// Hands `Run` batches to the dispatcher tasks, round-robin, one message
 /// per dispatcher per batch.
 pub(crate) struct Dispatch {
-    pub senders: Vec<UnboundedSender<Vec<Job<OwnedMessage>>>>,
+    pub senders: Vec<UnboundedSender<Vec<Job<Polled>>>>,
     next: AtomicUsize,
 }
 
 impl Dispatch {
-    pub(crate) fn new(senders: Vec<UnboundedSender<Vec<Job<OwnedMessage>>>>) -> Self {
+    pub(crate) fn new(senders: Vec<UnboundedSender<Vec<Job<Polled>>>>) -> Self {
         Self {
             senders,
             next: AtomicUsize::new(0),
         }
     }
 
-    fn send(&self, jobs: Vec<Job<OwnedMessage>>) {
+    /// Keeps a small batch for dispatcher `me` (no wake-up of another
+    /// thread) and deals a large one out to all, returning `me`'s share.
+    fn share(&self, me: usize, jobs: Vec<Job<Polled>>) -> Vec<Job<Polled>> {
+        let n = self.senders.len().max(1);
+        if jobs.len() < 8 || n == 1 {
+            return jobs;
+        }
+        let mut chunks: Vec<Vec<Job<Polled>>> = (0..n).map(|_| Vec::new()).collect();
+        for (i, j) in jobs.into_iter().enumerate() {
+            chunks[i % n].push(j);
+        }
+        let mut mine = Vec::new();
+        for (i, (s, c)) in self.senders.iter().zip(chunks).enumerate() {
+            if i == me {
+                mine = c;
+            } else if !c.is_empty() {
+                let _ = s.send(c);
+            }
+        }
+        mine
+    }
+
+    fn send(&self, jobs: Vec<Job<Polled>>) {
         let n = self.senders.len().max(1);
         if jobs.len() < 8 || n == 1 {
             let i = self.next.fetch_add(1, AtomicOrdering::Relaxed) % n;
@@ -113,7 +199,7 @@ impl Dispatch {
             }
             return;
         }
-        let mut chunks: Vec<Vec<Job<OwnedMessage>>> = (0..n).map(|_| Vec::new()).collect();
+        let mut chunks: Vec<Vec<Job<Polled>>> = (0..n).map(|_| Vec::new()).collect();
         for (i, j) in jobs.into_iter().enumerate() {
             chunks[i % n].push(j);
         }
@@ -128,9 +214,8 @@ impl Dispatch {
 /// rdkafka context: rebalance and commit callbacks, and everything the poll
 /// thread needs.
 pub(crate) struct WorkerContext {
-    pub core: Mutex<Core>,
-    pub dispatch: Dispatch,
-    pub routes: std::collections::HashMap<String, RouteEntry>,
+    pub hub: Arc<Hub>,
+    pub routes: rustc_hash::FxHashMap<String, RouteEntry>,
     pub settings: Settings,
     pub stats: Arc<WorkerStats>,
     pub metrics: Metrics,
@@ -247,9 +332,7 @@ fn tpl_of(tps: &[Tp]) -> TopicPartitionList {
 
 impl WorkerContext {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Core> {
-        // Every critical section leaves the state consistent before anything
-        // that can panic, so a poisoned lock is still safe to use.
-        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+        self.hub.lock()
     }
 
     pub(crate) fn is_stopping(&self) -> bool {
@@ -289,8 +372,11 @@ impl WorkerContext {
                         warn!(timeout = ?self.settings.revoke_timeout, "running jobs did not finish before the revoke timeout; they will be re-delivered to the new owner");
                         break;
                     }
-                    core.wait_done((deadline - now).min(Duration::from_millis(50)), &mut out);
+                    core = self
+                        .hub
+                        .wait(core, (deadline - now).min(Duration::from_millis(50)));
                 }
+                core.take_deferred(&mut out);
             } else {
                 warn!("partitions were lost (session expired); not committing for them");
             }
@@ -308,7 +394,7 @@ impl WorkerContext {
     fn execute(
         &self,
         consumer: &BaseConsumer<Self>,
-        actions: Vec<Action<OwnedMessage>>,
+        actions: Vec<Action<Polled>>,
         mode: CommitMode,
         after_assign: bool,
     ) {
@@ -318,7 +404,7 @@ impl WorkerContext {
         let (mut paused, mut resumed, mut committed) = (Vec::new(), Vec::new(), Vec::new());
         for action in actions {
             match action {
-                Action::Run(jobs) => self.dispatch.send(jobs),
+                Action::Run(jobs) => self.hub.dispatch.send(jobs),
                 Action::Pause(tp) => {
                     if let Err(e) = consumer.pause(&tpl_of(std::slice::from_ref(&tp))) {
                         warn!(error = %e, topic = %tp.0, partition = tp.1, "pause failed");
@@ -375,7 +461,7 @@ impl WorkerContext {
     }
 
     /// What the scheduler needs of a polled record.
-    fn incoming(&self, msg: OwnedMessage) -> Incoming<OwnedMessage> {
+    fn incoming(&self, msg: Polled) -> Incoming<Polled> {
         let entry = self.routes.get(msg.topic());
         let is_tier = entry.is_some_and(|e| e.tier.is_some() || e.delay.is_some());
         // Delayed jobs are not ordered among themselves (see crate::delay):
@@ -431,12 +517,14 @@ pub(crate) fn poll_loop(
 ) -> Result<(), FatalConsumerError> {
     let mut last_gauges = Instant::now();
     let mut fatal = None;
-    let mut batch: Vec<OwnedMessage> = Vec::with_capacity(MAX_BATCH);
+    let mut batch: Vec<Polled> = Vec::with_capacity(MAX_BATCH);
+    // Topic names, shared by every record of their topic.
+    let mut topics: rustc_hash::FxHashMap<String, Arc<str>> = Default::default();
     while !ctx.is_stopping() && fatal.is_none() {
         let mut out = Vec::new();
         let busy = {
             let mut core = ctx.lock();
-            core.drain_done(&mut out);
+            core.take_deferred(&mut out);
             core.sched.tick(now_ms(), &mut out);
             core.sched.dispatch(&mut out);
             core.sched.running() > 0 || core.sched.ready_len() > 0
@@ -446,29 +534,28 @@ pub(crate) fn poll_loop(
             ctx.refresh_oldest_pending();
             last_gauges = Instant::now();
         }
-        // While jobs run, completions are what lets more work start: take
-        // what the consumer already has without blocking, and if it has
-        // nothing, block on the completion channel instead (it wakes the
-        // moment a dispatcher reports), never in a Kafka poll timeout.
+        // While jobs run, completions may leave consumer actions behind
+        // (a resume): block only briefly, so they are carried out promptly.
         let timeout = if busy {
-            Duration::ZERO
+            BUSY_WAIT
         } else {
             ctx.settings.poll_timeout
         };
         let mut next = consumer.poll(timeout);
-        if next.is_none() && busy {
-            let mut out = Vec::new();
-            {
-                let mut core = ctx.lock();
-                core.wait_done(BUSY_WAIT, &mut out);
-                core.sched.dispatch(&mut out);
-            }
-            ctx.execute(consumer, out, CommitMode::Async, false);
-            continue;
-        }
         while let Some(result) = next {
             match result {
-                Ok(m) => batch.push(m.detach()),
+                Ok(m) => {
+                    let name = m.topic();
+                    let topic = match topics.get(name) {
+                        Some(t) => t.clone(),
+                        None => {
+                            let t: Arc<str> = Arc::from(name);
+                            topics.insert(name.to_string(), t.clone());
+                            t
+                        }
+                    };
+                    batch.push(Polled::copy(&m, topic));
+                }
                 Err(e) => {
                     match fatal_consumer_error(consumer, &e) {
                         Some(f) => {
@@ -489,15 +576,14 @@ pub(crate) fn poll_loop(
             continue;
         }
         let now = now_ms();
-        let incoming: Vec<Incoming<OwnedMessage>> =
-            batch.drain(..).map(|m| ctx.incoming(m)).collect();
+        let incoming: Vec<Incoming<Polled>> = batch.drain(..).map(|m| ctx.incoming(m)).collect();
         let mut out = Vec::new();
         {
             let mut core = ctx.lock();
             for rec in incoming {
                 core.sched.record(rec, now, &mut out);
             }
-            core.drain_done(&mut out);
+            core.take_deferred(&mut out);
             core.sched.dispatch(&mut out);
         }
         ctx.execute(consumer, out, CommitMode::Async, false);
@@ -525,8 +611,8 @@ fn shutdown(ctx: &WorkerContext, consumer: &BaseConsumer<WorkerContext>, abandon
     loop {
         let mut out = Vec::new();
         let (idle, left) = {
-            let mut core = ctx.lock();
-            core.wait_done(Duration::from_millis(20), &mut out);
+            let mut core = ctx.hub.wait(ctx.lock(), Duration::from_millis(20));
+            core.take_deferred(&mut out);
             // Only jobs kept to close gaps are still released; the
             // scheduler emits no resume while stopping.
             core.sched.dispatch(&mut out);
@@ -550,8 +636,7 @@ fn shutdown(ctx: &WorkerContext, consumer: &BaseConsumer<WorkerContext>, abandon
     let mut out = Vec::new();
     {
         let mut core = ctx.lock();
-        core.drain_done(&mut out);
-        out.clear();
+        core.deferred.clear();
         core.sched.commit_all(&mut out);
     }
     ctx.execute(consumer, out, CommitMode::Sync, false);

@@ -3,9 +3,13 @@
 //! Shared by the worker's poll thread and the test harness, so both feed the
 //! scheduler the same facts.
 
-use std::hash::{Hash, Hasher};
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::OnceLock;
 
 use rdkafka::message::{Message, OwnedMessage};
+
+use super::polled::Polled;
 
 use super::scheduler::{Incoming, LaneKey, Located};
 use super::OrderingMode as Ordering;
@@ -20,23 +24,35 @@ impl Located for OwnedMessage {
     }
 }
 
+impl Located for Polled {
+    fn topic(&self) -> &str {
+        Message::topic(self)
+    }
+    fn partition(&self) -> i32 {
+        Message::partition(self)
+    }
+}
+
+/// The seed of lane hashes: random per process, so the keys a producer
+/// chooses cannot be aimed at one bucket of the scheduler's lane map.
+fn lane_seed() -> &'static RandomState {
+    static SEED: OnceLock<RandomState> = OnceLock::new();
+    SEED.get_or_init(RandomState::new)
+}
+
 /// The scheduler's view of `msg`. Headers are read only for retry-tier
 /// records (`kjob-due-at`, `kjob-group`); a main-topic record costs a key
 /// hash and nothing else.
-pub(crate) fn incoming(
-    msg: OwnedMessage,
+pub(crate) fn incoming<M: Message>(
+    msg: M,
     ordering: Ordering,
     is_tier: bool,
     group: &str,
-) -> Incoming<OwnedMessage> {
+) -> Incoming<M> {
     let offset = msg.offset();
     let lane = match ordering {
         Ordering::PerKey => match msg.key() {
-            Some(k) => {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                k.hash(&mut h);
-                LaneKey::Key(h.finish())
-            }
+            Some(k) => LaneKey::Key(lane_seed().hash_one(k)),
             None => LaneKey::Partition,
         },
         Ordering::PerPartition => LaneKey::Partition,

@@ -43,6 +43,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use rustc_hash::FxHashMap;
+
 use crate::worker::Priority;
 
 use crate::offsets::OffsetTracker;
@@ -201,7 +203,10 @@ struct Part<R> {
     /// Priority level of the partition's topic (0 is the most urgent).
     level: usize,
     tracker: OffsetTracker,
-    lanes: HashMap<LaneKey, Lane<R>>,
+    /// Fx, not SipHash: looked up twice per record. Its keys are offsets
+    /// or per-process randomly seeded hashes of record keys (see
+    /// `record::incoming`), so a producer cannot aim keys at one bucket.
+    lanes: FxHashMap<LaneKey, Lane<R>>,
     paused_bound: bool,
     hold: Option<Hold>,
     revoked: bool,
@@ -219,7 +224,7 @@ impl<R> Part<R> {
 pub(crate) struct Scheduler<R> {
     limits: Limits,
     slots: Vec<Option<Part<R>>>,
-    index: HashMap<String, HashMap<i32, usize>>,
+    index: FxHashMap<String, FxHashMap<i32, usize>>,
     ready: Ready<R>,
     running: usize,
     /// Topic -> priority; unlisted topics are [`Priority::Normal`].
@@ -244,7 +249,7 @@ impl<R: Located> Scheduler<R> {
                 ..limits
             },
             slots: Vec::new(),
-            index: HashMap::new(),
+            index: FxHashMap::default(),
             ready: Ready::new(),
             running: 0,
             priorities: HashMap::new(),
@@ -328,7 +333,7 @@ impl<R: Located> Scheduler<R> {
                 epoch: self.next_epoch,
                 level,
                 tracker: OffsetTracker::new(),
-                lanes: HashMap::new(),
+                lanes: FxHashMap::default(),
                 paused_bound: false,
                 hold: None,
                 revoked: false,
