@@ -348,17 +348,19 @@ impl Pipeline {
             next.group = Some(self.group.clone());
             let target = crate::delay::delay_topic(&entry.main, hop.bucket);
             debug!(job.id = next.id.as_deref().unwrap_or(""), at = %At(msg), next = %target, release_ms = hop.release_ms, run_at_ms = run_at, "delayed job hops on");
-            return Some(match self.forward(&target, &entry.main, msg, &next, None).await {
-                Forwarded::Sent => {
-                    WorkerStats::bump(&self.stats.delay_hops);
-                    Outcome::Delayed
-                }
-                Forwarded::Enveloped => {
-                    WorkerStats::bump(&self.stats.dead_lettered);
-                    Outcome::DeadLettered
-                }
-                Forwarded::Cancelled => Outcome::Abandoned,
-            });
+            return Some(
+                match self.forward(&target, &entry.main, msg, &next, None).await {
+                    Forwarded::Sent => {
+                        WorkerStats::bump(&self.stats.delay_hops);
+                        Outcome::Delayed
+                    }
+                    Forwarded::Enveloped => {
+                        WorkerStats::bump(&self.stats.dead_lettered);
+                        Outcome::DeadLettered
+                    }
+                    Forwarded::Cancelled => Outcome::Abandoned,
+                },
+            );
         }
         let wait = run_at - crate::dlq::now_ms();
         if wait > 0 {

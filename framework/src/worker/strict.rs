@@ -330,13 +330,10 @@ fn read_partition(
             Some(Err(e)) => return Err(Error::kafka(format!("reading {topic}:{partition}"), e)),
             // Compaction can leave gaps: done once the position passed the end.
             None => {
-                let at = consumer
-                    .position()
-                    .ok()
-                    .and_then(|p| {
-                        p.find_partition(topic, partition)
-                            .and_then(|e| e.offset().to_raw())
-                    });
+                let at = consumer.position().ok().and_then(|p| {
+                    p.find_partition(topic, partition)
+                        .and_then(|e| e.offset().to_raw())
+                });
                 if at.is_some_and(|o| o >= high) {
                     return Ok(out);
                 }
@@ -512,9 +509,9 @@ impl Strict {
                     }
                     wait = (wait * 2).min(Duration::from_secs(10));
                     let part = self.locked(main, partition).await?;
-                    pending =
-                        self.store
-                            .write(&topic, partition, key, part.chains.encode(key));
+                    pending = self
+                        .store
+                        .write(&topic, partition, key, part.chains.encode(key));
                 }
             }
         }
@@ -617,7 +614,10 @@ impl Pipeline {
     ) -> Outcome {
         let Some(tier) = entry.retry.tiers.first().copied() else {
             // Unreachable: without tiers no chain ever starts.
-            error!(job.id = id, "strict order: a job would wait but the route has no retry tier; running it");
+            error!(
+                job.id = id,
+                "strict order: a job would wait but the route has no retry tier; running it"
+            );
             return Outcome::Abandoned;
         };
         let topic = crate::retry::tier_topic(&entry.main, tier);
@@ -713,7 +713,9 @@ impl Gate<'_, '_> {
 pub(crate) fn set_follows(headers: &mut JobHeaders, head: Option<&str>) {
     headers.extra.retain(|(k, _)| k != FOLLOWS);
     if let Some(h) = head {
-        headers.extra.push((FOLLOWS.to_string(), h.as_bytes().to_vec()));
+        headers
+            .extra
+            .push((FOLLOWS.to_string(), h.as_bytes().to_vec()));
     }
 }
 
@@ -870,7 +872,9 @@ mod tests {
         let topics = vec!["ledger".to_string()];
         let plain = KafkaConfig::new("127.0.0.1:9092", "http://127.0.0.1:8081");
         assert!(check_assignment(&plain, super::super::GroupProtocol::Classic, &topics).is_ok());
-        let range = plain.clone().set("partition.assignment.strategy", "range,roundrobin");
+        let range = plain
+            .clone()
+            .set("partition.assignment.strategy", "range,roundrobin");
         assert!(check_assignment(&range, super::super::GroupProtocol::Classic, &topics).is_ok());
         let sticky = plain
             .clone()
@@ -878,7 +882,10 @@ mod tests {
         let err = check_assignment(&sticky, super::super::GroupProtocol::Classic, &topics)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("range") && err.contains("ledger.order"), "{err}");
+        assert!(
+            err.contains("range") && err.contains("ledger.order"),
+            "{err}"
+        );
         let uniform = plain.set("group.remote.assignor", "uniform");
         assert!(
             check_assignment(&uniform, super::super::GroupProtocol::Consumer, &topics).is_err()
