@@ -341,3 +341,87 @@ async fn the_harness_applies_the_same_rules() {
         }
     }
 }
+
+/// A head that is dead-lettered (bad input) leaves the chain: the key's
+/// next job runs instead of waiting forever.
+#[tokio::test]
+async fn a_dead_lettered_head_does_not_wedge_its_key() {
+    async fn handler(job: TestJob, _ctx: JobContext) -> Result<(), JobError> {
+        match job.behaviour.as_str() {
+            "always-fails" => Err(JobError::server("downstream keeps failing")),
+            _ => Ok(()),
+        }
+    }
+    let topic = "strict.deadletter";
+    let builder = Worker::builder(
+        KafkaConfig::new("127.0.0.1:9092", "http://127.0.0.1:8081"),
+        "g",
+    )
+    .handle_on::<TestJob, _>(topic, handler)
+    // Two attempts: job 1 fails, waits in the tier, fails again and is
+    // dead-lettered as retries_exhausted.
+    .retry(RetryPolicy::tiers([Duration::from_secs(5)]).jitter(0.0))
+    .strict_order(topic);
+    let mut h = Harness::new(builder).expect("harness");
+    let first = h
+        .enqueue_to(topic, &TestJob::with(KEY, 1, "always-fails"))
+        .expect("enqueue");
+    h.run().await;
+    let second = h.enqueue_to(topic, &TestJob::ok(KEY, 2)).expect("enqueue");
+    h.run_until_idle().await;
+    assert_eq!(
+        h.dead_letters()
+            .iter()
+            .map(|d| d.id.clone())
+            .collect::<Vec<_>>(),
+        vec![first]
+    );
+    let handled: Vec<String> = h.handled().iter().map(|x| x.id.clone()).collect();
+    assert_eq!(
+        handled,
+        vec![second],
+        "job 2 ran after job 1 was dead-lettered"
+    );
+}
+
+/// A strict route is refused, with the fix named, where its order could not
+/// hold: an unknown topic, unordered dispatch, a non-range assignor.
+#[test]
+fn unusable_strict_settings_are_refused_at_build() {
+    async fn handler(_: TestJob, _: JobContext) -> Result<(), JobError> {
+        Ok(())
+    }
+    let config = || KafkaConfig::new("127.0.0.1:9092", "http://127.0.0.1:8081");
+    let err = |b: kjob::WorkerBuilder| match b.build() {
+        Ok(_) => panic!("a strict route that cannot hold was accepted"),
+        Err(e) => e.to_string(),
+    };
+    let typo = err(Worker::builder(config(), "g")
+        .handle_on::<TestJob, _>("ledger", handler)
+        .strict_order("ledgr"));
+    assert!(
+        typo.contains("ledgr") && typo.contains("strict_order"),
+        "{typo}"
+    );
+    let unordered = err(Worker::builder(config(), "g")
+        .handle_on::<TestJob, _>("ledger", handler)
+        .ordering(kjob::OrderingMode::Unordered)
+        .strict_order("ledger"));
+    assert!(unordered.contains("PerKey"), "{unordered}");
+    let sticky = err(Worker::builder(
+        config().set("partition.assignment.strategy", "cooperative-sticky"),
+        "g",
+    )
+    .group_protocol(kjob::GroupProtocol::Classic)
+    .handle_on::<TestJob, _>("ledger", handler)
+    .strict_order("ledger"));
+    assert!(
+        sticky.contains("range") && sticky.contains("ledger.order"),
+        "{sticky}"
+    );
+    assert!(Worker::builder(config(), "g")
+        .handle_on::<TestJob, _>("ledger", handler)
+        .strict_order("ledger")
+        .build()
+        .is_ok());
+}

@@ -67,12 +67,7 @@ use super::state::{RouteEntry, WorkerStats};
 use crate::config::KafkaConfig;
 use crate::error::{Error, Result};
 use crate::headers::{JobHeaders, FOLLOWS};
-
-/// The compacted topic holding the chains of `main`'s keys:
-/// `<main>.order`.
-pub fn order_topic(main: &str) -> String {
-    format!("{main}.order")
-}
+pub(crate) use crate::topics::order_topic;
 
 /// What a state record's value holds (JSON).
 #[derive(Debug, Serialize, Deserialize)]
