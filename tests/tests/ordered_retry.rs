@@ -21,6 +21,8 @@ use rdkafka::Message;
 const KEY: &str = "K";
 /// Other keys' jobs enqueued together with K's jobs 2–5.
 const OTHERS: i64 = 20;
+/// Retry tiers (ms) of the SIGKILL scenario.
+const TIERS_KILL: &str = "1000,8000";
 
 fn spawn_worker(topic: &str, group: &str, record: &Path, instance: &str, tiers: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_test-worker"))
@@ -72,15 +74,27 @@ async fn setup(tiers: &str) -> (KafkaConfig, String, String, PathBuf, Child) {
     (config, topic, group, record, child)
 }
 
-/// Enqueues K's job 1 (fails twice), waits for its first failure, then
-/// enqueues K's jobs 2–5 and the other keys' jobs; returns when it began
-/// enqueueing those (epoch ms).
-async fn enqueue_scenario(producer: &Producer, topic: &str, record: &Path) -> i64 {
+/// Enqueues K's job 1 (fails twice), waits for its `failures` first
+/// failures, then enqueues K's jobs 2–5 and the other keys' jobs; returns
+/// when it began enqueueing those (epoch ms).
+async fn enqueue_scenario(producer: &Producer, topic: &str, record: &Path, failures: usize) -> i64 {
     producer
         .enqueue_to(topic, &TestJob::with(KEY, 1, "fail-twice"))
         .await
         .expect("job 1 enqueued");
-    wait_line(record, "failed 1", Duration::from_secs(30)).await;
+    let start = Instant::now();
+    while read_lines(record)
+        .iter()
+        .filter(|l| *l == "failed 1")
+        .count()
+        < failures
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "job 1 did not fail {failures} times"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let started = now_ms();
     for seq in 2..=5 {
         // One at a time, so their arrival order is 2, 3, 4, 5.
@@ -241,7 +255,7 @@ fn stop(mut child: Child) {
 async fn a_keys_later_jobs_wait_for_its_job_in_the_retry_path() {
     let (config, topic, _group, record, child) = setup("1500,2000").await;
     let producer = Producer::new(&config).expect("producer");
-    let enqueued_at = enqueue_scenario(&producer, &topic, &record).await;
+    let enqueued_at = enqueue_scenario(&producer, &topic, &record, 1).await;
     wait_line(&record, "done 5", Duration::from_secs(60)).await;
     // Let the last state writes and commits land.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -252,12 +266,15 @@ async fn a_keys_later_jobs_wait_for_its_job_in_the_retry_path() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_order_survives_a_sigkill_while_job_1_waits_in_a_tier() {
-    let (config, topic, group, record, mut child) = setup("4000,5000").await;
+    // Job 1 waits 8 s in the second tier while K's jobs 2–5, parked in the
+    // 1 s first tier, come due again and again: only the persisted order
+    // keeps the next process from running them before job 1.
+    let (config, topic, group, record, mut child) = setup(TIERS_KILL).await;
     let producer = Producer::new(&config).expect("producer");
-    let enqueued_at = enqueue_scenario(&producer, &topic, &record).await;
-    // Let the worker park K's jobs 2–5 behind job 1 (which waits 4 s in
-    // its tier), then kill it without a chance to clean up.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let enqueued_at = enqueue_scenario(&producer, &topic, &record, 2).await;
+    // Let the worker park K's jobs 2–5 (and re-park them once), then kill
+    // it without a chance to clean up.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
     child.kill().expect("SIGKILL");
     let _ = child.wait();
     let before = runs(&record);
@@ -268,7 +285,7 @@ async fn the_order_survives_a_sigkill_while_job_1_waits_in_a_tier() {
     );
     assert!(before.first_start.is_empty(), "K's jobs 2–5 ran early");
     let killed_at = now_ms();
-    let next = spawn_worker(&topic, &group, &record, &format!("{group}-w"), "4000,5000");
+    let next = spawn_worker(&topic, &group, &record, &format!("{group}-w"), TIERS_KILL);
     wait_line(&record, "done 5", Duration::from_secs(90)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop(next);
