@@ -72,8 +72,12 @@ pub async fn run(config: &KafkaConfig, cmd: TopicsCommand) -> Result<()> {
             }
             if strict_order {
                 let order = (order_topic(&topic), partitions);
-                create_topics_with(config, &[order.clone()], &[("cleanup.policy", "compact")])
-                    .await?;
+                create_topics_with(
+                    config,
+                    std::slice::from_ref(&order),
+                    &[("cleanup.policy", "compact")],
+                )
+                .await?;
                 all.push(order.0);
             }
             // Visible to the next command (an `enqueue --in` right after).
