@@ -297,6 +297,32 @@ async fn the_order_survives_a_sigkill_while_job_1_waits_in_a_tier() {
     assert_chains_empty(&config, &topic);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_order_holds_when_another_worker_takes_the_partition_over() {
+    // As above, but the partitions move to a second, already running
+    // process: it joins (an eager rebalance splits the partitions), then
+    // the first is SIGKILLed and the second takes everything once the dead
+    // member's session expired, reloading the order state of each
+    // partition it gains.
+    let (config, topic, group, record, mut first) = setup(TIERS_KILL).await;
+    let producer = Producer::new(&config).expect("producer");
+    let enqueued_at = enqueue_scenario(&producer, &topic, &record, 2).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let second = spawn_worker(&topic, &group, &record, &format!("{group}-b"), TIERS_KILL);
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    first.kill().expect("SIGKILL");
+    let _ = first.wait();
+    assert!(
+        runs(&record).first_start.is_empty(),
+        "K's jobs 2–5 ran before the takeover"
+    );
+    wait_line(&record, "done 5", Duration::from_secs(90)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop(second);
+    check("rebalance to a running worker", &record, enqueued_at);
+    assert_chains_empty(&config, &topic);
+}
+
 /// The same rules in the in-memory harness (no broker): the exact order,
 /// and that without strict order job 2 overtakes job 1 (what the mode is
 /// for).
@@ -353,6 +379,20 @@ async fn the_harness_applies_the_same_rules() {
                 .map(|x| x.attempt)
                 .collect();
             assert_eq!(firsts, vec![1, 1, 1, 1], "parking burns no attempt");
+            // While job 1 waits 30 s in the second tier, the others wait in
+            // that tier too instead of coming back every 5 s.
+            let parked_long = h
+                .records(&format!("{topic}.retry.30s"))
+                .iter()
+                .filter(|m| kjob::headers::find(m.headers(), kjob::headers::FOLLOWS).is_some())
+                .count();
+            assert_eq!(parked_long, 4, "K's jobs 2-5 parked once in the 30 s tier");
+            let parked_short = h
+                .records(&format!("{topic}.retry.5s"))
+                .iter()
+                .filter(|m| kjob::headers::find(m.headers(), kjob::headers::FOLLOWS).is_some())
+                .count();
+            assert_eq!(parked_short, 4, "and once in the 5 s tier, on arrival");
         } else {
             assert_eq!(order, vec![2, 3, 4, 5, 1], "today's default behaviour");
         }

@@ -172,8 +172,11 @@ impl Pipeline {
             let id = headers.job_id(msg.topic(), msg.partition(), msg.offset());
             let outcome = match gate.admit(&entry.main, &id).await {
                 Ok(super::strict::Admit::Run) => None,
-                Ok(super::strict::Admit::Follow { head, .. }) => {
-                    Some(self.park(entry, msg, &headers, &id, &head, now_ms).await)
+                Ok(super::strict::Admit::Follow {
+                    head, head_due_ms, ..
+                }) => {
+                    self.park(entry, msg, &headers, &id, &head, head_due_ms, now_ms)
+                        .await
                 }
                 Err(_) => Some(Outcome::Abandoned),
             };
@@ -251,7 +254,7 @@ impl Pipeline {
                 if let Some(gate) = strict {
                     // It heads its key's chain before it is in the tier.
                     super::strict::set_follows(&mut headers, None);
-                    if !gate.retrying(&entry.main, &id).await {
+                    if !gate.retrying(&entry.main, &id, headers.due_at_ms).await {
                         return Attempted {
                             outcome: Outcome::Abandoned,
                             id,

@@ -74,13 +74,28 @@ pub(crate) use crate::topics::order_topic;
 struct Stored {
     /// The chain, head first.
     ids: Vec<String>,
+    /// When the head is due in its retry tier (epoch ms), if it waits in
+    /// one: parked records are sent to a tier that brings them back about
+    /// then, not every first-tier delay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    head_due_ms: Option<i64>,
+}
+
+/// One key's chain.
+#[derive(Debug, Default)]
+struct Chain {
+    /// Job ids, head first.
+    ids: VecDeque<String>,
+    /// When the head is due in its tier (set when it is forwarded there,
+    /// cleared when another job becomes head).
+    head_due_ms: Option<i64>,
 }
 
 /// The chains of one state partition: key to job ids, head first. Pure
 /// data, unit tested without a broker.
 #[derive(Debug, Default)]
 pub(crate) struct Chains {
-    by_key: HashMap<Vec<u8>, VecDeque<String>>,
+    by_key: HashMap<Vec<u8>, Chain>,
 }
 
 /// Whether a record may run now.
@@ -93,6 +108,8 @@ pub(crate) enum Admit {
     Follow {
         /// The id of the job in the retry path.
         head: String,
+        /// When that job is due in its tier, if known.
+        head_due_ms: Option<i64>,
         /// Whether the chain changed.
         appended: bool,
     },
@@ -105,29 +122,39 @@ impl Chains {
         let Some(chain) = self.by_key.get_mut(key) else {
             return Admit::Run;
         };
-        match chain.front() {
+        match chain.ids.front() {
             None => Admit::Run,
             Some(head) if head == id => Admit::Run,
             Some(head) => {
                 let head = head.clone();
-                let appended = !chain.iter().any(|x| x == id);
+                let appended = !chain.ids.iter().any(|x| x == id);
                 if appended {
-                    chain.push_back(id.to_string());
+                    chain.ids.push_back(id.to_string());
                 }
-                Admit::Follow { head, appended }
+                Admit::Follow {
+                    head,
+                    head_due_ms: chain.head_due_ms,
+                    appended,
+                }
             }
         }
     }
 
-    /// `id` of `key` failed and goes to a retry tier: it starts the chain
-    /// (or stays in it). Returns whether the chain changed.
-    pub(crate) fn retrying(&mut self, key: &[u8], id: &str) -> bool {
+    /// `id` of `key` failed and goes to a retry tier, due at `due_ms`: it
+    /// starts the chain (or stays in it). Returns whether the chain
+    /// changed.
+    pub(crate) fn retrying(&mut self, key: &[u8], id: &str, due_ms: Option<i64>) -> bool {
         let chain = self.by_key.entry(key.to_vec()).or_default();
-        if chain.iter().any(|x| x == id) {
-            return false;
+        let mut changed = false;
+        if !chain.ids.iter().any(|x| x == id) {
+            chain.ids.push_back(id.to_string());
+            changed = true;
         }
-        chain.push_back(id.to_string());
-        true
+        if chain.ids.front().is_some_and(|h| h == id) && chain.head_due_ms != due_ms {
+            chain.head_due_ms = due_ms;
+            changed = true;
+        }
+        changed
     }
 
     /// `id` of `key` finished (handled or dead-lettered): it leaves the
@@ -136,31 +163,38 @@ impl Chains {
         let Some(chain) = self.by_key.get_mut(key) else {
             return false;
         };
-        let before = chain.len();
-        chain.retain(|x| x != id);
-        let changed = chain.len() != before;
-        if chain.is_empty() {
+        let was_head = chain.ids.front().is_some_and(|h| h == id);
+        let before = chain.ids.len();
+        chain.ids.retain(|x| x != id);
+        let changed = chain.ids.len() != before;
+        if was_head {
+            // The next head has not failed (yet): it is not waiting anywhere.
+            chain.head_due_ms = None;
+        }
+        if chain.ids.is_empty() {
             self.by_key.remove(key);
         }
         changed
     }
 
     /// The chain of `key`, head first (empty when there is none).
-    pub(crate) fn chain(&self, key: &[u8]) -> Vec<String> {
+    #[cfg(test)]
+    fn chain(&self, key: &[u8]) -> Vec<String> {
         self.by_key
             .get(key)
-            .map(|c| c.iter().cloned().collect())
+            .map(|c| c.ids.iter().cloned().collect())
             .unwrap_or_default()
     }
 
     /// The state record's value for `key`: `None` (a tombstone) when its
     /// chain is empty.
     pub(crate) fn encode(&self, key: &[u8]) -> Option<Vec<u8>> {
-        let ids = self.chain(key);
-        if ids.is_empty() {
-            return None;
-        }
-        serde_json::to_vec(&Stored { ids }).ok()
+        let chain = self.by_key.get(key).filter(|c| !c.ids.is_empty())?;
+        serde_json::to_vec(&Stored {
+            ids: chain.ids.iter().cloned().collect(),
+            head_due_ms: chain.head_due_ms,
+        })
+        .ok()
     }
 
     /// Applies one state record read back from `<main>.order`. A value that
@@ -170,7 +204,7 @@ impl Chains {
         let parsed = match value {
             None => None,
             Some(v) => match serde_json::from_slice::<Stored>(v) {
-                Ok(s) => Some(s.ids),
+                Ok(s) => Some(s),
                 Err(e) => {
                     warn!(
                         topic, key = %String::from_utf8_lossy(key), error = %e,
@@ -183,8 +217,14 @@ impl Chains {
             },
         };
         match parsed {
-            Some(ids) if !ids.is_empty() => {
-                self.by_key.insert(key.to_vec(), ids.into_iter().collect());
+            Some(s) if !s.ids.is_empty() => {
+                self.by_key.insert(
+                    key.to_vec(),
+                    Chain {
+                        ids: s.ids.into_iter().collect(),
+                        head_due_ms: s.head_due_ms,
+                    },
+                );
             }
             _ => {
                 self.by_key.remove(key);
@@ -193,10 +233,28 @@ impl Chains {
     }
 
     /// Keys with a chain.
-    #[cfg(test)]
     fn len(&self) -> usize {
         self.by_key.len()
     }
+}
+
+/// The retry tier a waiting record is parked in: the longest one that
+/// brings it back no later than its head is due (`head_due_ms`), so a
+/// record behind a job waiting 30 minutes is not re-parked every few
+/// seconds; the first tier when the head's due time is unknown or near.
+/// A parked record is thus back at most one first-tier delay after the
+/// head could have finished.
+pub(crate) fn park_tier(tiers: &[Duration], now_ms: i64, head_due_ms: Option<i64>) -> usize {
+    let Some(due) = head_due_ms else {
+        return 0;
+    };
+    let left = due - now_ms;
+    tiers
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| (t.as_millis() as i64) <= left)
+        .max_by_key(|(_, t)| **t)
+        .map_or(0, |(i, _)| i)
 }
 
 /// Where chains are persisted: `<main>.order` on Kafka for the worker,
@@ -405,7 +463,8 @@ pub(crate) struct Strict {
 
 /// What a post-attempt state change must do.
 enum Change {
-    Retrying,
+    /// Forwarded to a tier, due then.
+    Retrying(Option<i64>),
     Finished,
 }
 
@@ -462,7 +521,7 @@ impl Strict {
                     for (k, v) in &records {
                         chains.apply(&topic, k, v.as_deref());
                     }
-                    debug!(topic = %topic, partition, records = records.len(), keys = chains.by_key.len(), "strict-order state loaded");
+                    debug!(topic = %topic, partition, records = records.len(), keys = chains.len(), "strict-order state loaded");
                     part.chains = chains;
                     part.generation = Some(generation);
                     return Ok(part);
@@ -553,7 +612,7 @@ impl Strict {
         let write = {
             let mut part = self.locked(main, partition).await?;
             let changed = match change {
-                Change::Retrying => part.chains.retrying(key, id),
+                Change::Retrying(due) => part.chains.retrying(key, id, due),
                 Change::Finished => part.chains.finished(key, id),
             };
             changed.then(|| {
@@ -575,8 +634,9 @@ impl Strict {
         partition: i32,
         key: &[u8],
         id: &str,
+        due_ms: Option<i64>,
     ) -> std::result::Result<(), Cancelled> {
-        self.change(main, partition, key, id, Change::Retrying)
+        self.change(main, partition, key, id, Change::Retrying(due_ms))
             .await
     }
 
@@ -595,9 +655,12 @@ impl Strict {
 }
 
 impl Pipeline {
-    /// Parks `msg` (not run) in the first retry tier of its route, on the
-    /// same partition, due after the tier's delay, its attempt unchanged,
-    /// with `kjob-follows` naming the job it waits for.
+    /// Parks `msg` (not run) in a retry tier of its route ([`park_tier`]),
+    /// on the same partition, its attempt unchanged, with `kjob-follows`
+    /// naming the job it waits for. `None` when the route has no tier to
+    /// park in (its policy lost them while a chain was open): the record
+    /// then runs, out of strict order, rather than wait forever.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn park(
         &self,
         entry: &RouteEntry,
@@ -605,15 +668,16 @@ impl Pipeline {
         headers: &JobHeaders,
         id: &str,
         head: &str,
+        head_due_ms: Option<i64>,
         now_ms: i64,
-    ) -> Outcome {
-        let Some(tier) = entry.retry.tiers.first().copied() else {
-            // Unreachable: without tiers no chain ever starts.
-            error!(
-                job.id = id,
-                "strict order: a job would wait but the route has no retry tier; running it"
+    ) -> Option<Outcome> {
+        let i = park_tier(&entry.retry.tiers, now_ms, head_due_ms);
+        let Some(tier) = entry.retry.tiers.get(i).copied() else {
+            warn!(
+                job.id = id, follows = head,
+                "strict order: the route has no retry tier to park this job in; running it out of order"
             );
-            return Outcome::Abandoned;
+            return None;
         };
         let topic = crate::retry::tier_topic(&entry.main, tier);
         let mut next = headers.clone();
@@ -634,13 +698,13 @@ impl Pipeline {
         {
             Forwarded::Sent => {
                 WorkerStats::bump(&self.stats.held);
-                Outcome::Held
+                Some(Outcome::Held)
             }
             Forwarded::Enveloped => {
                 WorkerStats::bump(&self.stats.dead_lettered);
-                Outcome::DeadLettered
+                Some(Outcome::DeadLettered)
             }
-            Forwarded::Cancelled => Outcome::Abandoned,
+            Forwarded::Cancelled => Some(Outcome::Abandoned),
         }
     }
 }
@@ -683,9 +747,9 @@ impl Gate<'_, '_> {
     }
 
     /// See [`Strict::retrying`]; `false` when the worker gave up.
-    pub(crate) async fn retrying(&self, main: &str, id: &str) -> bool {
+    pub(crate) async fn retrying(&self, main: &str, id: &str, due_ms: Option<i64>) -> bool {
         self.strict
-            .retrying(main, self.partition, self.key, id)
+            .retrying(main, self.partition, self.key, id, due_ms)
             .await
             .is_ok()
     }
@@ -762,8 +826,11 @@ mod tests {
     fn a_free_key_runs_and_a_failure_starts_its_chain() {
         let mut c = Chains::default();
         assert_eq!(c.admit(b"k", "1"), Admit::Run);
-        assert!(c.retrying(b"k", "1"));
-        assert!(!c.retrying(b"k", "1"), "a second failure keeps it head");
+        assert!(c.retrying(b"k", "1", None));
+        assert!(
+            !c.retrying(b"k", "1", None),
+            "a second failure keeps it head"
+        );
         assert_eq!(c.chain(b"k"), vec!["1"]);
         assert_eq!(c.admit(b"k", "1"), Admit::Run, "the head runs");
         assert_eq!(c.admit(b"other", "9"), Admit::Run, "other keys flow");
@@ -772,12 +839,13 @@ mod tests {
     #[test]
     fn later_jobs_follow_in_arrival_order_and_run_after_the_head() {
         let mut c = Chains::default();
-        c.retrying(b"k", "1");
+        c.retrying(b"k", "1", None);
         for id in ["2", "3", "4"] {
             assert_eq!(
                 c.admit(b"k", id),
                 Admit::Follow {
                     head: "1".into(),
+                    head_due_ms: None,
                     appended: true
                 }
             );
@@ -787,6 +855,7 @@ mod tests {
             c.admit(b"k", "3"),
             Admit::Follow {
                 head: "1".into(),
+                head_due_ms: None,
                 appended: false
             }
         );
@@ -796,6 +865,7 @@ mod tests {
             c.admit(b"k", "3"),
             Admit::Follow {
                 head: "2".into(),
+                head_due_ms: None,
                 appended: false
             }
         );
@@ -811,19 +881,22 @@ mod tests {
     #[test]
     fn a_follower_that_fails_keeps_its_place_as_head() {
         let mut c = Chains::default();
-        c.retrying(b"k", "1");
+        c.retrying(b"k", "1", None);
         c.admit(b"k", "2");
         c.admit(b"k", "3");
         c.finished(b"k", "1");
         assert_eq!(c.admit(b"k", "2"), Admit::Run);
-        assert!(!c.retrying(b"k", "2"), "already in the chain, at its head");
+        assert!(
+            !c.retrying(b"k", "2", None),
+            "already in the chain, at its head"
+        );
         assert_eq!(c.chain(b"k"), vec!["2", "3"]);
     }
 
     #[test]
     fn a_dead_lettered_head_pops_and_unblocks_the_key() {
         let mut c = Chains::default();
-        c.retrying(b"k", "bad");
+        c.retrying(b"k", "bad", None);
         c.admit(b"k", "2");
         assert!(c.finished(b"k", "bad"));
         assert_eq!(c.admit(b"k", "2"), Admit::Run);
@@ -834,11 +907,12 @@ mod tests {
         // A stale copy of a finished job (or a pre-strict retry) while the
         // key has a chain: it waits its turn rather than being dropped.
         let mut c = Chains::default();
-        c.retrying(b"k", "5");
+        c.retrying(b"k", "5", None);
         assert_eq!(
             c.admit(b"k", "1"),
             Admit::Follow {
                 head: "5".into(),
+                head_due_ms: None,
                 appended: true
             }
         );
@@ -847,7 +921,7 @@ mod tests {
     #[test]
     fn state_round_trips_and_garbage_reads_as_empty() {
         let mut c = Chains::default();
-        c.retrying(b"k", "1");
+        c.retrying(b"k", "1", None);
         c.admit(b"k", "2");
         let value = c.encode(b"k");
         let mut loaded = Chains::default();
@@ -860,6 +934,69 @@ mod tests {
         assert_eq!(loaded.len(), 0, "a tombstone clears the key");
         loaded.apply("t.order", b"j", Some(br#"{"ids":[]}"#));
         assert_eq!(loaded.len(), 0);
+    }
+
+    #[test]
+    fn the_heads_due_time_is_kept_for_its_followers_and_cleared_when_it_leaves() {
+        let mut c = Chains::default();
+        assert!(c.retrying(b"k", "1", Some(60_000)));
+        assert!(!c.retrying(b"k", "1", Some(60_000)), "nothing new");
+        assert!(
+            c.retrying(b"k", "1", Some(90_000)),
+            "failed again: due later"
+        );
+        assert_eq!(
+            c.admit(b"k", "2"),
+            Admit::Follow {
+                head: "1".into(),
+                head_due_ms: Some(90_000),
+                appended: true
+            }
+        );
+        // A follower's own failure never sets the head's due time.
+        assert!(!c.retrying(b"k", "2", Some(5)));
+        let mut loaded = Chains::default();
+        loaded.apply("t.order", b"k", c.encode(b"k").as_deref());
+        assert_eq!(
+            loaded.admit(b"k", "2"),
+            Admit::Follow {
+                head: "1".into(),
+                head_due_ms: Some(90_000),
+                appended: false
+            },
+            "the due time survives a reload"
+        );
+        assert!(c.finished(b"k", "1"));
+        assert!(
+            c.retrying(b"k", "2", Some(7)),
+            "the new head waits in a tier"
+        );
+        c.admit(b"k", "3");
+        c.finished(b"k", "2");
+        assert_eq!(
+            c.admit(b"k", "4"),
+            Admit::Follow {
+                head: "3".into(),
+                head_due_ms: None,
+                appended: true
+            },
+            "a head that has not failed is due nowhere"
+        );
+    }
+
+    #[test]
+    fn a_parked_job_comes_back_no_later_than_its_head_is_due() {
+        let s = Duration::from_secs;
+        let tiers = [s(5), s(30), s(300), s(1800)];
+        assert_eq!(park_tier(&tiers, 0, None), 0, "unknown: the first tier");
+        assert_eq!(park_tier(&tiers, 0, Some(4_000)), 0, "near: the first tier");
+        assert_eq!(park_tier(&tiers, 0, Some(-1)), 0, "overdue: the first tier");
+        assert_eq!(park_tier(&tiers, 0, Some(30_000)), 1);
+        assert_eq!(park_tier(&tiers, 0, Some(299_999)), 1);
+        assert_eq!(park_tier(&tiers, 0, Some(1_980_000)), 3);
+        assert_eq!(park_tier(&[], 0, Some(1_000_000)), 0);
+        // Unsorted tiers: still the longest that fits.
+        assert_eq!(park_tier(&[s(60), s(5), s(30)], 0, Some(45_000)), 2);
     }
 
     #[test]
