@@ -215,7 +215,8 @@ impl WorkerBuilder {
 
     /// Strict ordered retries for the route on main topic `topic`: while a
     /// key has a job in the retry path, the key's later jobs do not run
-    /// before it. They are parked in the route's first retry tier (their
+    /// before it. They are parked in one of the route's retry tiers (the
+    /// longest that brings them back no later than that job is due; their
     /// attempt count untouched, `kjob-follows` naming the job they wait
     /// for) and run in arrival order once it was handled or dead-lettered.
     /// The order survives a crash or a rebalance: it is kept in a compacted
