@@ -387,6 +387,7 @@ impl Pipeline {
         {
             Forwarded::Sent => {
                 WorkerStats::bump(&self.stats.held);
+                self.metrics.outcome(entry.route.job_name(), "held");
                 Some(Outcome::Held)
             }
             Forwarded::Enveloped => {
