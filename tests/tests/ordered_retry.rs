@@ -285,7 +285,9 @@ async fn the_order_survives_a_sigkill_while_job_1_waits_in_a_tier() {
     );
     assert!(before.first_start.is_empty(), "K's jobs 2–5 ran early");
     let killed_at = now_ms();
-    let next = spawn_worker(&topic, &group, &record, &format!("{group}-w"), TIERS_KILL);
+    // A new member id: under KIP-848 the broker keeps a SIGKILLed static
+    // member's id until its session expires and refuses it meanwhile.
+    let next = spawn_worker(&topic, &group, &record, &format!("{group}-w2"), TIERS_KILL);
     wait_line(&record, "done 5", Duration::from_secs(90)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop(next);
