@@ -368,6 +368,17 @@ impl Pipeline {
             );
             return None;
         };
+        if let Some(late_ms) = overdue(&entry.retry.tiers, now_ms, head_due_ms) {
+            // Order is never given up on a timer (a long outage would then
+            // reorder every waiting key); an operator decides.
+            warn!(
+                job.id = id, follows = head, late_ms, order_topic = %order_topic(&entry.main),
+                "strict order: the job this key waits for is overdue in its retry tier. If its \
+                 record is gone (a tier topic deleted, strict order turned off and on again), \
+                 the key waits forever: clear it by writing a tombstone for the key to the order \
+                 topic"
+            );
+        }
         let topic = crate::retry::tier_topic(&entry.main, tier);
         let mut next = headers.clone();
         next.id = Some(id.to_string());
@@ -456,6 +467,15 @@ impl Gate<'_, '_> {
     pub(crate) fn partition(&self) -> i32 {
         self.partition
     }
+}
+
+/// How long (ms) the head is past its due time, when that is more than
+/// the route's longest tier delay: longer than any tier hold or re-park
+/// explains, so worth a warning.
+fn overdue(tiers: &[Duration], now_ms: i64, head_due_ms: Option<i64>) -> Option<i64> {
+    let longest = tiers.iter().max()?.as_millis() as i64;
+    let late = now_ms - head_due_ms?;
+    (late > longest).then_some(late)
 }
 
 /// Sets (or with `None` removes) the `kjob-follows` header.
@@ -590,6 +610,16 @@ mod tests {
             follows(false),
             "job 2 is still in the chain after the reload"
         );
+    }
+
+    #[test]
+    fn a_head_is_overdue_only_beyond_the_longest_tier() {
+        let tiers = [Duration::from_secs(5), Duration::from_secs(30)];
+        assert_eq!(overdue(&tiers, 100_000, None), None);
+        assert_eq!(overdue(&tiers, 100_000, Some(90_000)), None);
+        assert_eq!(overdue(&tiers, 100_000, Some(70_000)), None);
+        assert_eq!(overdue(&tiers, 100_000, Some(60_000)), Some(40_000));
+        assert_eq!(overdue(&[], 100_000, Some(0)), None);
     }
 
     #[test]
