@@ -9,8 +9,10 @@
 //! attempt through the worker's pipeline (Avro decoding with the contract
 //! schemas, the handler runner with panics and timeouts,
 //! [`crate::routing::next_step`] deciding between done, retry tier and DLQ,
-//! the same headers, forward-then-finish). Only the transport differs:
-//! topics are in-memory logs, and the clock is virtual.
+//! the same headers, forward-then-finish, and the parking of a strict-order
+//! route, [`WorkerBuilder::strict_order`]). Only the transport differs:
+//! topics (and a strict route's order state) are in-memory logs, and the
+//! clock is virtual.
 //!
 //! ```
 //! # use kjob::{Job, JobContext, JobError, KafkaConfig, Worker};
