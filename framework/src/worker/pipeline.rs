@@ -300,6 +300,10 @@ impl Pipeline {
                 );
                 span.fail(&message);
                 span.inject(&mut headers);
+                if strict.is_some() {
+                    // It no longer waits behind anything.
+                    super::strict::set_follows(&mut headers, None);
+                }
                 match self.forward(&topic, &entry.main, msg, &headers, None).await {
                     Forwarded::Cancelled => Outcome::Abandoned,
                     Forwarded::Sent | Forwarded::Enveloped => {
