@@ -1,5 +1,6 @@
 //! `kjob topics create`: a route's main topic, retry tiers and DLQ (and
-//! with `--delays` its delay topics) in one go.
+//! with `--delays` its delay topics, with `--strict-order` its compacted
+//! order topic) in one go.
 
 use anyhow::{anyhow, Result};
 use clap::Subcommand;
@@ -7,7 +8,7 @@ use clap::Subcommand;
 use kjob::config::KafkaConfig;
 use kjob::delay::{delay_topics, CREATED_RETENTION};
 use kjob::retry::{parse_delay, RetryPolicy};
-use kjob::topics::{create_topics, create_topics_with, dlq_topic};
+use kjob::topics::{create_topics, create_topics_with, dlq_topic, order_topic};
 
 #[derive(Subcommand, Debug)]
 pub enum TopicsCommand {
@@ -26,6 +27,10 @@ pub enum TopicsCommand {
         /// `enqueue_in` / `kjob enqueue --in` write to, keeping records 7 days.
         #[arg(long)]
         delays: bool,
+        /// Also the compacted `<topic>.order` topic a route under
+        /// `WorkerBuilder::strict_order` keeps its waiting jobs' order in.
+        #[arg(long)]
+        strict_order: bool,
     },
 }
 
@@ -36,6 +41,7 @@ pub async fn run(config: &KafkaConfig, cmd: TopicsCommand) -> Result<()> {
             partitions,
             tiers,
             delays: with_delays,
+            strict_order,
         } => {
             if partitions < 1 {
                 return Err(anyhow!("--partitions must be at least 1, got {partitions}"));
@@ -63,6 +69,16 @@ pub async fn run(config: &KafkaConfig, cmd: TopicsCommand) -> Result<()> {
                 let retention = CREATED_RETENTION.as_millis().to_string();
                 create_topics_with(config, &topics, &[("retention.ms", &retention)]).await?;
                 all.extend(topics.into_iter().map(|(t, _)| t));
+            }
+            if strict_order {
+                let order = (order_topic(&topic), partitions);
+                create_topics_with(
+                    config,
+                    std::slice::from_ref(&order),
+                    &[("cleanup.policy", "compact")],
+                )
+                .await?;
+                all.push(order.0);
             }
             // Visible to the next command (an `enqueue --in` right after).
             kjob::topics::wait_visible(config, &all).await?;

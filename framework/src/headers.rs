@@ -39,6 +39,10 @@ pub const ORIGINAL_TIMESTAMP: &str = "kjob-original-timestamp";
 pub const GROUP: &str = "kjob-group";
 /// Tenant the job belongs to.
 pub const TENANT: &str = "kjob-tenant";
+/// On a record parked behind its key's job in the retry path (a route under
+/// strict order, see [`crate::WorkerBuilder::strict_order`]): that job's id.
+/// Informational; the order itself is kept in `<topic>.order`.
+pub const FOLLOWS: &str = "kjob-follows";
 /// W3C trace context.
 pub const TRACEPARENT: &str = "traceparent";
 /// W3C trace state.

@@ -194,8 +194,8 @@ impl Producer {
     }
 
     /// The underlying rdkafka producer: the outbox relay sends through it
-    /// without waiting per record, to keep its batches in flight.
-    #[cfg(feature = "postgres")]
+    /// without waiting per record, to keep its batches in flight; the
+    /// strict-order state enqueues through it under a lock.
     pub(crate) fn raw(&self) -> &FutureProducer {
         &self.inner
     }
@@ -483,7 +483,25 @@ impl Producer {
         payload: Option<&[u8]>,
         headers: OwnedHeaders,
     ) -> Result<(i32, i64)> {
+        self.send_raw_to(topic, None, key, payload, headers).await
+    }
+
+    /// [`Producer::send_raw`] to an explicit partition (`None`: the key
+    /// picks it). Strict-order routes pin a key's forwards to its main
+    /// partition's number, so one member owns all of the key's records.
+    #[doc(hidden)]
+    pub async fn send_raw_to(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        key: Option<&[u8]>,
+        payload: Option<&[u8]>,
+        headers: OwnedHeaders,
+    ) -> Result<(i32, i64)> {
         let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
+        if let Some(p) = partition {
+            record = record.partition(p);
+        }
         if let Some(p) = payload {
             record = record.payload(p);
         }

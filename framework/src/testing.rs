@@ -9,8 +9,10 @@
 //! attempt through the worker's pipeline (Avro decoding with the contract
 //! schemas, the handler runner with panics and timeouts,
 //! [`crate::routing::next_step`] deciding between done, retry tier and DLQ,
-//! the same headers, forward-then-finish). Only the transport differs:
-//! topics are in-memory logs, and the clock is virtual.
+//! the same headers, forward-then-finish, and the parking of a strict-order
+//! route, [`WorkerBuilder::strict_order`]). Only the transport differs:
+//! topics (and a strict route's order state) are in-memory logs, and the
+//! clock is virtual.
 //!
 //! ```
 //! # use kjob::{Job, JobContext, JobError, KafkaConfig, Worker};
@@ -174,6 +176,7 @@ impl Sink for MemorySink {
     fn send<'a>(
         &'a self,
         topic: &'a str,
+        _partition: Option<i32>,
         key: Option<&'a [u8]>,
         payload: Option<&'a [u8]>,
         headers: rdkafka::message::OwnedHeaders,
@@ -240,6 +243,7 @@ impl Harness {
         let logs: Arc<Mutex<BTreeMap<String, Vec<OwnedMessage>>>> = Default::default();
         let clock = Arc::new(AtomicI64::new(EPOCH_MS));
         let settings = builder.scheduler_settings();
+        let (stats, cancel) = (Arc::new(WorkerStats::default()), CancellationToken::new());
         let pipeline = Pipeline {
             routes: routes.entries.into_iter().collect(),
             group: builder.group().to_string(),
@@ -248,8 +252,13 @@ impl Harness {
                 clock: clock.clone(),
             }),
             metrics: Metrics::disabled(),
-            stats: Arc::new(WorkerStats::default()),
-            cancel: CancellationToken::new(),
+            strict: builder.strict_state(
+                Arc::new(crate::worker::strict::MemoryStore::default()),
+                stats.clone(),
+                cancel.clone(),
+            ),
+            stats,
+            cancel,
         };
         let mut sched = Scheduler::new(settings.1).with_priorities(priorities);
         let tps: Vec<(String, i32)> = order.iter().map(|t| (t.clone(), 0)).collect();
@@ -360,7 +369,7 @@ impl Harness {
         };
         // The in-memory send completes at once.
         let _ = sink
-            .send(topic, key.as_deref(), payload.as_deref(), headers)
+            .send(topic, None, key.as_deref(), payload.as_deref(), headers)
             .now_or_never();
         Ok(())
     }

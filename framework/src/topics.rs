@@ -28,6 +28,14 @@ pub fn dlq_audit_topic(main: &str) -> String {
     format!("{main}.dlq.audit")
 }
 
+/// The compacted topic where a strict-order route
+/// ([`crate::WorkerBuilder::strict_order`]) keeps, per key, the jobs
+/// waiting behind the one in its retry path: `<main>.order`, with the main
+/// topic's partition count.
+pub fn order_topic(main: &str) -> String {
+    format!("{main}.order")
+}
+
 /// Every topic name in the cluster. Blocking.
 pub fn list_topics(config: &KafkaConfig) -> Result<Vec<String>> {
     let md = cluster_metadata(config)?;

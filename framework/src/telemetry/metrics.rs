@@ -3,7 +3,7 @@
 //!
 //! | metric | type | labels |
 //! |---|---|---|
-//! | `kjob_jobs_total` | counter | `job`, `outcome` (ok, retried, dead_lettered, panicked) |
+//! | `kjob_jobs_total` | counter | `job`, `outcome` (ok, retried, dead_lettered, panicked, held) |
 //! | `kjob_handler_seconds` | histogram | `job` |
 //! | `kjob_in_flight` | gauge | `job` |
 //! | `kjob_consumer_lag` | gauge | `topic`, `partition` |

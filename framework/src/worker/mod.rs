@@ -41,6 +41,7 @@ pub(crate) mod record;
 pub mod route;
 pub(crate) mod scheduler;
 pub mod state;
+pub(crate) mod strict;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -137,6 +138,7 @@ pub struct WorkerBuilder {
     retry: RetryPolicy,
     retry_overrides: HashMap<String, RetryPolicy>,
     priorities: HashMap<String, Priority>,
+    strict: std::collections::BTreeSet<String>,
     endpoint: Option<SocketAddr>,
     #[cfg(feature = "postgres")]
     outbox_relay: Option<crate::outbox::Relay>,
@@ -210,6 +212,53 @@ impl WorkerBuilder {
     pub fn priority(mut self, topic: &str, priority: Priority) -> Self {
         self.priorities.insert(topic.to_string(), priority);
         self
+    }
+
+    /// Strict ordered retries for the route on main topic `topic`: while a
+    /// key has a job in the retry path, the key's later jobs do not run
+    /// before it. They are parked in one of the route's retry tiers (the
+    /// longest that brings them back no later than that job is due; their
+    /// attempt count untouched, `kjob-follows` naming the job they wait
+    /// for) and run in arrival order once it was handled or dead-lettered.
+    /// The order survives a crash or a rebalance: it is kept in a compacted
+    /// topic `<topic>.order` (created with the main topic's partition count
+    /// when [`WorkerBuilder::create_topics`] allows). Other keys are not
+    /// delayed. Use it for contracts where order is the point (a ledger, a
+    /// state machine); it costs one state write per failure, per parked
+    /// record and per finished chain member, and a key's throughput drops
+    /// to one job per retry delay while it waits.
+    ///
+    /// Needs keyed records (keyless ones run as on any route),
+    /// [`OrderingMode::PerKey`] or [`OrderingMode::PerPartition`], and the
+    /// `range` assignment kjob uses by default: `build()` refuses another
+    /// `partition.assignment.strategy` or `group.remote.assignor`, and
+    /// start-up refuses tier or order topics whose partition count differs
+    /// from the main topic's. Delayed jobs are not ordered with their key's
+    /// other jobs. A state record that is not kjob's is logged and read as
+    /// an empty chain (the key's waiting jobs then run as they come due).
+    /// See the `strict` module docs for the rules and the write order.
+    pub fn strict_order(mut self, topic: &str) -> Self {
+        self.strict.insert(topic.to_string());
+        self
+    }
+
+    /// The strict-order state for this builder's strict routes, stored in
+    /// `store` (`None` without any).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub(crate) fn strict_state(
+        &self,
+        store: Arc<dyn strict::OrderStore>,
+        stats: Arc<WorkerStats>,
+        cancel: CancellationToken,
+    ) -> Option<Arc<strict::Strict>> {
+        (!self.strict.is_empty()).then(|| {
+            Arc::new(strict::Strict::new(
+                self.strict.iter().cloned().collect(),
+                store,
+                stats,
+                cancel,
+            ))
+        })
     }
 
     /// Ordering mode (default [`OrderingMode::PerKey`]).
@@ -385,6 +434,8 @@ impl WorkerBuilder {
         if protocol == GroupProtocol::Consumer {
             membership::reject_classic_only(&self.config)?;
         }
+        let strict_topics: Vec<String> = self.strict.iter().cloned().collect();
+        strict::check_assignment(&self.config, protocol, &strict_topics)?;
         let metrics = match self.endpoint {
             Some(_) => Metrics::prometheus()?,
             None => Metrics::disabled(),
@@ -418,6 +469,7 @@ impl WorkerBuilder {
             protocol,
             create_topics: self.create_topics,
             schedules: self.schedules,
+            strict: strict_topics,
             stats: Arc::new(WorkerStats::default()),
             #[cfg(feature = "postgres")]
             outbox_relay: self.outbox_relay,
@@ -544,6 +596,25 @@ impl WorkerBuilder {
                 setting: "layer_for",
             });
         }
+        if let Some(unknown) = self.strict.iter().find(|t| !mains.contains(t)) {
+            return Err(Error::NoSuchRoute {
+                topic: unknown.clone(),
+                setting: "strict_order",
+            });
+        }
+        if let Some(topic) = self.strict.iter().next() {
+            if self.settings.ordering == OrderingMode::Unordered {
+                return Err(Error::InvalidSetting {
+                    name: "ordering".into(),
+                    value: "OrderingMode::Unordered".into(),
+                    reason: format!(
+                        "strict_order(\"{topic}\") keeps per-key order across retries, which \
+                         unordered dispatch breaks before any retry; use OrderingMode::PerKey \
+                         (the default) or PerPartition, or drop strict_order"
+                    ),
+                });
+            }
+        }
         if let Some(unknown) = self.priorities.keys().find(|t| !mains.contains(t)) {
             return Err(Error::NoSuchRoute {
                 topic: unknown.clone(),
@@ -581,6 +652,8 @@ pub struct Worker {
     protocol: GroupProtocol,
     create_topics: bool,
     schedules: Vec<crate::schedule::Schedule>,
+    /// Main topics under strict order ([`WorkerBuilder::strict_order`]).
+    strict: Vec<String>,
     stats: Arc<WorkerStats>,
     metrics: Metrics,
     endpoint: Option<SocketAddr>,
@@ -619,6 +692,7 @@ impl Worker {
             retry: RetryPolicy::default(),
             retry_overrides: HashMap::new(),
             priorities: HashMap::new(),
+            strict: Default::default(),
             endpoint: None,
             #[cfg(feature = "postgres")]
             outbox_relay: None,
@@ -655,6 +729,18 @@ impl Worker {
         let producer =
             Producer::with_codec(&self.config, self.codec.clone(), Duration::from_secs(30))?;
         let cancel = CancellationToken::new();
+        let strict = (!self.strict.is_empty()).then(|| {
+            let store = strict::KafkaStore {
+                producer: producer.raw().clone(),
+                config: self.config.clone(),
+            };
+            Arc::new(strict::Strict::new(
+                self.strict.iter().cloned().collect(),
+                Arc::new(store),
+                self.stats.clone(),
+                cancel.clone(),
+            ))
+        });
         let pipeline = Arc::new(Pipeline {
             routes: self
                 .routes
@@ -666,6 +752,7 @@ impl Worker {
             metrics: self.metrics.clone(),
             stats: self.stats.clone(),
             cancel: cancel.clone(),
+            strict,
         });
         let background = CancellationToken::new();
         let _stop_background = background.clone().drop_guard();
@@ -1028,6 +1115,69 @@ impl Worker {
         if !missing.is_empty() {
             let created: Vec<String> = missing.iter().map(|(t, _)| t.clone()).collect();
             crate::topics::wait_visible(&self.config, &created).await?;
+        }
+        self.strict_topics().await
+    }
+
+    /// For every strict-order route: the compacted `<main>.order` topic,
+    /// created with the main topic's partition count when missing and
+    /// allowed, and the same partition count on the main topic, its tiers
+    /// and its order topic (partition *n* of each must be one member's).
+    async fn strict_topics(&self) -> Result<()> {
+        for main in &self.strict {
+            let order = strict::order_topic(main);
+            let mut names = vec![main.clone(), order.clone()];
+            names.extend(
+                self.routes
+                    .iter()
+                    .filter(|(_, e)| e.main == *main && e.tier.is_some())
+                    .map(|(t, _)| t.clone()),
+            );
+            let config = self.config.clone();
+            let query = names.clone();
+            let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &query))
+                .await
+                .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
+            let Some(Some(main_count)) = counts.first().copied() else {
+                return Err(Error::MissingTopic {
+                    topic: main.clone(),
+                    bootstrap: self.config.bootstrap_servers.clone(),
+                });
+            };
+            for (topic, count) in names.iter().zip(&counts).skip(1) {
+                match count {
+                    Some(n) if *n != main_count => {
+                        return Err(Error::InvalidSetting {
+                            name: "strict_order".into(),
+                            value: main.clone(),
+                            reason: format!(
+                                "`{topic}` has {n} partitions and `{main}` {main_count}; strict \
+                                 order keeps a key's records on one partition number across \
+                                 them, so they must match: recreate `{topic}` with \
+                                 {main_count} partitions (or add partitions to it), or drop \
+                                 strict_order"
+                            ),
+                        })
+                    }
+                    Some(_) => {}
+                    None if topic == &order && self.create_topics => {
+                        create_topics_with(
+                            &self.config,
+                            &[(order.clone(), main_count as i32)],
+                            &[("cleanup.policy", "compact")],
+                        )
+                        .await?;
+                        crate::topics::wait_visible(&self.config, std::slice::from_ref(&order))
+                            .await?;
+                    }
+                    None => {
+                        return Err(Error::MissingTopic {
+                            topic: topic.clone(),
+                            bootstrap: self.config.bootstrap_servers.clone(),
+                        })
+                    }
+                }
+            }
         }
         Ok(())
     }

@@ -32,9 +32,13 @@ use crate::topics::dlq_topic;
 /// Where forwarded records go: Kafka for the worker, memory for the harness.
 pub(crate) trait Sink: Send + Sync {
     /// Writes a record and resolves once it is acknowledged.
+    /// `partition` pins the record to that partition (strict-order
+    /// routes keep a key on its main partition's number); `None` lets the
+    /// key pick it.
     fn send<'a>(
         &'a self,
         topic: &'a str,
+        partition: Option<i32>,
         key: Option<&'a [u8]>,
         payload: Option<&'a [u8]>,
         headers: OwnedHeaders,
@@ -45,11 +49,12 @@ impl Sink for Producer {
     fn send<'a>(
         &'a self,
         topic: &'a str,
+        partition: Option<i32>,
         key: Option<&'a [u8]>,
         payload: Option<&'a [u8]>,
         headers: OwnedHeaders,
     ) -> BoxFuture<'a, Result<(i32, i64)>> {
-        Box::pin(self.send_raw(topic, key, payload, headers))
+        Box::pin(self.send_raw_to(topic, partition, key, payload, headers))
     }
 }
 
@@ -64,6 +69,9 @@ pub(crate) enum Outcome {
     Delayed,
     /// Forwarded to the DLQ (or an envelope of it).
     DeadLettered,
+    /// Not run: parked in a retry tier behind its key's job in the retry
+    /// path (a strict-order route, [`super::strict`]).
+    Held,
     /// Not finished: the worker stopped (or the record has no route); the
     /// offset stays unfinished and the record is re-delivered.
     Abandoned,
@@ -99,6 +107,8 @@ pub(crate) struct Pipeline {
     /// Cancelled at the end of the shutdown grace period: forwards that are
     /// still retrying give up (the record is re-delivered).
     pub cancel: CancellationToken,
+    /// The chains of the strict-order routes, if any ([`super::strict`]).
+    pub strict: Option<Arc<super::strict::Strict>>,
 }
 
 /// The context a handler sees for `msg`.
@@ -156,6 +166,30 @@ impl Pipeline {
             }
             now_ms = now_ms.max(crate::dlq::now_ms());
         }
+        // Strict order (opt-in per route): a key's later jobs wait behind
+        // its job in the retry path ([`super::strict`]).
+        let strict = self.strict_key(entry, msg);
+        if let Some(gate) = strict {
+            let id = headers.job_id(msg.topic(), msg.partition(), msg.offset());
+            let outcome = match gate.admit(&entry.main, &id).await {
+                Ok(super::strict::Admit::Run) => None,
+                Ok(super::strict::Admit::Follow {
+                    head, head_due_ms, ..
+                }) => {
+                    self.park(entry, msg, &headers, &id, &head, head_due_ms, now_ms)
+                        .await
+                }
+                Err(_) => Some(Outcome::Abandoned),
+            };
+            if let Some(outcome) = outcome {
+                return Attempted {
+                    outcome,
+                    id,
+                    job,
+                    attempt: headers.attempt.unwrap_or(1).max(1),
+                };
+            }
+        }
         let mut ctx = context_for(msg, &headers, &self.group, job);
         if entry.delay.is_some() {
             // Its lateness is measured against the time it was asked for.
@@ -200,7 +234,10 @@ impl Pipeline {
                 WorkerStats::bump(&self.stats.handled);
                 self.metrics.outcome(job, "ok");
                 debug!(job.id = %id, job.type = job, attempt, at = %at, duration_ms, outcome = "ok", "job handled");
-                Outcome::Handled
+                match strict {
+                    Some(gate) if !gate.finished(&entry.main, &id).await => Outcome::Abandoned,
+                    _ => Outcome::Handled,
+                }
             }
             Next::Retry {
                 topic,
@@ -215,7 +252,20 @@ impl Pipeline {
                 );
                 span.fail(headers.error.as_deref().unwrap_or("retryable failure"));
                 span.inject(&mut headers);
-                match Box::pin(self.forward(&topic, &entry.main, msg, &headers)).await {
+                if let Some(gate) = strict {
+                    // It heads its key's chain before it is in the tier.
+                    super::strict::set_follows(&mut headers, None);
+                    if !gate.retrying(&entry.main, &id, headers.due_at_ms).await {
+                        return Attempted {
+                            outcome: Outcome::Abandoned,
+                            id,
+                            job,
+                            attempt,
+                        };
+                    }
+                }
+                let pin = strict.map(|g| g.partition());
+                match Box::pin(self.forward(&topic, &entry.main, msg, &headers, pin)).await {
                     Forwarded::Sent => {
                         WorkerStats::bump(&self.stats.retried);
                         self.metrics.outcome(job, "retried");
@@ -224,7 +274,12 @@ impl Pipeline {
                     Forwarded::Enveloped => {
                         WorkerStats::bump(&self.stats.dead_lettered);
                         self.metrics.outcome(job, "dead_lettered");
-                        Outcome::DeadLettered
+                        match strict {
+                            Some(gate) if !gate.finished(&entry.main, &id).await => {
+                                Outcome::Abandoned
+                            }
+                            _ => Outcome::DeadLettered,
+                        }
                     }
                     Forwarded::Cancelled => Outcome::Abandoned,
                 }
@@ -246,7 +301,11 @@ impl Pipeline {
                 );
                 span.fail(&message);
                 span.inject(&mut headers);
-                match Box::pin(self.forward(&topic, &entry.main, msg, &headers)).await {
+                if strict.is_some() {
+                    // It no longer waits behind anything.
+                    super::strict::set_follows(&mut headers, None);
+                }
+                match Box::pin(self.forward(&topic, &entry.main, msg, &headers, None)).await {
                     Forwarded::Cancelled => Outcome::Abandoned,
                     Forwarded::Sent | Forwarded::Enveloped => {
                         WorkerStats::bump(&self.stats.dead_lettered);
@@ -254,7 +313,14 @@ impl Pipeline {
                             WorkerStats::bump(&self.stats.panicked);
                         }
                         self.metrics.outcome(job, label);
-                        Outcome::DeadLettered
+                        // A dead-lettered head leaves its chain: bad input
+                        // never blocks a key for good.
+                        match strict {
+                            Some(gate) if !gate.finished(&entry.main, &id).await => {
+                                Outcome::Abandoned
+                            }
+                            _ => Outcome::DeadLettered,
+                        }
                     }
                 }
             }
@@ -290,17 +356,19 @@ impl Pipeline {
             next.group = Some(self.group.clone());
             let target = crate::delay::delay_topic(&entry.main, hop.bucket);
             debug!(job.id = next.id.as_deref().unwrap_or(""), at = %At(msg), next = %target, release_ms = hop.release_ms, run_at_ms = run_at, "delayed job hops on");
-            return Some(match self.forward(&target, &entry.main, msg, &next).await {
-                Forwarded::Sent => {
-                    WorkerStats::bump(&self.stats.delay_hops);
-                    Outcome::Delayed
-                }
-                Forwarded::Enveloped => {
-                    WorkerStats::bump(&self.stats.dead_lettered);
-                    Outcome::DeadLettered
-                }
-                Forwarded::Cancelled => Outcome::Abandoned,
-            });
+            return Some(
+                match self.forward(&target, &entry.main, msg, &next, None).await {
+                    Forwarded::Sent => {
+                        WorkerStats::bump(&self.stats.delay_hops);
+                        Outcome::Delayed
+                    }
+                    Forwarded::Enveloped => {
+                        WorkerStats::bump(&self.stats.dead_lettered);
+                        Outcome::DeadLettered
+                    }
+                    Forwarded::Cancelled => Outcome::Abandoned,
+                },
+            );
         }
         let wait = run_at - crate::dlq::now_ms();
         if wait > 0 {
@@ -326,23 +394,24 @@ impl Pipeline {
     /// coordinates where the original can still be read, without the
     /// payload. Only if the DLQ refuses even that is the write retried until
     /// an operator fixes the cause, which the log line names.
-    async fn forward<M: Message>(
+    pub(super) async fn forward<M: Message>(
         &self,
         target: &str,
         main: &str,
         msg: &M,
         headers: &JobHeaders,
+        partition: Option<i32>,
     ) -> Forwarded {
         let mut wait = std::time::Duration::from_millis(200);
         let mut envelope: Option<(String, JobHeaders)> = None;
         loop {
-            let (topic, hdrs, payload) = match &envelope {
-                None => (target, headers, msg.payload()),
-                Some((dlq, h)) => (dlq.as_str(), h, None),
+            let (topic, hdrs, payload, pin) = match &envelope {
+                None => (target, headers, msg.payload(), partition),
+                Some((dlq, h)) => (dlq.as_str(), h, None, None),
             };
             match self
                 .sink
-                .send(topic, msg.key(), payload, hdrs.to_owned_headers())
+                .send(topic, pin, msg.key(), payload, hdrs.to_owned_headers())
                 .await
             {
                 Ok(_) if envelope.is_some() => return Forwarded::Enveloped,
@@ -381,7 +450,7 @@ impl<M: Message> std::fmt::Display for At<'_, M> {
 
 /// How a forward ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Forwarded {
+pub(super) enum Forwarded {
     /// Written to its target and acknowledged.
     Sent,
     /// The target refused the record for good; an envelope without the

@@ -39,6 +39,9 @@ pub struct WorkerStats {
     pub skipped_foreign: AtomicU64,
     /// Delayed jobs forwarded from one delay topic to the next.
     pub delay_hops: AtomicU64,
+    /// Records of a strict-order route parked in a retry tier, not run,
+    /// behind their key's job in the retry path (every park counts).
+    pub held: AtomicU64,
     /// Scheduled (cron) jobs this worker enqueued as the schedule leader.
     pub schedule_fired: AtomicU64,
     /// Set while this worker is the group's schedule leader.

@@ -13,7 +13,10 @@
 //! up to 1000), enqueueing `TestJob { seq: <fire time in s> }` on the topic, and
 //! appends `leader <pid> <ms>` whenever this process becomes the leader.
 //! A job whose behaviour is `fail-first`
-//! fails its first attempt with a retryable error.
+//! fails its first attempt with a retryable error, `fail-twice` its first
+//! two. `KJOB_TEST_STRICT=1` puts the route under strict ordered retries
+//! (`WorkerBuilder::strict_order`) and appends `okat <seq> <now ms>` when a
+//! job succeeds.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -54,6 +57,7 @@ async fn main() -> Result<(), String> {
         .map(Duration::from_millis)
         .collect();
     let delayed = std::env::var("KJOB_TEST_DELAYED").is_ok_and(|v| v == "1");
+    let strict = std::env::var("KJOB_TEST_STRICT").is_ok_and(|v| v == "1");
     let handler = move |job: TestJob, ctx: JobContext| {
         let record = record.clone();
         async move {
@@ -67,11 +71,20 @@ async fn main() -> Result<(), String> {
             }
             append_line(&record, &format!("start {}", job.seq));
             tokio::time::sleep(delay).await;
-            if job.behaviour == "fail-first" && ctx.attempt == 1 {
+            if (job.behaviour == "fail-first" && ctx.attempt == 1)
+                || (job.behaviour == "fail-twice" && ctx.attempt <= 2)
+            {
                 append_line(&record, &format!("failed {}", job.seq));
-                return Err(JobError::server("test: first attempt fails"));
+                return Err(JobError::server("test: planned failure"));
             }
             append_line(&record, &format!("done {}", job.seq));
+            if strict {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as i64)
+                    .unwrap_or(0);
+                append_line(&record, &format!("okat {} {now}", job.seq));
+            }
             Ok::<(), JobError>(())
         }
     };
@@ -97,6 +110,9 @@ async fn main() -> Result<(), String> {
                 })
                 .catch_up(kjob::schedule::CatchUp::All { max: 1000 }),
         );
+    }
+    if strict {
+        builder = builder.strict_order(&topic);
     }
     let leader_record = record_path.clone();
     let worker = builder

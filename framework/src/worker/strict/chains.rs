@@ -1,0 +1,379 @@
+//! The chains of one strict-order state partition: pure data and rules,
+//! unit tested without a broker (see the parent module for how they are
+//! used and persisted).
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+/// What a state record's value holds (JSON).
+#[derive(Debug, Serialize, Deserialize)]
+struct Stored {
+    /// The chain, head first.
+    ids: Vec<String>,
+    /// When the head is due in its retry tier (epoch ms), if it waits in
+    /// one: parked records are sent to a tier that brings them back about
+    /// then, not every first-tier delay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    head_due_ms: Option<i64>,
+}
+
+/// One key's chain.
+#[derive(Debug, Default)]
+struct Chain {
+    /// Job ids, head first.
+    ids: VecDeque<String>,
+    /// When the head is due in its tier (set when it is forwarded there,
+    /// cleared when another job becomes head).
+    head_due_ms: Option<i64>,
+}
+
+/// The chains of one state partition: key to job ids, head first. Pure
+/// data, unit tested without a broker.
+#[derive(Debug, Default)]
+pub(crate) struct Chains {
+    by_key: HashMap<Vec<u8>, Chain>,
+}
+
+/// Whether a record may run now.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Admit {
+    /// Its key has no chain, or it is the chain's head.
+    Run,
+    /// It waits behind `head`; `appended` when its id was added now (the
+    /// state must be written before it is parked).
+    Follow {
+        /// The id of the job in the retry path.
+        head: String,
+        /// When that job is due in its tier, if known.
+        head_due_ms: Option<i64>,
+        /// Whether the chain changed.
+        appended: bool,
+    },
+}
+
+impl Chains {
+    /// Decides for the record `id` of `key`, appending it when it has to
+    /// wait.
+    pub(crate) fn admit(&mut self, key: &[u8], id: &str) -> Admit {
+        let Some(chain) = self.by_key.get_mut(key) else {
+            return Admit::Run;
+        };
+        match chain.ids.front() {
+            None => Admit::Run,
+            Some(head) if head == id => Admit::Run,
+            Some(head) => {
+                let head = head.clone();
+                let appended = !chain.ids.iter().any(|x| x == id);
+                if appended {
+                    chain.ids.push_back(id.to_string());
+                }
+                Admit::Follow {
+                    head,
+                    head_due_ms: chain.head_due_ms,
+                    appended,
+                }
+            }
+        }
+    }
+
+    /// `id` of `key` failed and goes to a retry tier, due at `due_ms`: it
+    /// starts the chain (or stays in it). Returns whether the chain
+    /// changed.
+    pub(crate) fn retrying(&mut self, key: &[u8], id: &str, due_ms: Option<i64>) -> bool {
+        let chain = self.by_key.entry(key.to_vec()).or_default();
+        let mut changed = false;
+        if !chain.ids.iter().any(|x| x == id) {
+            chain.ids.push_back(id.to_string());
+            changed = true;
+        }
+        if chain.ids.front().is_some_and(|h| h == id) && chain.head_due_ms != due_ms {
+            chain.head_due_ms = due_ms;
+            changed = true;
+        }
+        changed
+    }
+
+    /// `id` of `key` finished (handled or dead-lettered): it leaves the
+    /// chain. Returns whether the chain changed.
+    pub(crate) fn finished(&mut self, key: &[u8], id: &str) -> bool {
+        let Some(chain) = self.by_key.get_mut(key) else {
+            return false;
+        };
+        let was_head = chain.ids.front().is_some_and(|h| h == id);
+        let before = chain.ids.len();
+        chain.ids.retain(|x| x != id);
+        let changed = chain.ids.len() != before;
+        if was_head {
+            // The next head has not failed (yet): it is not waiting anywhere.
+            chain.head_due_ms = None;
+        }
+        if chain.ids.is_empty() {
+            self.by_key.remove(key);
+        }
+        changed
+    }
+
+    /// The chain of `key`, head first (empty when there is none).
+    #[cfg(test)]
+    fn chain(&self, key: &[u8]) -> Vec<String> {
+        self.by_key
+            .get(key)
+            .map(|c| c.ids.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The state record's value for `key`: `None` (a tombstone) when its
+    /// chain is empty.
+    pub(crate) fn encode(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let chain = self.by_key.get(key).filter(|c| !c.ids.is_empty())?;
+        serde_json::to_vec(&Stored {
+            ids: chain.ids.iter().cloned().collect(),
+            head_due_ms: chain.head_due_ms,
+        })
+        .ok()
+    }
+
+    /// Applies one state record read back from `<main>.order`. A value that
+    /// is not a chain is logged and treated as an empty chain: the key's
+    /// parked records then run as newcomers (out of order, never lost).
+    pub(crate) fn apply(&mut self, topic: &str, key: &[u8], value: Option<&[u8]>) {
+        let parsed = match value {
+            None => None,
+            Some(v) => match serde_json::from_slice::<Stored>(v) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    warn!(
+                        topic, key = %String::from_utf8_lossy(key), error = %e,
+                        "unreadable strict-order state record; treating the key's chain as empty \
+                         (its waiting jobs run as they come due, without strict order). Fix: \
+                         only kjob workers may write to this topic"
+                    );
+                    None
+                }
+            },
+        };
+        match parsed {
+            Some(s) if !s.ids.is_empty() => {
+                self.by_key.insert(
+                    key.to_vec(),
+                    Chain {
+                        ids: s.ids.into_iter().collect(),
+                        head_due_ms: s.head_due_ms,
+                    },
+                );
+            }
+            _ => {
+                self.by_key.remove(key);
+            }
+        }
+    }
+
+    /// Keys with a chain.
+    pub(crate) fn len(&self) -> usize {
+        self.by_key.len()
+    }
+}
+
+/// The retry tier a waiting record is parked in: the longest one that
+/// brings it back no later than its head is due (`head_due_ms`), so a
+/// record behind a job waiting 30 minutes is not re-parked every few
+/// seconds; the first tier when the head's due time is unknown or near.
+/// A parked record is thus back at most one first-tier delay after the
+/// head could have finished.
+pub(crate) fn park_tier(tiers: &[Duration], now_ms: i64, head_due_ms: Option<i64>) -> usize {
+    let Some(due) = head_due_ms else {
+        return 0;
+    };
+    let left = due - now_ms;
+    tiers
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| (t.as_millis() as i64) <= left)
+        .max_by_key(|(_, t)| **t)
+        .map_or(0, |(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_free_key_runs_and_a_failure_starts_its_chain() {
+        let mut c = Chains::default();
+        assert_eq!(c.admit(b"k", "1"), Admit::Run);
+        assert!(c.retrying(b"k", "1", None));
+        assert!(
+            !c.retrying(b"k", "1", None),
+            "a second failure keeps it head"
+        );
+        assert_eq!(c.chain(b"k"), vec!["1"]);
+        assert_eq!(c.admit(b"k", "1"), Admit::Run, "the head runs");
+        assert_eq!(c.admit(b"other", "9"), Admit::Run, "other keys flow");
+    }
+
+    #[test]
+    fn later_jobs_follow_in_arrival_order_and_run_after_the_head() {
+        let mut c = Chains::default();
+        c.retrying(b"k", "1", None);
+        for id in ["2", "3", "4"] {
+            assert_eq!(
+                c.admit(b"k", id),
+                Admit::Follow {
+                    head: "1".into(),
+                    head_due_ms: None,
+                    appended: true
+                }
+            );
+        }
+        // A re-delivery (or a parked copy coming due) is not appended again.
+        assert_eq!(
+            c.admit(b"k", "3"),
+            Admit::Follow {
+                head: "1".into(),
+                head_due_ms: None,
+                appended: false
+            }
+        );
+        assert_eq!(c.chain(b"k"), vec!["1", "2", "3", "4"]);
+        assert!(c.finished(b"k", "1"));
+        assert_eq!(
+            c.admit(b"k", "3"),
+            Admit::Follow {
+                head: "2".into(),
+                head_due_ms: None,
+                appended: false
+            }
+        );
+        assert_eq!(c.admit(b"k", "2"), Admit::Run);
+        assert!(c.finished(b"k", "2"));
+        assert!(c.finished(b"k", "3"));
+        assert!(c.finished(b"k", "4"));
+        assert_eq!(c.len(), 0, "an empty chain is dropped");
+        assert!(c.encode(b"k").is_none(), "and written as a tombstone");
+        assert!(!c.finished(b"k", "4"), "finishing twice changes nothing");
+    }
+
+    #[test]
+    fn a_follower_that_fails_keeps_its_place_as_head() {
+        let mut c = Chains::default();
+        c.retrying(b"k", "1", None);
+        c.admit(b"k", "2");
+        c.admit(b"k", "3");
+        c.finished(b"k", "1");
+        assert_eq!(c.admit(b"k", "2"), Admit::Run);
+        assert!(
+            !c.retrying(b"k", "2", None),
+            "already in the chain, at its head"
+        );
+        assert_eq!(c.chain(b"k"), vec!["2", "3"]);
+    }
+
+    #[test]
+    fn a_dead_lettered_head_pops_and_unblocks_the_key() {
+        let mut c = Chains::default();
+        c.retrying(b"k", "bad", None);
+        c.admit(b"k", "2");
+        assert!(c.finished(b"k", "bad"));
+        assert_eq!(c.admit(b"k", "2"), Admit::Run);
+    }
+
+    #[test]
+    fn an_unknown_record_joins_the_back_of_a_busy_key() {
+        // A stale copy of a finished job (or a pre-strict retry) while the
+        // key has a chain: it waits its turn rather than being dropped.
+        let mut c = Chains::default();
+        c.retrying(b"k", "5", None);
+        assert_eq!(
+            c.admit(b"k", "1"),
+            Admit::Follow {
+                head: "5".into(),
+                head_due_ms: None,
+                appended: true
+            }
+        );
+    }
+
+    #[test]
+    fn state_round_trips_and_garbage_reads_as_empty() {
+        let mut c = Chains::default();
+        c.retrying(b"k", "1", None);
+        c.admit(b"k", "2");
+        let value = c.encode(b"k");
+        let mut loaded = Chains::default();
+        loaded.apply("t.order", b"k", value.as_deref());
+        assert_eq!(loaded.chain(b"k"), vec!["1", "2"]);
+        loaded.apply("t.order", b"k", Some(b"not json"));
+        assert_eq!(loaded.chain(b"k"), Vec::<String>::new());
+        loaded.apply("t.order", b"j", value.as_deref());
+        loaded.apply("t.order", b"j", None);
+        assert_eq!(loaded.len(), 0, "a tombstone clears the key");
+        loaded.apply("t.order", b"j", Some(br#"{"ids":[]}"#));
+        assert_eq!(loaded.len(), 0);
+    }
+
+    #[test]
+    fn the_heads_due_time_is_kept_for_its_followers_and_cleared_when_it_leaves() {
+        let mut c = Chains::default();
+        assert!(c.retrying(b"k", "1", Some(60_000)));
+        assert!(!c.retrying(b"k", "1", Some(60_000)), "nothing new");
+        assert!(
+            c.retrying(b"k", "1", Some(90_000)),
+            "failed again: due later"
+        );
+        assert_eq!(
+            c.admit(b"k", "2"),
+            Admit::Follow {
+                head: "1".into(),
+                head_due_ms: Some(90_000),
+                appended: true
+            }
+        );
+        // A follower's own failure never sets the head's due time.
+        assert!(!c.retrying(b"k", "2", Some(5)));
+        let mut loaded = Chains::default();
+        loaded.apply("t.order", b"k", c.encode(b"k").as_deref());
+        assert_eq!(
+            loaded.admit(b"k", "2"),
+            Admit::Follow {
+                head: "1".into(),
+                head_due_ms: Some(90_000),
+                appended: false
+            },
+            "the due time survives a reload"
+        );
+        assert!(c.finished(b"k", "1"));
+        assert!(
+            c.retrying(b"k", "2", Some(7)),
+            "the new head waits in a tier"
+        );
+        c.admit(b"k", "3");
+        c.finished(b"k", "2");
+        assert_eq!(
+            c.admit(b"k", "4"),
+            Admit::Follow {
+                head: "3".into(),
+                head_due_ms: None,
+                appended: true
+            },
+            "a head that has not failed is due nowhere"
+        );
+    }
+
+    #[test]
+    fn a_parked_job_comes_back_no_later_than_its_head_is_due() {
+        let s = Duration::from_secs;
+        let tiers = [s(5), s(30), s(300), s(1800)];
+        assert_eq!(park_tier(&tiers, 0, None), 0, "unknown: the first tier");
+        assert_eq!(park_tier(&tiers, 0, Some(4_000)), 0, "near: the first tier");
+        assert_eq!(park_tier(&tiers, 0, Some(-1)), 0, "overdue: the first tier");
+        assert_eq!(park_tier(&tiers, 0, Some(30_000)), 1);
+        assert_eq!(park_tier(&tiers, 0, Some(299_999)), 1);
+        assert_eq!(park_tier(&tiers, 0, Some(1_980_000)), 3);
+        assert_eq!(park_tier(&[], 0, Some(1_000_000)), 0);
+        // Unsorted tiers: still the longest that fits.
+        assert_eq!(park_tier(&[s(60), s(5), s(30)], 0, Some(45_000)), 2);
+    }
+}
