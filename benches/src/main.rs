@@ -84,12 +84,19 @@ async fn kjob_worker(config: &KafkaConfig, topic: &str, n: u64) -> anyhow::Resul
         }
     }
     let sleep = Duration::from_millis(arg("sleep-ms", 0));
+    // Total time the handlers' sleeps really took (µs): tokio's timer fires
+    // on a millisecond tick, so a 5 ms sleep lasts somewhat longer.
+    let slept = Arc::new(AtomicU64::new(0));
+    let slept_in = slept.clone();
     let worker = Worker::builder(config.clone(), group)
         .handle_on::<BenchJob, _>(topic, move |_job: BenchJob, _ctx: JobContext| {
             counter.fetch_add(1, Ordering::Relaxed);
+            let slept = slept_in.clone();
             async move {
                 if !sleep.is_zero() {
+                    let t = Instant::now();
                     tokio::time::sleep(sleep).await;
+                    slept.fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
                 }
                 Ok::<(), JobError>(())
             }
@@ -118,6 +125,10 @@ async fn kjob_worker(config: &KafkaConfig, topic: &str, n: u64) -> anyhow::Resul
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let secs = first.elapsed().as_secs_f64();
+    if !sleep.is_zero() {
+        let mean_ms = slept.load(Ordering::Relaxed) as f64 / 1000.0 / n as f64;
+        println!("handler sleep of {sleep:?} lasted {mean_ms:.2} ms on average");
+    }
     if let (Some(a), Some(b)) = (cpu0, process_cpu_secs()) {
         println!(
             "kjob worker CPU: {:.2} cores busy on average (process user+system time / wall time)",
@@ -219,6 +230,13 @@ async fn latency(config: &KafkaConfig) -> anyhow::Result<()> {
     let running = tokio::spawn(worker.run_until(async {
         let _ = rx.await;
     }));
+    // The baseline in the same run: a raw consumer in its own group reads
+    // the same records; its latency is now - the record's CreateTime (ms).
+    let stop_raw = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let raw = {
+        let (config, topic, stop) = (config.clone(), topic.clone(), stop_raw.clone());
+        std::thread::spawn(move || raw_latencies(&config, &topic, &stop))
+    };
     // Let the worker join before the producer starts.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let mut child = spawn_self(&[
@@ -236,18 +254,58 @@ async fn latency(config: &KafkaConfig) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let _ = tx.send(());
     running.await??;
+    stop_raw.store(true, Ordering::Relaxed);
+    let mut r = raw
+        .join()
+        .map_err(|_| anyhow::anyhow!("raw consumer thread panicked"))??;
     let mut v = samples.lock().map(|v| v.clone()).unwrap_or_default();
     v.sort_unstable();
+    r.sort_unstable();
     anyhow::ensure!(!v.is_empty(), "no job was handled");
-    let pct = |p: f64| v[((v.len() - 1) as f64 * p) as usize] as f64 / 1000.0;
+    anyhow::ensure!(!r.is_empty(), "the raw consumer saw no record");
+    let pct = |v: &[i64], p: f64| v[((v.len() - 1) as f64 * p) as usize] as f64 / 1000.0;
+    println!(
+        "raw consumer, same records (now - CreateTime, ms clock): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        pct(&r, 0.5),
+        pct(&r, 0.99),
+        pct(&r, 1.0)
+    );
     println!(
         "latency at {rate} jobs/s for {secs} s ({} jobs, producer in another process): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         v.len(),
-        pct(0.5),
-        pct(0.99),
-        pct(1.0)
+        pct(&v, 0.5),
+        pct(&v, 0.99),
+        pct(&v, 1.0)
     );
     Ok(())
+}
+
+/// Latencies (µs) a plain consumer sees for every record of `topic` until
+/// `stop`: the floor that Kafka, the producer's batching and the fetch set.
+fn raw_latencies(
+    config: &KafkaConfig,
+    topic: &str,
+    stop: &std::sync::atomic::AtomicBool,
+) -> anyhow::Result<Vec<i64>> {
+    let group = format!("bench-latency-raw-{}", uuid::Uuid::new_v4().simple());
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .set("group.id", &group)
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "100")
+        .set("fetch.queue.backoff.ms", "10")
+        .create()?;
+    c.subscribe(&[topic])?;
+    let mut out = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        if let Some(r) = c.poll(Duration::from_millis(20)) {
+            if let Some(ts) = r?.timestamp().to_millis() {
+                out.push(now_us() - ts * 1000);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Peak RSS of a worker process alone at a steady rate.

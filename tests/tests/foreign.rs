@@ -182,3 +182,92 @@ async fn a_thousand_headerless_jobs_from_a_foreign_producer_have_a_thousand_effe
 fn markers_table(group: &str) -> String {
     format!("foreign_{}", group.replace(['.', '-'], "_"))
 }
+
+/// Headers built through librdkafka's C API, because rdkafka's `Header`
+/// takes the name as `&str` and so cannot write what a buggy or hostile
+/// producer in another language can: a name that is not UTF-8.
+fn headers_with_raw_name(name: &[u8], value: &[u8]) -> rdkafka::message::OwnedHeaders {
+    let headers = rdkafka::message::OwnedHeaders::new();
+    // `as_borrowed` is the native header list (rdkafka's own cast).
+    let ptr = headers.as_borrowed() as *const rdkafka::message::BorrowedHeaders
+        as *mut rdkafka::bindings::rd_kafka_headers_t;
+    // SAFETY: `ptr` is the live header list owned by `headers`; librdkafka
+    // copies name and value.
+    let err = unsafe {
+        rdkafka::bindings::rd_kafka_header_add(
+            ptr,
+            name.as_ptr().cast(),
+            name.len() as isize,
+            value.as_ptr().cast(),
+            value.len() as isize,
+        )
+    };
+    assert_eq!(
+        err,
+        rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+    );
+    headers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_name_that_is_not_utf8_neither_crashes_nor_loses_the_job() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("foreign.badheader");
+    let group = unique("g");
+    create_topic(&config, &topic, 1).await;
+    let id = register_by_rest(&config.schema_registry_url, &format!("{topic}-value")).await;
+    let raw: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .create()
+        .expect("raw producer");
+    // Job 0 fails once, so its headers are also copied onto a retry tier;
+    // job 1 behind it is a plain one.
+    for (seq, behaviour) in [(0i64, "fail-first"), (1, "ok")] {
+        let job = TestJob::with("k", seq, behaviour);
+        let payload = confluent_frame(id, &job);
+        let record = BaseRecord::to(&topic)
+            .key("k")
+            .payload(&payload)
+            .headers(headers_with_raw_name(b"x-trace-\xff\xfe", b"v"));
+        raw.send(record).map_err(|(e, _)| e).expect("queued");
+    }
+    raw.flush(Duration::from_secs(30)).expect("flushed");
+
+    let handled = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = handled.clone();
+    let worker = Worker::builder(config.clone(), &group)
+        .handle_on::<TestJob, _>(&topic, move |job: TestJob, ctx: JobContext| {
+            let seen = seen.clone();
+            async move {
+                if job.behaviour == "fail-first" && ctx.attempt == 1 {
+                    return Err(JobError::server("test: first attempt fails"));
+                }
+                seen.lock().expect("lock").push(job.seq);
+                Ok(())
+            }
+        })
+        .retry(kjob::retry::RetryPolicy::tiers([Duration::from_secs(1)]))
+        .commit_interval(Duration::from_millis(200))
+        .build()
+        .expect("worker builds");
+    let running = start(worker);
+    eventually(Duration::from_secs(30), "both jobs handled", || {
+        handled.lock().expect("lock").len() == 2
+    })
+    .await;
+    running.stop().await;
+    let mut seqs = handled.lock().expect("lock").clone();
+    seqs.sort_unstable();
+    assert_eq!(seqs, vec![0, 1], "each job handled once, none lost");
+    // The hop kept the header, its bad bytes replaced.
+    let tier = read_all(&config, &format!("{topic}.retry.1s"));
+    assert_eq!(tier.len(), 1);
+    let h = tier[0].headers().expect("headers on the hop");
+    let kept = (0..rdkafka::message::Headers::count(h))
+        .filter_map(|i| rdkafka::message::Headers::try_get(h, i))
+        .find(|h| h.key.starts_with("x-trace-"))
+        .expect("the header travelled with the job");
+    assert_eq!(kept.key, "x-trace-\u{fffd}\u{fffd}");
+    assert_eq!(kept.value, Some(&b"v"[..]));
+}

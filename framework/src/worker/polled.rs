@@ -7,13 +7,14 @@
 //! the poll thread, the one serial stage of the worker, that copy was the
 //! largest cost per record. [`Polled`] keeps key, payload and every header
 //! in one byte buffer plus one small index, and shares the topic name.
+//! A record's parts are at most `i32::MAX` bytes in Kafka, so `u32`
+//! offsets into the buffer suffice.
 //!
 //! It also reads header names without trusting them: a name that is not
 //! UTF-8 (another producer's bug, or a hostile one) is kept with its bad
 //! bytes replaced, where rdkafka's own header accessors would panic.
 
 use std::ffi::CStr;
-use std::ops::Range;
 use std::sync::Arc;
 
 use rdkafka::bindings as rd;
@@ -25,37 +26,62 @@ pub(crate) struct Polled {
     partition: i32,
     offset: i64,
     timestamp: Timestamp,
-    key: Option<Range<usize>>,
-    payload: Option<Range<usize>>,
-    /// `None` for a record without headers (`Message::headers` says so).
-    headers: Option<PolledHeaders>,
-    /// Key and payload bytes.
-    bytes: Box<[u8]>,
+    key: Option<Span>,
+    payload: Option<Span>,
+    /// The bytes and the header index.
+    data: PolledHeaders,
+    /// False for a record without headers (`Message::headers` says so).
+    has_headers: bool,
 }
 
-/// The headers of a [`Polled`] record, in their original order.
+/// A byte range in a record's buffer (u32: a Kafka record is far below
+/// 4 GiB).
+#[derive(Clone, Copy)]
+struct Span {
+    at: u32,
+    len: u32,
+}
+
+impl Span {
+    fn of(bytes: &[u8], span: Span) -> Option<&[u8]> {
+        bytes.get(span.at as usize..(span.at as usize).checked_add(span.len as usize)?)
+    }
+}
+
+/// The record's bytes (key, payload, header names and values) and its
+/// headers' index, in its one allocation. Every record has it, whether or
+/// not it has headers; [`Message::headers`] hands it out only if it does.
 pub(crate) struct PolledHeaders {
-    /// Names and values, back to back.
     bytes: Vec<u8>,
-    index: Vec<(Range<usize>, Option<Range<usize>>)>,
+    /// Name and value (absent: a null header value) of each header.
+    index: Vec<(Span, Option<Span>)>,
 }
 
 impl Polled {
     /// Copies `msg`; `topic` is its topic name, shared by every record of
     /// the topic.
     pub(crate) fn copy(msg: &BorrowedMessage<'_>, topic: Arc<str>) -> Self {
-        let key = msg.key();
-        let payload = msg.payload();
-        let (klen, plen) = (key.map_or(0, <[u8]>::len), payload.map_or(0, <[u8]>::len));
-        let mut bytes = Vec::with_capacity(klen + plen);
-        let key = key.map(|k| {
-            bytes.extend_from_slice(k);
-            0..klen
-        });
-        let payload = payload.map(|p| {
-            let at = bytes.len();
-            bytes.extend_from_slice(p);
-            at..at + plen
+        let mut bytes = Vec::new();
+        let push = |bytes: &mut Vec<u8>, b: &[u8]| {
+            let at = bytes.len() as u32;
+            bytes.extend_from_slice(b);
+            Span {
+                at,
+                len: b.len() as u32,
+            }
+        };
+        let (key, payload) = (msg.key(), msg.payload());
+        bytes.reserve(key.map_or(0, <[u8]>::len) + payload.map_or(0, <[u8]>::len) + 256);
+        let key = key.map(|k| push(&mut bytes, k));
+        let payload = payload.map(|p| push(&mut bytes, p));
+        let mut index = Vec::with_capacity(8);
+        let has_headers = copy_headers(msg, |name, value| {
+            let name = match std::str::from_utf8(name) {
+                Ok(n) => push(&mut bytes, n.as_bytes()),
+                Err(_) => push(&mut bytes, String::from_utf8_lossy(name).as_bytes()),
+            };
+            let value = value.map(|v| push(&mut bytes, v));
+            index.push((name, value));
         });
         Self {
             topic,
@@ -64,29 +90,26 @@ impl Polled {
             timestamp: msg.timestamp(),
             key,
             payload,
-            headers: copy_headers(msg),
-            bytes: bytes.into_boxed_slice(),
+            data: PolledHeaders { bytes, index },
+            has_headers,
         }
     }
 }
 
-/// The record's headers, read through librdkafka's C API (see the module
-/// docs on header names).
-fn copy_headers(msg: &BorrowedMessage<'_>) -> Option<PolledHeaders> {
+/// Calls `each(name, value)` for every header of `msg`, read through
+/// librdkafka's C API (see the module docs on header names). False if the
+/// record has no headers.
+fn copy_headers(msg: &BorrowedMessage<'_>, mut each: impl FnMut(&[u8], Option<&[u8]>)) -> bool {
     let mut hdrs: *mut rd::rd_kafka_headers_t = std::ptr::null_mut();
     // SAFETY: `msg.ptr()` is a valid message for the lifetime of `msg`;
     // librdkafka parses its headers on first use and keeps them with the
     // message, so `hdrs` is valid (and owned by the message) while `msg` is.
     let err = unsafe { rd::rd_kafka_message_headers(msg.ptr(), &mut hdrs) };
     if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || hdrs.is_null() {
-        return None;
+        return false;
     }
     // SAFETY: as above.
     let count = unsafe { rd::rd_kafka_header_cnt(hdrs) };
-    let mut out = PolledHeaders {
-        bytes: Vec::new(),
-        index: Vec::with_capacity(count),
-    };
     for idx in 0..count {
         let mut name: *const std::os::raw::c_char = std::ptr::null();
         let mut value: *const std::os::raw::c_void = std::ptr::null();
@@ -98,25 +121,13 @@ fn copy_headers(msg: &BorrowedMessage<'_>) -> Option<PolledHeaders> {
             continue;
         }
         // SAFETY: librdkafka stores header names NUL-terminated.
-        let raw_name = unsafe { CStr::from_ptr(name) }.to_bytes();
-        let at = out.bytes.len();
-        match std::str::from_utf8(raw_name) {
-            Ok(n) => out.bytes.extend_from_slice(n.as_bytes()),
-            Err(_) => out
-                .bytes
-                .extend_from_slice(String::from_utf8_lossy(raw_name).as_bytes()),
-        }
-        let name_range = at..out.bytes.len();
-        let value_range = (!value.is_null()).then(|| {
-            // SAFETY: librdkafka guarantees `size` bytes at a non-null value.
-            let v = unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) };
-            let at = out.bytes.len();
-            out.bytes.extend_from_slice(v);
-            at..out.bytes.len()
-        });
-        out.index.push((name_range, value_range));
+        let name = unsafe { CStr::from_ptr(name) }.to_bytes();
+        // SAFETY: librdkafka guarantees `size` bytes at a non-null value.
+        let value = (!value.is_null())
+            .then(|| unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) });
+        each(name, value);
     }
-    Some(out)
+    true
 }
 
 impl Headers for PolledHeaders {
@@ -126,11 +137,11 @@ impl Headers for PolledHeaders {
 
     fn try_get(&self, idx: usize) -> Option<Header<'_, &[u8]>> {
         let (name, value) = self.index.get(idx)?;
-        // Always UTF-8: `copy_headers` stored it so.
-        let key = std::str::from_utf8(self.bytes.get(name.clone())?).ok()?;
+        // Always UTF-8: `Polled::copy` stored it so.
+        let key = std::str::from_utf8(Span::of(&self.bytes, *name)?).ok()?;
         Some(Header {
             key,
-            value: value.clone().and_then(|v| self.bytes.get(v)),
+            value: value.and_then(|v| Span::of(&self.bytes, v)),
         })
     }
 }
@@ -139,15 +150,17 @@ impl Message for Polled {
     type Headers = PolledHeaders;
 
     fn key(&self) -> Option<&[u8]> {
-        self.key.clone().and_then(|r| self.bytes.get(r))
+        Span::of(&self.data.bytes, self.key?)
     }
 
     fn payload(&self) -> Option<&[u8]> {
-        self.payload.clone().and_then(|r| self.bytes.get(r))
+        Span::of(&self.data.bytes, self.payload?)
     }
 
     unsafe fn payload_mut(&mut self) -> Option<&mut [u8]> {
-        self.payload.clone().and_then(|r| self.bytes.get_mut(r))
+        let p = self.payload?;
+        let end = (p.at as usize).checked_add(p.len as usize)?;
+        self.data.bytes.get_mut(p.at as usize..end)
     }
 
     fn topic(&self) -> &str {
@@ -167,6 +180,6 @@ impl Message for Polled {
     }
 
     fn headers(&self) -> Option<&PolledHeaders> {
-        self.headers.as_ref()
+        self.has_headers.then_some(&self.data)
     }
 }
