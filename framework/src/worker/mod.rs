@@ -274,7 +274,7 @@ impl WorkerBuilder {
     }
 
     /// Records dispatched but not finished per partition before the
-    /// partition is paused (default 5000). Resumed at half. Memory is bounded
+    /// partition is paused (default 5000). Resumed at three quarters. Memory is bounded
     /// by this times the assigned partitions times the record size.
     pub fn max_in_flight_per_partition(mut self, n: usize) -> Self {
         self.settings.max_in_flight_per_partition = n.max(1);

@@ -29,7 +29,9 @@
 //!   are. Less urgent partitions are never paused for it: polling goes on
 //!   and their share of slots keeps them moving.
 //! * **Backpressure.** At `max_in_flight` accepted-but-unfinished records a
-//!   partition is paused, and resumed at half. Polling never stops.
+//!   partition is paused, and resumed at three quarters (so a single busy
+//!   partition never drains while librdkafka refetches what the pause
+//!   dropped). Polling never stops.
 //! * **Holds.** A retry-tier record that is not due pauses its partition and
 //!   seeks back to it; at the due time the partition is resumed and seeked
 //!   again. Nothing else of the partition runs meanwhile.
@@ -606,7 +608,7 @@ impl<R: Located> Scheduler<R> {
         if p.paused_bound
             && !p.revoked
             && !self.stopping
-            && p.tracker.in_flight() <= self.limits.max_in_flight / 2
+            && p.tracker.in_flight() <= self.limits.max_in_flight * 3 / 4
         {
             p.paused_bound = false;
             if !p.wants_pause() {
@@ -903,12 +905,12 @@ mod tests {
     }
 
     #[test]
-    fn the_in_flight_bound_pauses_and_half_resumes() {
-        let mut s = Scheduler::new(limits(100, 4));
+    fn the_in_flight_bound_pauses_and_resumes_at_three_quarters() {
+        let mut s = Scheduler::new(limits(100, 8));
         let mut out = Vec::new();
         s.assign(&[tp(0)], &mut out);
         out.clear();
-        for o in 0..4 {
+        for o in 0..8 {
             s.record(rec(o, o as u64), 0, &mut out);
         }
         assert!(matches!(&out[..], [Action::Pause(_)]), "{out:?}");
@@ -918,7 +920,7 @@ mod tests {
         let t = runs(&out);
         out.clear();
         s.finished(t[0], true, &mut out);
-        assert!(out.is_empty(), "3 in flight: still above half");
+        assert!(out.is_empty(), "7 in flight: still above three quarters");
         s.finished(t[1], true, &mut out);
         assert!(matches!(&out[..], [Action::Resume(_)]), "{out:?}");
     }
