@@ -39,20 +39,26 @@ fn flag(name: &str) -> Option<String> {
         .cloned()
 }
 
-fn raw_loop(config: &KafkaConfig, topic: &str, n: u64) -> anyhow::Result<f64> {
-    let group = format!("bench-raw-{}", uuid::Uuid::new_v4().simple());
+/// A plain consumer in a fresh group (named after `what`) on `topic`, from
+/// the beginning, with the fetch settings kjob's worker uses: the baseline is
+/// then the best this consumer can do, not librdkafka's defaults (whose 1 s
+/// `fetch.queue.backoff.ms` idles a consumer that drains its queue fast).
+fn raw_consumer(config: &KafkaConfig, what: &str, topic: &str) -> anyhow::Result<BaseConsumer> {
+    let group = format!("bench-{what}-{}", uuid::Uuid::new_v4().simple());
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &config.bootstrap_servers)
         .set("group.id", &group)
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
-        // The fetch settings kjob's worker uses, so the baseline is the best
-        // this consumer can do, not librdkafka's defaults (whose 1 s
-        // fetch.queue.backoff.ms idles a consumer that drains its queue fast).
         .set("fetch.wait.max.ms", "100")
         .set("fetch.queue.backoff.ms", "10")
         .create()?;
     c.subscribe(&[topic])?;
+    Ok(c)
+}
+
+fn raw_loop(config: &KafkaConfig, topic: &str, n: u64) -> anyhow::Result<f64> {
+    let c = raw_consumer(config, "raw", topic)?;
     let mut seen = 0u64;
     let mut bytes = 0usize;
     let mut first = None;
@@ -287,16 +293,7 @@ fn raw_latencies(
     topic: &str,
     stop: &std::sync::atomic::AtomicBool,
 ) -> anyhow::Result<Vec<i64>> {
-    let group = format!("bench-latency-raw-{}", uuid::Uuid::new_v4().simple());
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &config.bootstrap_servers)
-        .set("group.id", &group)
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "100")
-        .set("fetch.queue.backoff.ms", "10")
-        .create()?;
-    c.subscribe(&[topic])?;
+    let c = raw_consumer(config, "latency-raw", topic)?;
     let mut out = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         if let Some(r) = c.poll(Duration::from_millis(20)) {
