@@ -232,7 +232,13 @@ pub fn pending_heads(config: &KafkaConfig, rows: &[PartitionLag]) -> Result<Vec<
                 topic: m.topic().to_string(),
                 partition: m.partition(),
                 age_seconds: ((now - ts).max(0) as f64) / 1000.0,
-                due_at_ms: crate::headers::JobHeaders::parse(m.headers()).due_at_ms,
+                // Through `Polled`: rdkafka's own header accessor panics on
+                // a header name that is not UTF-8.
+                due_at_ms: {
+                    let copy =
+                        crate::worker::polled::Polled::copy(&m, std::sync::Arc::from(m.topic()));
+                    crate::headers::JobHeaders::parse(copy.headers()).due_at_ms
+                },
             });
         }
     }

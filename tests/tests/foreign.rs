@@ -270,4 +270,24 @@ async fn a_header_name_that_is_not_utf8_neither_crashes_nor_loses_the_job() {
         .expect("the header travelled with the job");
     assert_eq!(kept.key, "x-trace-\u{fffd}\u{fffd}");
     assert_eq!(kept.value, Some(&b"v"[..]));
+
+    // The operator side: a dead letter written with such a name (by a tool
+    // that is not kjob) lists instead of crashing `kjob dlq`.
+    let dlq = format!("{topic}.dlq");
+    let payload = confluent_frame(id, &TestJob::with("k", 2, "ok"));
+    let letter = BaseRecord::to(&dlq).key("k").payload(&payload).headers(
+        headers_with_raw_name(b"kjob-error-class\xff", b"x").insert(rdkafka::message::Header {
+            key: kjob::headers::ERROR_CLASS,
+            value: Some("permanent.invalid_input"),
+        }),
+    );
+    raw.send(letter).map_err(|(e, _)| e).expect("queued");
+    raw.flush(Duration::from_secs(30)).expect("flushed");
+    let list = kjob_ok(
+        env!("CARGO_BIN_EXE_kjob-cli"),
+        &config,
+        &["dlq", "list", "--topic", &topic],
+    );
+    assert!(list.contains("1 shown"), "{list}");
+    assert!(list.contains("permanent.invalid_input"), "{list}");
 }

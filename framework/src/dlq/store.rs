@@ -265,7 +265,9 @@ pub(crate) fn snapshot(config: &KafkaConfig, topic: &str) -> Result<Option<Vec<O
                 let end = ends.get(&m.partition()).copied().unwrap_or(0);
                 if m.offset() < end {
                     let last = m.offset() + 1 >= end;
-                    out.push(m.detach());
+                    // Not `detach()`: see `Polled::to_owned_message`.
+                    let topic: std::sync::Arc<str> = std::sync::Arc::from(m.topic());
+                    out.push(crate::worker::polled::Polled::copy(&m, topic).to_owned_message());
                     if last {
                         remaining -= 1;
                     }

@@ -35,7 +35,7 @@ pub mod limits;
 pub mod membership;
 pub(crate) mod pipeline;
 pub(crate) mod poll;
-mod polled;
+pub(crate) mod polled;
 pub mod priority;
 pub(crate) mod record;
 pub mod route;

@@ -18,7 +18,9 @@ use std::ffi::CStr;
 use std::sync::Arc;
 
 use rdkafka::bindings as rd;
-use rdkafka::message::{BorrowedMessage, Header, Headers, Message, Timestamp};
+use rdkafka::message::{
+    BorrowedMessage, Header, Headers, Message, OwnedHeaders, OwnedMessage, Timestamp,
+};
 
 /// See the module docs.
 pub(crate) struct Polled {
@@ -93,6 +95,34 @@ impl Polled {
             data: PolledHeaders { bytes, index },
             has_headers,
         }
+    }
+}
+
+impl Polled {
+    /// An rdkafka `OwnedMessage` with the same content, for code that keeps
+    /// records as such (the DLQ store): unlike `detach()`, its header names
+    /// are valid UTF-8, so rdkafka's accessors cannot panic on them later.
+    pub(crate) fn to_owned_message(&self) -> OwnedMessage {
+        let headers = self.headers().map(|h| {
+            (0..h.count()).filter_map(|i| h.try_get(i)).fold(
+                OwnedHeaders::new_with_capacity(h.count()),
+                |acc, hd| {
+                    acc.insert(Header {
+                        key: hd.key,
+                        value: hd.value,
+                    })
+                },
+            )
+        });
+        OwnedMessage::new(
+            self.payload().map(<[u8]>::to_vec),
+            self.key().map(<[u8]>::to_vec),
+            self.topic.to_string(),
+            self.timestamp,
+            self.partition,
+            self.offset,
+            headers,
+        )
     }
 }
 
