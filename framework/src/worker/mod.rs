@@ -21,12 +21,15 @@
 //! ```
 //!
 //! Layout of this module, following a record:
-//! `poll` (the poll thread: the rdkafka adapter; polls batches, carries out
-//! the scheduler's pause/resume/seek/commit, handles rebalances) →
+//! `poll` (the poll thread: the rdkafka adapter; polls batches, copies each
+//! record out of librdkafka as a `polled::Polled`, carries out the
+//! scheduler's pause/resume/seek/commit, handles rebalances) →
 //! `scheduler` (every decision: lanes, concurrency, in-flight bound,
 //! due-time holds, the commit watermark; no rdkafka in it) → `dispatcher`
-//! (async tasks running `Run` batches) → `pipeline` (one attempt: decode,
-//! handler, classify, retry tier or DLQ, forward-then-finish) → [`route`]
+//! (async tasks running `Run` batches; they report completions to the
+//! scheduler through `poll::Hub` and start what that releases) →
+//! `pipeline` (one attempt: decode, handler, classify, retry tier or DLQ,
+//! forward-then-finish; `strict` gates strict-order routes) → [`route`]
 //! (the typed handler call). The watermark arithmetic is in
 //! [`crate::offsets`].
 
