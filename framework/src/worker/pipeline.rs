@@ -176,8 +176,7 @@ impl Pipeline {
                 Ok(super::strict::Admit::Follow {
                     head, head_due_ms, ..
                 }) => {
-                    self.park(entry, msg, &headers, &id, &head, head_due_ms, now_ms)
-                        .await
+                    Box::pin(self.park(entry, msg, &headers, &id, &head, head_due_ms, now_ms)).await
                 }
                 Err(_) => Some(Outcome::Abandoned),
             };
