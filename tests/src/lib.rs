@@ -496,6 +496,41 @@ pub fn start(worker: kjob::Worker) -> Running {
     }
 }
 
+/// A worker whose handler records each job's seq in `handled`, unless
+/// `broken` is set: then every job fails as invalid input, as after a bad
+/// deploy, and goes to the DLQ (one 1 s retry tier before it). The DLQ
+/// CLI's and the dashboard's tests flip `broken` to fill the DLQ, then
+/// clear it to check what a re-drive delivers.
+pub fn start_breakable_worker(
+    config: &KafkaConfig,
+    topic: &str,
+    group: &str,
+    broken: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handled: std::sync::Arc<Mutex<Vec<i64>>>,
+) -> Running {
+    let w = kjob::Worker::builder(config.clone(), group)
+        .handle_on::<TestJob, _>(topic, move |job: TestJob, _ctx: kjob::JobContext| {
+            let broken = broken.clone();
+            let handled = handled.clone();
+            async move {
+                if broken.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Err(kjob::JobError::invalid_input(
+                        "bad deploy: cannot parse order",
+                    ));
+                }
+                handled
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(job.seq);
+                Ok(())
+            }
+        })
+        .retry(kjob::retry::RetryPolicy::tiers([Duration::from_secs(1)]))
+        .build()
+        .expect("worker builds");
+    start(w)
+}
+
 /// Enqueues `n` test jobs with `behaviour` over `keys` distinct keys
 /// (seq `0..n`), failing the test if the broker did not take one.
 pub async fn enqueue_n(producer: &kjob::Producer, topic: &str, n: i64, keys: i64, behaviour: &str) {

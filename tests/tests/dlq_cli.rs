@@ -5,8 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kjob::retry::RetryPolicy;
-use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker, WorkerStats};
+use kjob::{KafkaConfig, Producer, WorkerStats};
 use kjob_integration_tests::*;
 
 fn kjob(config: &KafkaConfig, args: &[&str]) -> CliOut {
@@ -31,32 +30,6 @@ fn fails(config: &KafkaConfig, args: &[&str], code: i32, needle: &str) {
     );
 }
 
-fn start_worker(
-    config: &KafkaConfig,
-    topic: &str,
-    group: &str,
-    broken: Arc<AtomicBool>,
-    handled: Arc<Mutex<Vec<i64>>>,
-) -> Running {
-    let w = Worker::builder(config.clone(), group)
-        .handle_on::<TestJob, _>(topic, move |job: TestJob, _ctx: JobContext| {
-            let broken = broken.clone();
-            let handled = handled.clone();
-            async move {
-                if broken.load(Ordering::SeqCst) {
-                    // A broken deploy: every job fails as if its input were invalid.
-                    return Err(JobError::invalid_input("bad deploy: cannot parse order"));
-                }
-                handled.lock().unwrap().push(job.seq);
-                Ok(())
-            }
-        })
-        .retry(RetryPolicy::tiers([Duration::from_secs(1)]))
-        .build()
-        .unwrap();
-    start(w)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_reviews_redrives_and_resolves_dead_letters() {
     init_logging();
@@ -75,7 +48,7 @@ async fn an_operator_reviews_redrives_and_resolves_dead_letters() {
     // A broken deploy dead-letters all six.
     let broken = Arc::new(AtomicBool::new(true));
     let handled: Arc<Mutex<Vec<i64>>> = Default::default();
-    let w = start_worker(&config, &topic, &group, broken.clone(), handled.clone());
+    let w = start_breakable_worker(&config, &topic, &group, broken.clone(), handled.clone());
     eventually(Duration::from_secs(30), "six dead letters", || {
         WorkerStats::get(&w.stats.dead_lettered) == 6
     })
@@ -178,7 +151,7 @@ async fn an_operator_reviews_redrives_and_resolves_dead_letters() {
 
     // Fix the deploy, re-drive, and the worker handles them.
     broken.store(false, Ordering::SeqCst);
-    let w = start_worker(&config, &topic, &group, broken.clone(), handled.clone());
+    let w = start_breakable_worker(&config, &topic, &group, broken.clone(), handled.clone());
     let done = ok(
         &config,
         &[

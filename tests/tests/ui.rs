@@ -20,8 +20,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::Message;
 
 use kjob::dlq::store::{Coordinates, DlqReader};
-use kjob::retry::RetryPolicy;
-use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker, WorkerStats};
+use kjob::{KafkaConfig, Producer, WorkerStats};
 use kjob_integration_tests::*;
 
 /// A child process (chromedriver, a dashboard) killed when the test ends,
@@ -189,34 +188,6 @@ async fn eventually_text(c: &Client, url: &str, css: &str, want: &str) {
     panic!("`{css}` on {url} shows `{last}`, expected `{want}`");
 }
 
-fn start_worker(
-    config: &KafkaConfig,
-    topic: &str,
-    group: &str,
-    broken: Arc<AtomicBool>,
-    handled: Arc<Mutex<Vec<i64>>>,
-) -> Running {
-    let w = Worker::builder(config.clone(), group)
-        .handle_on::<TestJob, _>(topic, move |job: TestJob, _ctx: JobContext| {
-            let broken = broken.clone();
-            let handled = handled.clone();
-            async move {
-                if broken.load(Ordering::SeqCst) {
-                    return Err(JobError::invalid_input("bad deploy: cannot parse order"));
-                }
-                handled
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(job.seq);
-                Ok(())
-            }
-        })
-        .retry(RetryPolicy::tiers([Duration::from_secs(1)]))
-        .build()
-        .expect("worker");
-    start(w)
-}
-
 fn audit_actions(config: &KafkaConfig, topic: &str) -> Vec<serde_json::Value> {
     read_all(config, &format!("{topic}.dlq.audit"))
         .iter()
@@ -243,7 +214,7 @@ async fn the_dashboard_in_a_real_browser() {
     // A broken deploy dead-letters all ten.
     let broken = Arc::new(AtomicBool::new(true));
     let handled: Arc<Mutex<Vec<i64>>> = Default::default();
-    let w = start_worker(&config, &topic, &group, broken.clone(), handled.clone());
+    let w = start_breakable_worker(&config, &topic, &group, broken.clone(), handled.clone());
     eventually(Duration::from_secs(90), "ten dead letters", || {
         WorkerStats::get(&w.stats.dead_lettered) == 10
     })
@@ -412,7 +383,7 @@ async fn the_dashboard_in_a_real_browser() {
 
     // The fix is deployed; re-drive from the page: preview, then execute.
     broken.store(false, Ordering::SeqCst);
-    let w = start_worker(&config, &topic, &group, broken.clone(), handled.clone());
+    let w = start_breakable_worker(&config, &topic, &group, broken.clone(), handled.clone());
     c.goto(&filtered).await.expect("goto");
     click(&c, "#redrive-preview").await;
     let preview = text(&c, "p.preview").await;

@@ -171,42 +171,47 @@ impl Dispatch {
     /// Keeps a small batch for dispatcher `me` (no wake-up of another
     /// thread) and deals a large one out to all, returning `me`'s share.
     fn share(&self, me: usize, jobs: Vec<Job<Polled>>) -> Vec<Job<Polled>> {
-        let n = self.senders.len().max(1);
-        if jobs.len() < 8 || n == 1 {
-            return jobs;
-        }
-        let mut chunks: Vec<Vec<Job<Polled>>> = (0..n).map(|_| Vec::new()).collect();
-        for (i, j) in jobs.into_iter().enumerate() {
-            chunks[i % n].push(j);
-        }
+        let chunks = self.deal(jobs);
+        let single = chunks.len() == 1;
         let mut mine = Vec::new();
-        for (i, (s, c)) in self.senders.iter().zip(chunks).enumerate() {
-            if i == me {
-                mine = c;
-            } else if !c.is_empty() {
-                let _ = s.send(c);
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            if single || i == me {
+                mine.extend(chunk);
+            } else {
+                self.to(i, chunk);
             }
         }
         mine
     }
 
+    /// Sends a batch from the poll thread: a small one to the next
+    /// dispatcher in turn, a large one dealt out to all.
     fn send(&self, jobs: Vec<Job<Polled>>) {
+        let next = self.next.fetch_add(1, AtomicOrdering::Relaxed);
+        for (i, chunk) in self.deal(jobs).into_iter().enumerate() {
+            self.to(next.wrapping_add(i), chunk);
+        }
+    }
+
+    /// `jobs` as one chunk when small (or with one dispatcher), else dealt
+    /// round-robin into one chunk per dispatcher.
+    fn deal(&self, jobs: Vec<Job<Polled>>) -> Vec<Vec<Job<Polled>>> {
         let n = self.senders.len().max(1);
         if jobs.len() < 8 || n == 1 {
-            let i = self.next.fetch_add(1, AtomicOrdering::Relaxed) % n;
-            if let Some(s) = self.senders.get(i) {
-                let _ = s.send(jobs);
-            }
-            return;
+            return vec![jobs];
         }
         let mut chunks: Vec<Vec<Job<Polled>>> = (0..n).map(|_| Vec::new()).collect();
         for (i, j) in jobs.into_iter().enumerate() {
             chunks[i % n].push(j);
         }
-        for (s, c) in self.senders.iter().zip(chunks) {
-            if !c.is_empty() {
-                let _ = s.send(c);
-            }
+        chunks
+    }
+
+    /// Sends a non-empty `chunk` to dispatcher `i` (modulo their number).
+    fn to(&self, i: usize, chunk: Vec<Job<Polled>>) {
+        let n = self.senders.len().max(1);
+        if let (false, Some(s)) = (chunk.is_empty(), self.senders.get(i % n)) {
+            let _ = s.send(chunk);
         }
     }
 }
