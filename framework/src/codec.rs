@@ -195,6 +195,56 @@ pub struct Codec {
     registered: Mutex<ContractCache>,
     /// subject -> lock serialising that subject's first registration.
     registering: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Whether writer-schema fetches are failing, and when to ask again.
+    outage: Mutex<Outage>,
+}
+
+/// Paces writer-schema fetches while the registry does not answer.
+///
+/// Jobs whose writer schema is not cached wait for the registry (see
+/// `worker::route`) and keep asking. Without a gate every waiting job would
+/// send its own request; with it the codec sends at most one per interval
+/// (100 ms, doubling up to [`Outage::MAX_INTERVAL`]) and answers the others
+/// at once. It also logs the outage once when it starts and once when the
+/// registry answers again, instead of once per job.
+#[derive(Debug, Default)]
+struct Outage {
+    /// When the current outage began (`None`: the last fetch worked).
+    since: Option<std::time::Instant>,
+    /// No request before this.
+    next_try: Option<std::time::Instant>,
+    interval: std::time::Duration,
+}
+
+impl Outage {
+    const FIRST_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+    const MAX_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
+    /// Whether a request may be sent at `now`.
+    fn may_ask(&self, now: std::time::Instant) -> bool {
+        self.next_try.is_none_or(|t| now >= t)
+    }
+
+    /// A fetch failed for want of the registry. True when this starts an
+    /// outage.
+    fn failed(&mut self, now: std::time::Instant) -> bool {
+        let first = self.since.is_none();
+        self.interval = if first {
+            Self::FIRST_INTERVAL
+        } else {
+            (self.interval * 2).min(Self::MAX_INTERVAL)
+        };
+        self.since.get_or_insert(now);
+        self.next_try = Some(now + self.interval);
+        first
+    }
+
+    /// A fetch got an answer. Returns how long the outage lasted, if one
+    /// was on.
+    fn answered(&mut self, now: std::time::Instant) -> Option<std::time::Duration> {
+        self.next_try = None;
+        self.since.take().map(|s| now.saturating_duration_since(s))
+    }
 }
 
 impl std::fmt::Debug for Codec {
@@ -232,6 +282,7 @@ impl Codec {
             writers: RwLock::new(HashMap::new()),
             registered: Mutex::new(HashMap::new()),
             registering: Mutex::new(HashMap::new()),
+            outage: Mutex::new(Outage::default()),
         }
     }
 
@@ -352,6 +403,12 @@ impl Codec {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn lock_outage(&self) -> std::sync::MutexGuard<'_, Outage> {
+        self.outage
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The writer schema with `id`, fetched once and then cached.
     async fn fetch_writer(&self, id: u32) -> std::result::Result<Arc<Schema>, DecodeError> {
         let known = self
@@ -374,7 +431,31 @@ impl Codec {
             return Ok(schema.clone());
         }
         cell.get_or_try_init(|| async {
-            match self.client.schema_by_id(id).await {
+            let now = std::time::Instant::now();
+            if !self.lock_outage().may_ask(now) {
+                return Err(DecodeError::RegistryUnavailable {
+                    id,
+                    message: format!(
+                        "{} did not answer the last request; asking again shortly",
+                        self.client.url()
+                    ),
+                });
+            }
+            let answer = self.client.schema_by_id(id).await;
+            let now = std::time::Instant::now();
+            match &answer {
+                Err(e) => {
+                    if self.lock_outage().failed(now) {
+                        tracing::warn!(registry = %self.client.url(), error = %e, "schema registry unavailable: jobs whose writer schema is not cached wait for it (their attempts do not count)");
+                    }
+                }
+                Ok(_) => {
+                    if let Some(lasted) = self.lock_outage().answered(now) {
+                        tracing::info!(registry = %self.client.url(), outage_ms = lasted.as_millis() as u64, "schema registry answers again; waiting jobs resume");
+                    }
+                }
+            }
+            match answer {
                 Ok(Some(raw)) => {
                     Schema::parse_str(&raw)
                         .map(Arc::new)
@@ -675,6 +756,34 @@ fn rename_aliased(value: Value, reader: &Schema) -> Value {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn an_outage_paces_requests_and_ends_with_the_first_answer() {
+        let t0 = std::time::Instant::now();
+        let ms = std::time::Duration::from_millis;
+        let mut o = Outage::default();
+        assert!(o.may_ask(t0));
+        assert!(o.failed(t0), "the first failure starts an outage");
+        assert!(!o.may_ask(t0 + ms(99)));
+        assert!(o.may_ask(t0 + ms(100)));
+        let mut at = t0 + ms(100);
+        let mut intervals = Vec::new();
+        for _ in 0..6 {
+            assert!(!o.failed(at), "later failures continue it");
+            intervals.push(o.interval);
+            at += o.interval;
+        }
+        assert_eq!(
+            intervals,
+            [200, 400, 800, 1600, 2000, 2000].map(ms).to_vec(),
+            "doubling, capped at two seconds"
+        );
+        assert_eq!(o.answered(at), Some(at - t0));
+        assert!(o.may_ask(at));
+        assert_eq!(o.answered(at), None, "no outage to end twice");
+        assert!(o.failed(at), "a new failure starts a new outage");
+        assert_eq!(o.interval, ms(100));
+    }
 
     #[test]
     fn frames_round_trip() {

@@ -39,6 +39,9 @@ pub enum Next {
         /// Final message.
         message: String,
     },
+    /// Not run (its partition was revoked while it waited): leave the
+    /// offset unfinished for the next owner; forward nothing.
+    Release,
 }
 
 /// Decides what follows `outcome` for `source` (a record of `main` or one of
@@ -58,6 +61,7 @@ pub fn next_step<M: rdkafka::message::Message>(
 ) -> Next {
     let (class, message, retry_after) = match outcome {
         Attempt::Done => return Next::Done,
+        Attempt::Released => return Next::Release,
         Attempt::Failed {
             class,
             message,

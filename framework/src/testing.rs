@@ -448,11 +448,15 @@ impl Harness {
             self.flow.max_running = self.flow.max_running.max(self.sched.running());
             let unit = self.jitter;
             let pipeline = &self.pipeline;
-            let results =
-                futures::future::join_all(jobs.iter().map(|j| {
-                    pipeline.attempt(&j.item, unit.unwrap_or_else(rand::random::<f64>), now)
-                }))
-                .await;
+            let results = futures::future::join_all(jobs.iter().map(|j| {
+                pipeline.attempt(
+                    &j.item,
+                    &j.released,
+                    unit.unwrap_or_else(rand::random::<f64>),
+                    now,
+                )
+            }))
+            .await;
             for (job, attempted) in jobs.into_iter().zip(results) {
                 ran += 1;
                 if attempted.outcome == Outcome::Handled {

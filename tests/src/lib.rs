@@ -663,27 +663,38 @@ pub fn init_logging() {
         .try_init();
 }
 
-/// A TCP proxy in front of the Kafka broker that a test can cut, so one
-/// client sees the broker go down without stopping the shared broker.
+/// A TCP proxy that a test can cut, so one client sees a shared service
+/// (the broker, the registry) go down without stopping it for everyone.
 ///
-/// Plain forwarding is not enough: after bootstrap, librdkafka connects to
+/// [`CutProxy::tcp`] forwards bytes as they are (enough for HTTP). For
+/// Kafka, [`CutProxy::kafka`], plain forwarding is not enough: after bootstrap, librdkafka connects to
 /// the address the broker *advertises* (127.0.0.1:9092), bypassing a plain
 /// proxy. So broker-to-client frames (Kafka's 4-byte size prefix, then the
 /// response) are scanned for the upstream `host` + big-endian int32 `port`
 /// (how Metadata and FindCoordinator responses carry a broker address) and
 /// the port is rewritten to the proxy's. The length does not change, so no
 /// frame needs re-encoding.
-pub struct KafkaProxy {
+pub struct CutProxy {
     addr: std::net::SocketAddr,
     up: std::sync::Arc<std::sync::atomic::AtomicBool>,
     cuts: tokio::sync::watch::Sender<u64>,
     accept: tokio::task::JoinHandle<()>,
 }
 
-impl KafkaProxy {
-    /// Starts a proxy on a free loopback port in front of `upstream`
+impl CutProxy {
+    /// A Kafka-aware proxy on a free loopback port in front of the broker
+    /// at `upstream` (`host:port`).
+    pub async fn kafka(upstream: &str) -> Self {
+        Self::start(upstream, true).await
+    }
+
+    /// A plain TCP proxy on a free loopback port in front of `upstream`
     /// (`host:port`).
-    pub async fn start(upstream: &str) -> Self {
+    pub async fn tcp(upstream: &str) -> Self {
+        Self::start(upstream, false).await
+    }
+
+    async fn start(upstream: &str, kafka: bool) -> Self {
         use std::sync::atomic::Ordering;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -719,7 +730,13 @@ impl KafkaProxy {
                     let (mut cr, mut cw) = client.into_split();
                     let (mut sr, mut sw) = server.into_split();
                     let to_server = tokio::io::copy(&mut cr, &mut sw);
-                    let to_client = forward_patched(&mut sr, &mut cw, &needle, replacement);
+                    let to_client = async {
+                        if kafka {
+                            forward_patched(&mut sr, &mut cw, &needle, replacement).await
+                        } else {
+                            tokio::io::copy(&mut sr, &mut cw).await.map(|_| ())
+                        }
+                    };
                     tokio::select! {
                         _ = to_server => {}
                         _ = to_client => {}
@@ -736,18 +753,18 @@ impl KafkaProxy {
         }
     }
 
-    /// The bootstrap address clients should use.
+    /// The address clients should use (`host:port`).
     pub fn bootstrap(&self) -> String {
         self.addr.to_string()
     }
 
-    /// The broker goes away: open connections are closed, new ones reset.
+    /// The service goes away: open connections are closed, new ones reset.
     pub fn cut(&self) {
         self.up.store(false, std::sync::atomic::Ordering::Release);
         self.cuts.send_modify(|n| *n += 1);
     }
 
-    /// The broker is back.
+    /// The service is back.
     pub fn restore(&self) {
         self.up.store(true, std::sync::atomic::Ordering::Release);
     }
@@ -783,7 +800,7 @@ async fn forward_patched(
     }
 }
 
-impl Drop for KafkaProxy {
+impl Drop for CutProxy {
     fn drop(&mut self) {
         self.accept.abort();
         self.cuts.send_modify(|n| *n += 1);

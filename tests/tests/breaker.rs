@@ -92,3 +92,69 @@ async fn a_breaker_parks_jobs_through_a_60_s_outage_without_dead_letters() {
         "calls against the dead downstream stayed bounded: {calls} (without a breaker: 2 000 x 5)"
     );
 }
+
+/// A SIGTERM while the breaker is open: the parked jobs never started, so
+/// the worker releases them at once instead of waiting out its grace
+/// period for a breaker that stays open; the next worker runs them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_the_breaker_is_open_does_not_wait_out_the_grace_period() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("breakstop");
+    let group = unique("g");
+    create_topic(&config, &topic, 4).await;
+    let worker = |down: Arc<Downstream>| {
+        Worker::builder(config.clone(), &group)
+            .state(down)
+            .handle_on::<TestJob, _>(&topic, call_downstream)
+            .layer_for(
+                &topic,
+                Breaker::new("stop-downstream")
+                    .failure_threshold(3)
+                    .open_for(Duration::from_secs(60)),
+            )
+            .retry(RetryPolicy::tiers([Duration::from_secs(1)]).max_attempts(8))
+            .concurrency(8)
+            .shutdown_grace(Duration::from_secs(20))
+            .commit_interval(Duration::from_millis(200))
+            .build()
+            .expect("worker builds")
+    };
+    let dead = Arc::new(Downstream {
+        up_at: Instant::now() + Duration::from_secs(3600),
+        calls_while_down: AtomicU64::new(0),
+        done: Mutex::new(HashSet::new()),
+    });
+    let running = start(worker(dead.clone()));
+    let producer = Producer::new(&config).expect("producer");
+    enqueue_n(&producer, &topic, 100, 100, "ok").await;
+    eventually(Duration::from_secs(60), "the breaker opened", || {
+        dead.calls_while_down.load(Ordering::Relaxed) >= 3
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let stopping = Instant::now();
+    running.stop().await;
+    let took = stopping.elapsed();
+    println!("stop with the breaker open: {took:?} (grace 20 s)");
+    assert!(took < Duration::from_secs(5), "stopped in {took:?}");
+
+    let up = Arc::new(Downstream {
+        up_at: Instant::now(),
+        calls_while_down: AtomicU64::new(0),
+        done: Mutex::new(HashSet::new()),
+    });
+    let running = start(worker(up.clone()));
+    eventually(
+        Duration::from_secs(60),
+        "the next worker ran every job",
+        || up.done.lock().unwrap().len() == 100,
+    )
+    .await;
+    wait_committed_at_end(&config, &group, &topic, 4).await;
+    running.stop().await;
+    let dlq =
+        try_end_offsets(&config, &format!("{topic}.dlq"), 4).map_or(0, |e| e.iter().sum::<i64>());
+    assert_eq!(dlq, 0, "nothing dead-lettered");
+}

@@ -560,7 +560,7 @@ async fn broker_down_for_20s_commits_still_succeed_and_the_relay_catches_up() {
     let mut fx = Fixture::new(3).await;
     // The relay reaches the broker only through a proxy this test cuts; the
     // shared broker itself keeps running for everyone else.
-    let proxy = KafkaProxy::start(&fx.config.bootstrap_servers).await;
+    let proxy = CutProxy::kafka(&fx.config.bootstrap_servers).await;
     let via_proxy = KafkaConfig::new(proxy.bootstrap(), &fx.config.schema_registry_url);
     let relay = Relay::new(&fx.url, via_proxy)
         .table(&fx.table)

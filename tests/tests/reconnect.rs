@@ -4,7 +4,7 @@
 //! 1 s, kjob's setting, instead of librdkafka's 10 s).
 //!
 //! The shared broker keeps running; the worker reaches it only through a
-//! Kafka-aware proxy that this test cuts (`KafkaProxy`). The time from the
+//! Kafka-aware proxy that this test cuts (`CutProxy`). The time from the
 //! restore to the first new job handled is printed (one run's figure is in
 //! `benches/README.md`), not asserted.
 
@@ -28,7 +28,7 @@ async fn a_cut_shorter_than_the_session_costs_a_reconnect_and_nothing_else() {
     let producer = Producer::new(&config).expect("producer");
     enqueue_n(&producer, &topic, BEFORE, 30, "ok").await;
 
-    let proxy = KafkaProxy::start(&config.bootstrap_servers).await;
+    let proxy = CutProxy::kafka(&config.bootstrap_servers).await;
     let via_proxy = KafkaConfig::new(proxy.bootstrap(), &config.schema_registry_url);
     let counts: Arc<Vec<AtomicU32>> =
         Arc::new((0..BEFORE + AFTER).map(|_| AtomicU32::new(0)).collect());

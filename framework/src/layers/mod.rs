@@ -19,6 +19,12 @@
 //! handler to take with [`Ext`](crate::worker::Ext), and can
 //! fail the attempt with a [`JobError`] of its own.
 //!
+//! Until a layer calls the inner service, the job has not started: if its
+//! partition is revoked or the worker stops meanwhile (a layer that waits,
+//! such as the breaker or a rate limit), kjob drops the attempt and leaves
+//! the record uncommitted for the next owner. Once the handler is called,
+//! the attempt runs to its end (within the grace period).
+//!
 //! Shipped layers, one folder each: [`rate_limit`] (a token bucket shared
 //! by every route that uses it) and [`breaker`] (a circuit breaker per
 //! downstream that parks jobs while open instead of burning their attempts).
@@ -27,6 +33,7 @@ pub mod breaker;
 pub mod rate_limit;
 
 use std::any::Any;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tower::util::BoxCloneSyncService;
@@ -39,6 +46,9 @@ pub struct Request {
     ctx: JobContext,
     job: Box<dyn Any + Send>,
     extensions: http::Extensions,
+    /// Set when the handler is called: until then a revoke or a stop may
+    /// release the attempt (a job parked by a layer is not kept waiting).
+    started: Option<Arc<AtomicBool>>,
 }
 
 impl Request {
@@ -47,6 +57,19 @@ impl Request {
             ctx,
             job: Box::new(job),
             extensions: http::Extensions::new(),
+            started: None,
+        }
+    }
+
+    pub(crate) fn started_flag(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.started = Some(flag);
+        self
+    }
+
+    /// The handler is being called: from now on the attempt runs to its end.
+    pub(crate) fn mark_started(&self) {
+        if let Some(f) = &self.started {
+            f.store(true, Ordering::Release);
         }
     }
 

@@ -36,7 +36,9 @@ pub(super) async fn run(
         for job in batch {
             let p = pipeline.clone();
             running.push(async move {
-                let a = p.attempt(&job.item, rand::random::<f64>(), now).await;
+                let a = p
+                    .attempt(&job.item, &job.released, rand::random::<f64>(), now)
+                    .await;
                 (job.ticket, a.outcome.is_final())
             });
         }

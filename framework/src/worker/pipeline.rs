@@ -138,7 +138,14 @@ impl Pipeline {
     /// Runs one record to a final outcome at wall-clock time `now_ms`, with
     /// `unit` in `[0, 1)` for retry jitter (both parameters, so the harness
     /// is deterministic).
-    pub(crate) async fn attempt<M: Message>(&self, msg: &M, unit: f64, now_ms: i64) -> Attempted {
+    /// `released` is the job's [`Job::released`](super::scheduler::Job::released).
+    pub(crate) async fn attempt<M: Message>(
+        &self,
+        msg: &M,
+        released: &CancellationToken,
+        unit: f64,
+        now_ms: i64,
+    ) -> Attempted {
         let Some(entry) = self.routes.get(msg.topic()) else {
             // Unreachable: the consumer subscribes to route topics only. Not
             // marked done, so it is never lost.
@@ -203,12 +210,22 @@ impl Pipeline {
         }
         let started = std::time::Instant::now();
         self.metrics.in_flight(job, 1);
-        let run = entry.route.run(msg.payload(), ctx);
+        let run = entry.route.run(msg.payload(), ctx, released);
         let result = match span.context() {
             Some(cx) => run.with_context(cx.clone()).await,
             None => run.await,
         };
         self.metrics.in_flight(job, -1);
+        if matches!(result, crate::worker::route::Attempt::Released) {
+            // Never ran: no outcome to count; the next owner runs it.
+            debug!(job.id = %id, job.type = job, attempt, at = %At(msg), "released before its handler started");
+            return Attempted {
+                outcome: Outcome::Abandoned,
+                id,
+                job,
+                attempt,
+            };
+        }
         let elapsed = started.elapsed();
         self.metrics.handler_seconds(job, elapsed.as_secs_f64());
         let next = next_step(
@@ -229,6 +246,7 @@ impl Pipeline {
         }
         let at = At(msg);
         let outcome = match next {
+            Next::Release => Outcome::Abandoned,
             Next::Done => {
                 WorkerStats::bump(&self.stats.handled);
                 self.metrics.outcome(job, "ok");

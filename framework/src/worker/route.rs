@@ -9,11 +9,13 @@
 use std::future::Future;
 use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use tokio_util::sync::CancellationToken;
 
 use crate::classify::{ErrorClass, JobError};
 use crate::codec::{ReaderSchema, SchemaSource};
@@ -207,13 +209,34 @@ pub enum Attempt {
         /// A handler-requested minimum wait (`JobError::RetryAfter`).
         retry_after: Option<Duration>,
     },
+    /// Not run: the attempt was still waiting (for the schema registry, or
+    /// parked by a layer) when its partition was revoked or the worker
+    /// stopped. Nothing is forwarded and the offset stays unfinished, so the
+    /// partition's next owner runs the job; its attempt count is unchanged.
+    Released,
 }
 
 /// A type-erased route: decode + handle for one topic.
 pub(crate) trait Route: Send + Sync {
     fn job_name(&self) -> &'static str;
-    fn run<'a>(&'a self, payload: Option<&'a [u8]>, ctx: JobContext) -> BoxFuture<'a, Attempt>;
+    /// Decodes and handles one record. `released` is the job's
+    /// [`Job::released`](super::scheduler::Job::released): waits before the
+    /// handler starts give up when it is cancelled.
+    fn run<'a>(
+        &'a self,
+        payload: Option<&'a [u8]>,
+        ctx: JobContext,
+        released: &'a CancellationToken,
+    ) -> BoxFuture<'a, Attempt>;
 }
+
+/// How long a job whose writer schema cannot be fetched waits before it
+/// asks again: from [`REGISTRY_WAIT_FIRST`] doubling up to this. The codec
+/// itself sends at most one request per outage interval whatever the number
+/// of waiting jobs ([`crate::codec::Codec`]), so this only bounds how soon a
+/// waiting job notices that the registry is back.
+const REGISTRY_WAIT_MAX: Duration = Duration::from_secs(1);
+const REGISTRY_WAIT_FIRST: Duration = Duration::from_millis(100);
 
 pub(crate) struct TypedRoute<J, H, M> {
     pub handler: H,
@@ -263,22 +286,41 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
         J::NAME
     }
 
-    fn run<'a>(&'a self, payload: Option<&'a [u8]>, ctx: JobContext) -> BoxFuture<'a, Attempt> {
+    fn run<'a>(
+        &'a self,
+        payload: Option<&'a [u8]>,
+        ctx: JobContext,
+        released: &'a CancellationToken,
+    ) -> BoxFuture<'a, Attempt> {
         Box::pin(async move {
-            let job = match self
-                .reader
-                .decode::<J>(self.schemas.as_ref(), payload)
-                .await
-            {
-                Ok(job) => job,
-                Err(e) => {
-                    return Attempt::Failed {
-                        // No class means transient (registry unreachable):
-                        // the record is fine, so it is retried, not dead-lettered.
-                        class: e.class().unwrap_or(ErrorClass::RetryableNetwork),
-                        message: e.to_string(),
-                        retry_after: None,
-                    };
+            let mut wait = REGISTRY_WAIT_FIRST;
+            let job = loop {
+                match self
+                    .reader
+                    .decode::<J>(self.schemas.as_ref(), payload)
+                    .await
+                {
+                    Ok(job) => break job,
+                    // No class: the registry could not be asked (down, a
+                    // timeout, a 5xx). The record is fine and its attempt
+                    // has not begun, so it waits here, holding its slot
+                    // (the in-flight bound pauses the partitions behind
+                    // it), instead of walking the retry tiers.
+                    Err(e) if e.class().is_none() => {
+                        tracing::debug!(job.id = %ctx.id, error = %e, "waiting for the schema registry");
+                        tokio::select! {
+                            _ = tokio::time::sleep(wait) => {}
+                            _ = released.cancelled() => return Attempt::Released,
+                        }
+                        wait = (wait * 2).min(REGISTRY_WAIT_MAX);
+                    }
+                    Err(e) => {
+                        return Attempt::Failed {
+                            class: e.class().unwrap_or(ErrorClass::RetryableNetwork),
+                            message: e.to_string(),
+                            retry_after: None,
+                        };
+                    }
                 }
             };
             match &self.stack {
@@ -290,10 +332,26 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
                     guarded(self.handler.call(job, ctx, &parts), self.timeout).await
                 }
                 Some(stack) => {
-                    let call = tower::ServiceExt::oneshot(stack.clone(), Request::new(job, ctx));
+                    let started = Arc::new(AtomicBool::new(false));
+                    let req = Request::new(job, ctx).started_flag(started.clone());
                     // The timeout is the innermost layer; panics are caught
                     // here, around every layer.
-                    guarded(call, None).await
+                    let call = guarded(tower::ServiceExt::oneshot(stack.clone(), req), None);
+                    let mut call = std::pin::pin!(call);
+                    tokio::select! {
+                        biased;
+                        attempt = &mut call => attempt,
+                        // A layer may hold the job before the handler (the
+                        // breaker parks it, a rate limit delays it): such a
+                        // job is released; a running handler is awaited.
+                        _ = released.cancelled() => {
+                            if started.load(AtomicOrdering::Acquire) {
+                                call.await
+                            } else {
+                                Attempt::Released
+                            }
+                        }
+                    }
                 }
             }
         })
@@ -338,6 +396,7 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> tower::Service<Request>
     }
 
     fn call(&mut self, req: Request) -> Self::Future {
+        req.mark_started();
         let (job, ctx, extensions) = req.into_parts();
         let Ok(job) = job.downcast::<J>() else {
             return Box::pin(async {
@@ -467,29 +526,84 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_registry_outage_while_decoding_is_retried_not_dead_lettered() {
-        let handler = Arc::new(|_j: Ping, _c: JobContext| async { Ok::<(), JobError>(()) });
-        let route = TypedRoute::<Ping, _, _>::new(
+    /// A registry that fails `down_for` lookups, then answers with Ping's
+    /// schema.
+    struct FlakyRegistry {
+        down_for: usize,
+        calls: std::sync::atomic::AtomicUsize,
+    }
+    impl SchemaSource for FlakyRegistry {
+        fn writer(&self, id: u32) -> BoxFuture<'_, Result<WriterSchema, DecodeError>> {
+            Box::pin(async move {
+                let n = self.calls.fetch_add(1, AtomicOrdering::SeqCst);
+                if n < self.down_for {
+                    return Err(DecodeError::RegistryUnavailable {
+                        id,
+                        message: "connection refused".into(),
+                    });
+                }
+                Ok(WriterSchema::Owned(Arc::new(
+                    crate::codec::parse_contract::<Ping>().unwrap(),
+                )))
+            })
+        }
+    }
+
+    fn ping_route(
+        schemas: Arc<dyn SchemaSource>,
+        layers: &[LayerFn],
+        handled: Arc<std::sync::atomic::AtomicUsize>,
+    ) -> impl Route {
+        let handler = Arc::new(move |_j: Ping, _c: JobContext| {
+            let handled = handled.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                handled.fetch_add(1, AtomicOrdering::SeqCst);
+                Ok::<(), JobError>(())
+            }
+        });
+        TypedRoute::<Ping, _, _>::new(
             handler,
             ReaderSchema::new(crate::codec::parse_contract::<Ping>().unwrap()),
-            Arc::new(DownRegistry),
+            schemas,
             None,
             Arc::new(StateMap::default()),
-            &[],
-        );
+            layers,
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_registry_outage_while_decoding_makes_the_job_wait_not_fail() {
+        let registry = Arc::new(FlakyRegistry {
+            down_for: 5,
+            calls: Default::default(),
+        });
+        let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let route = ping_route(registry.clone(), &[], handled.clone());
         let payload = frame(7, b"\x02a");
-        let outcome = route.run(Some(&payload), ctx()).await;
-        assert!(
-            matches!(
-                &outcome,
-                Attempt::Failed {
-                    class: ErrorClass::RetryableNetwork,
-                    ..
-                }
-            ),
-            "{outcome:?}"
-        );
+        let released = CancellationToken::new();
+        let outcome = route.run(Some(&payload), ctx(), &released).await;
+        // Not a retryable failure (which would walk the tiers): the same
+        // attempt ran once the registry answered.
+        assert_eq!(outcome, Attempt::Done);
+        assert_eq!(registry.calls.load(AtomicOrdering::SeqCst), 6);
+        assert_eq!(handled.load(AtomicOrdering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_job_waiting_for_the_registry_is_released_by_a_revoke() {
+        let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let route = ping_route(Arc::new(DownRegistry), &[], handled.clone());
+        let payload = frame(7, b"\x02a");
+        let released = CancellationToken::new();
+        let run = route.run(Some(&payload), ctx(), &released);
+        let cancel = async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            released.cancel();
+        };
+        let (outcome, ()) = tokio::join!(run, cancel);
+        assert_eq!(outcome, Attempt::Released);
+        assert_eq!(handled.load(AtomicOrdering::SeqCst), 0);
         let record = OwnedMessage::new(
             Some(payload),
             None,
@@ -501,9 +615,58 @@ mod tests {
         );
         let policy = RetryPolicy::tiers([Duration::from_secs(5)]);
         let next = next_step(&outcome, &record, "ping", "g", &policy, 1, 0.0, 0);
-        assert!(
-            matches!(next, Next::Retry { ref topic, .. } if topic == "ping.retry.5s"),
-            "{next:?}"
-        );
+        assert_eq!(next, Next::Release, "nothing is forwarded");
+    }
+
+    /// A layer that holds every job until `open` is set (as an open breaker
+    /// parks them), then calls the handler.
+    fn gate(open: Arc<tokio::sync::Notify>) -> LayerFn {
+        Arc::new(move |inner: AttemptService| {
+            let open = open.clone();
+            AttemptService::new(tower::service_fn(move |req: Request| {
+                let (open, inner) = (open.clone(), inner.clone());
+                async move {
+                    open.notified().await;
+                    tower::ServiceExt::oneshot(inner, req).await
+                }
+            }))
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_job_parked_by_a_layer_is_released_but_a_running_handler_is_awaited() {
+        let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let registry = Arc::new(FlakyRegistry {
+            down_for: 0,
+            calls: Default::default(),
+        });
+        let open = Arc::new(tokio::sync::Notify::new());
+        let route = ping_route(registry, &[gate(open.clone())], handled.clone());
+        let payload = frame(7, b"\x02a");
+
+        // Parked in the layer when the revoke comes: released, not run.
+        let released = CancellationToken::new();
+        let run = route.run(Some(&payload), ctx(), &released);
+        let revoke = async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            released.cancel();
+        };
+        let (outcome, ()) = tokio::join!(run, revoke);
+        assert_eq!(outcome, Attempt::Released);
+        assert_eq!(handled.load(AtomicOrdering::SeqCst), 0);
+
+        // Past the layer, inside its 50 ms handler, when the revoke comes:
+        // the handler finishes.
+        let released = CancellationToken::new();
+        let run = route.run(Some(&payload), ctx(), &released);
+        let revoke = async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            open.notify_one();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            released.cancel();
+        };
+        let (outcome, ()) = tokio::join!(run, revoke);
+        assert_eq!(outcome, Attempt::Done);
+        assert_eq!(handled.load(AtomicOrdering::SeqCst), 1);
     }
 }

@@ -46,6 +46,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use rustc_hash::FxHashMap;
+use tokio_util::sync::CancellationToken;
 
 use crate::worker::Priority;
 
@@ -99,6 +100,12 @@ pub(crate) struct Ticket {
 pub(crate) struct Job<R> {
     pub ticket: Ticket,
     pub item: R,
+    /// Cancelled when this job's partition is revoked, lost or stopped: an
+    /// attempt that is still *waiting* (for the schema registry, or parked
+    /// by a layer such as the breaker) gives up then instead of holding the
+    /// revoke or the shutdown; it is uncommitted, so the next owner runs it.
+    /// A handler that already started is never cut short by it.
+    pub released: CancellationToken,
 }
 
 /// What the adapter must do.
@@ -205,6 +212,8 @@ struct Part<R> {
     /// Priority level of the partition's topic (0 is the most urgent).
     level: usize,
     tracker: OffsetTracker,
+    /// Cancelled when this assignment ends (see [`Job::released`]).
+    released: CancellationToken,
     /// Fx, not SipHash: looked up twice per record. Its keys are offsets
     /// or per-process randomly seeded hashes of record keys (see
     /// `record::incoming`), so a producer cannot aim keys at one bucket.
@@ -318,7 +327,9 @@ impl<R: Located> Scheduler<R> {
         for tp in tps {
             if let Some(slot) = self.slot_of(&tp.0, tp.1) {
                 // Re-assigned without a release in between: start afresh.
-                self.slots[slot] = None;
+                if let Some(old) = self.slots[slot].take() {
+                    old.released.cancel();
+                }
                 if let Some(m) = self.index.get_mut(&tp.0) {
                     m.remove(&tp.1);
                 }
@@ -335,6 +346,7 @@ impl<R: Located> Scheduler<R> {
                 epoch: self.next_epoch,
                 level,
                 tracker: OffsetTracker::new(),
+                released: CancellationToken::new(),
                 lanes: FxHashMap::default(),
                 paused_bound: false,
                 hold: None,
@@ -375,6 +387,7 @@ impl<R: Located> Scheduler<R> {
             self.ready.retain(|j| j.ticket.slot != slot);
             if let Some(p) = self.slots[slot].as_mut() {
                 p.revoked = true;
+                p.released.cancel();
                 // Only lanes whose head is running remain.
                 p.lanes.retain(|_, l| {
                     l.queue.clear();
@@ -402,6 +415,7 @@ impl<R: Located> Scheduler<R> {
                 continue;
             };
             if let Some(p) = self.slots[slot].take() {
+                p.released.cancel();
                 if !lost {
                     if let Some(next) = p.tracker.committable() {
                         commits.push((p.tp.clone(), next));
@@ -447,6 +461,7 @@ impl<R: Located> Scheduler<R> {
             .collect();
         for (slot, part) in self.slots.iter_mut().enumerate() {
             let Some(p) = part.as_mut() else { continue };
+            p.released.cancel();
             let limit = p.max_dispatched.filter(|_| close_gaps);
             p.lanes.retain(|lane, l| {
                 l.queue
@@ -510,6 +525,7 @@ impl<R: Located> Scheduler<R> {
                 level: p.level,
             },
             item: rec.item,
+            released: p.released.clone(),
         };
         match p.lanes.get_mut(&rec.lane) {
             Some(l) => l.queue.push_back(job),
@@ -684,6 +700,9 @@ impl<R: Located> Scheduler<R> {
     /// Forgets every partition without committing: after a shutdown, so the
     /// consumer's final revoke neither waits for abandoned jobs nor commits.
     pub(crate) fn clear(&mut self) {
+        for p in self.slots.iter().flatten() {
+            p.released.cancel();
+        }
         self.slots.clear();
         self.index.clear();
         self.ready.clear();
@@ -884,6 +903,43 @@ mod tests {
         assert_eq!(
             runs(&out).iter().map(|t| t.offset).collect::<Vec<_>>(),
             vec![1]
+        );
+    }
+
+    #[test]
+    fn a_revoke_or_stop_releases_the_jobs_of_its_partitions_only() {
+        let mut s = Scheduler::new(limits(8, 100));
+        let mut out = Vec::new();
+        let (a, b) = (("a".to_string(), 0), ("b".to_string(), 0));
+        s.assign(&[a.clone(), b], &mut out);
+        s.record(on("a", 0), 0, &mut out);
+        s.record(on("b", 0), 0, &mut out);
+        out.clear();
+        s.dispatch(&mut out);
+        let released: Vec<(&str, CancellationToken)> = out
+            .iter()
+            .flat_map(|a| match a {
+                Action::Run(jobs) => jobs
+                    .iter()
+                    .map(|j| (j.item.0, j.released.clone()))
+                    .collect(),
+                _ => vec![],
+            })
+            .collect();
+        assert_eq!(released.len(), 2);
+        assert!(released.iter().all(|(_, t)| !t.is_cancelled()));
+        s.revoke(&[a]);
+        for (topic, token) in &released {
+            assert_eq!(
+                token.is_cancelled(),
+                *topic == "a",
+                "only the revoked partition's job is released"
+            );
+        }
+        s.stop(false, &mut out);
+        assert!(
+            released.iter().all(|(_, t)| t.is_cancelled()),
+            "a stop releases every job"
         );
     }
 

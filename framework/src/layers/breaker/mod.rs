@@ -10,7 +10,10 @@
 //! success closes the breaker and releases everyone, failure opens it
 //! again. A parked job's attempt count does not move, and nothing is
 //! dead-lettered because the breaker is open; only the attempts that
-//! tripped it and the probes reach the downstream and fail.
+//! tripped it and the probes reach the downstream and fail. A parked job
+//! has not started, so a revoke of its partition or a SIGTERM releases it
+//! at once (uncommitted: the next owner runs it) instead of waiting out
+//! the grace period for a breaker that stays open.
 //!
 //! Share one [`Breaker`] value between every route that calls the same
 //! downstream. Its state is exported as `kjob_breaker_state{breaker}` (0
