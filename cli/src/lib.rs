@@ -6,17 +6,16 @@
 //! run. Errors go to stderr with a non-zero exit code: 2 for bad usage
 //! (clap), 1 for everything that failed while running.
 
-pub mod dlq;
+mod dlq;
 mod enqueue;
 #[cfg(feature = "postgres")]
 mod outbox;
-pub mod replay;
+mod replay;
 mod schedules;
 mod schema;
-pub mod status;
-pub mod time;
+mod status;
 mod topics;
-pub mod ui;
+mod ui;
 
 use std::process::ExitCode;
 

@@ -7,9 +7,9 @@ use anyhow::Result;
 use clap::Args;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
-use super::time::format_ms;
 use kjob::config::KafkaConfig;
 use kjob::schedule::{format_tick, next_tick, read_states, state_topic};
+use kjob_ops::time::format_ms;
 
 #[derive(Args, Debug)]
 pub struct SchedulesArgs {

@@ -20,6 +20,7 @@ use kjob::{KafkaConfig, Worker};
 use kjob_example_handler_crate::deps::{MailError, Mailer};
 use kjob_example_handler_crate::pg::PgStore;
 use kjob_example_handler_crate::{register_on, Deps};
+use kjob_ops::ui::{Dashboard, RouteKey};
 
 /// The worker's settings, from the environment (a container image needs
 /// no arguments). Plain variables rather than a flags parser, so that the
@@ -30,6 +31,9 @@ struct Settings {
     group: String,
     database_url: String,
     metrics: SocketAddr,
+    /// Serve the operator dashboard beside /metrics (`KJOB_UI=1`).
+    ui: bool,
+    ui_token: Option<String>,
 }
 
 const USAGE: &str = "kjob-example-handler-crate: runs the invoice handlers until SIGTERM or SIGINT.
@@ -40,6 +44,10 @@ Environment (default in brackets):
   KJOB_GROUP          consumer group                   [invoices]
   KJOB_DATABASE_URL   PostgreSQL with orders/invoices  [postgres://postgres@127.0.0.1:54329/kjob]
   KJOB_METRICS_ADDR   /metrics, /healthz, /readyz      [127.0.0.1:9464]
+  KJOB_UI             1: the read-only dashboard at the same address, for
+                      the worker's routes                  [off]
+  KJOB_UI_TOKEN       the dashboard's access token (required unless
+                      KJOB_METRICS_ADDR is loopback)
   plus KJOB_BOOTSTRAP_SERVERS and KJOB_SCHEMA_REGISTRY_URL";
 
 impl Settings {
@@ -62,6 +70,8 @@ impl Settings {
             metrics: metrics.parse().map_err(|e| {
                 anyhow::anyhow!("KJOB_METRICS_ADDR=`{metrics}` is not host:port ({e})")
             })?,
+            ui: var("KJOB_UI", "0") == "1",
+            ui_token: std::env::var("KJOB_UI_TOKEN").ok(),
         })
     }
 }
@@ -97,7 +107,18 @@ async fn main() -> anyhow::Result<()> {
         store,
         mailer: Arc::new(LogMailer),
     };
-    let builder = Worker::builder(config, &args.group).metrics_endpoint(args.metrics);
+    let mut builder = Worker::builder(config.clone(), &args.group).metrics_endpoint(args.metrics);
+    if args.ui {
+        // The same pages as `kjob ui`, read-only, on the metrics address.
+        let mut dashboard = Dashboard::new(config).token(args.ui_token);
+        for topic in [&args.render_topic, &args.mail_topic] {
+            dashboard = dashboard.route(RouteKey {
+                topic: topic.clone(),
+                group: args.group.clone(),
+            });
+        }
+        builder = builder.http_routes(dashboard.router_on(args.metrics)?);
+    }
     register_on(builder, deps, &args.render_topic, &args.mail_topic)
         .build()?
         .run()

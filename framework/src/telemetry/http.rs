@@ -1,7 +1,8 @@
 //! The worker's HTTP endpoint: `/metrics` (Prometheus text), `/healthz`
 //! (the process is alive) and `/readyz` (partitions assigned and consuming;
 //! not ready before the first assignment and from the moment shutdown
-//! begins, so a load balancer or orchestrator stops counting on it).
+//! begins, so a load balancer or orchestrator stops counting on it), plus
+//! any routes the application adds, such as the operator dashboard.
 
 //!
 //! Behind the `metrics-http` cargo feature (on by default), which brings in
@@ -15,6 +16,7 @@ pub async fn serve(
     _addr: std::net::SocketAddr,
     _metrics: super::metrics::Metrics,
     _stats: std::sync::Arc<crate::worker::WorkerStats>,
+    _extra: Option<std::convert::Infallible>,
     _stop: tokio_util::sync::CancellationToken,
 ) -> crate::error::Result<std::net::SocketAddr> {
     Err(crate::error::Error::FeatureDisabled {
@@ -79,11 +81,13 @@ mod imp {
 
     /// Binds `addr` now (so a port conflict fails the worker's start) and
     /// serves until `stop` is cancelled. Returns the bound address (useful with
-    /// port 0).
+    /// port 0). `extra` answers every other path
+    /// ([`WorkerBuilder::http_routes`](crate::WorkerBuilder::http_routes)).
     pub async fn serve(
         addr: SocketAddr,
         metrics: Metrics,
         stats: Arc<WorkerStats>,
+        extra: Option<Router>,
         stop: CancellationToken,
     ) -> Result<SocketAddr> {
         let endpoint = |e: std::io::Error| Error::Endpoint {
@@ -92,11 +96,16 @@ mod imp {
         };
         let listener = TcpListener::bind(addr).await.map_err(endpoint)?;
         let bound = listener.local_addr().map_err(endpoint)?;
-        let app = Router::new()
+        let mut app = Router::new()
             .route("/metrics", get(render_metrics))
             .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
             .with_state(AppState { metrics, stats });
+        if let Some(extra) = extra {
+            // A fallback, not a merge: a path both define stays the worker's
+            // instead of panicking at start.
+            app = app.fallback_service(extra);
+        }
         tokio::spawn(async move {
             let served = axum::serve(listener, app)
                 .with_graceful_shutdown(async move { stop.cancelled().await })

@@ -143,6 +143,8 @@ pub struct WorkerBuilder {
     priorities: HashMap<String, Priority>,
     strict: std::collections::BTreeSet<String>,
     endpoint: Option<SocketAddr>,
+    #[cfg(feature = "metrics-http")]
+    http_routes: Option<axum::Router>,
     #[cfg(feature = "postgres")]
     outbox_relay: Option<crate::outbox::Relay>,
 }
@@ -413,6 +415,18 @@ impl WorkerBuilder {
         self
     }
 
+    /// Serves `routes` on the [`metrics_endpoint`](Self::metrics_endpoint)
+    /// too, for any path other than `/metrics`, `/healthz` and `/readyz`
+    /// (which keep answering as before). Meant for the operator dashboard
+    /// (`kjob_ops::ui::Dashboard::router_on`), so a worker can show its
+    /// routes and dead letters without a separate `kjob ui` process; the
+    /// routes guard themselves. `build()` refuses it without an endpoint.
+    #[cfg(feature = "metrics-http")]
+    pub fn http_routes(mut self, routes: axum::Router) -> Self {
+        self.http_routes = Some(routes);
+        self
+    }
+
     /// Also runs an outbox relay ([`crate::outbox::Relay`]) in this process,
     /// started with the worker and stopped when it stops, so a service that
     /// enqueues through the outbox needs no separate relay deployment.
@@ -443,6 +457,15 @@ impl WorkerBuilder {
             Some(_) => Metrics::prometheus()?,
             None => Metrics::disabled(),
         };
+        #[cfg(feature = "metrics-http")]
+        if self.http_routes.is_some() && self.endpoint.is_none() {
+            return Err(Error::InvalidSetting {
+                name: "http_routes".into(),
+                value: "a router".into(),
+                reason: "they are served on the metrics endpoint; add .metrics_endpoint(addr)"
+                    .into(),
+            });
+        }
         let (_, limits) = self.scheduler_settings();
         let priorities = self.topic_priorities(&routes.entries);
         let run_limits = self.run_limits.with_env()?;
@@ -463,6 +486,8 @@ impl WorkerBuilder {
             run_limits,
             metrics,
             endpoint: self.endpoint,
+            #[cfg(feature = "metrics-http")]
+            http_routes: self.http_routes,
             config: self.config,
             settings: self.settings,
             codec,
@@ -660,6 +685,8 @@ pub struct Worker {
     stats: Arc<WorkerStats>,
     metrics: Metrics,
     endpoint: Option<SocketAddr>,
+    #[cfg(feature = "metrics-http")]
+    http_routes: Option<axum::Router>,
     #[cfg(feature = "postgres")]
     outbox_relay: Option<crate::outbox::Relay>,
 }
@@ -697,6 +724,8 @@ impl Worker {
             priorities: HashMap::new(),
             strict: Default::default(),
             endpoint: None,
+            #[cfg(feature = "metrics-http")]
+            http_routes: None,
             #[cfg(feature = "postgres")]
             outbox_relay: None,
         }
@@ -781,10 +810,15 @@ impl Worker {
             ));
         }
         if let Some(addr) = self.endpoint {
+            #[cfg(feature = "metrics-http")]
+            let extra = self.http_routes.take();
+            #[cfg(not(feature = "metrics-http"))]
+            let extra = None;
             let bound = http::serve(
                 addr,
                 self.metrics.clone(),
                 self.stats.clone(),
+                extra,
                 background.clone(),
             )
             .await?;

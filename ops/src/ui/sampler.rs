@@ -7,6 +7,7 @@ use kjob::lag::PartitionLag;
 use kjob::retry::parse_delay;
 use kjob::topics::list_topics;
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use super::Shared;
 use crate::status::{route_topics, sample, status_between, RouteSample, RouteStatus};
@@ -59,10 +60,14 @@ pub struct RouteView {
 
 /// Starts the sampling loop.
 pub fn spawn(state: Shared, fixed: Vec<RouteKey>, discover: bool) {
+    // Only a weak hold: once the server that owns the pages is gone (a
+    // worker that stopped), sampling ends.
+    let weak = Arc::downgrade(&state);
+    drop(state);
     tokio::spawn(async move {
         let mut previous: HashMap<RouteKey, RouteSample> = HashMap::new();
         let mut known: Vec<RouteKey> = fixed;
-        loop {
+        while let Some(state) = weak.upgrade() {
             let st = state.clone();
             let (prev, keys) = (std::mem::take(&mut previous), known.clone());
             let out = tokio::task::spawn_blocking(move || tick(&st, prev, keys, discover)).await;

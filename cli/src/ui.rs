@@ -1,0 +1,58 @@
+//! `kjob ui`: the web dashboard (`kjob_ops::ui`), served by the CLI.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+
+use kjob::config::KafkaConfig;
+use kjob_ops::ui::{Dashboard, RouteKey};
+
+/// `kjob ui`'s flags.
+#[derive(Args, Debug)]
+pub struct UiArgs {
+    /// Address to serve on. Anything but loopback needs --token.
+    #[arg(long, default_value = "127.0.0.1:9470")]
+    listen: SocketAddr,
+    /// Access token every request must carry (`?token=` once, then a
+    /// cookie; or `Authorization: Bearer`). Required off loopback.
+    #[arg(long, env = "KJOB_UI_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Show the re-drive and resolve buttons and accept their POSTs
+    /// (read-only otherwise: the POST endpoints answer 403).
+    #[arg(long)]
+    allow_actions: bool,
+    /// A route to show even while its group has no members, as
+    /// TOPIC=GROUP (repeatable). Routes of groups with live members are
+    /// found on their own.
+    #[arg(long = "route", value_name = "TOPIC=GROUP")]
+    routes: Vec<RouteKey>,
+    /// Show only the --route routes (no discovery from live groups).
+    #[arg(long)]
+    no_discover: bool,
+    /// How often to sample lag and rates (the sparklines' resolution).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    sample_every: Duration,
+    /// Who the audit log names for actions taken on this dashboard.
+    #[arg(long, env = "USER", default_value = "unknown")]
+    by: String,
+}
+
+/// Serves the dashboard until interrupted.
+pub async fn run(config: &KafkaConfig, args: UiArgs) -> Result<()> {
+    let mut dashboard = Dashboard::new(config.clone())
+        .allow_actions(args.allow_actions)
+        .token(args.token)
+        .discover(!args.no_discover)
+        .sample_every(args.sample_every)
+        .by(args.by);
+    for r in args.routes {
+        dashboard = dashboard.route(r);
+    }
+    dashboard
+        .serve(args.listen, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+}

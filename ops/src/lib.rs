@@ -1,0 +1,15 @@
+//! Operator functions for kjob, returning data instead of printing it, and
+//! the web dashboard built on them.
+//!
+//! The `kjob` CLI prints what these return and the dashboard renders it, so
+//! the terminal and the browser can never disagree. A worker binary can
+//! serve the dashboard next to its `/metrics` with [`ui::Dashboard::router_on`]
+//! and `WorkerBuilder::http_routes`, without pulling in the CLI's clap,
+//! indicatif or comfy-table (the `clap` feature only adds derives for the
+//! CLI's flags).
+
+pub mod dlq;
+pub mod replay;
+pub mod status;
+pub mod time;
+pub mod ui;

@@ -1,0 +1,226 @@
+//! The web dashboard for operators: served by `kjob ui`, or by a worker
+//! next to its `/metrics` ([`Dashboard::router`]).
+//!
+//! Server-rendered HTML (maud escapes everything taken from records), a few
+//! lines of plain JavaScript that refresh the live parts of a page, and
+//! assets compiled into the binary. Every number comes from the same
+//! functions the terminal commands use (`status`, `dlq`, `replay`), so the
+//! page and `kjob status` cannot disagree. Read-only unless started with
+//! `--allow-actions`; an access token is required off loopback.
+
+mod actions;
+mod assets;
+mod auth;
+mod dead_letters;
+mod pages;
+mod route;
+mod sampler;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use axum::routing::{get, post};
+use axum::Router;
+
+use kjob::config::KafkaConfig;
+
+pub use sampler::{RouteKey, RouteView};
+
+/// The dashboard's settings. Build one, then [`Dashboard::serve`] it on its
+/// own listener (`kjob ui`) or add [`Dashboard::router_on`] to a worker's
+/// HTTP endpoint (`WorkerBuilder::http_routes`), next to `/metrics`.
+///
+/// Defaults are the safe ones: read-only, no token (so loopback only when
+/// served on its own), routes found from live groups, sampled every 5 s.
+#[derive(Clone, Debug)]
+pub struct Dashboard {
+    config: KafkaConfig,
+    allow_actions: bool,
+    token: Option<String>,
+    routes: Vec<RouteKey>,
+    discover: bool,
+    sample_every: Duration,
+    by: String,
+}
+
+impl Dashboard {
+    /// A read-only dashboard over the cluster and registry of `config`.
+    pub fn new(config: KafkaConfig) -> Self {
+        Self {
+            config,
+            allow_actions: false,
+            token: None,
+            routes: Vec::new(),
+            discover: true,
+            sample_every: Duration::from_secs(5),
+            by: "unknown".into(),
+        }
+    }
+
+    /// Show the re-drive and resolve buttons and accept their POSTs
+    /// (otherwise they answer 403).
+    pub fn allow_actions(mut self, yes: bool) -> Self {
+        self.allow_actions = yes;
+        self
+    }
+
+    /// The access token every request must carry (`?token=` once, then a
+    /// cookie, or `Authorization: Bearer`). An empty token means none.
+    pub fn token(mut self, token: Option<String>) -> Self {
+        self.token = token.filter(|t| !t.is_empty());
+        self
+    }
+
+    /// A route to show even while its group has no members.
+    pub fn route(mut self, key: RouteKey) -> Self {
+        self.routes.push(key);
+        self
+    }
+
+    /// Whether routes of groups with live members are found on their own
+    /// (on by default).
+    pub fn discover(mut self, yes: bool) -> Self {
+        self.discover = yes;
+        self
+    }
+
+    /// How often lag and rates are sampled (the sparklines' resolution); at
+    /// least 200 ms.
+    pub fn sample_every(mut self, every: Duration) -> Self {
+        self.sample_every = every;
+        self
+    }
+
+    /// Who the audit log names for actions taken on this dashboard.
+    pub fn by(mut self, who: impl Into<String>) -> Self {
+        self.by = who.into();
+        self
+    }
+
+    /// The pages as an axum router for a server listening on `listen`,
+    /// with the sampler started on the current runtime: for a worker's
+    /// endpoint, `WorkerBuilder::http_routes(dashboard.router_on(addr)?)`
+    /// beside `.metrics_endpoint(addr)`. The router guards itself (token,
+    /// CSRF, read-only). As with [`Dashboard::serve`], an address that is
+    /// not loopback needs a [`token`](Self::token): the pages show payloads.
+    pub fn router_on(self, listen: SocketAddr) -> Result<Router> {
+        if !listen.ip().is_loopback() && self.token.is_none() {
+            bail!(
+                "{listen} is not a loopback address, so the dashboard needs an access token (kjob ui --token, or KJOB_UI_TOKEN)"
+            );
+        }
+        self.router()
+    }
+
+    fn router(self) -> Result<Router> {
+        if self.sample_every < Duration::from_millis(200) {
+            bail!("--sample-every must be at least 200ms");
+        }
+        let state = Arc::new(AppState {
+            config: self.config,
+            allow_actions: self.allow_actions,
+            token: self.token,
+            csrf: uuid::Uuid::new_v4().simple().to_string(),
+            by: self.by,
+            routes: RwLock::new(Vec::new()),
+            problem: RwLock::new(None),
+            sample_every: self.sample_every,
+            tasks: Mutex::new(HashMap::new()),
+        });
+        sampler::spawn(state.clone(), self.routes, self.discover);
+        Ok(router(state))
+    }
+
+    /// Serves the dashboard on `listen` until `stop` completes. Anything but
+    /// a loopback address needs a token.
+    pub async fn serve(
+        self,
+        listen: SocketAddr,
+        stop: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        let mode = if self.allow_actions {
+            "actions allowed"
+        } else {
+            "read-only"
+        };
+        let app = self.router_on(listen)?;
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding {listen}"))?;
+        let addr = listener.local_addr()?;
+        // The token is not printed: whoever started the dashboard knows it.
+        println!("kjob ui: http://{addr}/ ({mode})");
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stop)
+            .await
+            .context("serving the dashboard")
+    }
+}
+
+/// Parses `TOPIC=GROUP` (the CLI's `--route`).
+impl std::str::FromStr for RouteKey {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('=') {
+            Some((t, g)) if !t.trim().is_empty() && !g.trim().is_empty() => Ok(RouteKey {
+                topic: t.trim().to_string(),
+                group: g.trim().to_string(),
+            }),
+            _ => Err(format!(
+                "`{s}` is not TOPIC=GROUP, e.g. orders.confirmation=kjob-demo"
+            )),
+        }
+    }
+}
+
+/// Everything a request handler reads.
+pub(crate) struct AppState {
+    config: KafkaConfig,
+    allow_actions: bool,
+    token: Option<String>,
+    /// The anti-CSRF token every form carries (random per process).
+    csrf: String,
+    by: String,
+    routes: RwLock<Vec<RouteView>>,
+    /// Why the last sampling round could not list topics or groups.
+    problem: RwLock<Option<String>>,
+    sample_every: Duration,
+    tasks: Mutex<HashMap<u64, Arc<actions::Task>>>,
+}
+
+type Shared = Arc<AppState>;
+
+fn router(state: Shared) -> Router {
+    Router::new()
+        .route("/", get(pages::overview))
+        .route("/route", get(route::route))
+        .route("/replay", get(route::replay))
+        .route("/dlq", get(dead_letters::dlq_list))
+        .route("/dlq/show", get(dead_letters::dlq_show))
+        .route("/dlq/redrive", post(actions::redrive))
+        .route("/dlq/resolve", post(actions::resolve))
+        .route("/tasks/{id}", get(actions::task_page))
+        .route("/tasks/{id}/cancel", post(actions::cancel))
+        .route("/assets/style.css", get(assets::css))
+        .route("/assets/app.js", get(assets::js))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::guard,
+        ))
+        .with_state(state)
+}
+
+impl AppState {
+    fn route_view(&self, topic: &str, group: &str) -> Option<RouteView> {
+        self.routes
+            .read()
+            .ok()?
+            .iter()
+            .find(|r| r.key.topic == topic && r.key.group == group)
+            .cloned()
+    }
+}
