@@ -163,7 +163,9 @@ impl Pipeline {
         if entry.delay.is_some() {
             // Boxed, like the forwards below: the rare paths' futures stay
             // out of every attempt's state, which is moved on each dispatch.
-            if let Some(outcome) = Box::pin(self.delay_step(entry, msg, &headers, now_ms)).await {
+            if let Some(outcome) =
+                Box::pin(self.delay_step(entry, msg, &headers, released, now_ms)).await
+            {
                 return Attempted {
                     outcome,
                     id: headers.job_id(msg.topic(), msg.partition(), msg.offset()),
@@ -359,12 +361,13 @@ impl Pipeline {
         entry: &RouteEntry,
         msg: &M,
         headers: &JobHeaders,
+        released: &CancellationToken,
         now_ms: i64,
     ) -> Option<Outcome> {
         // Without a run time (a record written by hand) it is due now.
         let run_at = headers.run_at_ms?;
-        let released = headers.due_at_ms.unwrap_or(now_ms);
-        if let Some(hop) = crate::delay::next_hop(released, run_at) {
+        let released_ms = headers.due_at_ms.unwrap_or(now_ms);
+        if let Some(hop) = crate::delay::next_hop(released_ms, run_at) {
             let mut next = headers.clone();
             next.id = Some(headers.job_id(msg.topic(), msg.partition(), msg.offset()));
             next.due_at_ms = Some(hop.release_ms);
@@ -391,7 +394,8 @@ impl Pipeline {
         if wait > 0 {
             tokio::select! {
                 _ = tokio::time::sleep(std::time::Duration::from_millis(wait as u64)) => {}
-                _ = self.cancel.cancelled() => return Some(Outcome::Abandoned),
+                // Not started: a revoke or stop releases it at once.
+                _ = released.cancelled() => return Some(Outcome::Abandoned),
             }
         }
         None
