@@ -321,6 +321,33 @@ fn supervise(
     })
 }
 
+/// SIGKILLs a live worker and returns once its replacement logged "worker
+/// started" (preflight passed, not yet assigned anything), or after 30 s.
+async fn fresh_worker(fleet: &Fleet, dir: &Path, t0: Instant) {
+    let Some(slot) = (0..fleet.pids.len()).find(|i| fleet.pids[*i].load(Ordering::Acquire) != 0)
+    else {
+        return;
+    };
+    let log = dir.join(format!("worker{slot}.log"));
+    let starts = || {
+        std::fs::read_to_string(&log)
+            .map(|t| t.matches("worker started").count())
+            .unwrap_or(0)
+    };
+    let before = starts();
+    if !fleet.kill(slot) {
+        return;
+    }
+    note(
+        t0,
+        format!("SIGKILL worker {slot} (extra): its replacement meets the registry outage with nothing cached"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while starts() <= before && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Prints what happened when (seconds since the start).
 fn note(t0: Instant, what: String) {
     println!("chaos: {:7.1} s  {what}", t0.elapsed().as_secs_f64());
@@ -340,8 +367,18 @@ fn node_pid(node: u32) -> anyhow::Result<u32> {
         .with_context(|| format!("{} holds no pid", f.display()))
 }
 
+/// Whether `pid` is a live process. A zombie is not: when `./dev chaos`
+/// started the cluster itself, the brokers are children of this run's
+/// parent, which never reaps them, so a killed broker stays a zombie.
 fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
 }
 
 /// How one broker restart went.
@@ -667,7 +704,9 @@ async fn drive(s: Settings) -> anyhow::Result<bool> {
         ("CHAOS_TABLES".to_string(), tables.clone()),
         ("KJOB_DATABASE_URL".to_string(), db_url.clone()),
         ("KJOB_SCHEMA_REGISTRY_URL".to_string(), registry.url()),
-        ("RUST_LOG".to_string(), "warn".to_string()),
+        // kjob's "worker started" (info) tells the driver a start passed
+        // preflight; everything else stays at warn.
+        ("RUST_LOG".to_string(), "warn,kjob::worker=info".to_string()),
     ];
     let supervisors: Vec<_> = (0..s.workers)
         .map(|slot| supervise(fleet.clone(), slot, env.clone(), dir.clone()))
@@ -751,8 +790,15 @@ async fn drive(s: Settings) -> anyhow::Result<bool> {
     };
     let (registry_tx, registry_rx) = tokio::sync::oneshot::channel();
     let registry_task = {
+        let (fleet, dir) = (fleet.clone(), dir.clone());
         tokio::spawn(async move {
             tokio::time::sleep_until(at(outage_at).into()).await;
+            // Workers that have decoded a record keep its writer schema
+            // cached and never notice the outage. So one worker is replaced
+            // just before it: the registry goes down right after the new
+            // process passed preflight, before it decoded anything, and its
+            // jobs must wait for the registry (not walk the retry tiers).
+            fresh_worker(&fleet, &dir, t0).await;
             registry.kill();
             let down = Instant::now();
             note(t0, "registry SIGKILLed".into());
