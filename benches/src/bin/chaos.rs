@@ -29,6 +29,7 @@
 //! exits, as a process manager would.
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -208,14 +209,24 @@ async fn worker() -> anyhow::Result<()> {
     let tables = std::env::var("CHAOS_TABLES")?;
     let url = std::env::var("KJOB_DATABASE_URL")?;
     let db = Arc::new(Db::connect(&url, &tables, 8).await?);
-    Worker::builder(KafkaConfig::from_env(), group)
+    let worker = Worker::builder(KafkaConfig::from_env(), group)
         .state(db)
         .handle_on::<BenchJob, _>(&topic, apply)
         .retry(RetryPolicy::tiers(TIERS).max_attempts(MAX_ATTEMPTS))
         .concurrency(32)
-        .build()?
-        .run()
-        .await?;
+        // Bound right after preflight, before the consumer subscribes: the
+        // driver takes the registry down when it sees the line below
+        // (`fresh_worker`), so this process has decoded nothing yet.
+        .metrics_endpoint(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .build()?;
+    let stats = worker.stats();
+    tokio::spawn(async move {
+        while stats.endpoint.get().is_none() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        println!("chaos worker: preflight passed");
+    });
+    worker.run().await?;
     Ok(())
 }
 
@@ -321,8 +332,9 @@ fn supervise(
     })
 }
 
-/// SIGKILLs a live worker and returns once its replacement logged "worker
-/// started" (preflight passed, not yet assigned anything), or after 30 s.
+/// SIGKILLs a live worker and returns once its replacement passed preflight
+/// (it has not joined the group yet, so it has decoded nothing), or after
+/// 30 s.
 async fn fresh_worker(fleet: &Fleet, dir: &Path, t0: Instant) {
     let Some(slot) = (0..fleet.pids.len()).find(|i| fleet.pids[*i].load(Ordering::Acquire) != 0)
     else {
@@ -331,7 +343,7 @@ async fn fresh_worker(fleet: &Fleet, dir: &Path, t0: Instant) {
     let log = dir.join(format!("worker{slot}.log"));
     let starts = || {
         std::fs::read_to_string(&log)
-            .map(|t| t.matches("worker started").count())
+            .map(|t| t.matches("chaos worker: preflight passed").count())
             .unwrap_or(0)
     };
     let before = starts();
@@ -704,9 +716,7 @@ async fn drive(s: Settings) -> anyhow::Result<bool> {
         ("CHAOS_TABLES".to_string(), tables.clone()),
         ("KJOB_DATABASE_URL".to_string(), db_url.clone()),
         ("KJOB_SCHEMA_REGISTRY_URL".to_string(), registry.url()),
-        // kjob's "worker started" (info) tells the driver a start passed
-        // preflight; everything else stays at warn.
-        ("RUST_LOG".to_string(), "warn,kjob::worker=info".to_string()),
+        ("RUST_LOG".to_string(), "warn".to_string()),
     ];
     let supervisors: Vec<_> = (0..s.workers)
         .map(|slot| supervise(fleet.clone(), slot, env.clone(), dir.clone()))
@@ -747,16 +757,26 @@ async fn drive(s: Settings) -> anyhow::Result<bool> {
             let mut done = 0usize;
             for (when, slot) in kills {
                 tokio::time::sleep_until(at(when).into()).await;
-                // A slot between restarts has no process: take the next live one.
-                let live = (0..fleet.pids.len())
-                    .map(|i| (slot + i) % fleet.pids.len())
-                    .find(|i| fleet.pids[*i].load(Ordering::Acquire) != 0);
-                match live {
-                    Some(i) if fleet.kill(i) => {
+                // A slot between restarts has no process: take the next live
+                // one. While none is (every worker restarting during the
+                // registry outage, or the one found exits first), keep
+                // trying rather than skip the kill.
+                let give_up = Instant::now() + Duration::from_secs(90);
+                let mut killed = None;
+                while killed.is_none() && Instant::now() < give_up {
+                    killed = (0..fleet.pids.len())
+                        .map(|i| (slot + i) % fleet.pids.len())
+                        .find(|i| fleet.pids[*i].load(Ordering::Acquire) != 0 && fleet.kill(*i));
+                    if killed.is_none() {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+                match killed {
+                    Some(i) => {
                         done += 1;
                         note(t0, format!("SIGKILL worker {i} ({done})"));
                     }
-                    _ => note(t0, "no live worker to SIGKILL; skipped".into()),
+                    None => note(t0, "no live worker to SIGKILL for 90 s; skipped".into()),
                 }
             }
             done
