@@ -287,3 +287,45 @@ async fn kjob_status_agrees_with_kafkas_consumer_group_command() {
         "{text}"
     );
 }
+
+/// kjob's log setup (`kjob::telemetry::init`) with a filter by target, as
+/// an operator narrows it (`RUST_LOG=kjob=info`): the worker's start line
+/// must be there. With `RUST_LOG` as a per-layer filter it was dropped: a
+/// `log` record that librdkafka's client only asked about left a stale
+/// verdict behind (tokio-rs/tracing#2519).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_logs_its_start_under_a_filter_by_target() {
+    let config = ensure_stack();
+    let topic = unique("logs");
+    create_topic(&config, &topic, 1).await;
+    let dir = std::env::temp_dir().join(unique("logs"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let out = dir.join("stdout");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_test-worker"))
+        .env("KJOB_TEST_TOPIC", &topic)
+        .env("KJOB_TEST_GROUP", unique("g"))
+        .env("KJOB_TEST_RECORD", dir.join("record"))
+        .env("KJOB_TEST_TELEMETRY", "1")
+        .env("RUST_LOG", "kjob=info")
+        .env("NO_COLOR", "1")
+        .stdout(std::fs::File::create(&out).expect("stdout file"))
+        .spawn()
+        .expect("spawning test-worker");
+    let logged = |what: &str| {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .contains(what)
+    };
+    // Assignment is logged after the start line, so once it is there the
+    // start line had its chance.
+    eventually(
+        Duration::from_secs(60),
+        "the worker logged its assignment",
+        || logged("assigned"),
+    )
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(text.contains("worker started"), "no start line in:\n{text}");
+}

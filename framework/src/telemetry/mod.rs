@@ -141,17 +141,19 @@ fn otlp_provider() -> Result<SdkTracerProvider> {
 }
 
 fn install(provider: Option<SdkTracerProvider>) -> Result<TelemetryGuard> {
-    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // `RUST_LOG` filters the whole stack, not the log layer alone: a
+    // per-layer filter keeps a thread-local verdict between `enabled` and
+    // the event, and a `log` record that some library only asks about
+    // (`log_enabled!`, or bridged and then refused) leaves a stale verdict
+    // that makes the log layer drop the thread's next event
+    // (tokio-rs/tracing#2519; the worker's "worker started" line was lost
+    // under `RUST_LOG=kjob=info`).
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let json = std::env::var("KJOB_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
     let logs = if json {
-        tracing_subscriber::fmt::layer()
-            .json()
-            .with_filter(filter())
-            .boxed()
+        tracing_subscriber::fmt::layer().json().boxed()
     } else {
-        tracing_subscriber::fmt::layer()
-            .with_filter(filter())
-            .boxed()
+        tracing_subscriber::fmt::layer().boxed()
     };
     let otel = provider.as_ref().map(|p| {
         opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
@@ -162,6 +164,7 @@ fn install(provider: Option<SdkTracerProvider>) -> Result<TelemetryGuard> {
             .with_filter(EnvFilter::new("kjob=info"))
     });
     tracing_subscriber::registry()
+        .with(filter)
         .with(logs)
         .with(otel)
         .try_init()

@@ -12,6 +12,7 @@
 //! `KJOB_TEST_SCHEDULE=<name>=<cron>` runs that schedule (catch-up: all,
 //! up to 1000), enqueueing `TestJob { seq: <fire time in s> }` on the topic, and
 //! appends `leader <pid> <ms>` whenever this process becomes the leader.
+//! `KJOB_TEST_TELEMETRY=1` logs through `kjob::telemetry::init`.
 //! A job whose behaviour is `fail-first`
 //! fails its first attempt with a retryable error, `fail-twice` its first
 //! two. `KJOB_TEST_STRICT=1` puts the route under strict ordered retries
@@ -31,7 +32,14 @@ fn env(name: &str) -> Result<String, String> {
 
 #[tokio::main]
 async fn main() -> Result<(), String> {
-    kjob_integration_tests::init_logging();
+    // `KJOB_TEST_TELEMETRY=1`: kjob's own log setup, as a service would
+    // install it (`kjob::telemetry::init`), instead of the tests' one.
+    let _telemetry = if std::env::var("KJOB_TEST_TELEMETRY").is_ok_and(|v| v == "1") {
+        Some(kjob::telemetry::init().map_err(|e| e.to_string())?)
+    } else {
+        kjob_integration_tests::init_logging();
+        None
+    };
     let topic = env("KJOB_TEST_TOPIC")?;
     let group = env("KJOB_TEST_GROUP")?;
     let record_path = PathBuf::from(env("KJOB_TEST_RECORD")?);
