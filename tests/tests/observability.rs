@@ -290,9 +290,10 @@ async fn kjob_status_agrees_with_kafkas_consumer_group_command() {
 
 /// kjob's log setup (`kjob::telemetry::init`) with a filter by target, as
 /// an operator narrows it (`RUST_LOG=kjob=info`): the worker's start line
-/// must be there. With `RUST_LOG` as a per-layer filter it was dropped: a
-/// `log` record that librdkafka's client only asked about left a stale
-/// verdict behind (tokio-rs/tracing#2519).
+/// must be there. With `RUST_LOG` as a per-layer filter it was dropped:
+/// a `log` record refused just before it on the same thread (the Kafka
+/// client logs through the `log` crate) left a stale verdict behind
+/// (tokio-rs/tracing#2519).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_logs_its_start_under_a_filter_by_target() {
     let config = ensure_stack();
