@@ -23,6 +23,7 @@ use kjob::producer::Producer;
 pub struct Select {
     /// DLQ topic or its main topic.
     #[cfg_attr(feature = "clap", arg(long))]
+    #[serde(default)]
     pub topic: String,
     /// Only this job name.
     #[cfg_attr(feature = "clap", arg(long))]

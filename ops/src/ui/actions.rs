@@ -83,15 +83,9 @@ pub fn resolve_form(state: &AppState, select: &Select, at: Option<Coordinates>) 
 pub struct ActionForm {
     #[serde(default)]
     csrf: String,
-    topic: String,
-    #[serde(default, deserialize_with = "empty_as_none")]
-    job: Option<String>,
-    #[serde(default, deserialize_with = "empty_as_none")]
-    class: Option<String>,
-    #[serde(default, deserialize_with = "empty_as_none")]
-    since: Option<String>,
-    #[serde(default, deserialize_with = "empty_as_none")]
-    until: Option<String>,
+    /// The DLQ and the filters, as `kjob dlq` takes them.
+    #[serde(flatten)]
+    select: Select,
     #[serde(default, deserialize_with = "empty_as_none")]
     at: Option<String>,
     #[serde(default)]
@@ -105,15 +99,6 @@ pub struct ActionForm {
 }
 
 impl ActionForm {
-    fn select(&self) -> Select {
-        Select {
-            topic: self.topic.clone(),
-            job: self.job.clone(),
-            class: self.class.clone(),
-            since: self.since.clone(),
-            until: self.until.clone(),
-        }
-    }
     fn at(&self) -> Result<Vec<Coordinates>, Refusal> {
         self.at
             .iter()
@@ -148,7 +133,7 @@ pub async fn redrive(State(state): State<Shared>, Form(f): Form<ActionForm>) -> 
         (Ok(a), Ok(r)) => (a, r),
         (Err(e), _) | (_, Err(e)) => return e.into_response(),
     };
-    let select = f.select();
+    let select = f.select.clone();
     let plan = match plan_redrive(&state.config, &select, &at, f.to).await {
         Ok(p) => p,
         Err(e) => return error_page(upstream_or(&e, StatusCode::BAD_REQUEST), &format!("{e:#}")),
@@ -184,7 +169,7 @@ pub async fn redrive(State(state): State<Shared>, Form(f): Form<ActionForm>) -> 
                     button #redrive-execute type="submit" { "Re-drive " (plan.picked.len()) " record(s)" }
                 }
             }
-            p { a href={"/dlq?topic=" (urlencode(&f.topic))} { "Back to the dead letters" } }
+            p { a href={"/dlq?topic=" (urlencode(&f.select.topic))} { "Back to the dead letters" } }
         }).into_response();
     }
     if plan.picked.is_empty() {
@@ -199,7 +184,7 @@ pub async fn redrive(State(state): State<Shared>, Form(f): Form<ActionForm>) -> 
             plan.picked.len(),
             plan.target_topic
         ),
-        topic: f.topic.clone(),
+        topic: f.select.topic.clone(),
         total: plan.picked.len(),
         done: AtomicUsize::new(0),
         cancel: AtomicBool::new(false),
@@ -255,14 +240,14 @@ pub async fn resolve(State(state): State<Shared>, Form(f): Form<ActionForm>) -> 
         Ok(a) => a,
         Err(e) => return e.into_response(),
     };
-    match resolve_records(&state.config, &f.select(), &at, &f.reason, &state.by).await {
+    match resolve_records(&state.config, &f.select, &at, &f.reason, &state.by).await {
         Ok((dlq, n)) => layout(
             &state,
             "Resolved",
             html! {
                 h1 { "Resolved" }
                 p.notice.resolved { "resolved " (n) " record(s) in " code { (dlq) } }
-                p { a href={"/dlq?topic=" (urlencode(&f.topic))} { "Back to the dead letters" } }
+                p { a href={"/dlq?topic=" (urlencode(&f.select.topic))} { "Back to the dead letters" } }
             },
         )
         .into_response(),

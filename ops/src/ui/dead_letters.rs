@@ -14,41 +14,23 @@ use super::actions::{redrive_form, resolve_form};
 use super::assets::layout;
 use super::pages::{error_page, upstream_or, urlencode};
 use super::Shared;
-use crate::dlq::{empty_as_none, Select};
+use crate::dlq::Select;
 use crate::time::format_ms;
 
 /// The DLQ browser's query: the filters, plus `all` to include audited ones.
 #[derive(Deserialize, Default)]
 pub struct DlqQuery {
-    #[serde(default)]
-    topic: String,
-    #[serde(default, deserialize_with = "empty_as_none")]
-    job: Option<String>,
-    #[serde(default, deserialize_with = "empty_as_none")]
-    class: Option<String>,
-    #[serde(default, deserialize_with = "empty_as_none")]
-    since: Option<String>,
-    #[serde(default, deserialize_with = "empty_as_none")]
-    until: Option<String>,
+    /// The DLQ and the filters, as `kjob dlq list` takes them.
+    #[serde(flatten)]
+    select: Select,
     #[serde(default)]
     all: Option<String>,
 }
 
-impl DlqQuery {
-    fn select(&self) -> Select {
-        Select {
-            topic: self.topic.clone(),
-            job: self.job.clone(),
-            class: self.class.clone(),
-            since: self.since.clone(),
-            until: self.until.clone(),
-        }
-    }
-}
-
 /// `GET /dlq`: the DLQ of one route, filtered, with the actions.
 pub async fn dlq_list(State(state): State<Shared>, Query(q): Query<DlqQuery>) -> Response {
-    if q.topic.trim().is_empty() {
+    let DlqQuery { select, all } = q;
+    if select.topic.trim().is_empty() {
         let routes = state.routes.read().map(|r| r.clone()).unwrap_or_default();
         return layout(&state, "Dead letters", html! {
             h1 { "Dead letters" }
@@ -62,18 +44,17 @@ pub async fn dlq_list(State(state): State<Shared>, Query(q): Query<DlqQuery>) ->
             }
         }).into_response();
     }
-    let select = q.select();
-    let all = q.all.is_some();
+    let all = all.is_some();
     let rows = crate::dlq::list(&state.config, &select, all).await;
-    let topic = q.topic.clone();
+    let topic = select.topic.clone();
     layout(&state, "Dead letters", html! {
         h1 { "Dead letters of " code { (topic) } }
         form.inline method="get" action="/dlq" {
             input type="hidden" name="topic" value=(topic);
-            label { "job" input name="job" value=(q.job.clone().unwrap_or_default()); }
-            label { "error class" input name="class" placeholder="e.g. permanent" value=(q.class.clone().unwrap_or_default()); }
-            label { "since" input name="since" placeholder="2h or 2026-11-29T10:00:00" value=(q.since.clone().unwrap_or_default()); }
-            label { "until" input name="until" value=(q.until.clone().unwrap_or_default()); }
+            label { "job" input name="job" value=(select.job.clone().unwrap_or_default()); }
+            label { "error class" input name="class" placeholder="e.g. permanent" value=(select.class.clone().unwrap_or_default()); }
+            label { "since" input name="since" placeholder="2h or 2026-11-29T10:00:00" value=(select.since.clone().unwrap_or_default()); }
+            label { "until" input name="until" value=(select.until.clone().unwrap_or_default()); }
             label { "re-driven / resolved too" input type="checkbox" name="all" value="on" checked[all]; }
             button.secondary type="submit" { "Filter" }
         }
@@ -179,4 +160,25 @@ pub async fn dlq_show(State(state): State<Shared>, Query(q): Query<ShowQuery>) -
             }
         }
     }).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_query_takes_the_cli_selection_with_empty_fields_as_absent() {
+        let uri: axum::http::Uri = "/dlq?topic=orders&job=&class=permanent&since=2h&all=on"
+            .parse()
+            .unwrap();
+        let Query(q) = Query::<DlqQuery>::try_from_uri(&uri).unwrap();
+        assert_eq!(q.select.topic, "orders");
+        assert_eq!(q.select.job, None, "an empty field is a filter not given");
+        assert_eq!(q.select.class.as_deref(), Some("permanent"));
+        assert_eq!(q.select.since.as_deref(), Some("2h"));
+        assert!(q.all.is_some());
+        let uri: axum::http::Uri = "/dlq".parse().unwrap();
+        let Query(q) = Query::<DlqQuery>::try_from_uri(&uri).unwrap();
+        assert!(q.select.topic.is_empty(), "no topic: the list of routes");
+    }
 }
