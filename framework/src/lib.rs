@@ -36,7 +36,7 @@
 //!
 //! **What is for whom.** Handler crates need the root re-exports (or
 //! [`prelude`]), [`retry`], [`layers`], [`idempotency`] and, for tests,
-//! [`testing`]. [`dlq`], [`replay`], [`lag`], [`topics`], [`schema`],
+//! `testing` (feature `testing`). [`dlq`], [`replay`], [`lag`], [`topics`], [`schema`],
 //! [`registry`], [`groups`], [`headers`] and [`codec`] are the operator side that the
 //! `kjob` CLI is built on, public so that teams can script the same
 //! operations.

@@ -12,10 +12,11 @@
 //!   the standard `OTEL_*` variables and **off unless
 //!   `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`) is set**; off,
 //!   no span is created (one atomic load per attempt). Job spans use the
-//!   OpenTelemetry API directly ([`spans`]); `tracing` spans your handlers
+//!   OpenTelemetry API directly (`telemetry/spans.rs`); `tracing` spans your handlers
 //!   create are bridged and nest under the job's span.
 //!   The exporter is behind the `otlp` cargo feature (on by default).
-//! * **Metrics**: see [`metrics`]; served with `/healthz` and `/readyz` by
+//! * **Metrics** (`telemetry/metrics.rs`: the names in the README's
+//!   Observability section) are served with `/healthz` and `/readyz` by
 //!   [`http`] when a worker is given an address.
 
 pub mod http;

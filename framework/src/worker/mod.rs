@@ -31,7 +31,7 @@
 //! `pipeline` (one attempt: decode, handler, classify, retry tier or DLQ,
 //! forward-then-finish; `strict` gates strict-order routes) → [`route`]
 //! (the typed handler call). The watermark arithmetic is in
-//! [`crate::offsets`].
+//! `offsets.rs`.
 
 mod dispatcher;
 pub mod limits;

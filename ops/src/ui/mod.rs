@@ -1,5 +1,5 @@
 //! The web dashboard for operators: served by `kjob ui`, or by a worker
-//! next to its `/metrics` ([`Dashboard::router`]).
+//! next to its `/metrics` ([`Dashboard::router_on`]).
 //!
 //! Server-rendered HTML (maud escapes everything taken from records), a few
 //! lines of plain JavaScript that refresh the live parts of a page, and
