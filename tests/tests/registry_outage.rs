@@ -19,6 +19,10 @@ use kjob_integration_tests::*;
 
 const PARTITIONS: i32 = 2;
 
+/// `kjob_registry_waiting` counts the whole process's waiting jobs, so the
+/// two tests take turns.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// `(seq, attempt)` of every handler call.
 type Calls = Arc<Mutex<Vec<(i64, u32)>>>;
 
@@ -44,6 +48,7 @@ fn worker(
         })
         .retry(RetryPolicy::tiers([Duration::from_secs(1)]).max_attempts(3))
         .commit_interval(Duration::from_millis(200))
+        .metrics_endpoint(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
         .build()
         .expect("worker builds");
     start(w)
@@ -63,6 +68,21 @@ fn upstream(config: &KafkaConfig) -> String {
         .strip_prefix("http://")
         .expect("an http registry URL");
     rest.split('/').next().unwrap_or(rest).to_string()
+}
+
+/// `kjob_registry_waiting` on the worker's `/metrics`.
+async fn waiting_gauge(running: &Running) -> Option<f64> {
+    let addr = running.stats.endpoint.get()?;
+    let text = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find(|l| l.starts_with("kjob_registry_waiting"))
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, v)| v.parse().ok())
 }
 
 /// Records in the route's tier and DLQ.
@@ -93,6 +113,7 @@ async fn assigned(running: &Running) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_wait_for_the_registry_instead_of_walking_the_retry_tiers() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     init_logging();
     let config = ensure_stack();
     let topic = unique("regout");
@@ -124,6 +145,11 @@ async fn jobs_wait_for_the_registry_instead_of_walking_the_retry_tiers() {
         (0, 0),
         "8 s into the outage nothing went to the 1 s tier or the DLQ"
     );
+    let waiting = waiting_gauge(&running).await;
+    assert!(
+        waiting.is_some_and(|w| w >= 1.0),
+        "kjob_registry_waiting shows the waiting jobs: {waiting:?}"
+    );
 
     proxy.restore();
     let back = Instant::now();
@@ -135,6 +161,12 @@ async fn jobs_wait_for_the_registry_instead_of_walking_the_retry_tiers() {
     .await;
     let resumed = back.elapsed();
     wait_committed_at_end(&config, &group, &topic, PARTITIONS).await;
+    let waiting = waiting_gauge(&running).await;
+    assert_eq!(
+        waiting,
+        Some(0.0),
+        "nothing waits once the registry answers"
+    );
     running.stop().await;
 
     let calls = calls.lock().unwrap().clone();
@@ -154,6 +186,7 @@ async fn jobs_wait_for_the_registry_instead_of_walking_the_retry_tiers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_while_jobs_wait_for_the_registry_is_quick_and_loses_nothing() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     init_logging();
     let config = ensure_stack();
     let topic = unique("regstop");

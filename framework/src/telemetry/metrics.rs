@@ -194,6 +194,13 @@ impl Metrics {
             })
             .build();
         meter
+            .i64_observable_gauge("kjob_registry_waiting")
+            .with_description(
+                "Jobs waiting for the schema registry to serve their writer schema (not failed, not retried)",
+            )
+            .with_callback(|obs| obs.observe(crate::worker::route::registry_waiting(), &[]))
+            .build();
+        meter
             .i64_observable_gauge("kjob_breaker_parked")
             .with_description("Jobs waiting for a circuit breaker to close")
             .with_callback(|obs| {

@@ -238,6 +238,33 @@ pub(crate) trait Route: Send + Sync {
 const REGISTRY_WAIT_MAX: Duration = Duration::from_secs(1);
 const REGISTRY_WAIT_FIRST: Duration = Duration::from_millis(100);
 
+/// Jobs of this process waiting for the schema registry right now (the
+/// `kjob_registry_waiting` gauge): during an outage the one number that
+/// says why work stands still, since these jobs neither fail nor retry.
+static REGISTRY_WAITING: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// See [`REGISTRY_WAITING`].
+pub(crate) fn registry_waiting() -> i64 {
+    REGISTRY_WAITING.load(AtomicOrdering::Relaxed)
+}
+
+/// Counts one job in [`REGISTRY_WAITING`] for as long as it lives, however
+/// the wait ends (the registry answers, a revoke, a dropped attempt).
+struct RegistryWait;
+
+impl RegistryWait {
+    fn begin() -> Self {
+        REGISTRY_WAITING.fetch_add(1, AtomicOrdering::Relaxed);
+        RegistryWait
+    }
+}
+
+impl Drop for RegistryWait {
+    fn drop(&mut self) {
+        REGISTRY_WAITING.fetch_sub(1, AtomicOrdering::Relaxed);
+    }
+}
+
 pub(crate) struct TypedRoute<J, H, M> {
     pub handler: H,
     pub reader: ReaderSchema,
@@ -294,6 +321,7 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
     ) -> BoxFuture<'a, Attempt> {
         Box::pin(async move {
             let mut wait = REGISTRY_WAIT_FIRST;
+            let mut waiting: Option<RegistryWait> = None;
             let job = loop {
                 match self
                     .reader
@@ -308,6 +336,7 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
                     // it), instead of walking the retry tiers.
                     Err(e) if e.class().is_none() => {
                         tracing::debug!(job.id = %ctx.id, error = %e, "waiting for the schema registry");
+                        waiting.get_or_insert_with(RegistryWait::begin);
                         tokio::select! {
                             _ = tokio::time::sleep(wait) => {}
                             _ = released.cancelled() => return Attempt::Released,
@@ -323,6 +352,7 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
                     }
                 }
             };
+            drop(waiting);
             match &self.stack {
                 None => {
                     let parts = Parts {
