@@ -42,6 +42,7 @@
 //! operations.
 
 pub mod classify;
+pub mod clock;
 pub mod codec;
 pub mod config;
 pub mod delay;

@@ -29,7 +29,12 @@ pub struct OffsetTracker {
     /// In-flight offsets and their record timestamps (epoch ms), if known.
     in_flight: BTreeMap<i64, Option<i64>>,
     highest_seen: Option<i64>,
+    /// The first offset this assignment saw: where fetching began, so the
+    /// group's committed position (or the reset position) at assignment.
+    first_seen: Option<i64>,
     committed: Option<i64>,
+    /// The last position the group coordinator acknowledged.
+    acked: Option<i64>,
 }
 
 impl OffsetTracker {
@@ -55,6 +60,41 @@ impl OffsetTracker {
         if self.highest_seen.is_none_or(|h| offset > h) {
             self.highest_seen = Some(offset);
         }
+        if self.first_seen.is_none() {
+            self.first_seen = Some(offset);
+        }
+    }
+
+    /// The highest offset started.
+    pub fn highest_seen(&self) -> Option<i64> {
+        self.highest_seen
+    }
+
+    /// Whether `offset` is started and not finished.
+    pub fn is_in_flight(&self, offset: i64) -> bool {
+        self.in_flight.contains_key(&offset)
+    }
+
+    /// Whether this tracker saw `offset` finish: at or below the highest
+    /// offset seen, at or above the first, and no longer in flight.
+    pub fn finished_here(&self, offset: i64) -> bool {
+        match (self.first_seen, self.highest_seen) {
+            (Some(lo), Some(hi)) => offset >= lo && offset <= hi && !self.is_in_flight(offset),
+            _ => false,
+        }
+    }
+
+    /// Whether the group's position still is what this tracker left it at,
+    /// judged from `fetched_from`, the offset a new assignment of the same
+    /// partition starts fetching at (the group's committed position): the
+    /// last position the coordinator acknowledged, the last one sent (its
+    /// answer may have been lost with the connection), or, if none was
+    /// acknowledged, where this tracker itself began. Anything else means
+    /// another member (or an operator's reset) moved it, so what this
+    /// tracker finished says nothing about the partition any more.
+    pub fn position_unchanged(&self, fetched_from: i64) -> bool {
+        let begun = self.acked.is_none().then_some(self.first_seen).flatten();
+        [self.acked, self.committed, begun].contains(&Some(fetched_from))
     }
 
     /// Marks a record done. Returns false if it was not in flight (a stale
@@ -99,6 +139,13 @@ impl OffsetTracker {
     pub fn mark_committed(&mut self, offset: i64) {
         if self.committed.is_none_or(|c| offset > c) {
             self.committed = Some(offset);
+        }
+    }
+
+    /// Records that the coordinator acknowledged `offset` (next-to-read form).
+    pub fn mark_acked(&mut self, offset: i64) {
+        if self.acked.is_none_or(|c| offset > c) {
+            self.acked = Some(offset);
         }
     }
 
@@ -183,6 +230,28 @@ mod tests {
         t.finish(1);
         t.finish(3);
         assert_eq!(t.oldest_timestamp(), None);
+    }
+
+    #[test]
+    fn a_returning_partition_is_recognised_by_where_fetching_starts() {
+        let mut t = OffsetTracker::new();
+        for o in 100..110 {
+            t.start(o);
+        }
+        for o in 100..105 {
+            t.finish(o);
+        }
+        // Nothing acknowledged yet: only the start position matches.
+        assert!(t.position_unchanged(100));
+        assert!(!t.position_unchanged(103));
+        t.mark_committed(103);
+        assert!(t.position_unchanged(103), "the commit sent may have landed");
+        t.mark_acked(103);
+        assert!(!t.position_unchanged(100), "acknowledged past the start");
+        assert!(t.position_unchanged(103));
+        assert!(!t.position_unchanged(105), "moved by someone else");
+        assert!(t.finished_here(104) && !t.finished_here(105));
+        assert!(!t.finished_here(99) && !t.finished_here(110));
     }
 
     #[test]

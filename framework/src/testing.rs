@@ -259,6 +259,7 @@ impl Harness {
             ),
             stats,
             cancel,
+            clock: crate::clock::Clock::Virtual(clock.clone()),
         };
         let mut sched = Scheduler::new(settings.1).with_priorities(priorities);
         let tps: Vec<(String, i32)> = order.iter().map(|t| (t.clone(), 0)).collect();
@@ -399,6 +400,8 @@ impl Harness {
                 Action::Seek((t, _), offset) => {
                     self.positions.insert(t, offset);
                 }
+                // The harness's waits keep their slot: nothing is parked.
+                Action::Grant(_) => {}
                 Action::Commit(offsets) => {
                     self.sched.committed(&offsets);
                     for ((t, _), next) in offsets {
@@ -448,13 +451,16 @@ impl Harness {
             self.flow.max_running = self.flow.max_running.max(self.sched.running());
             let unit = self.jitter;
             let pipeline = &self.pipeline;
-            let results = futures::future::join_all(jobs.iter().map(|j| {
-                pipeline.attempt(
-                    &j.item,
-                    &j.released,
-                    unit.unwrap_or_else(rand::random::<f64>),
-                    now,
-                )
+            let results = futures::future::join_all(jobs.iter().map(|j| async move {
+                let waiter = crate::worker::park::Waiter::holding(j.released.clone());
+                pipeline
+                    .attempt(
+                        &j.item,
+                        &waiter,
+                        unit.unwrap_or_else(rand::random::<f64>),
+                        now,
+                    )
+                    .await
             }))
             .await;
             for (job, attempted) in jobs.into_iter().zip(results) {

@@ -12,19 +12,11 @@
 pub mod redrive;
 pub mod store;
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use rdkafka::message::Message;
 
 use crate::headers::JobHeaders;
 
-/// Milliseconds since the Unix epoch, for header timestamps.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub use crate::clock::now_ms;
 
 /// Builds the headers of a dead letter (or any forwarded hop) from the
 /// source record: previous kjob headers are parsed and rebuilt, the failure

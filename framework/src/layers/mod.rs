@@ -25,6 +25,11 @@
 //! the record uncommitted for the next owner. Once the handler is called,
 //! the attempt runs to its end (within the grace period).
 //!
+//! A layer that waits for a downstream wraps the wait in [`Request::wait`]:
+//! the job then gives its handler slot back while it waits (it is
+//! *parked*), so one downstream that is down never takes the slots of the
+//! jobs that do not need it. The job keeps its place in its key's order.
+//!
 //! Shipped layers, one folder each: [`rate_limit`] (a token bucket shared
 //! by every route that uses it) and [`breaker`] (a circuit breaker per
 //! downstream that parks jobs while open instead of burning their attempts).
@@ -33,6 +38,7 @@ pub mod breaker;
 pub mod rate_limit;
 
 use std::any::Any;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -40,6 +46,7 @@ use tower::util::BoxCloneSyncService;
 
 use crate::classify::JobError;
 use crate::job::JobContext;
+use crate::worker::park::Waiter;
 
 /// One attempt, as a layer sees it.
 pub struct Request {
@@ -49,6 +56,8 @@ pub struct Request {
     /// Set when the handler is called: until then a revoke or a stop may
     /// release the attempt (a job parked by a layer is not kept waiting).
     started: Option<Arc<AtomicBool>>,
+    /// How a wait gives the slot back (none outside a worker).
+    waiter: Option<Waiter>,
 }
 
 impl Request {
@@ -58,6 +67,36 @@ impl Request {
             job: Box::new(job),
             extensions: http::Extensions::new(),
             started: None,
+            waiter: None,
+        }
+    }
+
+    pub(crate) fn waiter(mut self, waiter: Waiter) -> Self {
+        self.waiter = Some(waiter);
+        self
+    }
+
+    /// Waits for `until` (a downstream's budget, an open breaker, a lock)
+    /// without holding one of the worker's handler slots: if `until` is not
+    /// ready at once, the job is parked, and other jobs (other keys, other
+    /// routes) use its slot until it can go on. Its key's later jobs still
+    /// wait behind it. Use it for every wait a layer does before it calls
+    /// the inner service; a wait that is ready at once costs nothing.
+    ///
+    /// If the job's partition is revoked or the worker stops while it
+    /// waits, this never returns: the attempt is dropped unstarted and the
+    /// record left for the partition's next owner.
+    pub fn wait<F: Future>(&self, until: F) -> impl Future<Output = F::Output> {
+        // Owns what it needs, so the request need not stay borrowed.
+        let waiter = self.waiter.clone();
+        async move {
+            match waiter {
+                None => until.await,
+                Some(w) => match w.wait(until).await {
+                    Some(v) => v,
+                    None => std::future::pending().await,
+                },
+            }
         }
     }
 

@@ -10,6 +10,7 @@
 //! | `kjob_oldest_pending_seconds` | gauge | `topic` |
 //! | `kjob_retry_due_lateness_seconds` | histogram | `topic` |
 //! | `kjob_rebalances_total` | counter | |
+//! | `kjob_parked` | gauge | | jobs waiting for a downstream without a handler slot |
 //! | `kjob_priority_waiting` | gauge | `priority` (high, normal, low): jobs ready, waiting for a slot |
 //! | `kjob_priority_in_flight` | gauge | `priority`: jobs running |
 //! | `kjob_priority_latency_seconds` | histogram | `priority`: record timestamp to the attempt's outcome (p99 per lane) |
@@ -54,6 +55,8 @@ pub struct Snapshot {
     pub oldest_pending_seconds: HashMap<String, f64>,
     /// Per priority level (high, normal, low): (running, waiting).
     pub priority: [(usize, usize); crate::worker::Priority::LEVELS],
+    /// Jobs parked: waiting for a downstream without a handler slot.
+    pub parked: usize,
 }
 
 /// The instruments a worker records into.
@@ -179,6 +182,19 @@ impl Metrics {
                 })
                 .build();
         }
+        let parked_snapshot = snapshot.clone();
+        meter
+            .i64_observable_gauge("kjob_parked")
+            .with_description(
+                "Jobs waiting for a downstream (registry, breaker, rate limit) without a handler slot",
+            )
+            .with_callback(move |obs| {
+                let snap = parked_snapshot
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                obs.observe(i64::try_from(snap.parked).unwrap_or(i64::MAX), &[]);
+            })
+            .build();
         meter
             .i64_observable_gauge("kjob_breaker_state")
             .with_description("Circuit breaker state per downstream: 0 closed, 1 half-open, 2 open")

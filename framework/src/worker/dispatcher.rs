@@ -14,6 +14,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::park::Waiter;
 use super::pipeline::Pipeline;
 use super::poll::Hub;
 use super::polled::Polled;
@@ -35,9 +36,10 @@ pub(super) async fn run(
         let now = now_ms();
         for job in batch {
             let p = pipeline.clone();
+            let waiter = Waiter::new(hub.clone(), job.ticket, job.released);
             running.push(async move {
                 let a = p
-                    .attempt(&job.item, &job.released, rand::random::<f64>(), now)
+                    .attempt(&job.item, &waiter, rand::random::<f64>(), now)
                     .await;
                 (job.ticket, a.outcome.is_final())
             });

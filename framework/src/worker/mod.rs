@@ -36,6 +36,7 @@
 mod dispatcher;
 pub mod limits;
 pub mod membership;
+pub(crate) mod park;
 pub(crate) mod pipeline;
 pub(crate) mod poll;
 pub(crate) mod polled;
@@ -785,6 +786,7 @@ impl Worker {
             stats: self.stats.clone(),
             cancel: cancel.clone(),
             strict,
+            clock: crate::clock::Clock::Wall,
         });
         let background = CancellationToken::new();
         let _stop_background = background.clone().drop_guard();

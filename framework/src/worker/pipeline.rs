@@ -17,6 +17,7 @@ use rdkafka::message::{Message, OwnedHeaders};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
+use super::park::Waiter;
 use super::state::{RouteEntry, WorkerStats};
 use crate::classify::ErrorClass;
 use crate::dlq::envelope_headers;
@@ -109,6 +110,8 @@ pub(crate) struct Pipeline {
     pub cancel: CancellationToken,
     /// The chains of the strict-order routes, if any ([`super::strict`]).
     pub strict: Option<Arc<super::strict::Strict>>,
+    /// Where "now" comes from (the harness's is virtual).
+    pub clock: crate::clock::Clock,
 }
 
 /// The context a handler sees for `msg`.
@@ -138,11 +141,12 @@ impl Pipeline {
     /// Runs one record to a final outcome at wall-clock time `now_ms`, with
     /// `unit` in `[0, 1)` for retry jitter (both parameters, so the harness
     /// is deterministic).
-    /// `released` is the job's [`Job::released`](super::scheduler::Job::released).
+    /// `waiter` parks the job while it waits before its handler, and gives
+    /// up when the job is released ([`super::park`]).
     pub(crate) async fn attempt<M: Message>(
         &self,
         msg: &M,
-        released: &CancellationToken,
+        waiter: &Waiter,
         unit: f64,
         now_ms: i64,
     ) -> Attempted {
@@ -164,7 +168,7 @@ impl Pipeline {
             // Boxed, like the forwards below: the rare paths' futures stay
             // out of every attempt's state, which is moved on each dispatch.
             if let Some(outcome) =
-                Box::pin(self.delay_step(entry, msg, &headers, released, now_ms)).await
+                Box::pin(self.delay_step(entry, msg, &headers, waiter, now_ms)).await
             {
                 return Attempted {
                     outcome,
@@ -212,7 +216,7 @@ impl Pipeline {
         }
         let started = std::time::Instant::now();
         self.metrics.in_flight(job, 1);
-        let run = entry.route.run(msg.payload(), ctx, released);
+        let run = entry.route.run(msg.payload(), ctx, waiter);
         let result = match span.context() {
             Some(cx) => run.with_context(cx.clone()).await,
             None => run.await,
@@ -230,6 +234,9 @@ impl Pipeline {
         }
         let elapsed = started.elapsed();
         self.metrics.handler_seconds(job, elapsed.as_secs_f64());
+        // A retry's wait (a Retry-After above all) counts from the failure,
+        // not from when the attempt began.
+        let failed_at_ms = self.clock.now_ms().max(now_ms);
         let next = next_step(
             &result,
             msg,
@@ -238,7 +245,7 @@ impl Pipeline {
             &entry.retry,
             attempt,
             unit,
-            now_ms,
+            failed_at_ms,
         );
         let duration_ms = elapsed.as_millis() as u64;
         if let Some(ts) = msg.timestamp().to_millis() {
@@ -361,7 +368,7 @@ impl Pipeline {
         entry: &RouteEntry,
         msg: &M,
         headers: &JobHeaders,
-        released: &CancellationToken,
+        waiter: &Waiter,
         now_ms: i64,
     ) -> Option<Outcome> {
         // Without a run time (a record written by hand) it is due now.
@@ -392,10 +399,10 @@ impl Pipeline {
         }
         let wait = run_at - crate::dlq::now_ms();
         if wait > 0 {
-            tokio::select! {
-                _ = tokio::time::sleep(std::time::Duration::from_millis(wait as u64)) => {}
-                // Not started: a revoke or stop releases it at once.
-                _ = released.cancelled() => return Some(Outcome::Abandoned),
+            let due = tokio::time::sleep(std::time::Duration::from_millis(wait as u64));
+            // Parked (no slot held); a revoke or stop releases it at once.
+            if waiter.wait(due).await.is_none() {
+                return Some(Outcome::Abandoned);
             }
         }
         None
@@ -423,6 +430,19 @@ impl Pipeline {
         headers: &JobHeaders,
         partition: Option<i32>,
     ) -> Forwarded {
+        // Every hop names its contract, as it carries its `kjob-id`: a
+        // record from another producer has no `kjob-job` of its own, and
+        // operators filter dead letters by it.
+        let named;
+        let headers = match (&headers.job, self.routes.get(main)) {
+            (None, Some(entry)) => {
+                let mut h = headers.clone();
+                h.job = Some(entry.route.job_name().to_string());
+                named = h;
+                &named
+            }
+            _ => headers,
+        };
         let mut wait = std::time::Duration::from_millis(200);
         let mut envelope: Option<(String, JobHeaders)> = None;
         loop {

@@ -73,6 +73,8 @@ pub(crate) struct Core {
     deferred: Vec<Action<Polled>>,
     /// Threads waiting for running jobs to finish (revoke, shutdown).
     waiters: usize,
+    /// Parked jobs waiting for a slot, and how to tell each it has one.
+    grants: rustc_hash::FxHashMap<Ticket, tokio::sync::oneshot::Sender<()>>,
 }
 
 /// What the poll thread and the dispatchers share.
@@ -95,6 +97,7 @@ impl Hub {
                 post_assign: Vec::new(),
                 deferred: Vec::new(),
                 waiters: 0,
+                grants: Default::default(),
             }),
             progress: Condvar::new(),
             dispatch: Dispatch::new(senders),
@@ -117,11 +120,14 @@ impl Hub {
             let mut core = self.lock();
             for (t, ok) in batch {
                 core.sched.finished(t, ok, &mut out);
+                // A job released while it waited for a slot.
+                core.grants.remove(&t);
             }
             core.sched.dispatch(&mut out);
             for action in out {
                 match action {
                     Action::Run(jobs) => mine.extend(self.dispatch.share(me, jobs)),
+                    Action::Grant(tickets) => core.grant(tickets),
                     other => core.deferred.push(other),
                 }
             }
@@ -150,6 +156,42 @@ impl Core {
     /// The consumer actions completions caused since the last call.
     fn take_deferred(&mut self, out: &mut Vec<Action<Polled>>) {
         out.append(&mut self.deferred);
+    }
+
+    /// Tells parked jobs that they have their slot back.
+    fn grant(&mut self, tickets: Vec<Ticket>) {
+        for t in tickets {
+            if let Some(tx) = self.grants.remove(&t) {
+                let _ = tx.send(());
+            }
+        }
+    }
+}
+
+impl super::park::Slots for Hub {
+    fn park(&self, ticket: Ticket) {
+        let mut out = Vec::new();
+        let mut core = self.lock();
+        core.sched.park(ticket);
+        // The freed slot goes to the next job at once.
+        core.sched.dispatch(&mut out);
+        for action in out {
+            match action {
+                Action::Run(jobs) => self.dispatch.send(jobs),
+                Action::Grant(tickets) => core.grant(tickets),
+                other => core.deferred.push(other),
+            }
+        }
+    }
+
+    fn unpark(&self, ticket: Ticket) -> Option<tokio::sync::oneshot::Receiver<()>> {
+        let mut core = self.lock();
+        if core.sched.unpark(ticket) {
+            return None;
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        core.grants.insert(ticket, tx);
+        Some(rx)
     }
 }
 
@@ -313,9 +355,14 @@ impl ConsumerContext for WorkerContext {
     }
 
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        if let Err(e) = result {
-            warn!(error = %e, partitions = offsets.count(), "offset commit failed; will recommit");
-            self.lock().sched.commit_failed();
+        match result {
+            Err(e) => {
+                warn!(error = %e, partitions = offsets.count(), "offset commit failed; will recommit");
+                self.lock().sched.commit_failed();
+            }
+            // What the coordinator has: a partition that comes back after a
+            // loss is recognised by it (see the scheduler).
+            Ok(()) => self.lock().sched.acknowledged(&positions_of(offsets)),
         }
     }
 }
@@ -324,6 +371,17 @@ fn tps_of(tpl: &TopicPartitionList) -> Vec<Tp> {
     tpl.elements()
         .iter()
         .map(|e| (e.topic().to_string(), e.partition()))
+        .collect()
+}
+
+/// The `(partition, next offset)` pairs of a commit's list.
+fn positions_of(tpl: &TopicPartitionList) -> Vec<(Tp, i64)> {
+    tpl.elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(n) => Some(((e.topic().to_string(), e.partition()), n)),
+            _ => None,
+        })
         .collect()
 }
 
@@ -407,9 +465,12 @@ impl WorkerContext {
             return;
         }
         let (mut paused, mut resumed, mut committed) = (Vec::new(), Vec::new(), Vec::new());
+        // A synchronous commit that returned is acknowledged.
+        let acked = matches!(mode, CommitMode::Sync);
         for action in actions {
             match action {
                 Action::Run(jobs) => self.hub.dispatch.send(jobs),
+                Action::Grant(tickets) => self.lock().grant(tickets),
                 Action::Pause(tp) => {
                     if let Err(e) = consumer.pause(&tpl_of(std::slice::from_ref(&tp))) {
                         warn!(error = %e, topic = %tp.0, partition = tp.1, "pause failed");
@@ -463,6 +524,9 @@ impl WorkerContext {
             }
         }
         core.sched.committed(&committed);
+        if acked {
+            core.sched.acknowledged(&committed);
+        }
     }
 
     /// What the scheduler needs of a polled record.
@@ -490,10 +554,18 @@ impl WorkerContext {
     /// oldest record this worker holds uncommitted (0 when nothing is).
     fn refresh_oldest_pending(&self) {
         let now = now_ms();
-        let (oldest, by_level) = {
+        let (oldest, by_level, parked, skipped) = {
             let core = self.lock();
-            (core.sched.oldest_pending(), core.sched.by_level())
+            (
+                core.sched.oldest_pending(),
+                core.sched.by_level(),
+                core.sched.parked(),
+                core.sched.skipped_finished(),
+            )
         };
+        self.stats
+            .skipped_finished
+            .store(skipped, AtomicOrdering::Relaxed);
         let ages = oldest
             .into_iter()
             .map(|(topic, ts)| {
@@ -508,6 +580,7 @@ impl WorkerContext {
             .unwrap_or_else(PoisonError::into_inner);
         snap.oldest_pending_seconds = ages;
         snap.priority = by_level;
+        snap.parked = parked;
     }
 }
 

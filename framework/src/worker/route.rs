@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use tokio_util::sync::CancellationToken;
 
+use super::park::Waiter;
 use crate::classify::{ErrorClass, JobError};
 use crate::codec::{ReaderSchema, SchemaSource};
 use crate::job::{Job, JobContext};
@@ -219,14 +219,14 @@ pub enum Attempt {
 /// A type-erased route: decode + handle for one topic.
 pub(crate) trait Route: Send + Sync {
     fn job_name(&self) -> &'static str;
-    /// Decodes and handles one record. `released` is the job's
-    /// [`Job::released`](super::scheduler::Job::released): waits before the
-    /// handler starts give up when it is cancelled.
+    /// Decodes and handles one record. Waits before the handler starts
+    /// (the registry, a layer's) go through `waiter`: parked, without a
+    /// slot, and given up when the job is released.
     fn run<'a>(
         &'a self,
         payload: Option<&'a [u8]>,
         ctx: JobContext,
-        released: &'a CancellationToken,
+        waiter: &'a Waiter,
     ) -> BoxFuture<'a, Attempt>;
 }
 
@@ -317,42 +317,45 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
         &'a self,
         payload: Option<&'a [u8]>,
         ctx: JobContext,
-        released: &'a CancellationToken,
+        waiter: &'a Waiter,
     ) -> BoxFuture<'a, Attempt> {
         Box::pin(async move {
-            let mut wait = REGISTRY_WAIT_FIRST;
-            let mut waiting: Option<RegistryWait> = None;
-            let job = loop {
-                match self
-                    .reader
-                    .decode::<J>(self.schemas.as_ref(), payload)
-                    .await
-                {
-                    Ok(job) => break job,
-                    // No class: the registry could not be asked (down, a
-                    // timeout, a 5xx). The record is fine and its attempt
-                    // has not begun, so it waits here, holding its slot
-                    // (the in-flight bound pauses the partitions behind
-                    // it), instead of walking the retry tiers.
-                    Err(e) if e.class().is_none() => {
-                        tracing::debug!(job.id = %ctx.id, error = %e, "waiting for the schema registry");
-                        waiting.get_or_insert_with(RegistryWait::begin);
-                        tokio::select! {
-                            _ = tokio::time::sleep(wait) => {}
-                            _ = released.cancelled() => return Attempt::Released,
+            let decoded = async {
+                let mut wait = REGISTRY_WAIT_FIRST;
+                let mut waiting: Option<RegistryWait> = None;
+                loop {
+                    match self
+                        .reader
+                        .decode::<J>(self.schemas.as_ref(), payload)
+                        .await
+                    {
+                        Ok(job) => return Ok(job),
+                        // No class: the registry could not be asked (down, a
+                        // timeout, a 5xx). The record is fine and its attempt
+                        // has not begun, so it waits (parked: other jobs take
+                        // its slot) instead of walking the retry tiers.
+                        Err(e) if e.class().is_none() => {
+                            tracing::debug!(job.id = %ctx.id, error = %e, "waiting for the schema registry");
+                            waiting.get_or_insert_with(RegistryWait::begin);
+                            tokio::time::sleep(wait).await;
+                            wait = (wait * 2).min(REGISTRY_WAIT_MAX);
                         }
-                        wait = (wait * 2).min(REGISTRY_WAIT_MAX);
-                    }
-                    Err(e) => {
-                        return Attempt::Failed {
-                            class: e.class().unwrap_or(ErrorClass::RetryableNetwork),
-                            message: e.to_string(),
-                            retry_after: None,
-                        };
+                        Err(e) => {
+                            return Err(Attempt::Failed {
+                                class: e.class().unwrap_or(ErrorClass::RetryableNetwork),
+                                message: e.to_string(),
+                                retry_after: None,
+                            });
+                        }
                     }
                 }
             };
-            drop(waiting);
+            // A cached writer schema decodes at once and never parks.
+            let job = match waiter.wait(decoded).await {
+                Some(Ok(job)) => job,
+                Some(Err(failed)) => return failed,
+                None => return Attempt::Released,
+            };
             match &self.stack {
                 None => {
                     let parts = Parts {
@@ -363,7 +366,10 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
                 }
                 Some(stack) => {
                     let started = Arc::new(AtomicBool::new(false));
-                    let req = Request::new(job, ctx).started_flag(started.clone());
+                    let req = Request::new(job, ctx)
+                        .started_flag(started.clone())
+                        .waiter(waiter.clone());
+                    let released = waiter.released();
                     // The timeout is the innermost layer; panics are caught
                     // here, around every layer.
                     let call = guarded(tower::ServiceExt::oneshot(stack.clone(), req), None);
@@ -511,6 +517,7 @@ mod tests {
     use crate::retry::RetryPolicy;
     use crate::routing::{next_step, Next};
     use rdkafka::message::{OwnedMessage, Timestamp};
+    use tokio_util::sync::CancellationToken;
 
     #[derive(serde::Serialize, serde::Deserialize)]
     struct Ping {
@@ -612,7 +619,8 @@ mod tests {
         let route = ping_route(registry.clone(), &[], handled.clone());
         let payload = frame(7, b"\x02a");
         let released = CancellationToken::new();
-        let outcome = route.run(Some(&payload), ctx(), &released).await;
+        let waiter = Waiter::holding(released.clone());
+        let outcome = route.run(Some(&payload), ctx(), &waiter).await;
         // Not a retryable failure (which would walk the tiers): the same
         // attempt ran once the registry answered.
         assert_eq!(outcome, Attempt::Done);
@@ -626,7 +634,8 @@ mod tests {
         let route = ping_route(Arc::new(DownRegistry), &[], handled.clone());
         let payload = frame(7, b"\x02a");
         let released = CancellationToken::new();
-        let run = route.run(Some(&payload), ctx(), &released);
+        let waiter = Waiter::holding(released.clone());
+        let run = route.run(Some(&payload), ctx(), &waiter);
         let cancel = async {
             tokio::time::sleep(Duration::from_secs(30)).await;
             released.cancel();
@@ -676,7 +685,8 @@ mod tests {
 
         // Parked in the layer when the revoke comes: released, not run.
         let released = CancellationToken::new();
-        let run = route.run(Some(&payload), ctx(), &released);
+        let waiter = Waiter::holding(released.clone());
+        let run = route.run(Some(&payload), ctx(), &waiter);
         let revoke = async {
             tokio::time::sleep(Duration::from_secs(5)).await;
             released.cancel();
@@ -688,7 +698,8 @@ mod tests {
         // Past the layer, inside its 50 ms handler, when the revoke comes:
         // the handler finishes.
         let released = CancellationToken::new();
-        let run = route.run(Some(&payload), ctx(), &released);
+        let waiter = Waiter::holding(released.clone());
+        let run = route.run(Some(&payload), ctx(), &waiter);
         let revoke = async {
             tokio::time::sleep(Duration::from_millis(10)).await;
             open.notify_one();

@@ -42,6 +42,24 @@
 //! * **Epochs.** Each assignment of a partition gets a fresh epoch; a
 //!   completion from an older epoch (a job that outlived its revoke) is
 //!   counted as no longer running but never marks an offset done.
+//! * **Parking.** A job that waits for a downstream before its handler runs
+//!   (the schema registry, an open breaker, a rate limit) gives its
+//!   concurrency slot back ([`Scheduler::park`]) and keeps its lane, so its
+//!   key's later jobs still wait behind it while other keys, partitions and
+//!   routes run. When it can go on it asks for a slot again
+//!   ([`Scheduler::unpark`]); parked jobs get free slots before jobs that
+//!   never started, and the concurrency limit holds for both. Parked jobs
+//!   stay in the in-flight bound, so memory stays bounded: parked jobs that
+//!   fill a partition's bound pause that partition alone.
+//! * **A partition that comes back.** When a partition is *lost* (the
+//!   session expired, typically during a coordinator outage), what this
+//!   member finished in it is kept. If the partition is assigned to this
+//!   member again and fetching starts where this member left the group's
+//!   position (nobody else committed meanwhile), the kept state is taken
+//!   up again: records it finished are skipped instead of run a second
+//!   time, and its watermark is committed. Otherwise it is dropped.
+//!   Independently of that, a record this assignment already saw finish is
+//!   never run again within it.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -87,13 +105,27 @@ pub(crate) struct Incoming<R> {
 }
 
 /// Identifies a job when it comes back as finished.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Ticket {
     slot: usize,
     epoch: u64,
     pub offset: i64,
     lane: LaneKey,
     level: usize,
+}
+
+#[cfg(test)]
+impl Ticket {
+    /// A ticket for unit tests elsewhere in the worker.
+    pub(crate) fn for_test(offset: i64) -> Self {
+        Self {
+            slot: 0,
+            epoch: 0,
+            offset,
+            lane: LaneKey::Offset(offset),
+            level: 0,
+        }
+    }
 }
 
 /// A job to run now.
@@ -120,6 +152,8 @@ pub(crate) enum Action<R> {
     Seek(Tp, i64),
     /// Commit these positions (next offset to read).
     Commit(Vec<(Tp, i64)>),
+    /// These parked jobs may go on: each got its slot back.
+    Grant(Vec<Ticket>),
 }
 
 impl<R> std::fmt::Debug for Action<R> {
@@ -133,6 +167,10 @@ impl<R> std::fmt::Debug for Action<R> {
             Action::Resume(tp) => write!(f, "Resume({tp:?})"),
             Action::Seek(tp, o) => write!(f, "Seek({tp:?}, {o})"),
             Action::Commit(c) => write!(f, "Commit({c:?})"),
+            Action::Grant(t) => {
+                let offsets: Vec<i64> = t.iter().map(|t| t.offset).collect();
+                write!(f, "Grant({offsets:?})")
+            }
         }
     }
 }
@@ -223,7 +261,18 @@ struct Part<R> {
     revoked: bool,
     /// The highest offset handed to a runner in this assignment.
     max_dispatched: Option<i64>,
+    /// What this member finished here before it lost the partition (and
+    /// the lost assignment's epoch), until the first record shows whether
+    /// the group's position is unchanged.
+    returning: Option<(u64, OffsetTracker)>,
+    /// That state once taken up: records it saw finish are skipped as they
+    /// are fetched again (offsets in order; dropped past its highest).
+    skip: Option<(u64, OffsetTracker)>,
 }
+
+/// The most lost partitions whose finished work is remembered (each costs
+/// its in-flight offsets, at most the in-flight bound).
+const LOST_KEPT: usize = 4_096;
 
 impl<R> Part<R> {
     fn wants_pause(&self) -> bool {
@@ -249,6 +298,15 @@ pub(crate) struct Scheduler<R> {
     next_epoch: u64,
     stopping: bool,
     last_commit_ms: i64,
+    /// Jobs that gave their slot back while they wait (see the module docs).
+    parked: rustc_hash::FxHashSet<Ticket>,
+    /// Parked jobs that asked for a slot again, per level, oldest first.
+    unparking: [VecDeque<Ticket>; Priority::LEVELS],
+    /// Lost partitions' trackers, by the epoch of the assignment they
+    /// belonged to (stale completions still land in them).
+    lost: FxHashMap<u64, (Tp, OffsetTracker)>,
+    /// Records skipped because this member had finished them already.
+    skipped_finished: u64,
 }
 
 impl<R: Located> Scheduler<R> {
@@ -270,6 +328,10 @@ impl<R: Located> Scheduler<R> {
             next_epoch: 0,
             stopping: false,
             last_commit_ms: i64::MIN,
+            parked: Default::default(),
+            unparking: std::array::from_fn(|_| VecDeque::new()),
+            lost: FxHashMap::default(),
+            skipped_finished: 0,
         }
     }
 
@@ -300,9 +362,59 @@ impl<R: Located> Scheduler<R> {
         self.slots.get(self.slot_of(&tp.0, tp.1)?)?.as_ref()
     }
 
-    /// Jobs running now.
+    /// Jobs running now (holding a slot; parked jobs do not).
     pub(crate) fn running(&self) -> usize {
         self.running
+    }
+
+    /// Jobs parked now: dispatched, waiting for a downstream without a slot.
+    pub(crate) fn parked(&self) -> usize {
+        self.parked.len()
+    }
+
+    /// Records skipped so far because this member had finished them before
+    /// (a partition that came back after it was lost).
+    pub(crate) fn skipped_finished(&self) -> u64 {
+        self.skipped_finished
+    }
+
+    /// Slots free for `level` now: the limit, less the reserve kept for a
+    /// more urgent level that is active, less what runs.
+    fn free_for(&self, level: usize) -> usize {
+        let urgent_active = (0..level).any(|l| self.active(l));
+        let reserve = if urgent_active {
+            self.limits.concurrency / 4
+        } else {
+            0
+        };
+        (self.limits.concurrency - reserve).saturating_sub(self.running)
+    }
+
+    /// A running job waits for a downstream: it gives its slot back and
+    /// keeps its lane. No-op for a job that is not running.
+    pub(crate) fn park(&mut self, t: Ticket) {
+        if self.parked.insert(t) {
+            self.running = self.running.saturating_sub(1);
+            self.running_at[t.level] = self.running_at[t.level].saturating_sub(1);
+        }
+    }
+
+    /// A parked job can go on. Returns `true` if it has its slot back at
+    /// once; otherwise it waits for a [`Action::Grant`] from a later
+    /// [`Scheduler::dispatch`] (parked jobs of its level asked before it
+    /// are served first).
+    pub(crate) fn unpark(&mut self, t: Ticket) -> bool {
+        if !self.parked.contains(&t) {
+            return true;
+        }
+        if self.unparking[t.level].is_empty() && self.free_for(t.level) > 0 {
+            self.parked.remove(&t);
+            self.running += 1;
+            self.running_at[t.level] += 1;
+            return true;
+        }
+        self.unparking[t.level].push_back(t);
+        false
     }
 
     /// Jobs waiting for a concurrency slot.
@@ -341,6 +453,12 @@ impl<R: Located> Scheduler<R> {
                 .copied()
                 .unwrap_or_default()
                 .level();
+            let returning = self
+                .lost
+                .iter()
+                .find(|(_, (t, _))| t == tp)
+                .map(|(e, _)| *e)
+                .and_then(|e| self.lost.remove(&e).map(|(_, t)| (e, t)));
             let part = Part {
                 tp: tp.clone(),
                 epoch: self.next_epoch,
@@ -352,6 +470,8 @@ impl<R: Located> Scheduler<R> {
                 hold: None,
                 revoked: false,
                 max_dispatched: None,
+                returning,
+                skip: None,
             };
             let slot = match self.slots.iter().position(Option::is_none) {
                 Some(free) => {
@@ -420,6 +540,18 @@ impl<R: Located> Scheduler<R> {
                     if let Some(next) = p.tracker.committable() {
                         commits.push((p.tp.clone(), next));
                     }
+                } else {
+                    // Kept in case the partition comes back unchanged.
+                    if self.lost.len() >= LOST_KEPT {
+                        if let Some(oldest) = self.lost.keys().min().copied() {
+                            self.lost.remove(&oldest);
+                        }
+                    }
+                    match p.returning {
+                        // Lost again before a record came: the older state.
+                        Some((epoch, tracker)) => self.lost.insert(epoch, (p.tp, tracker)),
+                        None => self.lost.insert(p.epoch, (p.tp, p.tracker)),
+                    };
                 }
             }
             self.ready.retain(|j| j.ticket.slot != slot);
@@ -472,9 +604,9 @@ impl<R: Located> Scheduler<R> {
         }
     }
 
-    /// Nothing runs or waits to run: a stop is complete.
+    /// Nothing runs, waits to run or is parked: a stop is complete.
     pub(crate) fn idle(&self) -> bool {
-        self.running == 0 && self.ready.is_empty()
+        self.running == 0 && self.ready.is_empty() && self.parked.is_empty()
     }
 
     /// A polled record. `now_ms` decides whether a tier record is due.
@@ -491,6 +623,29 @@ impl<R: Located> Scheduler<R> {
         };
         if p.revoked {
             return;
+        }
+        if let Some((epoch, kept)) = p.returning.take() {
+            // The first record of a partition that came back: fetching
+            // starts at the group's committed position.
+            if kept.position_unchanged(rec.offset) {
+                p.skip = Some((epoch, kept));
+            }
+        }
+        if p.tracker.finished_here(rec.offset) {
+            // Fetched again after a seek: never run twice.
+            return;
+        }
+        if let Some((_, kept)) = &p.skip {
+            if kept.finished_here(rec.offset) {
+                // Finished by this member before it lost the partition.
+                p.tracker.start_at(rec.offset, rec.timestamp_ms);
+                p.tracker.finish(rec.offset);
+                self.skipped_finished += 1;
+                return;
+            }
+            if kept.highest_seen().is_none_or(|h| rec.offset >= h) {
+                p.skip = None;
+            }
         }
         // A held partition takes nothing but the record it waits for; any
         // other was fetched before the pause and comes again after it.
@@ -553,10 +708,13 @@ impl<R: Located> Scheduler<R> {
     /// most urgent level first, as one `Run` batch. Call after a batch of
     /// events.
     pub(crate) fn dispatch(&mut self, out: &mut Vec<Action<R>>) {
-        if self.running >= self.limits.concurrency || self.ready.is_empty() {
+        if self.running >= self.limits.concurrency
+            || (self.ready.is_empty() && self.unparking.iter().all(VecDeque::is_empty))
+        {
             return;
         }
         let mut batch: Vec<Job<R>> = Vec::new();
+        let mut grants: Vec<Ticket> = Vec::new();
         let mut urgent_active = false;
         for level in 0..Priority::LEVELS {
             // Slots kept free for a more urgent level that is active.
@@ -566,8 +724,27 @@ impl<R: Located> Scheduler<R> {
                 0
             };
             urgent_active |= self.active(level);
+            let mut free = (self.limits.concurrency - reserve).saturating_sub(self.running);
+            // Parked jobs that can go on first: they are older, and they
+            // hold their lanes.
+            while free > 0 {
+                let Some(t) = self.unparking[level].pop_front() else {
+                    break;
+                };
+                let live = self
+                    .slots
+                    .get(t.slot)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|p| p.epoch == t.epoch && !p.revoked);
+                // A revoked one is being released; it reports soon.
+                if live && self.parked.remove(&t) {
+                    grants.push(t);
+                    self.running += 1;
+                    self.running_at[level] += 1;
+                    free -= 1;
+                }
+            }
             let queue = &mut self.ready.queues[level];
-            let free = (self.limits.concurrency - reserve).saturating_sub(self.running);
             let n = free.min(queue.len());
             if n == 0 {
                 continue;
@@ -575,6 +752,9 @@ impl<R: Located> Scheduler<R> {
             batch.extend(queue.drain(..n));
             self.running += n;
             self.running_at[level] += n;
+        }
+        if !grants.is_empty() {
+            out.push(Action::Grant(grants));
         }
         if batch.is_empty() {
             return;
@@ -594,15 +774,36 @@ impl<R: Located> Scheduler<R> {
     /// acknowledged) or gave up without one (`done == false`: it must be
     /// re-delivered, so its offset stays unfinished).
     pub(crate) fn finished(&mut self, ticket: Ticket, done: bool, out: &mut Vec<Action<R>>) {
-        self.running = self.running.saturating_sub(1);
-        self.running_at[ticket.level] = self.running_at[ticket.level].saturating_sub(1);
+        // A parked job holds no slot (one still queued for a grant is
+        // skipped when its turn comes).
+        if !self.parked.remove(&ticket) {
+            self.running = self.running.saturating_sub(1);
+            self.running_at[ticket.level] = self.running_at[ticket.level].saturating_sub(1);
+        }
         let Some(p) = self
             .slots
             .get_mut(ticket.slot)
             .and_then(Option::as_mut)
             .filter(|p| p.epoch == ticket.epoch)
         else {
-            return; // stale: the partition was revoked (and maybe re-assigned)
+            // Stale: the partition was revoked (and maybe re-assigned). If
+            // it was lost, what finished counts for its return.
+            if done {
+                let kept = match self.lost.get_mut(&ticket.epoch) {
+                    Some((_, tracker)) => Some(tracker),
+                    None => self
+                        .slots
+                        .iter_mut()
+                        .flatten()
+                        .flat_map(|p| p.returning.as_mut().into_iter().chain(p.skip.as_mut()))
+                        .find(|(e, _)| *e == ticket.epoch)
+                        .map(|(_, t)| t),
+                };
+                if let Some(tracker) = kept {
+                    tracker.finish(ticket.offset);
+                }
+            }
+            return;
         };
         if done {
             p.tracker.finish(ticket.offset);
@@ -678,12 +879,23 @@ impl<R: Located> Scheduler<R> {
         }
     }
 
-    /// The adapter's commit of these positions succeeded.
+    /// The adapter sent a commit of these positions.
     pub(crate) fn committed(&mut self, offsets: &[(Tp, i64)]) {
         for (tp, next) in offsets {
             if let Some(slot) = self.slot_of(&tp.0, tp.1) {
                 if let Some(p) = self.slots[slot].as_mut() {
                     p.tracker.mark_committed(*next);
+                }
+            }
+        }
+    }
+
+    /// The coordinator acknowledged these positions.
+    pub(crate) fn acknowledged(&mut self, offsets: &[(Tp, i64)]) {
+        for (tp, next) in offsets {
+            if let Some(slot) = self.slot_of(&tp.0, tp.1) {
+                if let Some(p) = self.slots[slot].as_mut() {
+                    p.tracker.mark_acked(*next);
                 }
             }
         }
@@ -703,6 +915,7 @@ impl<R: Located> Scheduler<R> {
         for p in self.slots.iter().flatten() {
             p.released.cancel();
         }
+        self.lost.clear();
         self.slots.clear();
         self.index.clear();
         self.ready.clear();
@@ -1059,6 +1272,136 @@ mod tests {
         assert!(out.is_empty(), "the old epoch's completion marked nothing");
     }
 
+    fn grants(out: &[Action<i64>]) -> Vec<Ticket> {
+        out.iter()
+            .flat_map(|a| match a {
+                Action::Grant(t) => t.clone(),
+                _ => vec![],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_parked_job_gives_its_slot_to_another_key_and_keeps_its_lane() {
+        let mut s = Scheduler::new(limits(1, 100));
+        let mut out = Vec::new();
+        s.assign(&[tp(0)], &mut out);
+        for (o, k) in [(0, 1), (1, 1), (2, 2)] {
+            s.record(rec(o, k), 0, &mut out);
+        }
+        out.clear();
+        s.dispatch(&mut out);
+        let first = runs(&out);
+        assert_eq!(first.iter().map(|t| t.offset).collect::<Vec<_>>(), [0]);
+        out.clear();
+        s.park(first[0]);
+        assert_eq!((s.running(), s.parked()), (0, 1));
+        s.dispatch(&mut out);
+        let second = runs(&out);
+        assert_eq!(
+            second.iter().map(|t| t.offset).collect::<Vec<_>>(),
+            [2],
+            "key 2 takes the slot; key 1's next job waits behind its parked head"
+        );
+        out.clear();
+        assert!(!s.unpark(first[0]), "no slot free: it waits for a grant");
+        s.finished(second[0], true, &mut out);
+        s.dispatch(&mut out);
+        assert_eq!(grants(&out), [first[0]], "the parked job is served first");
+        assert!(runs(&out).is_empty(), "the concurrency limit holds");
+        out.clear();
+        s.finished(first[0], true, &mut out);
+        s.dispatch(&mut out);
+        assert_eq!(runs(&out).iter().map(|t| t.offset).collect::<Vec<_>>(), [1]);
+    }
+
+    #[test]
+    fn a_parked_job_released_by_a_revoke_frees_nothing_twice() {
+        let mut s = Scheduler::new(limits(2, 100));
+        let mut out = Vec::new();
+        s.assign(&[tp(0), tp(1)], &mut out);
+        s.record(rec(0, 1), 0, &mut out);
+        out.clear();
+        s.dispatch(&mut out);
+        let t = runs(&out)[0];
+        s.park(t);
+        assert!(
+            !s.idle(),
+            "a parked job keeps a stop waiting for its release"
+        );
+        s.revoke(&[tp(0)]);
+        out.clear();
+        s.finished(t, false, &mut out);
+        assert_eq!((s.running(), s.parked()), (0, 0));
+        assert!(s.idle());
+    }
+
+    #[test]
+    fn a_partition_that_comes_back_unchanged_skips_what_this_member_finished() {
+        let mut s = Scheduler::new(limits(8, 100));
+        let mut out = Vec::new();
+        s.assign(&[tp(0)], &mut out);
+        for o in 0..6 {
+            s.record(rec(o, o as u64), 0, &mut out);
+        }
+        out.clear();
+        s.dispatch(&mut out);
+        let t = runs(&out);
+        for i in [0, 1, 3] {
+            s.finished(t[i], true, &mut out);
+        }
+        // The session expires (the coordinator is down): lost, no commit.
+        s.revoke(&[tp(0)]);
+        out.clear();
+        s.release(&[tp(0)], true, &mut out);
+        assert!(out.is_empty());
+        // A job that was running finishes after the loss.
+        s.finished(t[4], true, &mut out);
+        s.assign(&[tp(0)], &mut out);
+        out.clear();
+        // Nothing was committed meanwhile: fetching starts at 0 again.
+        for o in 0..6 {
+            s.record(rec(o, o as u64), 0, &mut out);
+        }
+        s.dispatch(&mut out);
+        let again: Vec<i64> = runs(&out).iter().map(|t| t.offset).collect();
+        assert_eq!(again, [2, 5], "only what did not finish runs again");
+        assert_eq!(s.skipped_finished(), 4);
+        out.clear();
+        s.commit_all(&mut out);
+        assert!(
+            matches!(&out[..], [Action::Commit(c)] if c == &vec![(tp(0), 2)]),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn a_partition_whose_position_moved_meanwhile_runs_everything_again() {
+        let mut s = Scheduler::new(limits(8, 100));
+        let mut out = Vec::new();
+        s.assign(&[tp(0)], &mut out);
+        for o in 0..4 {
+            s.record(rec(o, o as u64), 0, &mut out);
+        }
+        s.dispatch(&mut out);
+        let t = runs(&out);
+        for ticket in &t {
+            s.finished(*ticket, true, &mut out);
+        }
+        s.revoke(&[tp(0)]);
+        s.release(&[tp(0)], true, &mut out);
+        s.assign(&[tp(0)], &mut out);
+        out.clear();
+        // Another member committed 2 meanwhile: the kept state is dropped.
+        for o in 2..4 {
+            s.record(rec(o, o as u64), 0, &mut out);
+        }
+        s.dispatch(&mut out);
+        let again: Vec<i64> = runs(&out).iter().map(|t| t.offset).collect();
+        assert_eq!(again, [2, 3]);
+        assert_eq!(s.skipped_finished(), 0);
+    }
+
     #[test]
     fn a_planned_stop_runs_what_lies_below_the_highest_started_job() {
         let mut s = Scheduler::new(limits(8, 100));
@@ -1124,6 +1467,13 @@ mod tests {
         /// A revoke and re-assignment; `true` cancels the running jobs
         /// (past the revoke timeout) instead of letting them finish.
         Rebalance(bool),
+        /// The partition is lost (session expired) and comes back: running
+        /// jobs go on and finish later, as stale completions.
+        Lost,
+        /// A running job starts waiting for a downstream.
+        Park(u8),
+        /// A parked job can go on.
+        Unpark(u8),
         Tick(u16),
     }
 
@@ -1132,6 +1482,9 @@ mod tests {
             4 => (1u8..6).prop_map(Op::Poll),
             4 => any::<u8>().prop_map(Op::Finish),
             1 => any::<bool>().prop_map(Op::Rebalance),
+            1 => Just(Op::Lost),
+            2 => any::<u8>().prop_map(Op::Park),
+            2 => any::<u8>().prop_map(Op::Unpark),
             1 => (1u16..2_000).prop_map(Op::Tick),
         ]
     }
@@ -1151,6 +1504,13 @@ mod tests {
         run_this_epoch: HashSet<i64>,
         /// Per lane: the offsets run, in order.
         lane_order: HashMap<u64, Vec<i64>>,
+        /// Running jobs that are parked (holding no slot), and those of
+        /// them that asked for a slot again.
+        parked: HashSet<Ticket>,
+        asked: HashSet<Ticket>,
+        concurrency: usize,
+        /// Jobs of an earlier, lost assignment, still running.
+        stale: Vec<Ticket>,
     }
 
     impl Sim {
@@ -1179,6 +1539,12 @@ mod tests {
                                 .or_default()
                                 .push(j.ticket.offset);
                             self.running.push(j.ticket);
+                        }
+                    }
+                    Action::Grant(ts) => {
+                        for t in ts {
+                            assert!(self.asked.remove(&t), "a grant nobody asked for");
+                            self.parked.remove(&t);
                         }
                     }
                     Action::Pause(_) => self.paused = true,
@@ -1230,7 +1596,13 @@ mod tests {
             if self.running.is_empty() {
                 return;
             }
-            let t = self.running.remove(i % self.running.len());
+            let t = self.running[i % self.running.len()];
+            // A parked job cannot finish its handler; it only ends when
+            // released (not done).
+            let done = done && !self.parked.contains(&t);
+            self.running.retain(|r| *r != t);
+            self.parked.remove(&t);
+            self.asked.remove(&t);
             if done {
                 self.done.insert(t.offset);
             }
@@ -1238,6 +1610,44 @@ mod tests {
             s.finished(t, done, &mut out);
             s.dispatch(&mut out);
             self.apply(out);
+        }
+
+        fn park(&mut self, s: &mut Scheduler<i64>, i: usize) {
+            let free: Vec<Ticket> = self
+                .running
+                .iter()
+                .filter(|t| !self.parked.contains(t))
+                .copied()
+                .collect();
+            if let Some(t) = free.get(i % free.len().max(1)) {
+                s.park(*t);
+                self.parked.insert(*t);
+                let mut out = Vec::new();
+                s.dispatch(&mut out);
+                self.apply(out);
+            }
+        }
+
+        fn unpark(&mut self, s: &mut Scheduler<i64>, i: usize) {
+            let waiting: Vec<Ticket> = self
+                .parked
+                .iter()
+                .filter(|t| !self.asked.contains(t))
+                .copied()
+                .collect();
+            if let Some(t) = waiting.get(i % waiting.len().max(1)) {
+                if s.unpark(*t) {
+                    self.parked.remove(t);
+                } else {
+                    self.asked.insert(*t);
+                }
+            }
+        }
+
+        /// Jobs holding a slot never exceed the limit.
+        fn check_concurrency(&self) {
+            let holding = self.running.len() - self.parked.len();
+            assert!(holding <= self.concurrency, "{holding} jobs hold a slot");
         }
     }
 
@@ -1270,6 +1680,10 @@ mod tests {
                 now: 0,
                 run_this_epoch: HashSet::new(),
                 lane_order: HashMap::new(),
+                parked: HashSet::new(),
+                asked: HashSet::new(),
+                concurrency,
+                stale: Vec::new(),
             };
             let mut out = Vec::new();
             s.assign(&[tp(0)], &mut out);
@@ -1277,17 +1691,63 @@ mod tests {
             for op in ops {
                 match op {
                     Op::Poll(k) => sim.poll(&mut s, k),
-                    Op::Finish(i) => sim.finish(&mut s, i as usize, true),
+                    Op::Finish(i) => {
+                        // Now and then a lost assignment's job finishes.
+                        if i % 4 == 0 {
+                            if let Some(t) = sim.stale.pop() {
+                                sim.done.insert(t.offset);
+                                s.finished(t, true, &mut out);
+                                s.dispatch(&mut out);
+                                sim.apply(std::mem::take(&mut out));
+                            }
+                        }
+                        // A parked job only ends when released (a rebalance).
+                        let free: Vec<usize> = (0..sim.running.len())
+                            .filter(|k| !sim.parked.contains(&sim.running[*k]))
+                            .collect();
+                        if !free.is_empty() {
+                            sim.finish(&mut s, free[i as usize % free.len()], true);
+                        }
+                    }
+                    Op::Park(i) => sim.park(&mut s, i as usize),
+                    Op::Unpark(i) => sim.unpark(&mut s, i as usize),
+                    Op::Lost => {
+                        s.revoke(&[tp(0)]);
+                        s.release(&[tp(0)], true, &mut out);
+                        sim.apply(std::mem::take(&mut out));
+                        // Running jobs go on; parked ones are released.
+                        for t in std::mem::take(&mut sim.running) {
+                            if sim.parked.remove(&t) {
+                                sim.asked.remove(&t);
+                                s.finished(t, false, &mut out);
+                            } else {
+                                sim.stale.push(t);
+                            }
+                        }
+                        sim.apply(std::mem::take(&mut out));
+                        // Nobody else took it: fetching starts where the
+                        // group's position is.
+                        sim.pos = sim.committed;
+                        sim.run_this_epoch.clear();
+                        sim.lane_order.clear();
+                        s.assign(&[tp(0)], &mut out);
+                        sim.apply(std::mem::take(&mut out));
+                    }
                     Op::Tick(ms) => {
                         sim.now += i64::from(ms);
                         s.tick(sim.now, &mut out);
                         s.dispatch(&mut out);
                         sim.apply(std::mem::take(&mut out));
                     }
+
                     Op::Rebalance(cancel) => {
                         s.revoke(&[tp(0)]);
                         while !sim.running.is_empty() {
                             sim.finish(&mut s, 0, !cancel);
+                        }
+                        for t in std::mem::take(&mut sim.stale) {
+                            sim.done.insert(t.offset);
+                            s.finished(t, true, &mut out);
                         }
                         s.release(&[tp(0)], false, &mut out);
                         sim.apply(std::mem::take(&mut out));
@@ -1299,6 +1759,7 @@ mod tests {
                         sim.apply(std::mem::take(&mut out));
                     }
                 }
+                sim.check_concurrency();
             }
             // Drain: everything finishes, time passes, nothing stays paused.
             for _ in 0..10_000 {
@@ -1307,8 +1768,18 @@ mod tests {
                     break;
                 }
                 sim.poll(&mut s, 8);
-                while !sim.running.is_empty() {
-                    sim.finish(&mut s, 0, true);
+                for t in std::mem::take(&mut sim.stale) {
+                    sim.done.insert(t.offset);
+                    s.finished(t, true, &mut out);
+                }
+                // Parked jobs can go on; they finish once granted.
+                for _ in 0..sim.parked.len() {
+                    sim.unpark(&mut s, 0);
+                }
+                s.dispatch(&mut out);
+                sim.apply(std::mem::take(&mut out));
+                while let Some(i) = sim.running.iter().position(|t| !sim.parked.contains(t)) {
+                    sim.finish(&mut s, i, true);
                 }
                 sim.now += 500;
                 s.tick(sim.now, &mut out);

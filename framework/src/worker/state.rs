@@ -48,6 +48,10 @@ pub struct WorkerStats {
     pub schedule_leader: AtomicBool,
     /// Rebalances (assign or revoke) this worker went through.
     pub rebalances: AtomicU64,
+    /// Records not run again because this worker had finished them before
+    /// it lost their partition, which then came back to it unchanged (a
+    /// coordinator outage longer than the session).
+    pub skipped_finished: AtomicU64,
     /// Set while the worker is assigned partitions and consuming.
     pub ready: AtomicBool,
     /// The metrics endpoint's bound address, once it listens.

@@ -4,9 +4,11 @@
 //! A downstream answering 503 for an hour would otherwise walk every job
 //! through every retry tier into the DLQ. With a breaker, after
 //! `failure_threshold` consecutive retryable failures the breaker opens:
-//! jobs that reach it wait (parked in memory, holding their concurrency
-//! slot; their partitions fill to the in-flight bound and are paused) until
-//! `open_for` has passed. Then one job goes through as a probe (half-open):
+//! jobs that reach it wait, parked in memory without a concurrency slot
+//! ([`Request::wait`]), until `open_for` has passed, while the worker's
+//! other routes and keys keep running. Parked jobs count in their
+//! partition's in-flight bound: a partition full of them is paused, the
+//! others go on. Then one job goes through as a probe (half-open):
 //! success closes the breaker and releases everyone, failure opens it
 //! again. A parked job's attempt count does not move, and nothing is
 //! dead-lettered because the breaker is open; only the attempts that
@@ -238,7 +240,8 @@ impl tower::Service<Request> for Guarded {
     fn call(&mut self, req: Request) -> Self::Future {
         let (breaker, inner) = (self.breaker.clone(), self.inner.clone());
         Box::pin(async move {
-            let probe = breaker.admit().await;
+            // Parked while the breaker is open: its slot serves other jobs.
+            let probe = req.wait(breaker.admit()).await;
             let result = tower::ServiceExt::oneshot(inner, req).await;
             breaker.record(probe, &result);
             result

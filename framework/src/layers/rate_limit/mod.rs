@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tokio::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 use tokio::time::Instant;
 
 use super::{AttemptService, Request};
@@ -57,23 +57,24 @@ impl RateLimit {
         &self.name
     }
 
-    /// Waits for a token.
+    /// Takes a token, waiting for it if the bucket is empty. A caller
+    /// that must wait reserves the next token to come (the bucket goes
+    /// below zero) and sleeps until it is due, so waiters are served in
+    /// arrival order and each wakes once, however many wait: parked jobs
+    /// ([`Request::wait`]) can be many.
     async fn acquire(&self) {
-        loop {
-            let wait = {
-                let mut b = self.bucket.lock().await;
-                let now = Instant::now();
-                let refill = now.duration_since(b.last).as_secs_f64() * self.per_second;
-                b.tokens = (b.tokens + refill).min(self.burst);
-                b.last = now;
-                if b.tokens >= 1.0 {
-                    b.tokens -= 1.0;
-                    return;
-                }
-                Duration::from_secs_f64((1.0 - b.tokens) / self.per_second)
-            };
-            tokio::time::sleep(wait).await;
-        }
+        let wait = {
+            let mut b = self.bucket.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = Instant::now();
+            let refill = now.duration_since(b.last).as_secs_f64() * self.per_second;
+            b.tokens = (b.tokens + refill).min(self.burst) - 1.0;
+            b.last = now;
+            if b.tokens >= 0.0 {
+                return;
+            }
+            Duration::from_secs_f64(-b.tokens / self.per_second)
+        };
+        tokio::time::sleep(wait).await;
     }
 }
 
@@ -106,7 +107,8 @@ impl tower::Service<Request> for RateLimited {
     fn call(&mut self, req: Request) -> Self::Future {
         let (limit, inner) = (self.limit.clone(), self.inner.clone());
         Box::pin(async move {
-            limit.acquire().await;
+            // Parked while it waits for its token: no slot is held.
+            req.wait(limit.acquire()).await;
             tower::ServiceExt::oneshot(inner, req).await
         })
     }
