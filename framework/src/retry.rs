@@ -57,6 +57,12 @@ pub struct RetryPlan {
     pub tier: usize,
     /// How long from now until the job is due.
     pub wait: Duration,
+    /// How long the tier holds the record: `wait`, except for a
+    /// `Retry-After` longer than the last tier, which the tier releases
+    /// after its own delay (a tier is read first-in first-out, so a longer
+    /// hold would stop the records behind it) and which then hops on
+    /// ([`RetryPolicy::hop`]) until it is due.
+    pub release: Duration,
 }
 
 /// Why a [`RetryPolicy`] cannot be used. Each message says what to change.
@@ -155,7 +161,23 @@ impl RetryPolicy {
         let base = self.tiers[tier];
         let jittered = base + base.mul_f64(self.jitter.clamp(0.0, 1.0) * unit.clamp(0.0, 1.0));
         let wait = retry_after.map_or(jittered, |after| jittered.max(after));
-        Some(RetryPlan { tier, wait })
+        Some(RetryPlan {
+            tier,
+            wait,
+            release: jittered,
+        })
+    }
+
+    /// For a record released from a tier with `left` still to wait (a long
+    /// `Retry-After`): the longest tier that does not overshoot it, or
+    /// `None` when even the shortest one would (the worker waits the rest).
+    pub fn hop(&self, left: Duration) -> Option<usize> {
+        self.tiers.iter().rposition(|t| *t <= left)
+    }
+
+    /// How long tier `tier` holds a record.
+    pub fn tier_delay(&self, tier: usize) -> Option<Duration> {
+        self.tiers.get(tier).copied()
     }
 
     /// The topic of tier `tier` for main topic `topic`.
@@ -267,37 +289,23 @@ mod tests {
     #[test]
     fn retry_after_is_a_floor_and_picks_a_long_enough_tier() {
         let p = RetryPolicy::tiers([s(5), s(30), s(300)]).jitter(0.0);
-        let plan = p.plan(1, Some(s(20)), 0.0).unwrap_or(RetryPlan {
-            tier: 99,
-            wait: s(0),
-        });
+        let plan = |after: Duration| {
+            p.plan(1, Some(after), 0.0)
+                .map(|x| (x.tier, x.wait, x.release))
+        };
+        assert_eq!(plan(s(20)), Some((1, s(30), s(30))));
         assert_eq!(
-            plan,
-            RetryPlan {
-                tier: 1,
-                wait: s(30)
-            }
+            plan(s(3600)),
+            Some((2, s(3600), s(300))),
+            "longer than every tier: the last tier releases it after its own delay"
         );
-        let plan = p.plan(1, Some(s(3600)), 0.0).unwrap_or(RetryPlan {
-            tier: 99,
-            wait: s(0),
-        });
-        assert_eq!(
-            plan,
-            RetryPlan {
-                tier: 2,
-                wait: s(3600)
-            },
-            "longer than every tier: last tier, full wait"
-        );
-        let plan = p
-            .plan(1, Some(Duration::from_millis(5200)), 0.0)
-            .unwrap_or(RetryPlan {
-                tier: 99,
-                wait: s(0),
-            });
-        assert_eq!(plan.tier, 1);
-        assert!(plan.wait >= Duration::from_millis(5200));
+        let (tier, wait, _) = plan(Duration::from_millis(5200)).unwrap_or_default();
+        assert_eq!(tier, 1);
+        assert!(wait >= Duration::from_millis(5200));
+        // Hops towards a long wait: the longest tier that fits, then none.
+        assert_eq!(p.hop(s(3300)), Some(2));
+        assert_eq!(p.hop(s(100)), Some(1));
+        assert_eq!(p.hop(s(4)), None);
     }
 
     #[test]

@@ -73,7 +73,10 @@ pub fn next_step<M: rdkafka::message::Message>(
             if let Some(topic) = policy.tier_topic(main, plan.tier) {
                 let mut headers =
                     forward_headers(source, group, attempt + 1, class.as_str(), message, now_ms);
-                headers.due_at_ms = Some(now_ms + plan.wait.as_millis() as i64);
+                headers.due_at_ms = Some(now_ms + plan.release.as_millis() as i64);
+                // Due later than its tier releases it: it hops on until then.
+                headers.run_at_ms =
+                    (plan.wait > plan.release).then(|| now_ms + plan.wait.as_millis() as i64);
                 return Next::Retry {
                     topic,
                     headers,

@@ -168,6 +168,13 @@ async fn a_thousand_headerless_jobs_from_a_foreign_producer_have_a_thousand_effe
     for m in read_all(&config, &tier) {
         let id = kjob::headers::find(m.headers(), kjob::headers::ID).expect("kjob-id written");
         let origin = kjob::headers::JobHeaders::parse(m.headers());
+        // As with kjob-id: every hop names the route's contract, so
+        // `kjob dlq list --job` finds records of other producers too.
+        assert_eq!(
+            origin.job.as_deref(),
+            Some("kjob.test.job"),
+            "kjob-job written"
+        );
         assert_eq!(
             id,
             format!(

@@ -104,12 +104,18 @@ async fn jobs_whose_schema_is_cached_keep_running_while_the_registry_is_cut() {
         behaviour: "ok".into(),
         note: Some("from the new deploy".into()),
     };
-    producer.enqueue_to(&topic, &v2(1_000)).await.expect("v2 registers");
+    producer
+        .enqueue_to(&topic, &v2(1_000))
+        .await
+        .expect("v2 registers");
 
     proxy.cut();
     let cut_at = Instant::now();
     for i in 0..EACH {
-        producer.enqueue_to(&topic, &v2(2_000 + i)).await.expect("v2");
+        producer
+            .enqueue_to(&topic, &v2(2_000 + i))
+            .await
+            .expect("v2");
         producer
             .enqueue_to(&topic, &TestJob::ok(format!("v1-{i}"), 100 + i))
             .await
@@ -130,7 +136,11 @@ async fn jobs_whose_schema_is_cached_keep_running_while_the_registry_is_cut() {
     );
     assert_eq!(v2_during, 0, "v2 jobs cannot be decoded while it is cut");
     let sum = |t: String| try_end_offsets(&config, &t, PARTITIONS).map_or(0, |e| e.iter().sum());
-    assert_eq!(sum(format!("{topic}.retry.1s")), 0, "nothing walked the tiers");
+    assert_eq!(
+        sum(format!("{topic}.retry.1s")),
+        0,
+        "nothing walked the tiers"
+    );
 
     proxy.restore();
     eventually(
@@ -150,7 +160,11 @@ async fn jobs_whose_schema_is_cached_keep_running_while_the_registry_is_cut() {
     wait_committed_at_end(&config, &group, &topic, PARTITIONS).await;
     running.stop().await;
     let calls = calls.lock().unwrap().clone();
-    assert_eq!(calls.len(), (10 + 2 * EACH + 1) as usize, "each exactly once");
+    assert_eq!(
+        calls.len(),
+        (10 + 2 * EACH + 1) as usize,
+        "each exactly once"
+    );
     assert!(
         calls.iter().all(|(_, a, _)| *a == 1),
         "on its first attempt"
@@ -248,4 +262,74 @@ async fn a_healthy_route_keeps_running_while_another_routes_breaker_is_open() {
     );
     let dlq = try_end_offsets(&config, &format!("{a}.dlq"), 2).map_or(0, |e| e.iter().sum::<i64>());
     assert_eq!(dlq, 0, "nothing dead-lettered because of the breaker");
+}
+
+/// A handler that hangs holds its partition's commit; the worker says so:
+/// `kjob_oldest_running_seconds{job}` shows its age on `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_handler_shows_in_the_oldest_running_gauge() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("isohung");
+    let group = unique("g");
+    create_topic(&config, &topic, 1).await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let gate = release.clone();
+    let worker = Worker::builder(config.clone(), &group)
+        .handle_on(&topic, move |_job: TestJob, _ctx: JobContext| {
+            let gate = gate.clone();
+            async move {
+                gate.notified().await;
+                Ok::<(), JobError>(())
+            }
+        })
+        .slow_attempt_warning(Duration::from_secs(2))
+        .commit_interval(Duration::from_millis(200))
+        .metrics_endpoint(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .build()
+        .expect("worker builds");
+    let running = start(worker);
+    let producer = Producer::new(&config).expect("producer");
+    producer
+        .enqueue_to(&topic, &TestJob::ok("k", 1))
+        .await
+        .expect("enqueued");
+    let gauge = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("kjob_oldest_running_seconds{") && l.contains("kjob.test.job"))
+            .and_then(|l| l.rsplit_once(' '))
+            .and_then(|(_, v)| v.parse::<f64>().ok())
+    };
+    let addr = loop {
+        if let Some(a) = running.stats.endpoint.get() {
+            break *a;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let scrape = || async move {
+        reqwest::get(format!("http://{addr}/metrics"))
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("body")
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut age = None;
+    while Instant::now() < deadline {
+        age = gauge(&scrape().await);
+        if age.is_some_and(|a| a >= 3.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        age.is_some_and(|a| a >= 3.0),
+        "the hung handler's age: {age:?}"
+    );
+    release.notify_waiters();
+    wait_committed_at_end(&config, &group, &topic, 1).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(gauge(&scrape().await), Some(0.0), "0 once it returned");
+    running.stop().await;
 }

@@ -11,6 +11,7 @@
 //! | `kjob_retry_due_lateness_seconds` | histogram | `topic` |
 //! | `kjob_rebalances_total` | counter | |
 //! | `kjob_parked` | gauge | | jobs waiting for a downstream without a handler slot |
+//! | `kjob_oldest_running_seconds` | gauge | `job`: age of the oldest handler running (0 under 1 s) |
 //! | `kjob_priority_waiting` | gauge | `priority` (high, normal, low): jobs ready, waiting for a slot |
 //! | `kjob_priority_in_flight` | gauge | `priority`: jobs running |
 //! | `kjob_priority_latency_seconds` | histogram | `priority`: record timestamp to the attempt's outcome (p99 per lane) |
@@ -57,6 +58,8 @@ pub struct Snapshot {
     pub priority: [(usize, usize); crate::worker::Priority::LEVELS],
     /// Jobs parked: waiting for a downstream without a handler slot.
     pub parked: usize,
+    /// Per job type: age of the oldest handler running for 1 s or more.
+    pub oldest_running_seconds: Vec<(&'static str, f64)>,
 }
 
 /// The instruments a worker records into.
@@ -182,6 +185,21 @@ impl Metrics {
                 })
                 .build();
         }
+        let running_snapshot = snapshot.clone();
+        meter
+            .f64_observable_gauge("kjob_oldest_running_seconds")
+            .with_description(
+                "Age of the oldest handler still running, per job type (0 while all are under 1 s)",
+            )
+            .with_callback(move |obs| {
+                let snap = running_snapshot
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                for (job, age) in &snap.oldest_running_seconds {
+                    obs.observe(*age, &[KeyValue::new("job", *job)]);
+                }
+            })
+            .build();
         let parked_snapshot = snapshot.clone();
         meter
             .i64_observable_gauge("kjob_parked")

@@ -46,6 +46,7 @@ pub mod route;
 pub(crate) mod scheduler;
 pub mod state;
 pub(crate) mod strict;
+pub(crate) mod watchdog;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -109,6 +110,7 @@ type RouteFactory = Box<
             Option<Duration>,
             Arc<StateMap>,
             &[LayerFn],
+            Arc<watchdog::Watchdog>,
         ) -> Result<Arc<dyn Route>>
         + Send
         + Sync,
@@ -128,6 +130,7 @@ pub struct WorkerBuilder {
     settings: Settings,
     concurrency: usize,
     handler_timeout: Option<Duration>,
+    slow_attempt_warning: Duration,
     codec: Result<Arc<Codec>>,
     routes: Vec<Registration>,
     states: StateMap,
@@ -168,7 +171,7 @@ impl WorkerBuilder {
         let handler = Arc::new(handler);
         self.routes.push(Registration {
             topic: topic.to_string(),
-            make: Box::new(move |schemas, timeout, states, layers| {
+            make: Box::new(move |schemas, timeout, states, layers, watchdog| {
                 let reader = ReaderSchema::new(parse_contract::<J>()?);
                 Ok(Arc::new(TypedRoute::<J, _, M>::new(
                     handler.clone(),
@@ -177,6 +180,7 @@ impl WorkerBuilder {
                     timeout,
                     states,
                     layers,
+                    watchdog,
                 )) as Arc<dyn Route>)
             }),
             needs,
@@ -284,6 +288,15 @@ impl WorkerBuilder {
     /// by this times the assigned partitions times the record size.
     pub fn max_in_flight_per_partition(mut self, n: usize) -> Self {
         self.settings.max_in_flight_per_partition = n.max(1);
+        self
+    }
+
+    /// Logs a warning (job id, key, partition) once a handler has run
+    /// longer than `d` (default 5 minutes): a hung handler holds its
+    /// partition's commit, and `kjob_oldest_running_seconds{job}` shows its
+    /// age. Nothing is cancelled; see [`WorkerBuilder::handler_timeout`].
+    pub fn slow_attempt_warning(mut self, d: Duration) -> Self {
+        self.slow_attempt_warning = d;
         self
     }
 
@@ -494,6 +507,7 @@ impl WorkerBuilder {
             codec,
             routes: routes.entries,
             mains: routes.mains,
+            watchdog: routes.watchdog,
             static_member: self.static_member.or_else(membership::instance_id_from_env),
             protocol,
             create_topics: self.create_topics,
@@ -545,6 +559,7 @@ impl WorkerBuilder {
         let mut entries: HashMap<String, RouteEntry> = HashMap::new();
         let mut mains = Vec::new();
         let states = Arc::new(self.states.clone());
+        let watchdog = Arc::new(watchdog::Watchdog::new(self.slow_attempt_warning));
         for Registration { topic, make, needs } in &self.routes {
             if let Some((_, name)) = needs.iter().find(|(id, _)| !states.contains(*id)) {
                 return Err(Error::MissingState {
@@ -575,6 +590,7 @@ impl WorkerBuilder {
                 self.handler_timeout,
                 states.clone(),
                 &layers,
+                watchdog.clone(),
             )?;
             for (i, tier) in retry.tier_topics(topic).into_iter().enumerate() {
                 let entry = RouteEntry {
@@ -656,7 +672,11 @@ impl WorkerBuilder {
                 reason: crate::retry::RetryPolicyError::NoSuchRoute,
             });
         }
-        Ok(Routes { entries, mains })
+        Ok(Routes {
+            entries,
+            mains,
+            watchdog,
+        })
     }
 }
 
@@ -664,6 +684,8 @@ impl WorkerBuilder {
 pub(crate) struct Routes {
     pub entries: HashMap<String, RouteEntry>,
     pub mains: Vec<String>,
+    /// The handlers that run for long, across routes.
+    pub watchdog: Arc<watchdog::Watchdog>,
 }
 
 /// A configured worker. [`Worker::run`] blocks until SIGTERM/SIGINT;
@@ -677,6 +699,7 @@ pub struct Worker {
     codec: Arc<Codec>,
     routes: HashMap<String, RouteEntry>,
     mains: Vec<String>,
+    watchdog: Arc<watchdog::Watchdog>,
     static_member: Option<String>,
     protocol: GroupProtocol,
     create_topics: bool,
@@ -709,6 +732,7 @@ impl Worker {
             },
             concurrency: 64,
             handler_timeout: None,
+            slow_attempt_warning: watchdog::WARN_AFTER,
             codec,
             routes: Vec::new(),
             states: StateMap::default(),
@@ -866,6 +890,7 @@ impl Worker {
             stopping: AtomicBool::new(false),
             close_gaps: AtomicBool::new(false),
             last_error: std::sync::Mutex::new(None),
+            watchdog: self.watchdog.clone(),
         };
         let consumer = Arc::new(self.consumer(context)?);
         let mut topics = self.topics();

@@ -179,6 +179,23 @@ impl Pipeline {
             }
             now_ms = now_ms.max(crate::dlq::now_ms());
         }
+        if let Some(run_at) = headers
+            .run_at_ms
+            .filter(|r| entry.tier.is_some() && *r > now_ms)
+        {
+            // A Retry-After longer than the last tier: not due yet.
+            if let Some(outcome) =
+                Box::pin(self.tier_hop(entry, msg, &headers, waiter, now_ms, run_at)).await
+            {
+                return Attempted {
+                    outcome,
+                    id: headers.job_id(msg.topic(), msg.partition(), msg.offset()),
+                    job,
+                    attempt: headers.attempt.unwrap_or(1).max(1),
+                };
+            }
+            now_ms = now_ms.max(self.clock.now_ms());
+        }
         // Strict order (opt-in per route): a key's later jobs wait behind
         // its job in the retry path ([`super::strict`]).
         let strict = self.strict_key(entry, msg);
@@ -216,7 +233,15 @@ impl Pipeline {
         }
         let started = std::time::Instant::now();
         self.metrics.in_flight(job, 1);
-        let run = entry.route.run(msg.payload(), ctx, waiter);
+        let watched = super::watchdog::Watched {
+            job,
+            id: &id,
+            key: msg.key(),
+            topic: msg.topic(),
+            partition: msg.partition(),
+            offset: msg.offset(),
+        };
+        let run = entry.route.run(msg.payload(), ctx, waiter, &watched);
         let result = match span.context() {
             Some(cx) => run.with_context(cx.clone()).await,
             None => run.await,
@@ -406,6 +431,54 @@ impl Pipeline {
             }
         }
         None
+    }
+
+    /// A retry-tier record released before its run time (a `Retry-After`
+    /// longer than the last tier, see [`crate::retry::RetryPlan::release`]):
+    /// forwarded to the longest tier that does not overshoot what is left,
+    /// its attempt unchanged (`Some(outcome)`), or, when less than the
+    /// shortest tier is left, waited out parked (`None`: run it now).
+    async fn tier_hop<M: Message>(
+        &self,
+        entry: &RouteEntry,
+        msg: &M,
+        headers: &JobHeaders,
+        waiter: &Waiter,
+        now_ms: i64,
+        run_at: i64,
+    ) -> Option<Outcome> {
+        let left = std::time::Duration::from_millis((run_at - now_ms).max(0) as u64);
+        let Some((tier, delay)) = entry
+            .retry
+            .hop(left)
+            .and_then(|t| Some((t, entry.retry.tier_delay(t)?)))
+        else {
+            let due = tokio::time::sleep(left);
+            return waiter
+                .wait(due)
+                .await
+                .is_none()
+                .then_some(Outcome::Abandoned);
+        };
+        let target = entry.retry.tier_topic(&entry.main, tier)?;
+        let mut next = headers.clone();
+        next.id = Some(headers.job_id(msg.topic(), msg.partition(), msg.offset()));
+        next.due_at_ms = Some(now_ms + delay.as_millis() as i64);
+        next.group = Some(self.group.clone());
+        debug!(job.id = next.id.as_deref().unwrap_or(""), at = %At(msg), next = %target, run_at_ms = run_at, "retry not due yet hops on");
+        Some(
+            match self.forward(&target, &entry.main, msg, &next, None).await {
+                Forwarded::Sent => {
+                    WorkerStats::bump(&self.stats.delay_hops);
+                    Outcome::Delayed
+                }
+                Forwarded::Enveloped => {
+                    WorkerStats::bump(&self.stats.dead_lettered);
+                    Outcome::DeadLettered
+                }
+                Forwarded::Cancelled => Outcome::Abandoned,
+            },
+        )
     }
 
     /// Writes the record (payload and key unchanged, headers rebuilt) to

@@ -273,6 +273,8 @@ pub(crate) struct WorkerContext {
     /// librdkafka's words for the last error event (they name the topic an
     /// authorization failure is about; the error code alone does not).
     pub last_error: Mutex<Option<String>>,
+    /// Handlers running for long (`kjob_oldest_running_seconds`).
+    pub watchdog: Arc<super::watchdog::Watchdog>,
 }
 
 impl ClientContext for WorkerContext {
@@ -581,6 +583,11 @@ impl WorkerContext {
         snap.oldest_pending_seconds = ages;
         snap.priority = by_level;
         snap.parked = parked;
+        let mut jobs: Vec<&'static str> =
+            self.routes.values().map(|e| e.route.job_name()).collect();
+        jobs.sort_unstable();
+        jobs.dedup();
+        snap.oldest_running_seconds = self.watchdog.oldest_running(&jobs);
     }
 }
 

@@ -17,6 +17,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use super::park::Waiter;
+use super::watchdog::{Watchdog, Watched};
 use crate::classify::{ErrorClass, JobError};
 use crate::codec::{ReaderSchema, SchemaSource};
 use crate::job::{Job, JobContext};
@@ -227,6 +228,7 @@ pub(crate) trait Route: Send + Sync {
         payload: Option<&'a [u8]>,
         ctx: JobContext,
         waiter: &'a Waiter,
+        watched: &'a Watched<'a>,
     ) -> BoxFuture<'a, Attempt>;
 }
 
@@ -274,6 +276,8 @@ pub(crate) struct TypedRoute<J, H, M> {
     /// The layered stack, when any layer is configured (`None`: the handler
     /// is called directly, which costs nothing extra per attempt).
     pub stack: Option<AttemptService>,
+    /// Tracks handlers that run for long.
+    pub watchdog: Arc<Watchdog>,
     pub _job: PhantomData<fn() -> (J, M)>,
 }
 
@@ -286,6 +290,7 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> TypedRoute<J, H, M> {
         timeout: Option<Duration>,
         states: Arc<StateMap>,
         layers: &[LayerFn],
+        watchdog: Arc<Watchdog>,
     ) -> Self {
         let stack = (!layers.is_empty()).then(|| {
             let inner = AttemptService::new(HandlerService::<J, H, M> {
@@ -303,6 +308,7 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> TypedRoute<J, H, M> {
             timeout,
             states,
             stack,
+            watchdog,
             _job: PhantomData,
         }
     }
@@ -318,6 +324,7 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
         payload: Option<&'a [u8]>,
         ctx: JobContext,
         waiter: &'a Waiter,
+        watched: &'a Watched<'a>,
     ) -> BoxFuture<'a, Attempt> {
         Box::pin(async move {
             let decoded = async {
@@ -362,7 +369,8 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
                         states: &self.states,
                         extensions: &EMPTY_EXTENSIONS,
                     };
-                    guarded(self.handler.call(job, ctx, &parts), self.timeout).await
+                    let call = guarded(self.handler.call(job, ctx, &parts), self.timeout);
+                    self.watchdog.watch(call, None, watched).await
                 }
                 Some(stack) => {
                     let started = Arc::new(AtomicBool::new(false));
@@ -373,6 +381,7 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
                     // The timeout is the innermost layer; panics are caught
                     // here, around every layer.
                     let call = guarded(tower::ServiceExt::oneshot(stack.clone(), req), None);
+                    let call = self.watchdog.watch(call, Some(&*started), watched);
                     let mut call = std::pin::pin!(call);
                     tokio::select! {
                         biased;
@@ -606,8 +615,18 @@ mod tests {
             None,
             Arc::new(StateMap::default()),
             layers,
+            Arc::new(Watchdog::new(Duration::from_secs(300))),
         )
     }
+
+    const WATCHED: Watched<'static> = Watched {
+        job: "ping",
+        id: "j",
+        key: None,
+        topic: "ping",
+        partition: 0,
+        offset: 0,
+    };
 
     #[tokio::test(start_paused = true)]
     async fn a_registry_outage_while_decoding_makes_the_job_wait_not_fail() {
@@ -620,7 +639,7 @@ mod tests {
         let payload = frame(7, b"\x02a");
         let released = CancellationToken::new();
         let waiter = Waiter::holding(released.clone());
-        let outcome = route.run(Some(&payload), ctx(), &waiter).await;
+        let outcome = route.run(Some(&payload), ctx(), &waiter, &WATCHED).await;
         // Not a retryable failure (which would walk the tiers): the same
         // attempt ran once the registry answered.
         assert_eq!(outcome, Attempt::Done);
@@ -635,7 +654,7 @@ mod tests {
         let payload = frame(7, b"\x02a");
         let released = CancellationToken::new();
         let waiter = Waiter::holding(released.clone());
-        let run = route.run(Some(&payload), ctx(), &waiter);
+        let run = route.run(Some(&payload), ctx(), &waiter, &WATCHED);
         let cancel = async {
             tokio::time::sleep(Duration::from_secs(30)).await;
             released.cancel();
@@ -686,7 +705,7 @@ mod tests {
         // Parked in the layer when the revoke comes: released, not run.
         let released = CancellationToken::new();
         let waiter = Waiter::holding(released.clone());
-        let run = route.run(Some(&payload), ctx(), &waiter);
+        let run = route.run(Some(&payload), ctx(), &waiter, &WATCHED);
         let revoke = async {
             tokio::time::sleep(Duration::from_secs(5)).await;
             released.cancel();
@@ -699,7 +718,7 @@ mod tests {
         // the handler finishes.
         let released = CancellationToken::new();
         let waiter = Waiter::holding(released.clone());
-        let run = route.run(Some(&payload), ctx(), &waiter);
+        let run = route.run(Some(&payload), ctx(), &waiter, &WATCHED);
         let revoke = async {
             tokio::time::sleep(Duration::from_millis(10)).await;
             open.notify_one();
