@@ -13,9 +13,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use kjob::config::KafkaConfig;
 use kjob::dlq::store::{AuditEntry, Coordinates, DeadLetter};
-use kjob::headers::truncate_utf8;
 use kjob_ops::dlq::{
     execute_redrive, list, omitted_payload, plan_redrive, resolve_records, show, Select, Target,
+};
+use kjob_ops::terminal::{
+    cut_json_strings, for_terminal, json_for_terminal, CELL_WIDTH, LINE_WIDTH,
 };
 use kjob_ops::time::format_ms;
 
@@ -80,6 +82,9 @@ pub enum DlqCommand {
     },
 }
 
+/// The dead letters as a table. Every cell that comes from a record (or
+/// its audit entry) goes through [`for_terminal`]: whoever produced the
+/// record chose its bytes.
 fn table(rows: &[(DeadLetter, Option<AuditEntry>)], with_status: bool) -> Table {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
@@ -98,20 +103,20 @@ fn table(rows: &[(DeadLetter, Option<AuditEntry>)], with_status: bool) -> Table 
     t.set_header(header);
     for (d, a) in rows {
         let h = &d.headers;
+        let cell = |v: Option<&str>| for_terminal(v.unwrap_or("-"), CELL_WIDTH);
         let mut row = vec![
             d.at.to_string(),
-            h.job.clone().unwrap_or_else(|| "-".into()),
-            d.key.clone().unwrap_or_else(|| "-".into()),
+            cell(h.job.as_deref()),
+            cell(d.key.as_deref()),
             h.attempt.map_or("-".into(), |a| a.to_string()),
-            h.error_class.clone().unwrap_or_else(|| "-".into()),
-            truncate_utf8(h.error.as_deref().unwrap_or("-"), 60).to_string(),
+            cell(h.error_class.as_deref()),
+            cell(h.error.as_deref()),
             format_ms(d.timestamp_ms),
         ];
         if with_status {
-            row.push(
-                a.as_ref()
-                    .map_or("unresolved".into(), |a| format!("{} by {}", a.action, a.by)),
-            );
+            row.push(a.as_ref().map_or("unresolved".into(), |a| {
+                for_terminal(&format!("{} by {}", a.action, a.by), CELL_WIDTH)
+            }));
         }
         t.add_row(row);
     }
@@ -142,7 +147,7 @@ pub async fn run(config: &KafkaConfig, cmd: DlqCommand) -> Result<()> {
             let rows = list(config, &select, all).await?;
             if json {
                 let out: Vec<serde_json::Value> = rows.iter().map(|(d, a)| summary(d, a)).collect();
-                println!("{}", serde_json::to_string(&out)?);
+                println!("{}", json_for_terminal(&serde_json::to_string(&out)?));
                 return Ok(());
             }
             println!("{}", table(&rows, all));
@@ -153,9 +158,15 @@ pub async fn run(config: &KafkaConfig, cmd: DlqCommand) -> Result<()> {
         DlqCommand::Show { topic, at, json } => {
             let out = show(config, &topic, at).await?;
             if json {
-                println!("{}", serde_json::to_string(&out)?);
+                // Exact values, for scripts (escaped, never cut).
+                println!("{}", json_for_terminal(&serde_json::to_string(&out)?));
             } else {
-                println!("{}", serde_json::to_string_pretty(&out)?);
+                // For reading: still JSON, long strings cut.
+                let readable = cut_json_strings(&out, LINE_WIDTH);
+                println!(
+                    "{}",
+                    json_for_terminal(&serde_json::to_string_pretty(&readable)?)
+                );
             }
             Ok(())
         }

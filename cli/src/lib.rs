@@ -131,7 +131,15 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Errors can quote records (an audit entry's operator, a
+            // registry's or broker's words): made safe line by line, so a
+            // message of several lines keeps them.
+            let text = format!("{e:#}");
+            let safe: Vec<String> = text
+                .lines()
+                .map(|l| kjob_ops::terminal::for_terminal(l, kjob_ops::terminal::LINE_WIDTH))
+                .collect();
+            eprintln!("error: {}", safe.join("\n"));
             ExitCode::FAILURE
         }
     }

@@ -11,6 +11,7 @@ use tokio_postgres::NoTls;
 
 use kjob::config::KafkaConfig;
 use kjob::outbox::{migration_sql, read_status, OutboxStatus, OutboxTable, Relay, DEFAULT_TABLE};
+use kjob_ops::terminal::{for_terminal, json_for_terminal, LINE_WIDTH};
 
 /// Where the outbox lives.
 #[derive(Args, Debug, Clone)]
@@ -100,7 +101,8 @@ pub(crate) fn print_status(s: &OutboxStatus) {
     ]);
     println!("{t}");
     if let Some(e) = &s.last_error {
-        println!("last publish error: {e}");
+        // The broker's words about a row the application wrote.
+        println!("last publish error: {}", for_terminal(e, LINE_WIDTH));
     }
     if s.relays == 0 && s.unsent > 0 {
         println!("no relay is running: start one with `kjob outbox relay --database-url ...`");
@@ -147,7 +149,7 @@ pub async fn run(config: &KafkaConfig, cmd: OutboxCommand) -> Result<()> {
             let client = connect(&db.database_url).await?;
             let status = read_status(&client, &table, None, Duration::from_secs(1)).await?;
             if json {
-                println!("{}", serde_json::to_string(&status)?);
+                println!("{}", json_for_terminal(&serde_json::to_string(&status)?));
             } else {
                 print_status(&status);
             }

@@ -9,6 +9,7 @@ use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
 use kjob::config::KafkaConfig;
 use kjob::schedule::{format_tick, next_tick, read_states, state_topic};
+use kjob_ops::terminal::{for_terminal, json_for_terminal, CELL_WIDTH};
 use kjob_ops::time::format_ms;
 
 #[derive(Args, Debug)]
@@ -43,7 +44,10 @@ pub async fn run(config: &KafkaConfig, args: SchedulesArgs) -> Result<()> {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        println!(
+            "{}",
+            json_for_terminal(&serde_json::to_string_pretty(&out)?)
+        );
         return Ok(());
     }
     if rows.is_empty() {
@@ -64,15 +68,18 @@ pub async fn run(config: &KafkaConfig, args: SchedulesArgs) -> Result<()> {
         "next tick",
         "recorded by",
     ]);
+    // The rows come from records in the state topic: any producer to it
+    // chose their text.
+    let cell = |v: &str| for_terminal(v, CELL_WIDTH);
     for s in rows {
         table.add_row([
-            s.schedule.clone(),
-            s.cron.clone(),
-            s.topic.clone(),
-            s.catch_up.clone(),
+            cell(&s.schedule),
+            cell(&s.cron),
+            cell(&s.topic),
+            cell(&s.catch_up),
             s.last_fired_ms.map_or("never".into(), format_tick),
             next_tick(&s.cron, now).map_or("none".into(), format_tick),
-            format!("{} at {}", s.leader, format_ms(Some(s.updated_ms))),
+            format!("{} at {}", cell(&s.leader), format_ms(Some(s.updated_ms))),
         ]);
     }
     println!("{table}");

@@ -39,7 +39,11 @@ pub struct StatusArgs {
 
 fn print(status: &RouteStatus, json: bool) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string(status)?);
+        // The outbox part carries the broker's last error text.
+        println!(
+            "{}",
+            kjob_ops::terminal::json_for_terminal(&serde_json::to_string(status)?)
+        );
         return Ok(());
     }
     let mut t = Table::new();

@@ -316,11 +316,14 @@ impl Codec {
     /// A subject without its own compatibility level gets `BACKWARD` first
     /// (kjob's contract rule: a new version must read the previous one), so
     /// the registry itself refuses a breaking change. A level someone set on
-    /// the subject is never changed. A refused schema fails here, at
-    /// startup, with the subject, the versions and the offending field.
+    /// the subject is never changed. Producers of a new topic that start
+    /// together all set `BACKWARD` at once; the registry's "already exists"
+    /// answer to the later ones counts as set (see
+    /// [`RegistryClient::set_compatibility`]). A refused schema fails here,
+    /// at startup, with the subject, the versions and the offending field.
     ///
     /// A registry that does not answer fails this call after the client's
-    /// request timeout (per call; a first registration makes up to three),
+    /// request timeout (per call; a first registration makes up to four),
     /// with [`Error::RegistryTimeout`] naming the URL and the timeout.
     pub async fn register<J: Job>(&self, topic: &str) -> Result<RegisteredContract> {
         // One binary may carry two versions of a contract (a migration

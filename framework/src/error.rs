@@ -68,6 +68,21 @@ pub enum Error {
         /// The registry's reason.
         message: String,
     },
+    /// Another client set a subject's compatibility level at the same
+    /// moment as kjob, to a level other than the one kjob was setting. kjob
+    /// never overrides a level someone chose, and it does not guess which of
+    /// the two was meant, so it stops and names both.
+    #[error("schema registry at {url}: while kjob set the compatibility level of `{subject}` to {wanted}, another client set it to {found}; decide which level the subject should have, set it (`curl -X PUT -H 'Content-Type: application/json' -d '{{\"compatibility\":\"{wanted}\"}}' {url}/config/{subject}` for kjob's default), and start again: kjob keeps a level that is already set")]
+    CompatibilityConflict {
+        /// The registry base URL that was called.
+        url: String,
+        /// The subject whose level was set twice.
+        subject: String,
+        /// The level kjob was setting.
+        wanted: crate::schema::Compatibility,
+        /// The level the registry holds now.
+        found: crate::schema::Compatibility,
+    },
     /// A compiled-in `.avsc` does not parse or does not fit the Rust type.
     #[error("contract `{job}`: {message}")]
     Contract {

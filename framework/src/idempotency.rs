@@ -101,21 +101,26 @@ mod pg {
             })
         }
 
-        /// Creates the table if it does not exist.
+        /// Creates the table if it does not exist. Safe when replicas
+        /// start together: the creation holds kjob's DDL lock (see
+        /// [`crate::ddl`]), where a bare `CREATE TABLE IF NOT EXISTS` lets
+        /// all but one of them fail.
         pub async fn create_table<C: GenericClient>(
             &self,
             client: &C,
         ) -> Result<(), tokio_postgres::Error> {
-            client
-                .batch_execute(&format!(
+            crate::ddl::create_serialised(
+                client,
+                &format!(
                     "CREATE TABLE IF NOT EXISTS {} (
                         key text PRIMARY KEY,
                         job text NOT NULL,
                         processed_at timestamptz NOT NULL DEFAULT now()
                     )",
                     self.table
-                ))
-                .await
+                ),
+            )
+            .await
         }
 
         /// Marks `key` inside `tx`. Commit `tx` together with the effect.

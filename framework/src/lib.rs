@@ -45,6 +45,8 @@ pub mod classify;
 pub mod clock;
 pub mod codec;
 pub mod config;
+#[cfg(feature = "postgres")]
+pub mod ddl;
 pub mod delay;
 pub mod dlq;
 pub mod error;

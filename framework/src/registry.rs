@@ -490,7 +490,16 @@ impl RegistryClient {
         Ok(level.and_then(|l| l.parse().ok()))
     }
 
-    /// `PUT /config/{subject}`: sets the subject's level.
+    /// `PUT /config/{subject}`: sets the subject's level. Succeeds when the
+    /// subject has `level` afterwards, whoever set it.
+    ///
+    /// Why a conflict is not an error: Apicurio keeps a subject's level as
+    /// a rule that is created once, and when two clients create it at the
+    /// same moment (producers enqueueing the first job of a new topic) one
+    /// of them gets `409 Conflict: A rule named 'COMPATIBILITY' already
+    /// exists`. The level *is* set then, by the other client, so kjob reads
+    /// it back: the one it wanted is success, another one is
+    /// [`Error::CompatibilityConflict`], naming both.
     pub async fn set_compatibility(&self, subject: &str, level: Compatibility) -> Result<()> {
         let during = format!("setting the compatibility level of `{subject}` to {level}");
         let body = serde_json::json!({ "compatibility": level.to_string() }).to_string();
@@ -502,6 +511,20 @@ impl RegistryClient {
                 &during,
             )
             .await?;
+        if status == StatusCode::CONFLICT {
+            return match self.compatibility(subject).await? {
+                Some(found) if found == level => Ok(()),
+                Some(found) => Err(Error::CompatibilityConflict {
+                    url: self.shown.clone(),
+                    subject: subject.to_string(),
+                    wanted: level,
+                    found,
+                }),
+                // Not "already set" after all (or set to a level kjob does
+                // not know): the registry's own words say more.
+                None => Err(self.unexpected(status, &text, &during)),
+            };
+        }
         if !status.is_success() {
             return Err(self.unexpected(status, &text, &during));
         }
@@ -535,10 +558,23 @@ pub(crate) mod test_server {
         status: u16,
         body: &'static str,
     ) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
+        answering_in_turn(vec![(status, body)]).await
+    }
+
+    /// A server that gives the n-th request the n-th answer (the last one
+    /// from then on): a conversation of several calls.
+    pub(crate) async fn answering_in_turn(
+        answers: Vec<(u16, &'static str)>,
+    ) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let task = tokio::spawn(async move {
+            let mut turn = 0;
             while let Ok((mut socket, _)) = listener.accept().await {
+                let Some(&(status, body)) = answers.get(turn).or(answers.last()) else {
+                    return;
+                };
+                turn += 1;
                 let mut buf = vec![0u8; 8192];
                 let mut read = 0;
                 while read < buf.len() {
@@ -754,6 +790,90 @@ mod tests {
             Err(Error::RegistryUnauthorized { status: 401, .. })
         ));
         server.abort();
+        Ok(())
+    }
+
+    fn io(e: std::io::Error) -> Error {
+        Error::Registry {
+            url: "test".into(),
+            message: e.to_string(),
+        }
+    }
+
+    const ALREADY_EXISTS: &str =
+        r#"{"message":"A rule named 'COMPATIBILITY' already exists.","error_code":0}"#;
+
+    #[tokio::test]
+    async fn a_level_another_client_just_set_to_the_same_value_is_success() -> Result<()> {
+        let (url, server) = test_server::answering_in_turn(vec![
+            (409, ALREADY_EXISTS),
+            (200, r#"{"compatibilityLevel":"BACKWARD"}"#),
+        ])
+        .await
+        .map_err(io)?;
+        client(&url)?
+            .set_compatibility("t-value", Compatibility::Backward)
+            .await?;
+        server.abort();
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_level_another_client_just_set_differently_names_both_and_the_fix() -> Result<()> {
+        let (url, server) = test_server::answering_in_turn(vec![
+            (409, ALREADY_EXISTS),
+            (200, r#"{"compatibilityLevel":"FULL"}"#),
+        ])
+        .await
+        .map_err(io)?;
+        let err = client(&url)?
+            .set_compatibility("t-value", Compatibility::Backward)
+            .await
+            .err();
+        server.abort();
+        match &err {
+            Some(Error::CompatibilityConflict {
+                subject,
+                wanted: Compatibility::Backward,
+                found: Compatibility::Full,
+                ..
+            }) if subject == "t-value" => {}
+            other => panic!("expected a compatibility conflict, got {other:?}"),
+        }
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
+        for needle in [
+            "`t-value`",
+            "BACKWARD",
+            "FULL",
+            "/config/t-value",
+            "start again",
+        ] {
+            assert!(text.contains(needle), "lacks {needle}: {text}");
+        }
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_conflict_with_no_level_behind_it_stays_an_error() -> Result<()> {
+        let (url, server) = test_server::answering_in_turn(vec![
+            (409, ALREADY_EXISTS),
+            (404, r#"{"message":"no config"}"#),
+        ])
+        .await
+        .map_err(io)?;
+        let got = client(&url)?
+            .set_compatibility("t-value", Compatibility::Backward)
+            .await;
+        server.abort();
+        match got {
+            Err(Error::Registry { message, .. }) => {
+                assert!(
+                    message.contains("409") && message.contains("already exists"),
+                    "{message}"
+                )
+            }
+            other => panic!("expected the registry's 409, got {other:?}"),
+        }
         Ok(())
     }
 

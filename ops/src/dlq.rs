@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Result};
 use serde::Deserialize;
 
+use crate::terminal::{for_terminal, CELL_WIDTH};
 use crate::time::{format_ms, parse_time};
 use kjob::codec::Codec;
 use kjob::config::KafkaConfig;
@@ -147,10 +148,12 @@ fn pick(
         }
         match by_at.remove(c) {
             None => bail!("no dead letter at {c} in `{dlq}` (or it does not match the filters)"),
+            // The audit entry is a record anyone with write access to the
+            // audit topic chose; the message reaches terminals and pages.
             Some((_, Some(a))) => bail!(
                 "{c} was already {} by {} at {}",
-                a.action,
-                a.by,
+                for_terminal(&a.action, CELL_WIDTH),
+                for_terminal(&a.by, CELL_WIDTH),
                 format_ms(Some(a.at_ms))
             ),
             Some((d, None)) => out.push(d),

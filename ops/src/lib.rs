@@ -11,5 +11,6 @@
 pub mod dlq;
 pub mod replay;
 pub mod status;
+pub mod terminal;
 pub mod time;
 pub mod ui;

@@ -231,3 +231,188 @@ async fn an_operator_reviews_redrives_and_resolves_dead_letters() {
     let all = ok(&config, &["dlq", "list", "--topic", &topic, "--all"]);
     assert!(all.contains("6 shown, 0 unresolved"), "{all}");
 }
+
+/// Whether a terminal could act on `c` rather than show it: C0 (but the
+/// newlines between lines), DEL, C1, and the bidi controls. Written out
+/// here rather than taken from kjob_ops, so the test does not trust the
+/// code it tests.
+fn acts_on_a_terminal(c: char) -> bool {
+    (c.is_control() && c != '\n')
+        || matches!(
+            c,
+            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        )
+}
+
+fn assert_terminal_safe(what: &str, out: &str) {
+    let bad: Vec<String> = out
+        .char_indices()
+        .filter(|(_, c)| acts_on_a_terminal(*c))
+        .take(5)
+        .map(|(i, c)| format!("{c:?} at byte {i}"))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{what} printed raw control or bidi characters ({}): {:?}",
+        bad.join(", "),
+        out.chars().take(400).collect::<String>()
+    );
+}
+
+/// Writes one record as a hostile producer would: raw key, headers and
+/// payload, straight to `topic`.
+fn produce_hostile(
+    config: &KafkaConfig,
+    topic: &str,
+    key: &str,
+    headers: &[(&str, &str)],
+    payload: &[u8],
+) {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, ThreadedProducer};
+    let p: ThreadedProducer<DefaultProducerContext> =
+        config.rdkafka_config().create().expect("creating producer");
+    let mut owned = OwnedHeaders::new();
+    for (k, v) in headers {
+        owned = owned.insert(Header {
+            key: k,
+            value: Some(v.as_bytes()),
+        });
+    }
+    p.send(
+        BaseRecord::to(topic)
+            .partition(0)
+            .key(key)
+            .payload(payload)
+            .headers(owned),
+    )
+    .map_err(|(e, _)| e)
+    .expect("queueing the record");
+    p.flush(Duration::from_secs(10)).expect("flushing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_contents_reach_the_terminal_escaped_and_bounded() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("dlqtty");
+    let dlq = format!("{topic}.dlq");
+    kjob::topics::create_topics(
+        &config,
+        &[
+            (topic.clone(), 1),
+            (dlq.clone(), 1),
+            (format!("{dlq}.audit"), 1),
+        ],
+    )
+    .await
+    .expect("creating the route's topics");
+
+    // 0:0, escape sequences everywhere a producer controls: the key, the
+    // job and error headers, a header of its own (name and value).
+    let evil_key = "evil\x1b]0;PWNED\x07\x1b[2J\u{202e}desrever\u{9b}31m-key";
+    let evil_error = "boom \x1b[31mred\x1b[0m \u{2066}isolated\u{2069} \x7f end";
+    let headers = [
+        ("kjob-job", "job\x1b[2J"),
+        ("kjob-id", "id-1"),
+        ("kjob-attempt", "3"),
+        ("kjob-error-class", "permanent.invalid_input\u{200f}"),
+        ("kjob-error", evil_error),
+        ("kjob-original-topic", topic.as_str()),
+        ("x-evil\x07", "\x1b]0;T\x07\u{202d}"),
+    ];
+    produce_hostile(&config, &dlq, evil_key, &headers, b"not avro \x1b[2J");
+    // 0:1, a 100 KB key.
+    let huge_key = format!("\x1b[2J{}", "k".repeat(102_400));
+    produce_hostile(&config, &dlq, &huge_key, &headers, b"x");
+    // 0:2, resolved by an "operator" whose name is an escape sequence (the
+    // audit topic is as writable as the DLQ).
+    produce_hostile(&config, &dlq, "plain", &headers, b"x");
+    let audit = serde_json::json!({
+        "action": "resolved",
+        "by": "mallory\x1b]0;OWNED\x07\u{202e}",
+        "at_ms": 1_700_000_000_000i64,
+        "reason": "r\x1b[2J",
+        "target": null,
+    })
+    .to_string();
+    produce_hostile(
+        &config,
+        &format!("{dlq}.audit"),
+        "0:2",
+        &[],
+        audit.as_bytes(),
+    );
+
+    // The table: nothing raw, the escaped form visible, the huge key cut.
+    let list = ok(&config, &["dlq", "list", "--topic", &topic, "--all"]);
+    assert_terminal_safe("dlq list", &list);
+    for shown in [
+        "evil\\x1b]0;PWNED\\x07\\x1b[2J\\u{202e}desrever\\u{9b}31m-key",
+        "job\\x1b[2J",
+        "boom \\x1b[31mred",
+        "resolved by mallory\\x1b]0;OWNED\\x07\\u{202e}",
+        "…(+",
+    ] {
+        assert!(list.contains(shown), "dlq list lacks {shown:?}: {list}");
+    }
+    assert!(list.len() < 20_000, "dlq list printed {} bytes", list.len());
+
+    // show: the record in full, as JSON that still parses to the exact
+    // values, with the controls JSON-escaped.
+    let shown = ok(&config, &["dlq", "show", "--topic", &topic, "0:0"]);
+    assert_terminal_safe("dlq show", &shown);
+    assert!(shown.contains("\\u001b]0;PWNED\\u0007"), "{shown}");
+    assert!(
+        shown.contains("\\u202e") && shown.contains("\\u009b"),
+        "{shown}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&shown).expect("show prints JSON");
+    assert_eq!(json["key"], evil_key);
+    assert_eq!(json["headers"]["kjob-error"], evil_error);
+    assert_eq!(json["headers"]["x-evil\x07"], "\x1b]0;T\x07\u{202d}");
+
+    let shown = ok(&config, &["dlq", "show", "--topic", &topic, "0:1"]);
+    assert_terminal_safe("dlq show (100 KB key)", &shown);
+    assert!(
+        shown.len() < 20_000,
+        "dlq show printed {} bytes",
+        shown.len()
+    );
+    assert!(shown.contains("…(+"), "no cut marker: {shown}");
+
+    // --json: exact values (nothing cut), and still nothing raw.
+    for args in [
+        vec!["dlq", "list", "--topic", topic.as_str(), "--all", "--json"],
+        vec!["dlq", "show", "--topic", topic.as_str(), "0:1", "--json"],
+    ] {
+        let out = ok(&config, &args);
+        assert_terminal_safe(&args.join(" "), &out);
+        let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+        let keys: Vec<&str> = match json.as_array() {
+            Some(rows) => rows.iter().filter_map(|r| r["key"].as_str()).collect(),
+            None => json["key"].as_str().into_iter().collect(),
+        };
+        assert!(
+            keys.contains(&huge_key.as_str()),
+            "{args:?}: the 100 KB key did not round-trip exactly"
+        );
+        if json.is_array() {
+            assert!(keys.contains(&evil_key), "{args:?}");
+        }
+    }
+
+    // An error that quotes a record (the audit entry's operator) is safe too.
+    let o = kjob(
+        &config,
+        &["dlq", "retry", "--topic", &topic, "0:2", "--execute"],
+    );
+    assert_eq!(o.code, 1, "{}{}", o.stdout, o.stderr);
+    assert_terminal_safe("dlq retry's error", &o.stderr);
+    assert!(
+        o.stderr
+            .contains("already resolved by mallory\\x1b]0;OWNED\\x07\\u{202e}"),
+        "{}",
+        o.stderr
+    );
+}

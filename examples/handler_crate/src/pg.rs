@@ -18,7 +18,8 @@ pub struct PgStore {
 }
 
 impl PgStore {
-    /// Connects and creates the tables if needed.
+    /// Connects and creates the tables if needed (safe when several
+    /// replicas start at once).
     pub async fn connect(url: &str) -> anyhow::Result<Arc<Self>> {
         let (client, connection) = tokio_postgres::connect(url, NoTls)
             .await
@@ -30,13 +31,17 @@ impl PgStore {
         });
         let markers = PgMarkers::new("invoice_jobs_processed")?;
         markers.create_table(&client).await?;
-        client
-            .batch_execute(
-                "CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, total_cents bigint NOT NULL);
-                 CREATE TABLE IF NOT EXISTS invoices (id bigserial PRIMARY KEY, order_id text NOT NULL, total_cents bigint NOT NULL);
-                 CREATE TABLE IF NOT EXISTS invoice_deliveries (id bigserial PRIMARY KEY, job_id text NOT NULL, at timestamptz NOT NULL DEFAULT now());",
-            )
-            .await?;
+        // Under kjob's DDL lock, like the markers table: replicas that start
+        // together would otherwise race on `CREATE TABLE IF NOT EXISTS` and
+        // all but one fail (see `kjob::ddl`).
+        kjob::ddl::create_serialised(
+            &client,
+            "CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, total_cents bigint NOT NULL);
+             CREATE TABLE IF NOT EXISTS invoices (id bigserial PRIMARY KEY, order_id text NOT NULL, total_cents bigint NOT NULL);
+             CREATE TABLE IF NOT EXISTS invoice_deliveries (id bigserial PRIMARY KEY, job_id text NOT NULL, at timestamptz NOT NULL DEFAULT now());",
+        )
+        .await
+        .context("creating the example's tables")?;
         Ok(Arc::new(Self {
             client: Mutex::new(client),
             markers,

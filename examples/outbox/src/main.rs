@@ -74,7 +74,10 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(connection);
 
     // Setup, normally migrations: the app's table, the outbox, the topic.
-    db.batch_execute(
+    // Under kjob's DDL lock (`kjob::ddl`), so copies of this program that
+    // start together do not race on CREATE TABLE IF NOT EXISTS.
+    kjob::ddl::create_serialised(
+        &db,
         "CREATE TABLE IF NOT EXISTS shop_orders (
              id text PRIMARY KEY,
              email text NOT NULL,

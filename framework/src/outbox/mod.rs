@@ -159,6 +159,10 @@ const SCHEMA_SQL: &str = include_str!("schema.sql");
 /// relays can count each other. Bucket locks use 0..BUCKETS.
 pub(crate) const PRESENCE_LOCK: i32 = -1;
 
+/// Advisory-lock object id (with the relay class) that migrations before
+/// [`crate::ddl`] serialised on; still taken, for mixed-version deploys.
+const MIGRATION_LOCK: i32 = -2;
+
 /// What can go wrong in the outbox. Each variant says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum OutboxError {
@@ -306,23 +310,26 @@ pub fn migration_sql(table: &OutboxTable) -> String {
         .replace("{name}", &table.unqualified)
 }
 
-/// Applies [`migration_sql`] in one transaction, serialised by an advisory
-/// lock so deploys that migrate concurrently do not race on `CREATE`.
+/// Applies [`migration_sql`] in one transaction, serialised so deploys that
+/// migrate concurrently do not race on `CREATE` (see [`crate::ddl`]).
+///
+/// It holds kjob's DDL lock, which is one key for every table: a lock per
+/// table name let `app.kjob_outbox` and `kjob_outbox` (with `app` on the
+/// search path), one table spelled two ways, be created at once. It also
+/// still takes the per-table lock earlier kjob versions take alone, so a
+/// rolling deploy that mixes versions stays serialised.
 pub async fn migrate(client: &Client, table: &OutboxTable) -> Result<(), OutboxError> {
     let sql = format!(
-        "BEGIN;\nSELECT pg_advisory_xact_lock({}, -2);\n{}\nCOMMIT;",
+        "SELECT pg_advisory_xact_lock({}, {MIGRATION_LOCK});\n{}",
         table.relay_class,
         migration_sql(table)
     );
-    if let Err(e) = client.batch_execute(&sql).await {
-        // Leave the connection usable for the caller.
-        let _ = client.batch_execute("ROLLBACK").await;
-        return Err(OutboxError::db(format!(
+    crate::ddl::create_serialised(client, &sql)
+        .await
+        .map_err(OutboxError::db(format!(
             "migrating outbox table `{}`",
             table.name
-        ))(e));
-    }
-    Ok(())
+        )))
 }
 
 /// Where an outbox job was written.
