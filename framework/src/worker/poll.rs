@@ -16,7 +16,12 @@
 //! [`BUSY_WAIT`] later.
 //!
 //! Commits (always the scheduler's watermark, "next offset to read"):
-//! * every `commit_interval`, asynchronously, for partitions whose watermark moved;
+//! * every `commit_interval`, for partitions whose watermark moved: stored
+//!   (`store_offsets`), and committed by librdkafka's auto-commit timer,
+//!   whose results come back to `commit_callback` (a failed commit is
+//!   retried; an acknowledged one is what a returning partition is
+//!   recognised by). librdkafka reports nothing for an asynchronous
+//!   `commit` with explicit offsets, so kjob does not use one;
 //! * on revoke, synchronously, after the running jobs finished (bounded);
 //! * on shutdown, synchronously, after the grace period.
 //!
@@ -380,6 +385,7 @@ fn tps_of(tpl: &TopicPartitionList) -> Vec<Tp> {
 fn positions_of(tpl: &TopicPartitionList) -> Vec<(Tp, i64)> {
     tpl.elements()
         .iter()
+        .filter(|e| e.error().is_ok())
         .filter_map(|e| match e.offset() {
             Offset::Offset(n) => Some(((e.topic().to_string(), e.partition()), n)),
             _ => None,
@@ -501,7 +507,16 @@ impl WorkerContext {
                     for ((t, p), next) in &offsets {
                         let _ = tpl.add_partition_offset(t, *p, Offset::Offset(*next));
                     }
-                    match consumer.commit(&tpl, mode) {
+                    // Stored, librdkafka commits it on its timer (and the
+                    // result comes back to `commit_callback`); a synchronous
+                    // commit also stores, so the timer never commits an
+                    // older position after it.
+                    let stored = consumer.store_offsets(&tpl);
+                    let result = match mode {
+                        CommitMode::Async => stored,
+                        CommitMode::Sync => consumer.commit(&tpl, CommitMode::Sync),
+                    };
+                    match result {
                         Ok(()) => committed.extend(offsets),
                         Err(e) => {
                             warn!(error = %e, ?mode, "offset commit failed; will retry at the next interval")
