@@ -260,6 +260,7 @@ impl Harness {
             stats,
             cancel,
             clock: crate::clock::Clock::Virtual(clock.clone()),
+            park: false,
         };
         let mut sched = Scheduler::new(settings.1).with_priorities(priorities);
         let tps: Vec<(String, i32)> = order.iter().map(|t| (t.clone(), 0)).collect();

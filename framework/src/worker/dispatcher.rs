@@ -36,7 +36,10 @@ pub(super) async fn run(
         let now = now_ms();
         for job in batch {
             let p = pipeline.clone();
-            let waiter = Waiter::new(hub.clone(), job.ticket, job.released);
+            let waiter = match pipeline.park {
+                true => Waiter::new(hub.clone(), job.ticket, job.released),
+                false => Waiter::holding(job.released),
+            };
             running.push(async move {
                 let a = p
                     .attempt(&job.item, &waiter, rand::random::<f64>(), now)

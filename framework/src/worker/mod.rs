@@ -131,6 +131,7 @@ pub struct WorkerBuilder {
     concurrency: usize,
     handler_timeout: Option<Duration>,
     slow_attempt_warning: Duration,
+    park: bool,
     codec: Result<Arc<Codec>>,
     routes: Vec<Registration>,
     states: StateMap,
@@ -288,6 +289,16 @@ impl WorkerBuilder {
     /// by this times the assigned partitions times the record size.
     pub fn max_in_flight_per_partition(mut self, n: usize) -> Self {
         self.settings.max_in_flight_per_partition = n.max(1);
+        self
+    }
+
+    /// Whether a job that waits for a downstream (the registry, a breaker, a
+    /// rate limit) gives its handler slot back while it waits (default:
+    /// yes). Off, waiting jobs hold their slots as kjob did before; only the
+    /// benchmarks that measure the difference turn it off.
+    #[doc(hidden)]
+    pub fn park_waiting_jobs(mut self, yes: bool) -> Self {
+        self.park = yes;
         self
     }
 
@@ -508,6 +519,7 @@ impl WorkerBuilder {
             routes: routes.entries,
             mains: routes.mains,
             watchdog: routes.watchdog,
+            park: self.park,
             static_member: self.static_member.or_else(membership::instance_id_from_env),
             protocol,
             create_topics: self.create_topics,
@@ -700,6 +712,7 @@ pub struct Worker {
     routes: HashMap<String, RouteEntry>,
     mains: Vec<String>,
     watchdog: Arc<watchdog::Watchdog>,
+    park: bool,
     static_member: Option<String>,
     protocol: GroupProtocol,
     create_topics: bool,
@@ -733,6 +746,7 @@ impl Worker {
             concurrency: 64,
             handler_timeout: None,
             slow_attempt_warning: watchdog::WARN_AFTER,
+            park: true,
             codec,
             routes: Vec::new(),
             states: StateMap::default(),
@@ -811,6 +825,7 @@ impl Worker {
             cancel: cancel.clone(),
             strict,
             clock: crate::clock::Clock::Wall,
+            park: self.park,
         });
         let background = CancellationToken::new();
         let _stop_background = background.clone().drop_guard();

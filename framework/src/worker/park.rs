@@ -52,7 +52,6 @@ impl Waiter {
 
     /// A waiter that keeps the slot while it waits (the harness, and
     /// attempts run outside a scheduler).
-    #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))]
     pub(crate) fn holding(released: CancellationToken) -> Self {
         Self {
             slots: None,

@@ -112,6 +112,9 @@ pub(crate) struct Pipeline {
     pub strict: Option<Arc<super::strict::Strict>>,
     /// Where "now" comes from (the harness's is virtual).
     pub clock: crate::clock::Clock,
+    /// Whether waiting jobs give their slot back ([`super::park`]); off
+    /// only to measure what parking changes.
+    pub park: bool,
 }
 
 /// The context a handler sees for `msg`.
