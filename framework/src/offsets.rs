@@ -35,7 +35,15 @@ pub struct OffsetTracker {
     committed: Option<i64>,
     /// The last position the group coordinator acknowledged.
     acked: Option<i64>,
+    /// The last positions sent in commits, newest last: librdkafka does
+    /// not report the outcome of an asynchronous commit, so any of them
+    /// may be the group's position now.
+    sent: std::collections::VecDeque<i64>,
 }
+
+/// How many sent commit positions a tracker remembers (one per commit
+/// interval: a minute at the default second).
+const SENT_KEPT: usize = 64;
 
 impl OffsetTracker {
     /// A tracker for a freshly assigned partition.
@@ -86,15 +94,16 @@ impl OffsetTracker {
 
     /// Whether the group's position still is what this tracker left it at,
     /// judged from `fetched_from`, the offset a new assignment of the same
-    /// partition starts fetching at (the group's committed position): the
-    /// last position the coordinator acknowledged, the last one sent (its
-    /// answer may have been lost with the connection), or, if none was
-    /// acknowledged, where this tracker itself began. Anything else means
-    /// another member (or an operator's reset) moved it, so what this
-    /// tracker finished says nothing about the partition any more.
+    /// partition starts fetching at (the group's committed position): a
+    /// position this tracker committed (acknowledged, or sent without a
+    /// known answer: it may have landed), or, if none was acknowledged,
+    /// where this tracker itself began. Anything else means another member
+    /// (or an operator's reset) moved it, so what this tracker finished says
+    /// nothing about the partition any more.
     pub fn position_unchanged(&self, fetched_from: i64) -> bool {
         let begun = self.acked.is_none().then_some(self.first_seen).flatten();
         [self.acked, self.committed, begun].contains(&Some(fetched_from))
+            || self.sent.contains(&fetched_from)
     }
 
     /// Marks a record done. Returns false if it was not in flight (a stale
@@ -139,6 +148,12 @@ impl OffsetTracker {
     pub fn mark_committed(&mut self, offset: i64) {
         if self.committed.is_none_or(|c| offset > c) {
             self.committed = Some(offset);
+        }
+        if self.sent.back() != Some(&offset) {
+            if self.sent.len() == SENT_KEPT {
+                self.sent.pop_front();
+            }
+            self.sent.push_back(offset);
         }
     }
 
@@ -246,6 +261,12 @@ mod tests {
         assert!(!t.position_unchanged(103));
         t.mark_committed(103);
         assert!(t.position_unchanged(103), "the commit sent may have landed");
+        t.reset_committed();
+        t.mark_committed(104);
+        assert!(
+            t.position_unchanged(103),
+            "an earlier commit sent may be the one that landed"
+        );
         t.mark_acked(103);
         assert!(!t.position_unchanged(100), "acknowledged past the start");
         assert!(t.position_unchanged(103));

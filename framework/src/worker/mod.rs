@@ -1295,17 +1295,9 @@ impl Worker {
     }
 
     fn consumer(&self, context: poll::WorkerContext) -> Result<BaseConsumer<poll::WorkerContext>> {
-        let commit_ms = self.settings.commit_interval.as_millis().max(1).to_string();
         let mut defaults = vec![
             ("group.id", self.settings.group.as_str()),
-            // kjob stores the watermark (never librdkafka's own position)
-            // and librdkafka commits what is stored on its timer: the only
-            // commit path whose results (acknowledged or failed) reach the
-            // application, so a failed commit is retried and a partition
-            // that comes back after a loss is recognised (see the scheduler).
-            // Revokes and shutdown commit synchronously besides.
-            ("enable.auto.commit", "true"),
-            ("auto.commit.interval.ms", commit_ms.as_str()),
+            ("enable.auto.commit", "false"),
             ("enable.auto.offset.store", "false"),
             ("auto.offset.reset", "earliest"),
             ("enable.partition.eof", "false"),

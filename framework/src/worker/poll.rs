@@ -16,12 +16,10 @@
 //! [`BUSY_WAIT`] later.
 //!
 //! Commits (always the scheduler's watermark, "next offset to read"):
-//! * every `commit_interval`, for partitions whose watermark moved: stored
-//!   (`store_offsets`), and committed by librdkafka's auto-commit timer,
-//!   whose results come back to `commit_callback` (a failed commit is
-//!   retried; an acknowledged one is what a returning partition is
-//!   recognised by). librdkafka reports nothing for an asynchronous
-//!   `commit` with explicit offsets, so kjob does not use one;
+//! * every `commit_interval`, asynchronously, for partitions whose watermark
+//!   moved, and every tenth interval for all of them (librdkafka reports
+//!   nothing about an asynchronous commit with explicit offsets, so one that
+//!   failed during a broker outage is re-sent this way);
 //! * on revoke, synchronously, after the running jobs finished (bounded);
 //! * on shutdown, synchronously, after the grace period.
 //!
@@ -361,6 +359,10 @@ impl ConsumerContext for WorkerContext {
         }
     }
 
+    /// librdkafka calls this for the commits it reports: not for an
+    /// asynchronous `commit` with explicit offsets, which is why the
+    /// scheduler re-sends every watermark now and then, and remembers
+    /// every position it sent.
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
         match result {
             Err(e) => {
@@ -385,7 +387,6 @@ fn tps_of(tpl: &TopicPartitionList) -> Vec<Tp> {
 fn positions_of(tpl: &TopicPartitionList) -> Vec<(Tp, i64)> {
     tpl.elements()
         .iter()
-        .filter(|e| e.error().is_ok())
         .filter_map(|e| match e.offset() {
             Offset::Offset(n) => Some(((e.topic().to_string(), e.partition()), n)),
             _ => None,
@@ -507,16 +508,7 @@ impl WorkerContext {
                     for ((t, p), next) in &offsets {
                         let _ = tpl.add_partition_offset(t, *p, Offset::Offset(*next));
                     }
-                    // Stored, librdkafka commits it on its timer (and the
-                    // result comes back to `commit_callback`); a synchronous
-                    // commit also stores, so the timer never commits an
-                    // older position after it.
-                    let stored = consumer.store_offsets(&tpl);
-                    let result = match mode {
-                        CommitMode::Async => stored,
-                        CommitMode::Sync => consumer.commit(&tpl, CommitMode::Sync),
-                    };
-                    match result {
+                    match consumer.commit(&tpl, mode) {
                         Ok(()) => committed.extend(offsets),
                         Err(e) => {
                             warn!(error = %e, ?mode, "offset commit failed; will retry at the next interval")

@@ -307,7 +307,15 @@ pub(crate) struct Scheduler<R> {
     lost: FxHashMap<u64, (Tp, OffsetTracker)>,
     /// Records skipped because this member had finished them already.
     skipped_finished: u64,
+    /// Commit intervals since every watermark was last committed again.
+    since_full_commit: u32,
 }
+
+/// Every this many commit intervals, every watermark is committed again,
+/// moved or not: librdkafka does not report a failed asynchronous commit,
+/// so a position that failed to commit (a broker outage) is re-sent
+/// without waiting for the watermark to move.
+const FULL_COMMIT_EVERY: u32 = 10;
 
 impl<R: Located> Scheduler<R> {
     pub(crate) fn new(limits: Limits) -> Self {
@@ -332,6 +340,7 @@ impl<R: Located> Scheduler<R> {
             unparking: std::array::from_fn(|_| VecDeque::new()),
             lost: FxHashMap::default(),
             skipped_finished: 0,
+            since_full_commit: 0,
         }
     }
 
@@ -850,6 +859,11 @@ impl<R: Located> Scheduler<R> {
         }
         if now_ms.saturating_sub(self.last_commit_ms) >= self.limits.commit_interval_ms {
             self.last_commit_ms = now_ms;
+            self.since_full_commit += 1;
+            if self.since_full_commit >= FULL_COMMIT_EVERY {
+                self.since_full_commit = 0;
+                self.commit_failed();
+            }
             self.commit_all(out);
         }
     }
