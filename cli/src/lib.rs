@@ -70,7 +70,7 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// A group's cron schedules: expression, last fired tick, next tick.
     Schedules(schedules::SchedulesArgs),
-    /// Check or register job contracts against the schema registry.
+    /// Check or register job contracts against the schema registry, or export a crate's to `schemas/`.
     #[command(subcommand)]
     Schema(schema::SchemaCommand),
     /// A route's lag, oldest pending job, retry tiers and DLQ, from Kafka alone.

@@ -95,8 +95,8 @@ pub mod prelude {
     pub use crate::classify::{JobError, OptionExt, ResponseExt, ResultExt};
     pub use crate::config::KafkaConfig;
     pub use crate::job::{Job, JobContext};
-    pub use kjob_derive::Job;
     pub use crate::producer::{Enqueued, Producer};
     pub use crate::retry::RetryPolicy;
     pub use crate::worker::{Ext, OrderingMode, Priority, State, Worker, WorkerBuilder};
+    pub use kjob_derive::Job;
 }

@@ -105,7 +105,14 @@ fn name_version_key_and_tenant_come_from_the_attribute() {
     let job = all();
     assert_eq!(job.key(), "a-1");
     assert_eq!(job.tenant().as_deref(), Some("shop"));
-    assert_eq!(AllTypes { tenant: None, ..all() }.tenant(), None);
+    assert_eq!(
+        AllTypes {
+            tenant: None,
+            ..all()
+        }
+        .tenant(),
+        None
+    );
 }
 
 /// BTreeMap is a map on the wire like HashMap (apache-avro's derive has
@@ -180,8 +187,7 @@ fn defaults_and_namespace_are_in_the_schema_and_keys_are_display_text() {
         },
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let read: Numbered =
-        decode_body(1, &old, &framed[5..], &new).unwrap_or_else(|e| panic!("{e}"));
+    let read: Numbered = decode_body(1, &old, &framed[5..], &new).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(read.currency, "EUR");
     assert_eq!(read.retries, -1);
 }
