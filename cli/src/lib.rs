@@ -5,6 +5,7 @@
 //! Every command reads Kafka (and the registry) directly; no worker has to
 //! run. Errors go to stderr with a non-zero exit code: 2 for bad usage
 //! (clap), 1 for everything that failed while running.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod dlq;
 mod enqueue;
