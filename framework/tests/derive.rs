@@ -31,7 +31,7 @@ struct AllTypes {
     list: Vec<String>,
     maybe_list: Option<Vec<i64>>,
     map: HashMap<String, f64>,
-    boxed: Box<String>,
+    boxed: Box<str>,
     #[serde(rename = "renamed")]
     #[avro(rename = "renamed")]
     original: i64,
@@ -58,7 +58,7 @@ fn all() -> AllTypes {
         list: vec!["x".into(), "y".into()],
         maybe_list: Some(vec![1, 2]),
         map: HashMap::from([("a".to_string(), 0.5)]),
-        boxed: Box::new("b".into()),
+        boxed: "b".into(),
         original: 9,
         cache: Vec::new(),
     }

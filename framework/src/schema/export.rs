@@ -266,7 +266,7 @@ mod tests {
         let report = export(&dir, std::slice::from_ref(&changed), Mode::Check)?;
         assert_eq!(stale(&report).count(), 1);
         assert_eq!(report[0].outcome, Outcome::Updated);
-        export(&dir, &[changed.clone()], Mode::Write)?;
+        export(&dir, std::slice::from_ref(&changed), Mode::Write)?;
         assert!(stale(&export(&dir, &[changed], Mode::Check)?)
             .next()
             .is_none());
