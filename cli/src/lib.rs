@@ -5,6 +5,7 @@
 //! Every command reads Kafka (and the registry) directly; no worker has to
 //! run. Errors go to stderr with a non-zero exit code: 2 for bad usage
 //! (clap), 1 for everything that failed while running.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod dlq;
 mod enqueue;
@@ -70,7 +71,7 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// A group's cron schedules: expression, last fired tick, next tick.
     Schedules(schedules::SchedulesArgs),
-    /// Check or register job contracts against the schema registry.
+    /// Check or register job contracts against the schema registry, or export a crate's to `schemas/`.
     #[command(subcommand)]
     Schema(schema::SchemaCommand),
     /// A route's lag, oldest pending job, retry tiers and DLQ, from Kafka alone.

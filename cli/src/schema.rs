@@ -1,14 +1,19 @@
-//! `kjob schema check | register`: contracts in `schemas/` against the registry.
+//! `kjob schema check | register`: contracts in `schemas/` against the
+//! registry; `kjob schema export`: a crate's compiled-in contracts into
+//! `schemas/`.
 
 use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context as _, Result};
 use clap::Subcommand;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
 use kjob::codec::{subject_for_topic, Codec};
 use kjob::config::KafkaConfig;
 use kjob::registry::Registration;
+use kjob::schema::export::{self, Mode, Outcome, EXPORT_ENV};
 use kjob::schema::{
     check, latest, load_dir, registered_versions, set_subject_compatibility, subject_compatibility,
     Compatibility,
@@ -31,13 +36,51 @@ pub enum SchemaCommand {
         #[arg(long, default_value = "schemas")]
         dir: PathBuf,
     },
+    /// Write the contracts compiled into a program to `<dir>/<name>.v<N>.avsc`.
+    ///
+    /// The CLI cannot know a crate's job types, so it asks the crate: it runs
+    /// PROGRAM with KJOB_SCHEMA_EXPORT=1, and a program whose `main` starts
+    /// with `kjob::schema::export::serve(CONTRACTS)` prints its contracts and
+    /// exits. Files of other contracts and older versions are left alone.
+    /// Needs no Kafka and no registry.
+    ///
+    /// Examples:
+    ///   kjob schema export --from target/debug/my-worker
+    ///   kjob schema export --check --from cargo -- run -q -p my-handlers
+    #[command(verbatim_doc_comment)]
+    Export {
+        /// The program that knows the contracts (a worker binary, or `cargo`).
+        #[arg(long, value_name = "PROGRAM")]
+        from: PathBuf,
+        /// Arguments for PROGRAM (after `--`).
+        #[arg(last = true, value_name = "ARGS")]
+        args: Vec<String>,
+        /// Directory to write to.
+        #[arg(long, default_value = "schemas")]
+        dir: PathBuf,
+        /// Write nothing; exit 1 if any file would be created or changed (for CI).
+        #[arg(long)]
+        check: bool,
+        /// Give up on PROGRAM after this long (a `cargo run` may compile first).
+        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+    },
 }
 
 pub async fn run(config: &KafkaConfig, cmd: SchemaCommand) -> Result<()> {
-    let codec = Codec::from_config(config)?;
-    let registry = codec.client();
+    // `export` needs no registry, so the client is made per command.
+    let codec = || Codec::from_config(config);
     match cmd {
+        SchemaCommand::Export {
+            from,
+            args,
+            dir,
+            check,
+            timeout,
+        } => export_from(&from, &args, &dir, check, timeout).await,
         SchemaCommand::Check { dir, compatibility } => {
+            let codec = codec()?;
+            let registry = codec.client();
             let contracts = load_dir(&dir)?;
             if contracts.is_empty() {
                 bail!("no <name>.v<N>.avsc files in {}", dir.display());
@@ -108,6 +151,8 @@ pub async fn run(config: &KafkaConfig, cmd: SchemaCommand) -> Result<()> {
             Ok(())
         }
         SchemaCommand::Register { dir } => {
+            let codec = codec()?;
+            let registry = codec.client();
             let contracts = load_dir(&dir)?;
             for c in &contracts {
                 let subject = subject_for_topic(&c.name);
@@ -128,4 +173,69 @@ pub async fn run(config: &KafkaConfig, cmd: SchemaCommand) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `kjob schema export`: runs `program`, reads its contracts, writes or
+/// checks the files.
+async fn export_from(
+    program: &std::path::Path,
+    args: &[String],
+    dir: &std::path::Path,
+    check: bool,
+    timeout: Duration,
+) -> Result<()> {
+    let shown = std::iter::once(program.display().to_string())
+        .chain(args.iter().cloned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let child = tokio::process::Command::new(program)
+        .args(args)
+        .env(EXPORT_ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting `{shown}`"))?;
+    let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Ok(out) => out.with_context(|| format!("running `{shown}`"))?,
+        Err(_) => bail!(
+            "`{shown}` did not print its contracts within {}: does its main start with \
+             `if kjob::schema::export::serve(CONTRACTS) {{ return }}`?",
+            humantime::format_duration(timeout)
+        ),
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let contracts = match export::parse_output(&stdout) {
+        Some(Ok(c)) => c,
+        Some(Err(e)) => bail!("`{shown}` printed a contract list kjob cannot read: {e}"),
+        None => bail!(
+            "`{shown}` exited ({}) without printing its contracts: call \
+             `kjob::schema::export::serve(CONTRACTS)` at the start of its main",
+            output.status
+        ),
+    };
+    if contracts.is_empty() {
+        bail!("`{shown}` lists no contracts");
+    }
+    let mode = if check { Mode::Check } else { Mode::Write };
+    let report = export::export(dir, &contracts, mode)?;
+    for e in &report {
+        let what = match (e.outcome, check) {
+            (Outcome::Unchanged, _) => "unchanged",
+            (Outcome::Created, false) => "created",
+            (Outcome::Updated, false) => "updated",
+            (Outcome::Created, true) => "MISSING",
+            (Outcome::Updated, true) => "DIFFERS",
+        };
+        println!("{what:>9}  {}", e.path.display());
+    }
+    let stale = export::stale(&report).count();
+    if check && stale > 0 {
+        bail!(
+            "{stale} schema file{} behind the compiled contracts: run the same command without --check and commit the result",
+            if stale == 1 { " is" } else { "s are" }
+        );
+    }
+    Ok(())
 }

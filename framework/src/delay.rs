@@ -97,7 +97,7 @@ pub fn delay_topics(topic: &str) -> Vec<String> {
 /// `1s`, `3s`, `10s`, `1m`, `10m`, `1h`, `1d`.
 fn bucket_name(d: Duration) -> String {
     let s = d.as_secs();
-    if s >= 86_400 && s % 86_400 == 0 {
+    if s >= 86_400 && s.is_multiple_of(86_400) {
         format!("{}d", s / 86_400)
     } else {
         crate::retry::format_delay(d)

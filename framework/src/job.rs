@@ -10,6 +10,31 @@ use serde::{de::DeserializeOwned, Serialize};
 
 /// A job contract.
 ///
+/// Usually derived: `#[derive(Job)]` (re-exported from the `kjob-derive`
+/// crate, like serde's derives) reads the name, version, key and tenant
+/// from `#[job(...)]` and writes [`Job::SCHEMA`] from the field types at
+/// compile time, or takes it from a `.avsc` file (`schema = "..."`) and
+/// checks the file against the fields. See [`derive@crate::Job`] for the settings
+/// and the type mapping.
+///
+/// ```
+/// use kjob::Job;
+/// use serde::{Deserialize, Serialize};
+///
+/// /// Send the order confirmation mail.
+/// #[derive(Serialize, Deserialize, Job)]
+/// #[job(name = "orders.confirmation", version = 1, key = order_id, tenant = tenant)]
+/// struct SendOrderConfirmation { order_id: String, tenant: String }
+///
+/// let job = SendOrderConfirmation { order_id: "o-1".into(), tenant: "shop".into() };
+/// assert_eq!(job.key(), "o-1");
+/// assert_eq!(job.tenant().as_deref(), Some("shop"));
+/// assert!(SendOrderConfirmation::SCHEMA.contains(r#"{"name": "order_id", "type": "string"}"#));
+/// ```
+///
+/// Written by hand, for what the derive does not cover (a key computed
+/// from several fields, serde attributes that reshape the record):
+///
 /// ```
 /// use kjob::Job;
 /// use serde::{Deserialize, Serialize};

@@ -40,6 +40,7 @@
 //! [`registry`], [`groups`], [`headers`] and [`codec`] are the operator side that the
 //! `kjob` CLI is built on, public so that teams can script the same
 //! operations.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod classify;
 pub mod clock;
@@ -77,6 +78,7 @@ pub use classify::{ErrorClass, JobError, OptionExt, ResponseExt, ResultExt};
 pub use config::{KafkaConfig, Secret};
 pub use error::{Error, Result};
 pub use job::{Job, JobContext};
+pub use kjob_derive::Job;
 pub use producer::{Enqueued, Producer};
 #[allow(deprecated)]
 pub use worker::Ordering;
@@ -99,4 +101,5 @@ pub mod prelude {
     pub use crate::producer::{Enqueued, Producer};
     pub use crate::retry::RetryPolicy;
     pub use crate::worker::{Ext, OrderingMode, Priority, State, Worker, WorkerBuilder};
+    pub use kjob_derive::Job;
 }

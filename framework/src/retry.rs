@@ -199,11 +199,11 @@ pub fn tier_topic(topic: &str, delay: Duration) -> String {
 /// Compact delay names for topic names: `250ms`, `5s`, `30s`, `5m`, `2h`.
 pub fn format_delay(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms > 0 && ms % 3_600_000 == 0 {
+    if ms > 0 && ms.is_multiple_of(3_600_000) {
         format!("{}h", ms / 3_600_000)
-    } else if ms > 0 && ms % 60_000 == 0 {
+    } else if ms > 0 && ms.is_multiple_of(60_000) {
         format!("{}m", ms / 60_000)
-    } else if ms > 0 && ms % 1000 == 0 {
+    } else if ms > 0 && ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")

@@ -11,6 +11,11 @@
 //! | `FORWARD` | be read by the latest registered version |
 //! | `FULL` | both |
 //! | `*_TRANSITIVE` | the same, against *every* registered version |
+//!
+//! [`export`] writes the contracts compiled into a crate to `schemas/`
+//! (`kjob schema export`), so a pull request shows a contract change.
+
+pub mod export;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

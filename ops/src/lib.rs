@@ -7,6 +7,7 @@
 //! and `WorkerBuilder::http_routes`, without pulling in the CLI's clap,
 //! indicatif or comfy-table (the `clap` feature only adds derives for the
 //! CLI's flags).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod dlq;
 pub mod replay;

@@ -1,12 +1,22 @@
-//! The crate's job contracts, one `.avsc` file each in `schemas/`.
+//! The crate's job contracts. `#[derive(Job)]` writes each schema from the
+//! struct; [`CONTRACTS`] lists them so that `kjob schema export` (through
+//! the worker binary) and the test below keep `schemas/` in step with the
+//! types, and a pull request that changes a contract shows it in a `.avsc`
+//! diff.
 
-use apache_avro::AvroSchema;
+use kjob::schema::export::Contract;
 use kjob::Job;
 use serde::{Deserialize, Serialize};
 
-/// Render and store an order's invoice.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, AvroSchema)]
-#[avro(namespace = "kjob.examples.invoices")]
+/// Render and store the invoice of an order (once, however often it is delivered).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Job)]
+#[job(
+    name = "invoices.render",
+    version = 1,
+    key = order_id,
+    tenant = tenant,
+    namespace = "kjob.examples.invoices"
+)]
 pub struct RenderInvoice {
     /// The order (a reference: the handler loads it).
     pub order_id: String,
@@ -14,21 +24,14 @@ pub struct RenderInvoice {
     pub tenant: String,
 }
 
-impl Job for RenderInvoice {
-    const NAME: &'static str = "invoices.render";
-    const VERSION: u32 = 1;
-    const SCHEMA: &'static str = include_str!("../../../schemas/invoices.render.v1.avsc");
-    fn key(&self) -> String {
-        self.order_id.clone()
-    }
-    fn tenant(&self) -> Option<String> {
-        Some(self.tenant.clone())
-    }
-}
-
-/// Mail the invoice.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, AvroSchema)]
-#[avro(namespace = "kjob.examples.invoices")]
+/// Mail the rendered invoice to the customer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Job)]
+#[job(
+    name = "invoices.mail",
+    version = 1,
+    key = order_id,
+    namespace = "kjob.examples.invoices"
+)]
 pub struct SendInvoiceMail {
     /// The order.
     pub order_id: String,
@@ -36,27 +39,29 @@ pub struct SendInvoiceMail {
     pub email: String,
 }
 
-impl Job for SendInvoiceMail {
-    const NAME: &'static str = "invoices.mail";
-    const VERSION: u32 = 1;
-    const SCHEMA: &'static str = include_str!("../../../schemas/invoices.mail.v1.avsc");
-    fn key(&self) -> String {
-        self.order_id.clone()
-    }
-}
+/// Every contract of this crate, for `kjob schema export`.
+pub const CONTRACTS: &[Contract] = &[
+    Contract::of::<RenderInvoice>(),
+    Contract::of::<SendInvoiceMail>(),
+];
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kjob::schema::export::{export, stale, Mode};
 
+    /// `schemas/` holds what the types compile to. When this fails after a
+    /// change to a contract, run
+    /// `kjob schema export --from cargo -- run -q -p kjob-example-handler-crate`
+    /// (from the repository root) and commit the `.avsc` diff with the change.
     #[test]
-    fn schema_files_match_the_rust_types() {
-        for (file, derived) in [
-            (RenderInvoice::SCHEMA, RenderInvoice::get_schema()),
-            (SendInvoiceMail::SCHEMA, SendInvoiceMail::get_schema()),
-        ] {
-            let parsed = apache_avro::Schema::parse_str(file).expect("schema parses");
-            assert_eq!(parsed.canonical_form(), derived.canonical_form());
-        }
+    fn schemas_dir_is_up_to_date() -> kjob::Result<()> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../schemas");
+        let report = export(&dir, CONTRACTS, Mode::Check)?;
+        let behind: Vec<_> = stale(&report)
+            .map(|e| e.path.display().to_string())
+            .collect();
+        assert!(behind.is_empty(), "not exported: {behind:?}");
+        Ok(())
     }
 }

@@ -7,6 +7,9 @@
 //! KJOB_GROUP=invoices-staging cargo run -p kjob-example-handler-crate
 //! ```
 //!
+//! `kjob schema export --from <this binary>` writes the crate's contracts
+//! to `schemas/` (the binary answers `KJOB_SCHEMA_EXPORT=1` and exits).
+//!
 //! Every setting is an environment variable with a default, so a container
 //! image needs no arguments. It needs the topics (created if missing) and
 //! PostgreSQL with the crate's tables (created at start); a render job for
@@ -17,6 +20,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use kjob::{KafkaConfig, Worker};
+use kjob_example_handler_crate::contracts::CONTRACTS;
 use kjob_example_handler_crate::deps::{MailError, Mailer};
 use kjob_example_handler_crate::pg::PgStore;
 use kjob_example_handler_crate::{register_on, Deps};
@@ -88,6 +92,10 @@ impl Mailer for LogMailer {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // Run by `kjob schema export --from ...`: print the contracts, stop.
+    if kjob::schema::export::serve(CONTRACTS) {
+        return Ok(());
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
         .init();

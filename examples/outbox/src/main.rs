@@ -22,20 +22,19 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::{Client, NoTls};
 
 /// The mail job: a reference to the order, not a copy of it.
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, Job)]
+#[job(
+    name = "examples.outbox.order_confirmation",
+    version = 1,
+    key = order_id,
+    tenant = tenant,
+    namespace = "kjob.examples.orders"
+)]
 struct SendOrderConfirmation {
     order_id: String,
     tenant: String,
+    #[job(default = "en")]
     locale: String,
-}
-
-impl Job for SendOrderConfirmation {
-    const NAME: &'static str = "examples.outbox.order_confirmation";
-    const VERSION: u32 = 1;
-    const SCHEMA: &'static str = include_str!("../../../schemas/orders.confirmation.v1.avsc");
-    fn key(&self) -> String {
-        self.order_id.clone()
-    }
 }
 
 /// The web request: save the order and enqueue its mail, atomically.

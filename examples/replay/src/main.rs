@@ -18,19 +18,13 @@ use kjob::replay::{apply, plan, ReplayTarget};
 use kjob::{Job, JobContext, JobError, KafkaConfig, Producer, Worker};
 use serde::{Deserialize, Serialize};
 
-#[derive(Serialize, Deserialize)]
+/// Rebuild one entity's read model (`seq` counts the jobs).
+#[derive(Serialize, Deserialize, Job)]
+#[job(name = "examples.replay", version = 1, key = key)]
 struct RebuildProjection {
     key: String,
     seq: i64,
     behaviour: String,
-}
-impl Job for RebuildProjection {
-    const NAME: &'static str = "examples.replay";
-    const VERSION: u32 = 1;
-    const SCHEMA: &'static str = include_str!("../../../schemas/kjob.test.job.v1.avsc");
-    fn key(&self) -> String {
-        self.key.clone()
-    }
 }
 
 /// Runs a worker until `n` jobs were handled, printing each.

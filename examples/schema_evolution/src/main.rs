@@ -14,34 +14,34 @@ use std::time::Duration;
 use kjob::{Job, JobContext, JobError, KafkaConfig, Producer, Worker, WorkerStats};
 use serde::{Deserialize, Serialize};
 
-#[derive(Serialize, Deserialize)]
+/// The contract as the old binary knows it. Both versions keep their
+/// `.avsc` file: the files are the history the registry checks a new
+/// version against, and the derive compares each with its struct.
+#[derive(Serialize, Deserialize, Job)]
+#[job(
+    name = "kjob.test.order",
+    version = 1,
+    key = order_id,
+    schema = "../../schemas/kjob.test.order.v1.avsc"
+)]
 struct OrderV1 {
     order_id: String,
     amount: i64,
     legacy_ref: String,
 }
-impl Job for OrderV1 {
-    const NAME: &'static str = "kjob.test.order";
-    const VERSION: u32 = 1;
-    const SCHEMA: &'static str = include_str!("../../../schemas/kjob.test.order.v1.avsc");
-    fn key(&self) -> String {
-        self.order_id.clone()
-    }
-}
 
-#[derive(Serialize, Deserialize)]
+/// The contract as the new binary knows it.
+#[derive(Serialize, Deserialize, Job)]
+#[job(
+    name = "kjob.test.order",
+    version = 2,
+    key = order_id,
+    schema = "../../schemas/kjob.test.order.v2.avsc"
+)]
 struct OrderV2 {
     order_id: String,
     amount: i64,
     currency: String,
-}
-impl Job for OrderV2 {
-    const NAME: &'static str = "kjob.test.order";
-    const VERSION: u32 = 2;
-    const SCHEMA: &'static str = include_str!("../../../schemas/kjob.test.order.v2.avsc");
-    fn key(&self) -> String {
-        self.order_id.clone()
-    }
 }
 
 async fn old_worker(job: OrderV1, ctx: JobContext) -> Result<(), JobError> {
