@@ -7,7 +7,7 @@ use crate::codec::Codec;
 use crate::delay;
 use crate::headers;
 use crate::json_encode::JsonEncodeError;
-use crate::producer::Producer;
+use crate::producer::DelayTopicCheck;
 use crate::topics::dlq_topic;
 use crate::ErrorClass;
 
@@ -47,7 +47,7 @@ fn set(headers: &mut Vec<(String, String)>, name: &str, value: String) {
 pub(super) async fn prepare(
     row: &Row,
     codec: &Codec,
-    producer: &Producer,
+    delay_topics: &DelayTopicCheck,
     table: &OutboxTable,
     now_ms: i64,
 ) -> Prepared {
@@ -66,9 +66,7 @@ pub(super) async fn prepare(
             // delay topic that is missing or keeps records too briefly is
             // waited for (its worker creates it), not a reason to drop the
             // job or run it early.
-            if let Err(e) = producer
-                .check_delay_topics(&row.topic, now_ms, run_at_ms)
-                .await
+            if let Err(e) = delay_topics.check(&row.topic, now_ms, run_at_ms).await
             {
                 return Prepared::Defer(e.to_string());
             }

@@ -26,7 +26,7 @@ use super::rows::{Row, Statements};
 use super::{live_relays, OutboxError, OutboxTable, BUCKETS, PRESENCE_LOCK};
 use crate::codec::Codec;
 use crate::config::KafkaConfig;
-use crate::producer::{Producer, DEFAULT_DELIVERY_TIMEOUT};
+use crate::producer::{DelayTopicCheck, Producer, DEFAULT_DELIVERY_TIMEOUT};
 
 /// librdkafka settings the relay adds to the kjob producer's (`acks=all`,
 /// idempotence). A user's [`KafkaConfig::set`] still wins.
@@ -101,6 +101,9 @@ pub struct Relay {
     /// fetched contracts survive a producer replacement). Made on first
     /// use: a bad registry URL fails the run, not the constructor.
     codec: Option<Arc<Codec>>,
+    /// Checks delayed rows' delay topics, with the plain connection
+    /// settings (the relay producer's own do not make an admin client).
+    delay_topics: DelayTopicCheck,
 }
 
 impl std::fmt::Debug for Relay {
@@ -124,6 +127,7 @@ impl Relay {
         let table = OutboxTable::default();
         Self {
             database_url: database_url.into(),
+            delay_topics: DelayTopicCheck::new(&kafka),
             kafka,
             metrics: OutboxMetrics::disabled(table.name()),
             table,
@@ -455,7 +459,7 @@ impl Relay {
                 // the producer, and that later row would land first.
                 refused.insert(row.key.as_str());
             }
-            let out = match prepare(row, &codec, producer, &self.table, now_ms).await {
+            let out = match prepare(row, &codec, &self.delay_topics, &self.table, now_ms).await {
                 Prepared::Send(out) => out,
                 Prepared::Defer(reason) => {
                     refused.insert(row.key.as_str());

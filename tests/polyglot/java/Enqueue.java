@@ -18,9 +18,10 @@ public class Enqueue {
         return v;
     }
 
-    static String job(String key, long seq, String behaviour) {
-        String b = behaviour == null ? "" : ",\"behaviour\":\"" + behaviour + "\"";
-        return "{\"key\":\"" + key + "\",\"seq\":" + seq + b + "}";
+    // A bad job carries its seq as a string: the contract says long.
+    static String job(String key, long seq, boolean bad) {
+        String n = bad ? "\"" + seq + "\"" : Long.toString(seq);
+        return "{\"key\":\"" + key + "\",\"seq\":" + n + ",\"behaviour\":\"ok\"}";
     }
 
     static String schema, topic;
@@ -83,24 +84,24 @@ public class Enqueue {
             // 1. Committed: the order and its jobs together.
             order(c, orders, "o" + seq);
             List<String> committed = new ArrayList<>();
-            committed.add(one(c, "java-a", job("java-a", seq, "ok")));
-            committed.add(one(c, "java-b", job("java-b", seq + 1, "ok")));
-            committed.addAll(many(c, "[{\"key\":\"java-a\",\"job\":" + job("java-a", seq + 2, "ok")
-                    + "},{\"key\":\"java-c\",\"job\":" + job("java-c", seq + 3, "ok") + "}]"));
+            committed.add(one(c, "java-a", job("java-a", seq, false)));
+            committed.add(one(c, "java-b", job("java-b", seq + 1, false)));
+            committed.addAll(many(c, "[{\"key\":\"java-a\",\"job\":" + job("java-a", seq + 2, false)
+                    + "},{\"key\":\"java-c\",\"job\":" + job("java-c", seq + 3, false) + "}]"));
             c.commit();
             out.append("\"committed\":").append(quoted(committed));
 
             // 2. Rolled back: neither the order nor its jobs.
             order(c, orders, "o" + (seq + 10));
             List<String> rolled = new ArrayList<>();
-            rolled.add(one(c, "java-r", job("java-r", seq + 10, "ok")));
-            rolled.addAll(many(c, "[{\"key\":\"java-r\",\"job\":" + job("java-r", seq + 11, "ok") + "}]"));
+            rolled.add(one(c, "java-r", job("java-r", seq + 10, false)));
+            rolled.addAll(many(c, "[{\"key\":\"java-r\",\"job\":" + job("java-r", seq + 11, false) + "}]"));
             c.rollback();
             out.append(",\"rolled_back\":").append(quoted(rolled));
 
             // 3. A job that does not fit the contract, then a good one of the same key.
-            String bad = one(c, "java-bad", job("java-bad", seq + 20, null));
-            String follower = one(c, "java-bad", job("java-bad", seq + 21, "ok"));
+            String bad = one(c, "java-bad", job("java-bad", seq + 20, true));
+            String follower = one(c, "java-bad", job("java-bad", seq + 21, false));
             c.commit();
             out.append(",\"bad\":\"").append(bad).append("\",\"bad_follower\":\"").append(follower).append('"');
 
@@ -109,7 +110,7 @@ public class Enqueue {
                     + ".enqueue(topic => ?, key => 'java-d', job => ?::jsonb, run_at => now() + interval '2 seconds'),"
                     + " (extract(epoch FROM now() + interval '2 seconds') * 1000)::bigint")) {
                 s.setString(1, topic);
-                s.setString(2, job("java-d", seq + 30, "ok"));
+                s.setString(2, job("java-d", seq + 30, false));
                 try (ResultSet r = s.executeQuery()) {
                     r.next();
                     out.append(",\"delayed\":\"").append(r.getString(1)).append("\",\"delayed_run_at_ms\":").append(r.getLong(2));

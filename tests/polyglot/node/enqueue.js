@@ -13,8 +13,8 @@ const topic = env('KJOB_TEST_TOPIC');
 const orders = env('KJOB_APP_TABLE');
 const seq = Number(env('KJOB_TEST_SEQ'));
 
-const job = (key, n, behaviour = 'ok') =>
-  behaviour === null ? { key, seq: n } : { key, seq: n, behaviour };
+// A bad job carries its seq as a string: the contract says long.
+const job = (key, n, bad = false) => ({ key, seq: bad ? String(n) : n, behaviour: 'ok' });
 
 async function main() {
   const db = new Client({ connectionString: env('KJOB_DATABASE_URL') });
@@ -51,7 +51,7 @@ async function main() {
 
   // 3. A job that does not fit the contract, then a good one of the same key.
   await db.query('BEGIN');
-  out.bad = (await enqueue('js-bad', job('js-bad', seq + 20, null))).id;
+  out.bad = (await enqueue('js-bad', job('js-bad', seq + 20, true))).id;
   out.bad_follower = (await enqueue('js-bad', job('js-bad', seq + 21))).id;
   await db.query('COMMIT');
 

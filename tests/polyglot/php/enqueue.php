@@ -22,12 +22,9 @@ $topic = env('KJOB_TEST_TOPIC');
 $orders = env('KJOB_APP_TABLE');
 $seq = (int) env('KJOB_TEST_SEQ');
 
-function job(string $key, int $n, ?string $behaviour = 'ok'): array {
-    $j = ['key' => $key, 'seq' => $n];
-    if ($behaviour !== null) {
-        $j['behaviour'] = $behaviour;
-    }
-    return $j;
+// A bad job carries its seq as a string: the contract says long.
+function job(string $key, int $n, bool $bad = false): array {
+    return ['key' => $key, 'seq' => $bad ? (string) $n : $n, 'behaviour' => 'ok'];
 }
 
 $enqueue = $db->prepare("SELECT $schema.enqueue(topic => :topic, key => :key, job => CAST(:job AS jsonb))");
@@ -62,7 +59,7 @@ $out['rolled_back'] = $r;
 
 // 3. A job that does not fit the contract, then a good one of the same key.
 $db->beginTransaction();
-$out['bad'] = $one('php-bad', job('php-bad', $seq + 20, null));
+$out['bad'] = $one('php-bad', job('php-bad', $seq + 20, true));
 $out['bad_follower'] = $one('php-bad', job('php-bad', $seq + 21));
 $db->commit();
 

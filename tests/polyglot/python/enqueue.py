@@ -15,11 +15,9 @@ orders = os.environ["KJOB_APP_TABLE"]
 seq = int(os.environ["KJOB_TEST_SEQ"])
 
 
-def job(key, n, behaviour="ok"):
-    body = {"key": key, "seq": n}
-    if behaviour is not None:
-        body["behaviour"] = behaviour
-    return body
+def job(key, n, bad=False):
+    # A bad job carries its seq as a string: the contract says long.
+    return {"key": key, "seq": str(n) if bad else n, "behaviour": "ok"}
 
 
 enqueue = f"SELECT {schema}.enqueue(topic => %s, key => %s, job => %s)"
@@ -49,10 +47,10 @@ with psycopg.connect(url) as conn:
         pass
     out["rolled_back"] = rolled
 
-    # 3. A job that does not fit the contract (no behaviour), then a good
+    # 3. A job that does not fit the contract (seq a string), then a good
     #    one of the same key: the first is dead-lettered, the second runs.
     with conn.transaction():
-        out["bad"] = conn.execute(enqueue, (topic, "py-bad", Jsonb(job("py-bad", seq + 20, None)))).fetchone()[0]
+        out["bad"] = conn.execute(enqueue, (topic, "py-bad", Jsonb(job("py-bad", seq + 20, bad=True)))).fetchone()[0]
         out["bad_follower"] = conn.execute(enqueue, (topic, "py-bad", Jsonb(job("py-bad", seq + 21)))).fetchone()[0]
 
     # 4. Delayed: runs no earlier than run_at.
