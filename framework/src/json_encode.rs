@@ -78,7 +78,7 @@ pub enum JsonEncodeError {
     },
     /// Nothing is registered under the subject: a topic that is not a
     /// route (a typo?), or a route whose contract was never registered.
-    #[error("no schema is registered under subject `{subject}`: is `{topic}` a route? Register its contract (a kjob producer or worker for it does, or `kjob schema register`), then run `kjob dlq retry`")]
+    #[error("no schema is registered under subject `{subject}`: is `{topic}` a route? Register its contract (a kjob producer for it does, or `kjob schema register --dir <schemas>`), then run `kjob dlq retry`")]
     NoSubject {
         /// The topic.
         topic: String,
@@ -86,7 +86,7 @@ pub enum JsonEncodeError {
         subject: String,
     },
     /// The pinned version does not exist.
-    #[error("subject `{subject}` has no version {version}: pin a registered version (`kjob schema list`), or none for the latest")]
+    #[error("subject `{subject}` has no version {version}: pin a registered version (GET /subjects/{subject}/versions on the registry lists them), or none for the latest")]
     NoVersion {
         /// The subject.
         subject: String,
