@@ -94,7 +94,9 @@ pub enum JsonEncodeError {
         version: u32,
     },
     /// The registered schema is not Avro kjob can parse.
-    #[error("the schema registered as `{subject}` version {version} does not parse as Avro: {message}")]
+    #[error(
+        "the schema registered as `{subject}` version {version} does not parse as Avro: {message}"
+    )]
     BadSchema {
         /// The subject.
         subject: String,

@@ -10,7 +10,9 @@ use kjob::outbox::{OutboxTable, Relay, RelayStats};
 use kjob::{JobContext, KafkaConfig, Producer, Worker};
 use tokio_postgres::{Client, NoTls};
 
-use crate::{create_topic, ensure_postgres, ensure_stack, init_logging, start, unique, Running, TestJob};
+use crate::{
+    create_topic, ensure_postgres, ensure_stack, init_logging, start, unique, Running, TestJob,
+};
 
 /// One run of a job by the fixture's worker.
 #[derive(Clone, Debug)]
@@ -55,7 +57,10 @@ pub struct SqlFixture {
     /// The relay's counters.
     pub relay_stats: Arc<RelayStats>,
     worker: Option<Running>,
-    relay: Option<(tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>)>,
+    relay: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    )>,
 }
 
 impl SqlFixture {

@@ -85,7 +85,9 @@ async fn sql_enqueue_takes_the_rust_paths_key_lock_and_bucket() {
         .enqueue_to(&held, &topic, &TestJob::ok("K", 1))
         .await
         .expect("Rust enqueue holds K");
-    b.batch_execute("SET lock_timeout = '300ms'").await.expect("SET");
+    b.batch_execute("SET lock_timeout = '300ms'")
+        .await
+        .expect("SET");
     let sql_one = format!("SELECT {s}.enqueue($1, $2, $3)");
     let waits = b
         .query_one(&sql_one, &[&topic, &"K", &job_json("K", 2)])
@@ -113,7 +115,9 @@ async fn sql_enqueue_takes_the_rust_paths_key_lock_and_bucket() {
         .query_one(&sql_one, &[&topic, &"K", &job_json("K", 6)])
         .await
         .expect("SQL enqueue holds K");
-    a.batch_execute("SET lock_timeout = '300ms'").await.expect("SET");
+    a.batch_execute("SET lock_timeout = '300ms'")
+        .await
+        .expect("SET");
     let tx = a.transaction().await.expect("BEGIN");
     let rust_waits = outbox.enqueue_to(&tx, &topic, &TestJob::ok("K", 7)).await;
     assert!(
@@ -221,7 +225,10 @@ async fn rust_and_sql_writers_of_one_key_publish_in_commit_order() {
     fx.wait_all_sent(Duration::from_secs(60)).await;
     let rows = fx
         .client
-        .query(&format!("SELECT key, job_id FROM {t}_commits ORDER BY key, n"), &[])
+        .query(
+            &format!("SELECT key, job_id FROM {t}_commits ORDER BY key, n"),
+            &[],
+        )
         .await
         .expect("commits");
     let mut expected: HashMap<String, Vec<String>> = HashMap::new();
@@ -297,21 +304,42 @@ async fn a_job_that_does_not_fit_is_dead_lettered_and_retried_once_the_contract_
             .find(|m| headers::find(m.headers(), headers::ID) == Some(id))
             .map(|m| {
                 (
-                    headers::find(m.headers(), headers::ERROR).unwrap_or("").to_string(),
+                    headers::find(m.headers(), headers::ERROR)
+                        .unwrap_or("")
+                        .to_string(),
                     m.partition(),
                     m.offset(),
                 )
             })
     };
     let (locale_error, p, o) = dead(&fx.topic, &ids[0]).expect("the locale job is dead-lettered");
-    assert!(locale_error.starts_with("locale: record TestJob has no such field"), "{locale_error}");
+    assert!(
+        locale_error.starts_with("locale: record TestJob has no such field"),
+        "{locale_error}"
+    );
     let (v99, _, _) = dead(&fx.topic, &ids[3]).expect("the v99 job is dead-lettered");
     assert!(v99.contains("has no version 99"), "{v99}");
-    let (nosubject, _, _) = dead(&unregistered, &ids[4]).expect("the unregistered topic's job is dead-lettered");
-    assert!(nosubject.contains("no schema is registered under subject"), "{nosubject}");
+    let (nosubject, _, _) =
+        dead(&unregistered, &ids[4]).expect("the unregistered topic's job is dead-lettered");
+    assert!(
+        nosubject.contains("no schema is registered under subject"),
+        "{nosubject}"
+    );
 
     // The operator's view.
-    let list = kjob_ok(kjob_cli, &fx.config, &["dlq", "list", "--topic", &fx.topic, "--class", "outbox.encode", "--json"]);
+    let list = kjob_ok(
+        kjob_cli,
+        &fx.config,
+        &[
+            "dlq",
+            "list",
+            "--topic",
+            &fx.topic,
+            "--class",
+            "outbox.encode",
+            "--json",
+        ],
+    );
     let list: serde_json::Value = serde_json::from_str(list.trim()).expect("list --json");
     let listed: Vec<&str> = list
         .as_array()
@@ -319,17 +347,32 @@ async fn a_job_that_does_not_fit_is_dead_lettered_and_retried_once_the_contract_
         .iter()
         .filter_map(|d| d["id"].as_str())
         .collect();
-    assert!(listed.contains(&ids[0].as_str()) && listed.contains(&ids[3].as_str()), "{list}");
+    assert!(
+        listed.contains(&ids[0].as_str()) && listed.contains(&ids[3].as_str()),
+        "{list}"
+    );
     let at = format!("{p}:{o}");
-    let show = kjob_ok(kjob_cli, &fx.config, &["dlq", "show", "--topic", &fx.topic, &at, "--json"]);
+    let show = kjob_ok(
+        kjob_cli,
+        &fx.config,
+        &["dlq", "show", "--topic", &fx.topic, &at, "--json"],
+    );
     let show: serde_json::Value = serde_json::from_str(show.trim()).expect("show --json");
     assert_eq!(show["payload_format"], "json", "{show}");
     assert_eq!(show["payload"]["locale"], "de", "{show}");
     assert_eq!(show["headers"]["kjob-error-class"], "outbox.encode");
 
     // Retry before the contract changed: refused, naming the field; still listed.
-    let refused = run_kjob(kjob_cli, &fx.config, &["dlq", "retry", "--topic", &fx.topic, &at, "--execute"]);
-    assert_ne!(refused.code, 0, "retry of an unfixed job succeeded: {}", refused.stdout);
+    let refused = run_kjob(
+        kjob_cli,
+        &fx.config,
+        &["dlq", "retry", "--topic", &fx.topic, &at, "--execute"],
+    );
+    assert_ne!(
+        refused.code, 0,
+        "retry of an unfixed job succeeded: {}",
+        refused.stdout
+    );
     assert!(refused.stderr.contains("locale"), "{}", refused.stderr);
 
     // The contract is fixed: a version with `locale` (default "en").
@@ -344,13 +387,24 @@ async fn a_job_that_does_not_fit_is_dead_lettered_and_retried_once_the_contract_
         .await
         .expect("registering v2");
     assert!(matches!(reg, Registration::Id(_)), "{reg:?}");
-    kjob_ok(kjob_cli, &fx.config, &["dlq", "retry", "--topic", &fx.topic, &at, "--execute"]);
+    kjob_ok(
+        kjob_cli,
+        &fx.config,
+        &["dlq", "retry", "--topic", &fx.topic, &at, "--execute"],
+    );
     fx.wait_handled(&[1], Duration::from_secs(30)).await;
     let runs = fx.runs(1);
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert_eq!(runs[0].id, ids[0], "the re-driven job keeps its kjob-id");
-    let after = kjob_ok(kjob_cli, &fx.config, &["dlq", "list", "--topic", &fx.topic, "--json"]);
-    assert!(!after.contains(&ids[0]), "the re-driven job is no longer unresolved: {after}");
+    let after = kjob_ok(
+        kjob_cli,
+        &fx.config,
+        &["dlq", "list", "--topic", &fx.topic, "--json"],
+    );
+    assert!(
+        !after.contains(&ids[0]),
+        "the re-driven job is no longer unresolved: {after}"
+    );
     fx.finish().await;
 }
 
@@ -369,7 +423,10 @@ async fn the_migration_upgrades_an_older_table_concurrently_and_repeatably() {
         .expect("the old table");
     let topic = unique("kjob.test.sql.upgrade");
     create_topic(&config, &topic, 1).await;
-    let outbox = Outbox::new(&config).expect("outbox").table(&name).expect("table");
+    let outbox = Outbox::new(&config)
+        .expect("outbox")
+        .table(&name)
+        .expect("table");
     {
         let mut c = pg(&url).await;
         let tx = c.transaction().await.expect("BEGIN");
@@ -390,7 +447,9 @@ async fn the_migration_upgrades_an_older_table_concurrently_and_repeatably() {
     for r in futures::future::join_all(runs).await {
         r.expect("task").expect("a concurrent migration succeeds");
     }
-    kjob::outbox::migrate(&client, &table).await.expect("migrating again");
+    kjob::outbox::migrate(&client, &table)
+        .await
+        .expect("migrating again");
     let cols: Vec<String> = client
         .query(
             "SELECT attname::text FROM pg_attribute WHERE attrelid = $1::text::regclass AND attnum > 0 AND NOT attisdropped",
@@ -412,7 +471,10 @@ async fn the_migration_upgrades_an_older_table_concurrently_and_repeatably() {
         .await
         .expect("Rust enqueue after the upgrade");
     let json_id: String = tx
-        .query_one(&format!("SELECT {s}.enqueue($1, 'json', $2)"), &[&topic, &job_json("json", 3)])
+        .query_one(
+            &format!("SELECT {s}.enqueue($1, 'json', $2)"),
+            &[&topic, &job_json("json", 3)],
+        )
         .await
         .expect("SQL enqueue after the upgrade")
         .get(0);
@@ -425,7 +487,11 @@ async fn the_migration_upgrades_an_older_table_concurrently_and_repeatably() {
         .await
         .err()
         .unwrap_or_else(|| panic!("a row with neither payload was accepted"));
-    assert_eq!(neither.code(), Some(&SqlState::CHECK_VIOLATION), "{neither}");
+    assert_eq!(
+        neither.code(),
+        Some(&SqlState::CHECK_VIOLATION),
+        "{neither}"
+    );
     let relay = Relay::new(&url, config.clone())
         .table(&name)
         .expect("table")
@@ -437,7 +503,10 @@ async fn the_migration_upgrades_an_older_table_concurrently_and_repeatably() {
     }));
     let started = Instant::now();
     while stats.published.load(std::sync::atomic::Ordering::Relaxed) < 3 {
-        assert!(started.elapsed() < Duration::from_secs(30), "the relay did not publish the 3 rows");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the relay did not publish the 3 rows"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let _ = stop.send(());
@@ -458,9 +527,15 @@ async fn the_migration_upgrades_an_older_table_concurrently_and_repeatably() {
         .await
         .err()
         .unwrap_or_else(|| panic!("a second table's functions replaced the first's"));
-    assert!(err.to_string().contains("already holds the SQL enqueue of another outbox table"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("already holds the SQL enqueue of another outbox table"),
+        "{err}"
+    );
     client
-        .batch_execute(&format!("DROP TABLE IF EXISTS {name}, {other}; DROP SCHEMA {s} CASCADE"))
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {name}, {other}; DROP SCHEMA {s} CASCADE"
+        ))
         .await
         .expect("cleanup");
 }
@@ -473,7 +548,9 @@ async fn insert_time_checks_fail_the_call_and_enqueue_many_keeps_its_order() {
     let table = OutboxTable::new(&name).expect("table");
     let s = table.functions_schema().to_string();
     let mut client = pg(&url).await;
-    kjob::outbox::migrate(&client, &table).await.expect("migrate");
+    kjob::outbox::migrate(&client, &table)
+        .await
+        .expect("migrate");
     let cases: [(&str, &str); 10] = [
         ("'', 'k', '{}'", "topic is empty"),
         ("'bad topic!', 'k', '{}'", "is not a Kafka topic name"),
@@ -482,9 +559,18 @@ async fn insert_time_checks_fail_the_call_and_enqueue_many_keeps_its_order() {
         ("'orders', '', '{}'", "key is empty"),
         ("'orders', 'k', '[1]'", "must be a JSON object"),
         ("'orders', 'k', NULL", "job is NULL"),
-        ("'orders', 'k', '{}', run_at => now() + interval '31 days'", "more than 30 days ahead"),
-        ("'orders', 'k', '{}', version => 0", "is not a subject version"),
-        ("'orders', 'k', '{}', headers => '{\"kjob-id\": \"mine\"}'", "cannot set kjob-id"),
+        (
+            "'orders', 'k', '{}', run_at => now() + interval '31 days'",
+            "more than 30 days ahead",
+        ),
+        (
+            "'orders', 'k', '{}', version => 0",
+            "is not a subject version",
+        ),
+        (
+            "'orders', 'k', '{}', headers => '{\"kjob-id\": \"mine\"}'",
+            "cannot set kjob-id",
+        ),
     ];
     for (args, want) in cases {
         let e = client
@@ -492,8 +578,15 @@ async fn insert_time_checks_fail_the_call_and_enqueue_many_keeps_its_order() {
             .await
             .err()
             .unwrap_or_else(|| panic!("{args} was accepted"));
-        assert_eq!(e.code(), Some(&SqlState::INVALID_PARAMETER_VALUE), "{args}: {e}");
-        let msg = e.as_db_error().map(|d| d.message().to_string()).unwrap_or_default();
+        assert_eq!(
+            e.code(),
+            Some(&SqlState::INVALID_PARAMETER_VALUE),
+            "{args}: {e}"
+        );
+        let msg = e
+            .as_db_error()
+            .map(|d| d.message().to_string())
+            .unwrap_or_default();
         assert!(msg.contains(want), "{args}: {msg}");
         assert!(msg.starts_with(&format!("{s}.enqueue: ")), "{msg}");
     }
@@ -505,8 +598,14 @@ async fn insert_time_checks_fail_the_call_and_enqueue_many_keeps_its_order() {
         .await
         .err()
         .unwrap_or_else(|| panic!("a numeric run_at was accepted"));
-    let msg = e.as_db_error().map(|d| d.message().to_string()).unwrap_or_default();
-    assert!(msg.contains("jobs[1] run_at must be a timestamp string"), "{msg}");
+    let msg = e
+        .as_db_error()
+        .map(|d| d.message().to_string())
+        .unwrap_or_default();
+    assert!(
+        msg.contains("jobs[1] run_at must be a timestamp string"),
+        "{msg}"
+    );
 
     // enqueue_many: ids in array order, rows in array order, headers set.
     let tx = client.transaction().await.expect("BEGIN");
@@ -536,7 +635,10 @@ async fn insert_time_checks_fail_the_call_and_enqueue_many_keeps_its_order() {
     let got: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     assert_eq!(
         got,
-        ids.iter().cloned().zip(["1", "2", "3"].map(String::from)).collect::<Vec<_>>()
+        ids.iter()
+            .cloned()
+            .zip(["1", "2", "3"].map(String::from))
+            .collect::<Vec<_>>()
     );
     let h0: serde_json::Value = rows[0].get(2);
     assert_eq!(h0["kjob-tenant"], "shop-7");
@@ -551,7 +653,10 @@ async fn insert_time_checks_fail_the_call_and_enqueue_many_keeps_its_order() {
     assert_eq!(v7.get_version_num(), 7);
     let (secs, _) = v7.get_timestamp().expect("v7 carries a time").to_unix();
     let now = kjob::dlq::now_ms() / 1000;
-    assert!((now - secs as i64).abs() < 60, "uuid time {secs} vs now {now}");
+    assert!(
+        (now - secs as i64).abs() < 60,
+        "uuid time {secs} vs now {now}"
+    );
     tx.rollback().await.expect("ROLLBACK");
     client
         .batch_execute(&format!("DROP TABLE {name}; DROP SCHEMA {s} CASCADE"))

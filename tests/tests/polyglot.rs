@@ -28,9 +28,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use kjob::headers;
 use kjob_integration_tests::sql_enqueue::SqlFixture;
 use kjob_integration_tests::*;
-use kjob::headers;
 use rdkafka::message::Message;
 
 fn polyglot_dir() -> PathBuf {
@@ -85,10 +85,11 @@ fn command(lang: &str, name: &str) -> Command {
             c
         }
         "php" => {
-            let pdo = Command::new("php")
-                .arg("-m")
-                .output()
-                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).lines().any(|l| l == "pdo_pgsql"));
+            let pdo = Command::new("php").arg("-m").output().is_ok_and(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .any(|l| l == "pdo_pgsql")
+            });
             require(pdo, "php with pdo_pgsql (Debian's php-cli and php-pgsql)");
             let mut c = Command::new("php");
             c.arg(scripts().join(format!("php/{name}.php")));
@@ -100,11 +101,20 @@ fn command(lang: &str, name: &str) -> Command {
                 dir.join("java/.complete").exists(),
                 "the Java jars (postgresql JDBC, Apicurio serde) in .stack/polyglot/java/lib",
             );
-            let class = if name == "enqueue" { "Enqueue" } else { "Direct" };
+            let class = if name == "enqueue" {
+                "Enqueue"
+            } else {
+                "Direct"
+            };
             let mut c = Command::new("java");
-            c.args(["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-cp"])
-                .arg(format!("{}/java/lib/*", dir.display()))
-                .arg(scripts().join(format!("java/{class}.java")));
+            c.args([
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-Xshare:auto",
+                "-cp",
+            ])
+            .arg(format!("{}/java/lib/*", dir.display()))
+            .arg(scripts().join(format!("java/{class}.java")));
             c
         }
         other => panic!("no such language: {other}"),
@@ -115,7 +125,9 @@ fn command(lang: &str, name: &str) -> Command {
 /// parses the JSON line it prints last.
 fn run(mut c: Command, what: &str) -> serde_json::Value {
     let started = std::time::Instant::now();
-    let out = c.output().unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
+    let out = c
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -124,9 +136,11 @@ fn run(mut c: Command, what: &str) -> serde_json::Value {
         out.status
     );
     println!("{what}: {:.1?}", started.elapsed());
-    let line = stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| {
-        panic!("{what} printed no JSON line:\n{stdout}\n{stderr}")
-    });
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("{what} printed no JSON line:\n{stdout}\n{stderr}"));
     serde_json::from_str(line).unwrap_or_else(|e| panic!("{what}: {e}: {line}"))
 }
 
@@ -179,7 +193,10 @@ async fn sql_enqueue_from(lang: &str) {
     for (s, want) in seqs.iter().zip(&committed) {
         let runs = fx.runs(*s);
         assert_eq!(runs.len(), 1, "seq {s} ran {} times: {runs:?}", runs.len());
-        assert_eq!(&runs[0].id, want, "seq {s} carries the id kjob.enqueue returned");
+        assert_eq!(
+            &runs[0].id, want,
+            "seq {s} carries the id kjob.enqueue returned"
+        );
     }
     // The key's commit order is its run order (py-a: seq, then seq + 2).
     let a_first = fx.runs(seq)[0].at_ms;
@@ -202,7 +219,10 @@ async fn sql_enqueue_from(lang: &str) {
     let rows: i64 = fx
         .client
         .query_one(
-            &format!("SELECT count(*) FROM {} WHERE job_id = ANY($1)", fx.table.name()),
+            &format!(
+                "SELECT count(*) FROM {} WHERE job_id = ANY($1)",
+                fx.table.name()
+            ),
             &[&rolled],
         )
         .await
@@ -224,8 +244,18 @@ async fn sql_enqueue_from(lang: &str) {
     let letter = dlq
         .iter()
         .find(|m| headers::find(m.headers(), headers::ID) == Some(bad.as_str()))
-        .unwrap_or_else(|| panic!("job {bad} is not in {}.dlq ({} records)", fx.topic, dlq.len()));
-    let h = |name: &str| headers::find(letter.headers(), name).unwrap_or("").to_string();
+        .unwrap_or_else(|| {
+            panic!(
+                "job {bad} is not in {}.dlq ({} records)",
+                fx.topic,
+                dlq.len()
+            )
+        });
+    let h = |name: &str| {
+        headers::find(letter.headers(), name)
+            .unwrap_or("")
+            .to_string()
+    };
     assert_eq!(h(headers::ERROR_CLASS), "outbox.encode");
     assert!(
         h(headers::ERROR).starts_with("seq: expected a long"),
@@ -237,7 +267,11 @@ async fn sql_enqueue_from(lang: &str) {
         serde_json::from_slice(letter.payload().unwrap_or(b"")).expect("the payload is the JSON");
     assert_eq!(payload["seq"], serde_json::json!((seq + 20).to_string()));
     assert!(fx.runs(seq + 20).is_empty(), "the bad job never ran");
-    assert_eq!(fx.runs(bad_follower).len(), 1, "the bad row's key was not held back");
+    assert_eq!(
+        fx.runs(bad_follower).len(),
+        1,
+        "the bad row's key was not held back"
+    );
     assert_eq!(fx.runs(bad_follower)[0].id, id(&out, "bad_follower"));
 
     // Delayed: not before run_at.
@@ -250,7 +284,10 @@ async fn sql_enqueue_from(lang: &str) {
         "the delayed job ran {} ms before its run_at",
         run_at - d[0].at_ms
     );
-    println!("{lang}: delayed job ran {} ms after its run_at", d[0].at_ms - run_at);
+    println!(
+        "{lang}: delayed job ran {} ms after its run_at",
+        d[0].at_ms - run_at
+    );
 
     // The insert-time check reached the driver.
     let err = out["insert_error"].as_str().unwrap_or("");
@@ -293,7 +330,10 @@ async fn direct_from(lang: &str) {
         .env("KJOB_TEST_TOPIC", &fx.topic)
         .env("KJOB_TEST_SEQ", "2000")
         .env("KJOB_TEST_COUNT", n.to_string())
-        .env("KJOB_SCHEMA", include_str!("../../schemas/kjob.test.job.v1.avsc"));
+        .env(
+            "KJOB_SCHEMA",
+            include_str!("../../schemas/kjob.test.job.v1.avsc"),
+        );
     let out = run(c, &format!("{lang} direct recipe"));
     assert_eq!(out["produced"], serde_json::json!(n), "{out}");
     let seqs: Vec<i64> = (2000..2000 + n).collect();

@@ -180,9 +180,7 @@ async fn insert_cost(s: &Setup, n: usize) -> anyhow::Result<()> {
         kt99 - pt99
     );
     // The rows of this part are not relayed.
-    s.client
-        .batch_execute(&format!("TRUNCATE {t}"))
-        .await?;
+    s.client.batch_execute(&format!("TRUNCATE {t}")).await?;
     Ok(())
 }
 
@@ -319,7 +317,10 @@ async fn latency(s: &Setup, rate: u64, seconds: u64) -> anyhow::Result<()> {
                 tick.tick().await;
                 let (key, body) = job((w * total + i) as i64, 10_000);
                 client.batch_execute("BEGIN").await?;
-                let id: String = client.query_one(&stmt, &[&topic, &key, &body]).await?.get(0);
+                let id: String = client
+                    .query_one(&stmt, &[&topic, &key, &body])
+                    .await?
+                    .get(0);
                 client.batch_execute("COMMIT").await?;
                 commits.push((id, Instant::now(), SystemTime::now()));
             }

@@ -182,7 +182,11 @@ async fn encode_json_letter(
         message: format!("dead letter {}: {message}", d.at),
     };
     let job: serde_json::Value = serde_json::from_slice(d.payload.as_deref().unwrap_or(b""))
-        .map_err(|e| fail(format!("its payload is marked JSON but does not parse: {e}")))?;
+        .map_err(|e| {
+            fail(format!(
+                "its payload is marked JSON but does not parse: {e}"
+            ))
+        })?;
     let encoded = producer
         .codec()
         .encode_json(main, None, &job)

@@ -150,7 +150,10 @@ mod tests {
         );
         assert_eq!((p.done, p.failed), (vec![3], vec![1]));
         assert_eq!(p.first_error.as_deref(), Some("registry unavailable"));
-        assert!(!p.fresh_producer, "nothing was produced for the deferred row");
+        assert!(
+            !p.fresh_producer,
+            "nothing was produced for the deferred row"
+        );
     }
 
     #[test]

@@ -695,11 +695,20 @@ mod tests {
         let sql = migration_sql(&t);
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.jobs_outbox ("));
         assert!(sql.contains("CREATE INDEX IF NOT EXISTS jobs_outbox_unsent ON app.jobs_outbox"));
-        for placeholder in ["{table}", "{name}", "{functions}", "{key_class}", "{channel}"] {
+        for placeholder in [
+            "{table}",
+            "{name}",
+            "{functions}",
+            "{key_class}",
+            "{channel}",
+        ] {
             assert!(!sql.contains(placeholder), "{placeholder} is replaced");
         }
         assert!(sql.contains("CREATE OR REPLACE FUNCTION kjob_app_jobs_outbox.enqueue("));
-        assert!(sql.contains(&format!("pg_advisory_xact_lock({}, (h & 2147483647)::integer)", t.key_class())));
+        assert!(sql.contains(&format!(
+            "pg_advisory_xact_lock({}, (h & 2147483647)::integer)",
+            t.key_class()
+        )));
         assert!(sql.contains("pg_notify('app__jobs_outbox', '')"));
     }
 

@@ -66,8 +66,7 @@ pub(super) async fn prepare(
             // delay topic that is missing or keeps records too briefly is
             // waited for (its worker creates it), not a reason to drop the
             // job or run it early.
-            if let Err(e) = delay_topics.check(&row.topic, now_ms, run_at_ms).await
-            {
+            if let Err(e) = delay_topics.check(&row.topic, now_ms, run_at_ms).await {
                 return Prepared::Defer(e.to_string());
             }
             let hop = delay::first_hop(now_ms, run_at_ms);

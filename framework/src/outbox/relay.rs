@@ -565,7 +565,11 @@ impl Relay {
                 .dead_lettered
                 .fetch_add(noted.len() as u64, Ordering::Relaxed);
             self.metrics.error("encode", noted.len() as u64);
-            tracing::warn!(rows = noted.len(), first = texts.first().map_or("", String::as_str), "outbox relay: JSON jobs that do not fit their contract were dead-lettered");
+            tracing::warn!(
+                rows = noted.len(),
+                first = texts.first().map_or("", String::as_str),
+                "outbox relay: JSON jobs that do not fit their contract were dead-lettered"
+            );
             if !self.retention.is_zero() {
                 client
                     .execute(&s.note, &[&noted, &texts])
