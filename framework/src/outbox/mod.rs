@@ -17,6 +17,12 @@
 //! tx.commit().await?;   // order and job together, or neither
 //! ```
 //!
+//! **Applications not written in Rust** enqueue with one SQL call inside
+//! their own transaction, `SELECT kjob.enqueue(topic => ..., key => ...,
+//! job => '{...}'::jsonb)`, which [`migrate`] installs: same table, same key
+//! lock, same relay, the JSON encoded by the relay against the topic's
+//! registered contract. See [`sql_api`].
+//!
 //! # Per-key commit order
 //!
 //! Kafka consumers see a key's jobs in partition order, so the relay must
