@@ -26,13 +26,18 @@ pub struct Database {
 
 #[derive(Subcommand, Debug)]
 pub enum OutboxCommand {
-    /// Create the outbox table and its indexes (idempotent).
+    /// Create the outbox table, its indexes and the SQL enqueue functions
+    /// (kjob.enqueue, kjob.enqueue_many); idempotent.
     Migrate {
         #[command(flatten)]
         db: Database,
         /// Print the SQL instead of running it (for your own migration tool).
         #[arg(long)]
         print: bool,
+        /// Schema for the SQL enqueue functions (default: `kjob` for the
+        /// default table, `kjob_<table>` for any other).
+        #[arg(long)]
+        sql_schema: Option<String>,
     },
     /// Publish committed outbox rows until SIGTERM/SIGINT.
     Relay {
@@ -111,15 +116,26 @@ pub(crate) fn print_status(s: &OutboxStatus) {
 
 pub async fn run(config: &KafkaConfig, cmd: OutboxCommand) -> Result<()> {
     match cmd {
-        OutboxCommand::Migrate { db, print } => {
-            let table = OutboxTable::new(&db.table)?;
+        OutboxCommand::Migrate {
+            db,
+            print,
+            sql_schema,
+        } => {
+            let mut table = OutboxTable::new(&db.table)?;
+            if let Some(schema) = sql_schema {
+                table = table.with_functions_schema(&schema)?;
+            }
             if print {
                 println!("{}", migration_sql(&table));
                 return Ok(());
             }
             let client = connect(&db.database_url).await?;
             kjob::outbox::migrate(&client, &table).await?;
-            println!("outbox table `{}` is ready", table.name());
+            println!(
+                "outbox table `{}` is ready; enqueue from SQL with SELECT {}.enqueue(topic => ..., key => ..., job => '{{...}}'::jsonb)",
+                table.name(),
+                table.functions_schema()
+            );
             Ok(())
         }
         OutboxCommand::Relay {

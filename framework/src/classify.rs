@@ -11,7 +11,8 @@
 //!
 //! A handler panic is a bug, not an error the handler chose: it is dead-lettered
 //! with [`ErrorClass::Panic`] and counted separately. Records that cannot even
-//! be decoded get one of the `Decode*` classes.
+//! be decoded get one of the `Decode*` classes, and JSON jobs enqueued from
+//! SQL that the outbox relay cannot encode get [`ErrorClass::OutboxEncode`].
 //!
 //! ## `?` in handlers
 //!
@@ -740,6 +741,13 @@ pub enum ErrorClass {
     /// holds an envelope with every header and the coordinates where the
     /// original can still be read, but not the payload.
     ForwardRejected,
+    /// A job enqueued from SQL (`kjob.enqueue`) as JSON that the outbox
+    /// relay could not encode against its topic's registered contract (a
+    /// missing field, a wrong type, no schema registered under the
+    /// subject). The dead letter holds the JSON as written, and
+    /// `kjob dlq retry` encodes it again against the latest version (see
+    /// the `kjob::outbox` module, feature `postgres`).
+    OutboxEncode,
 }
 
 impl ErrorClass {
@@ -761,6 +769,7 @@ impl ErrorClass {
             ErrorClass::DecodeBody => "decode.body",
             ErrorClass::DecodeIncompatible => "decode.incompatible",
             ErrorClass::ForwardRejected => "forward.rejected",
+            ErrorClass::OutboxEncode => "outbox.encode",
         }
     }
 

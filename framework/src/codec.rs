@@ -197,6 +197,8 @@ pub struct Codec {
     registering: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Whether writer-schema fetches are failing, and when to ask again.
     outage: Mutex<Outage>,
+    /// Contracts JSON jobs are encoded against (the outbox's SQL enqueue).
+    json: crate::json_encode::JsonContracts,
 }
 
 /// Paces writer-schema fetches while the registry does not answer.
@@ -278,6 +280,7 @@ impl Codec {
     /// A codec over an existing client (sharing its connection pool).
     pub fn with_client(client: RegistryClient) -> Self {
         Self {
+            json: crate::json_encode::JsonContracts::new(client.clone()),
             client,
             writers: RwLock::new(HashMap::new()),
             registered: Mutex::new(HashMap::new()),
@@ -479,6 +482,19 @@ impl Codec {
         })
         .await
         .cloned()
+    }
+
+    /// Encodes a JSON job for `topic` against the schema registered under
+    /// its subject: `version`, or the latest when `None`. See
+    /// [`crate::json_encode`] for the cache and the errors.
+    pub async fn encode_json(
+        &self,
+        topic: &str,
+        version: Option<u32>,
+        json: &serde_json::Value,
+    ) -> std::result::Result<crate::json_encode::JsonEncoded, crate::json_encode::JsonEncodeError>
+    {
+        self.json.encode(topic, version, json).await
     }
 
     /// Encodes a job with an already registered contract. Serializes straight

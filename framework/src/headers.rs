@@ -48,6 +48,20 @@ pub const TRACEPARENT: &str = "traceparent";
 /// W3C trace state.
 pub const TRACESTATE: &str = "tracestate";
 
+/// On a dead letter of a job enqueued from SQL (`kjob.enqueue`) that could
+/// not be encoded: `json`, because the payload is the job as the
+/// application wrote it, not Avro. `kjob dlq show` prints it as JSON and
+/// `kjob dlq retry` encodes it against the topic's latest contract before
+/// re-driving it. Kept in [`JobHeaders::extra`].
+pub const PAYLOAD_FORMAT: &str = "kjob-payload-format";
+/// On such a dead letter: the subject version the job was pinned to
+/// (`kjob.enqueue(version => N)`), if it was. Kept in [`JobHeaders::extra`].
+pub const SCHEMA_VERSION: &str = "kjob-schema-version";
+/// On such a dead letter: the outbox row it came from, `<table>:<row id>`,
+/// so an operator can find the row (and the transaction's other jobs).
+/// Kept in [`JobHeaders::extra`].
+pub const OUTBOX_ROW: &str = "kjob-outbox-row";
+
 /// Longest error message stored in a header. Stack traces and HTML error
 /// pages from downstreams would otherwise bloat every retry record.
 pub const MAX_ERROR_BYTES: usize = 1024;

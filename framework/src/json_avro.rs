@@ -1,6 +1,8 @@
 //! JSON to Avro against a schema, with errors that name the field.
 //!
-//! Used by `kjob enqueue`: an operator types a job as JSON, and a mistake
+//! Used by `kjob enqueue`, where an operator types a job as JSON, and by the
+//! outbox relay for jobs enqueued from SQL (`kjob.enqueue`, see
+//! [`crate::json_encode`]): a mistake
 //! must come back as "`order.items[2].qty`: expected an int, got the string
 //! \"two\"", not as the Avro library's "Invalid value ... for schema ...",
 //! which names neither the field nor the fix. The conversion walks the
@@ -43,6 +45,69 @@ pub fn to_datum(schema: &Schema, json: &Json) -> Result<Vec<u8>, Mismatch> {
             path: String::new(),
             reason: format!("Avro refused the value: {e}"),
         })
+}
+
+/// A schema prepared for many conversions: its named types are collected
+/// and its datum writer is built once, not per job (building a writer
+/// resolves every named type, which costs more than writing a small job).
+/// The outbox relay keeps one per registered contract.
+#[ouroboros::self_referencing]
+pub struct PreparedSchema {
+    schema: Schema,
+    #[borrows(schema)]
+    #[covariant]
+    names: HashMap<Name, &'this Schema>,
+    #[borrows(schema)]
+    #[covariant]
+    writer: Option<apache_avro::writer::datum::GenericDatumWriter<'this>>,
+}
+
+impl PreparedSchema {
+    /// Prepares `schema`.
+    pub fn prepare(schema: Schema) -> Self {
+        PreparedSchemaBuilder {
+            schema,
+            names_builder: |s: &Schema| {
+                let mut names = HashMap::new();
+                collect_names(s, &mut names);
+                names
+            },
+            writer_builder: |s: &Schema| {
+                apache_avro::writer::datum::GenericDatumWriter::builder(s)
+                    .build()
+                    .ok()
+            },
+        }
+        .build()
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &Schema {
+        self.borrow_schema()
+    }
+
+    /// [`to_datum`] without redoing the preparation.
+    pub fn to_datum(&self, json: &Json) -> Result<Vec<u8>, Mismatch> {
+        let value = convert(self.borrow_schema(), json, "", self.borrow_names())?;
+        let written = match self.borrow_writer() {
+            Some(w) => w.write_value_to_vec(value),
+            None => apache_avro::writer::datum::GenericDatumWriter::builder(self.borrow_schema())
+                .build()
+                .and_then(|w| w.write_value_to_vec(value)),
+        };
+        written.map_err(|e| Mismatch {
+            path: String::new(),
+            reason: format!("Avro refused the value: {e}"),
+        })
+    }
+}
+
+impl std::fmt::Debug for PreparedSchema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedSchema")
+            .field("schema", &type_name(self.borrow_schema()))
+            .finish()
+    }
 }
 
 /// Converts `json` to an Avro value of `schema` (a parsed schema whose
@@ -399,6 +464,18 @@ mod tests {
         assert!(matches!(v, Value::Record(_)));
         assert!(to_datum(&s, &json!({"id":"o1","qty":2,"note":{"string":"hi"}})).is_ok());
         assert!(to_datum(&s, &json!({"id":"o1","qty":2,"note":"hi"})).is_ok());
+    }
+
+    #[test]
+    fn a_prepared_schema_writes_what_to_datum_writes() {
+        let prepared = PreparedSchema::prepare(schema());
+        let job = json!({"id":"o1","qty":2,"items":[{"sku":"x","n":1}]});
+        assert_eq!(prepared.to_datum(&job), to_datum(&schema(), &job));
+        let m = prepared
+            .to_datum(&json!({"id":"o1"}))
+            .err()
+            .unwrap_or_else(|| panic!("accepted a job without qty"));
+        assert_eq!(m.path, "qty");
     }
 
     #[test]

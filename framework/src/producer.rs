@@ -92,6 +92,90 @@ pub(crate) async fn prepare_job<J: Job>(
     })
 }
 
+/// Whether a delayed job's delay topics exist and keep records long
+/// enough, with their `retention.ms` cached for [`RETENTION_CACHE`], so a
+/// burst of delayed enqueues asks the cluster once a minute, not per job.
+/// Shared by [`Producer::check_delay_topics`] and the outbox relay (which
+/// checks with its plain connection settings: the relay's producer
+/// settings do not make an admin client).
+#[derive(Clone)]
+pub(crate) struct DelayTopicCheck {
+    config: KafkaConfig,
+    /// An async lock: concurrent delayed enqueues wait for one reading
+    /// instead of each asking the cluster.
+    retention: Arc<tokio::sync::Mutex<HashMap<String, (Instant, i64)>>>,
+}
+
+impl DelayTopicCheck {
+    pub(crate) fn new(config: &KafkaConfig) -> Self {
+        Self {
+            config: config.clone(),
+            retention: Arc::default(),
+        }
+    }
+
+    /// See [`Producer::check_delay_topics`].
+    pub(crate) async fn check(&self, main: &str, now_ms: i64, run_at_ms: i64) -> Result<()> {
+        let mut buckets = delay::path(now_ms, run_at_ms);
+        buckets.sort_unstable();
+        buckets.dedup();
+        let err = |reason| Error::Delay {
+            topic: main.to_string(),
+            reason,
+        };
+        let topics: Vec<(usize, String)> = buckets
+            .iter()
+            .map(|b| (*b, delay::delay_topic(main, *b)))
+            .collect();
+        let mut cache = self.retention.lock().await;
+        let unknown: Vec<String> = {
+            topics
+                .iter()
+                .filter(|(_, t)| {
+                    cache
+                        .get(t)
+                        .is_none_or(|(at, _)| at.elapsed() >= RETENTION_CACHE)
+                })
+                .map(|(_, t)| t.clone())
+                .collect()
+        };
+        if !unknown.is_empty() {
+            let config = self.config.clone();
+            let names = unknown.clone();
+            let counts = tokio::task::spawn_blocking(move || {
+                crate::topics::partition_counts(&config, &names)
+            })
+            .await
+            .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
+            if let Some((t, _)) = unknown.iter().zip(&counts).find(|(_, c)| c.is_none()) {
+                return Err(err(DelayError::NoTopic {
+                    topic: t.clone(),
+                    main: main.to_string(),
+                }));
+            }
+            let read = crate::topics::retention_ms(&self.config, &unknown).await;
+            for (t, r) in unknown.iter().zip(read) {
+                match r {
+                    Ok(ms) => {
+                        cache.insert(t.clone(), (Instant::now(), ms));
+                    }
+                    Err(reason) => {
+                        return Err(err(DelayError::RetentionUnknown {
+                            topic: t.clone(),
+                            reason,
+                        }))
+                    }
+                }
+            }
+        }
+        for (b, t) in &topics {
+            let ms = cache.get(t).map_or(-1, |(_, ms)| *ms);
+            delay::check_retention(t, *b, ms).map_err(err)?;
+        }
+        Ok(())
+    }
+}
+
 /// Where an enqueued job landed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Enqueued {
@@ -120,12 +204,8 @@ pub struct Producer {
     codec: Arc<Codec>,
     delivery_timeout: Duration,
     bootstrap: String,
-    config: KafkaConfig,
-    /// Delay topics' `retention.ms`, as read (and when), so a burst of
-    /// delayed enqueues asks the cluster once a minute, not per job.
-    /// An async lock: concurrent delayed enqueues wait for one reading
-    /// instead of each asking the cluster.
-    retention: Arc<tokio::sync::Mutex<HashMap<String, (Instant, i64)>>>,
+    /// Delay topics' existence and `retention.ms`, cached.
+    delay_topics: DelayTopicCheck,
 }
 
 /// How long a delay topic's retention, once read, is trusted.
@@ -183,8 +263,7 @@ impl Producer {
             codec,
             delivery_timeout: timeout,
             bootstrap: config.bootstrap_servers.clone(),
-            config: config.clone(),
-            retention: Arc::default(),
+            delay_topics: DelayTopicCheck::new(config),
         })
     }
 
@@ -400,63 +479,7 @@ impl Producer {
     /// enqueued now for `run_at_ms` passes through exists and keeps records
     /// long enough ([`delay::check_retention`]).
     pub async fn check_delay_topics(&self, main: &str, now_ms: i64, run_at_ms: i64) -> Result<()> {
-        let mut buckets = delay::path(now_ms, run_at_ms);
-        buckets.sort_unstable();
-        buckets.dedup();
-        let err = |reason| Error::Delay {
-            topic: main.to_string(),
-            reason,
-        };
-        let topics: Vec<(usize, String)> = buckets
-            .iter()
-            .map(|b| (*b, delay::delay_topic(main, *b)))
-            .collect();
-        let mut cache = self.retention.lock().await;
-        let unknown: Vec<String> = {
-            topics
-                .iter()
-                .filter(|(_, t)| {
-                    cache
-                        .get(t)
-                        .is_none_or(|(at, _)| at.elapsed() >= RETENTION_CACHE)
-                })
-                .map(|(_, t)| t.clone())
-                .collect()
-        };
-        if !unknown.is_empty() {
-            let config = self.config.clone();
-            let names = unknown.clone();
-            let counts = tokio::task::spawn_blocking(move || {
-                crate::topics::partition_counts(&config, &names)
-            })
-            .await
-            .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
-            if let Some((t, _)) = unknown.iter().zip(&counts).find(|(_, c)| c.is_none()) {
-                return Err(err(DelayError::NoTopic {
-                    topic: t.clone(),
-                    main: main.to_string(),
-                }));
-            }
-            let read = crate::topics::retention_ms(&self.config, &unknown).await;
-            for (t, r) in unknown.iter().zip(read) {
-                match r {
-                    Ok(ms) => {
-                        cache.insert(t.clone(), (Instant::now(), ms));
-                    }
-                    Err(reason) => {
-                        return Err(err(DelayError::RetentionUnknown {
-                            topic: t.clone(),
-                            reason,
-                        }))
-                    }
-                }
-            }
-        }
-        for (b, t) in &topics {
-            let ms = cache.get(t).map_or(-1, |(_, ms)| *ms);
-            delay::check_retention(t, *b, ms).map_err(err)?;
-        }
-        Ok(())
+        self.delay_topics.check(main, now_ms, run_at_ms).await
     }
 
     /// Enqueues many jobs concurrently (librdkafka batches them) and returns

@@ -255,6 +255,18 @@ pub enum Registration {
     },
 }
 
+/// One registered version of a subject, as
+/// [`RegistryClient::subject_version`] returns it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct SubjectVersion {
+    /// The schema id records written with it carry.
+    pub id: u32,
+    /// The version number within the subject (1, 2, ...).
+    pub version: u32,
+    /// The schema text.
+    pub schema: String,
+}
+
 #[derive(Deserialize)]
 struct SchemaBody {
     schema: String,
@@ -467,6 +479,35 @@ impl RegistryClient {
             return Err(self.unexpected(status, &body, &during));
         }
         Ok(self.parse::<SchemaBody>(&body, &during)?.schema)
+    }
+
+    /// `GET /subjects/{subject}/versions/{version}` (or `.../latest` when
+    /// `version` is `None`): the schema, its id and its version number, or
+    /// `None` when the registry answers 404 (no such subject, or no such
+    /// version). The outbox relay encodes JSON jobs against it: the id is
+    /// what the record's frame carries.
+    pub async fn subject_version(
+        &self,
+        subject: &str,
+        version: Option<u32>,
+    ) -> Result<Option<SubjectVersion>> {
+        let which = version.map_or_else(|| "latest".to_string(), |v| v.to_string());
+        let during = format!("fetching `{subject}` version {which}");
+        let (status, body) = self
+            .call(
+                Method::GET,
+                &format!("/subjects/{subject}/versions/{which}"),
+                None,
+                &during,
+            )
+            .await?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(self.unexpected(status, &body, &during));
+        }
+        self.parse::<SubjectVersion>(&body, &during).map(Some)
     }
 
     /// `GET /config/{subject}`: the subject's own level, `None` when it has

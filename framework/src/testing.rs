@@ -587,6 +587,7 @@ impl Harness {
             ErrorClass::DecodeBody,
             ErrorClass::DecodeIncompatible,
             ErrorClass::ForwardRejected,
+            ErrorClass::OutboxEncode,
         ]
         .into_iter()
         .find(|c| c.as_str() == class)

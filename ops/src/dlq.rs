@@ -189,6 +189,14 @@ pub async fn show(config: &KafkaConfig, topic: &str, at: Coordinates) -> Result<
         (None, Some(where_)) => serde_json::json!({
             "omitted": format!("the broker refused the full record; the original ({where_}) can still be read there until that topic's retention removes it"),
         }),
+        // A job enqueued from SQL that did not fit its contract: the JSON as
+        // the application wrote it (`kjob dlq retry` encodes it first).
+        (Some(bytes), None) if kjob::dlq::redrive::is_json(&d) => {
+            match serde_json::from_slice::<serde_json::Value>(bytes) {
+                Ok(v) => v,
+                Err(e) => undecodable(&format!("marked JSON but does not parse: {e}"), Some(bytes)),
+            }
+        }
         _ => match codec.decode_to_json(d.payload.as_deref()).await {
             Ok(v) => v,
             Err(e) => undecodable(&e.to_string(), d.payload.as_deref()),
@@ -211,6 +219,7 @@ pub async fn show(config: &KafkaConfig, topic: &str, at: Coordinates) -> Result<
         "key": d.key,
         "failed_at": format_ms(d.timestamp_ms),
         "headers": headers,
+        "payload_format": if kjob::dlq::redrive::is_json(&d) { "json" } else { "avro" },
         "payload": payload,
         "audit": audit.get(&at),
     }))

@@ -856,3 +856,4 @@ mod tests {
         );
     }
 }
+pub mod sql_enqueue;

@@ -168,7 +168,8 @@ impl Fixture {
         let _ = self
             .client
             .batch_execute(&format!(
-                "DROP TABLE IF EXISTS {t}, {t}_counters, {t}_commits"
+                "DROP TABLE IF EXISTS {t}, {t}_counters, {t}_commits; DROP SCHEMA IF EXISTS {} CASCADE",
+                self.outbox.outbox_table().functions_schema()
             ))
             .await;
     }

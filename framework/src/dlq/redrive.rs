@@ -5,6 +5,18 @@
 //! acknowledgement, and only then writes the audit entry that removes it
 //! from the unresolved list. A crash in between leaves the dead letter
 //! listed (and re-drivable again): a possible duplicate, never a loss.
+//!
+//! **JSON dead letters.** A job enqueued from SQL (`kjob.enqueue`) that the
+//! outbox relay could not encode is dead-lettered as the JSON the
+//! application wrote ([`headers::PAYLOAD_FORMAT`] `json`, class
+//! `outbox.encode`): its contract did not fit it. Re-driving it as is would
+//! hand a worker bytes it cannot decode, so a re-drive first encodes it
+//! again, against the **latest** version registered under the main topic's
+//! subject: the fix for "missing field" or "no such field" is a new version
+//! of the contract (a default, the new field), and a pinned version never
+//! changes. If it still does not fit, the re-drive fails with the field
+//! named and the dead letter stays unresolved. When the data was wrong
+//! instead, enqueue a corrected job and `kjob dlq resolve` this one.
 
 use rdkafka::message::OwnedHeaders;
 
@@ -12,7 +24,7 @@ use super::store::{AuditEntry, Coordinates, DeadLetter};
 use crate::config::KafkaConfig;
 use crate::dlq::now_ms;
 use crate::error::{Error, Result};
-use crate::headers::JobHeaders;
+use crate::headers::{self, JobHeaders};
 use crate::producer::Producer;
 use crate::retry::discover_tiers;
 use crate::topics::{
@@ -118,12 +130,21 @@ pub async fn redrive(
     by: &str,
 ) -> Result<()> {
     let to_tier = target != main;
+    let json = if is_json(d) {
+        Some(encode_json_letter(producer, main, d).await?)
+    } else {
+        None
+    };
+    let (payload, letter) = match &json {
+        Some((bytes, letter)) => (Some(bytes.as_slice()), letter),
+        None => (d.payload.as_deref(), d),
+    };
     producer
         .send_raw(
             target,
             d.key.as_deref().map(str::as_bytes),
-            d.payload.as_deref(),
-            redrive_headers(d, main, to_tier),
+            payload,
+            redrive_headers(letter, main, to_tier),
         )
         .await?;
     audit
@@ -138,6 +159,45 @@ pub async fn redrive(
             },
         )
         .await
+}
+
+/// Whether `d` holds a JSON job (see the [module docs](self)).
+pub fn is_json(d: &DeadLetter) -> bool {
+    d.headers
+        .extra
+        .iter()
+        .any(|(k, v)| k == headers::PAYLOAD_FORMAT && v.as_slice() == b"json")
+}
+
+/// Encodes a JSON dead letter against the latest contract of `main`, and
+/// the dead letter as it reads once its payload is Avro (the JSON-only
+/// headers removed; the failure history kept).
+async fn encode_json_letter(
+    producer: &Producer,
+    main: &str,
+    d: &DeadLetter,
+) -> Result<(Vec<u8>, DeadLetter)> {
+    let fail = |message: String| Error::Encode {
+        job: d.headers.job.clone().unwrap_or_else(|| main.to_string()),
+        message: format!("dead letter {}: {message}", d.at),
+    };
+    let job: serde_json::Value = serde_json::from_slice(d.payload.as_deref().unwrap_or(b""))
+        .map_err(|e| {
+            fail(format!(
+                "its payload is marked JSON but does not parse: {e}"
+            ))
+        })?;
+    let encoded = producer
+        .codec()
+        .encode_json(main, None, &job)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let mut letter = d.clone();
+    letter
+        .headers
+        .extra
+        .retain(|(k, _)| k != headers::PAYLOAD_FORMAT && k != headers::SCHEMA_VERSION);
+    Ok((encoded.bytes, letter))
 }
 
 /// Marks a dead letter as handled without re-driving it.

@@ -7,7 +7,7 @@
 //! | `kjob_outbox_lag_seconds` | gauge | `table` | age of the oldest unsent row: alert on this |
 //! | `kjob_outbox_unsent` | gauge | `table` | rows waiting (counted up to 100 000) |
 //! | `kjob_outbox_published_total` | counter | `table` | rows acknowledged and marked; `rate()` is rows/s |
-//! | `kjob_outbox_publish_errors_total` | counter | `table`, `reason` | `delivery` (a row the broker refused), `stalled` (10 s without an ack), `database` |
+//! | `kjob_outbox_publish_errors_total` | counter | `table`, `reason` | `delivery` (a row the broker refused), `stalled` (10 s without an ack), `database`, `encode` (a JSON job that does not fit its contract, dead-lettered) |
 //! | `kjob_outbox_buckets_held` | gauge | `table` | key buckets this relay publishes |
 //! | `kjob_outbox_relays` | gauge | `table` | relays connected to the table |
 //!
@@ -168,7 +168,7 @@ impl OutboxMetrics {
         self.published.add(n, std::slice::from_ref(&self.table));
     }
 
-    /// `n` errors of `reason` (`delivery`, `stalled`, `database`).
+    /// `n` errors of `reason` (`delivery`, `stalled`, `database`, `encode`).
     pub fn error(&self, reason: &'static str, n: u64) {
         self.errors
             .add(n, &[self.table.clone(), KeyValue::new("reason", reason)]);

@@ -17,6 +17,12 @@
 //! tx.commit().await?;   // order and job together, or neither
 //! ```
 //!
+//! **Applications not written in Rust** enqueue with one SQL call inside
+//! their own transaction, `SELECT kjob.enqueue(topic => ..., key => ...,
+//! job => '{...}'::jsonb)`, which [`migrate`] installs: same table, same key
+//! lock, same relay, the JSON encoded by the relay against the topic's
+//! registered contract. See [`sql_api`].
+//!
 //! # Per-key commit order
 //!
 //! Kafka consumers see a key's jobs in partition order, so the relay must
@@ -125,8 +131,12 @@
 //! `kjob_outbox_buckets_held`, `kjob_outbox_relays`. `kjob outbox status` and
 //! `kjob status --database-url` show the same from the database.
 
+mod delivery;
 mod metrics;
+mod prepare;
 mod relay;
+mod rows;
+pub mod sql_api;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -238,6 +248,7 @@ pub struct OutboxTable {
     channel: String,
     key_class: i32,
     relay_class: i32,
+    functions: String,
 }
 
 impl OutboxTable {
@@ -267,9 +278,24 @@ impl OutboxTable {
             channel: name.replace('.', "__"),
             key_class: positive_i32(fnv64(format!("kjob:key:{name}").as_bytes())),
             relay_class: positive_i32(fnv64(format!("kjob:relay:{name}").as_bytes())),
+            functions: sql_api::default_schema(&name),
             unqualified,
             name,
         })
+    }
+
+    /// Installs the SQL enqueue functions ([`sql_api`]) into schema `name`
+    /// instead of the default (`kjob` for [`DEFAULT_TABLE`], `kjob_<table>`
+    /// for any other table, so each table's functions write to it alone).
+    pub fn with_functions_schema(mut self, name: &str) -> Result<Self, OutboxError> {
+        self.functions = sql_api::validate_schema(name)?;
+        Ok(self)
+    }
+
+    /// The schema holding this table's SQL enqueue functions
+    /// (`<schema>.enqueue`, `<schema>.enqueue_many`).
+    pub fn functions_schema(&self) -> &str {
+        &self.functions
     }
 
     /// The (possibly schema-qualified) table name.
@@ -303,11 +329,12 @@ impl Default for OutboxTable {
 }
 
 /// The migration for `table`: the text of `schema.sql` with the table name
-/// filled in. Idempotent.
+/// filled in, then the SQL enqueue functions of [`sql_api`]. Idempotent.
 pub fn migration_sql(table: &OutboxTable) -> String {
-    SCHEMA_SQL
+    let tables = SCHEMA_SQL
         .replace("{table}", &table.name)
-        .replace("{name}", &table.unqualified)
+        .replace("{name}", &table.unqualified);
+    format!("{tables}\n{}", sql_api::sql(table))
 }
 
 /// Applies [`migration_sql`] in one transaction, serialised so deploys that
@@ -674,7 +701,21 @@ mod tests {
         let sql = migration_sql(&t);
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS app.jobs_outbox ("));
         assert!(sql.contains("CREATE INDEX IF NOT EXISTS jobs_outbox_unsent ON app.jobs_outbox"));
-        assert!(!sql.contains('{'), "every placeholder is replaced");
+        for placeholder in [
+            "{table}",
+            "{name}",
+            "{functions}",
+            "{key_class}",
+            "{channel}",
+        ] {
+            assert!(!sql.contains(placeholder), "{placeholder} is replaced");
+        }
+        assert!(sql.contains("CREATE OR REPLACE FUNCTION kjob_app_jobs_outbox.enqueue("));
+        assert!(sql.contains(&format!(
+            "pg_advisory_xact_lock({}, (h & 2147483647)::integer)",
+            t.key_class()
+        )));
+        assert!(sql.contains("pg_notify('app__jobs_outbox', '')"));
     }
 
     #[test]

@@ -13,18 +13,20 @@ use futures::StreamExt;
 use rand::seq::SliceRandom;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Notify;
-use tokio_postgres::types::Type;
-use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Statement};
+use tokio_postgres::{AsyncMessage, Client, Connection, NoTls};
 use tokio_util::sync::CancellationToken;
 
+use super::delivery::{collateral, plan, Outcome, Pending, Plan};
 use super::metrics::OutboxMetrics;
+use super::prepare::{prepare, Prepared};
+use super::rows::{Row, Statements};
 use super::{live_relays, OutboxError, OutboxTable, BUCKETS, PRESENCE_LOCK};
 use crate::codec::Codec;
 use crate::config::KafkaConfig;
-use crate::producer::{Producer, DEFAULT_DELIVERY_TIMEOUT};
+use crate::producer::{DelayTopicCheck, Producer, DEFAULT_DELIVERY_TIMEOUT};
 
 /// librdkafka settings the relay adds to the kjob producer's (`acks=all`,
 /// idempotence). A user's [`KafkaConfig::set`] still wins.
@@ -74,6 +76,10 @@ pub struct RelayStats {
     pub batches: AtomicU64,
     /// Buckets this relay holds now.
     pub buckets_held: AtomicUsize,
+    /// JSON rows that could not be encoded against their contract and
+    /// were dead-lettered (class `outbox.encode`); also counted in
+    /// `published` (the row is done).
+    pub dead_lettered: AtomicU64,
 }
 
 /// Publishes outbox rows to Kafka. Run it in its own process
@@ -91,6 +97,13 @@ pub struct Relay {
     metrics: OutboxMetrics,
     metrics_addr: Option<SocketAddr>,
     stats: Arc<RelayStats>,
+    /// Encodes JSON rows (shared by every producer the relay makes, so
+    /// fetched contracts survive a producer replacement). Made on first
+    /// use: a bad registry URL fails the run, not the constructor.
+    codec: Option<Arc<Codec>>,
+    /// Checks delayed rows' delay topics, with the plain connection
+    /// settings (the relay producer's own do not make an admin client).
+    delay_topics: DelayTopicCheck,
 }
 
 impl std::fmt::Debug for Relay {
@@ -114,6 +127,7 @@ impl Relay {
         let table = OutboxTable::default();
         Self {
             database_url: database_url.into(),
+            delay_topics: DelayTopicCheck::new(&kafka),
             kafka,
             metrics: OutboxMetrics::disabled(table.name()),
             table,
@@ -122,7 +136,15 @@ impl Relay {
             retention: Duration::from_secs(3600),
             metrics_addr: None,
             stats: Arc::default(),
+            codec: None,
         }
+    }
+
+    /// Encodes JSON rows with `codec` (for example the worker's), sharing
+    /// its registry client and cached contracts.
+    pub fn with_codec(mut self, codec: Arc<Codec>) -> Self {
+        self.codec = Some(codec);
+        self
     }
 
     /// Relays `name` instead of `kjob_outbox` (it must match the
@@ -204,7 +226,7 @@ impl Relay {
         }
     }
 
-    fn producer(&self) -> Result<Producer, OutboxError> {
+    fn producer(&self, codec: &Arc<Codec>) -> Result<Producer, OutboxError> {
         let mut config = self.kafka.clone();
         for (k, v) in RELAY_DEFAULTS {
             config
@@ -212,18 +234,22 @@ impl Relay {
                 .entry((*k).to_string())
                 .or_insert_with(|| (*v).to_string());
         }
-        // The relay never encodes: the rows hold finished payloads. The
-        // codec is only there because a Producer carries one.
-        let codec = Arc::new(Codec::new(&self.kafka.schema_registry_url)?);
         Ok(Producer::with_codec(
             &config,
-            codec,
+            codec.clone(),
             DEFAULT_DELIVERY_TIMEOUT,
         )?)
     }
 
-    async fn run_cancellable(self, cancel: CancellationToken) -> Result<(), OutboxError> {
-        let mut producer = self.producer()?;
+    async fn run_cancellable(mut self, cancel: CancellationToken) -> Result<(), OutboxError> {
+        // The codec encodes JSON rows against the registry's contracts
+        // (Avro rows hold finished payloads).
+        let codec = match self.codec.take() {
+            Some(codec) => codec,
+            None => Arc::new(Codec::from_config(&self.kafka)?),
+        };
+        self.codec = Some(codec.clone());
+        let mut producer = self.producer(&codec)?;
         let _endpoint_stop = cancel.clone().drop_guard();
         // Only set when `metrics_endpoint` built an exporter, which needs
         // the `metrics-http` feature.
@@ -330,10 +356,11 @@ impl Relay {
                 continue;
             }
             let batch = rows.iter().map(Row::read).collect::<Result<Vec<_>, _>>()?;
-            let Some(outcomes) = self.publish(producer, &batch, cancel).await else {
+            let Some((outcomes, notes)) = self.publish(producer, &batch, cancel).await else {
                 continue; // cancelled: unmarked rows go to the next relay
             };
-            self.settle(&client, &s, producer, &batch, outcomes).await?;
+            self.settle(&client, &s, producer, &batch, outcomes, notes)
+                .await?;
         }
     }
 
@@ -400,15 +427,21 @@ impl Relay {
         Ok(())
     }
 
-    /// Produces the batch in id order and waits for every acknowledgement.
+    /// Prepares each row ([`prepare`]: JSON encoded, delayed jobs to their
+    /// delay topic, unencodable ones to the DLQ), produces the batch in id
+    /// order and waits for every acknowledgement. Returns each row's
+    /// outcome and, for a dead letter, the note to leave on its row.
     /// `None` if cancelled meanwhile.
     async fn publish(
         &self,
         producer: &Producer,
         batch: &[Row],
         cancel: &CancellationToken,
-    ) -> Option<Vec<Outcome>> {
+    ) -> Option<(Vec<Outcome>, Vec<Option<String>>)> {
         let mut pending = Vec::with_capacity(batch.len());
+        let mut notes = Vec::with_capacity(batch.len());
+        let codec = producer.codec().clone();
+        let now_ms = crate::clock::now_ms();
         // Keys with a row librdkafka refused to queue (say, too large), or
         // with a row being retried: their later rows are not sent in this
         // batch, so none lands before it.
@@ -416,6 +449,7 @@ impl Relay {
         for row in batch {
             if refused.contains(row.key.as_str()) {
                 pending.push(Pending::HeldBack);
+                notes.push(None);
                 continue;
             }
             if row.attempts > 0 {
@@ -425,16 +459,26 @@ impl Relay {
                 // the producer, and that later row would land first.
                 refused.insert(row.key.as_str());
             }
-            let mut headers = OwnedHeaders::new_with_capacity(row.headers.len());
-            for (k, v) in &row.headers {
+            let out = match prepare(row, &codec, &self.delay_topics, &self.table, now_ms).await {
+                Prepared::Send(out) => out,
+                Prepared::Defer(reason) => {
+                    refused.insert(row.key.as_str());
+                    pending.push(Pending::Deferred(reason));
+                    notes.push(None);
+                    continue;
+                }
+            };
+            notes.push(out.dead_letter.clone());
+            let mut headers = OwnedHeaders::new_with_capacity(out.headers.len());
+            for (k, v) in &out.headers {
                 headers = headers.insert(Header {
                     key: k.as_str(),
                     value: Some(v.as_bytes()),
                 });
             }
-            let mut record = FutureRecord::to(&row.topic)
+            let mut record = FutureRecord::to(&out.topic)
                 .key(row.key.as_bytes())
-                .payload(row.payload.as_slice())
+                .payload(out.payload.as_slice())
                 .headers(headers);
             loop {
                 match producer.raw().send_result(record) {
@@ -469,6 +513,7 @@ impl Relay {
                 },
                 Pending::Refused(e) => Outcome::Failed(e),
                 Pending::HeldBack => Outcome::HeldBack,
+                Pending::Deferred(e) => Outcome::Deferred(e),
             }
         }));
         tokio::pin!(all);
@@ -488,7 +533,7 @@ impl Relay {
                 () = cancel.cancelled() => return None,
             }
         };
-        Some(results)
+        Some((results, notes))
     }
 
     /// Marks what may be marked: per key, the rows up to its first failure.
@@ -500,6 +545,7 @@ impl Relay {
         producer: &mut Producer,
         batch: &[Row],
         outcomes: Vec<Outcome>,
+        notes: Vec<Option<String>>,
     ) -> Result<(), OutboxError> {
         let Plan {
             done,
@@ -507,6 +553,30 @@ impl Relay {
             first_error,
             fresh_producer,
         } = plan(batch.iter().map(|r| (r.id, r.key.as_str())), outcomes);
+        let done_set: HashSet<i64> = done.iter().copied().collect();
+        let (noted, texts): (Vec<i64>, Vec<String>) = batch
+            .iter()
+            .zip(notes)
+            .filter(|(r, _)| done_set.contains(&r.id))
+            .filter_map(|(r, n)| n.map(|n| (r.id, n)))
+            .unzip();
+        if !noted.is_empty() {
+            self.stats
+                .dead_lettered
+                .fetch_add(noted.len() as u64, Ordering::Relaxed);
+            self.metrics.error("encode", noted.len() as u64);
+            tracing::warn!(
+                rows = noted.len(),
+                first = texts.first().map_or("", String::as_str),
+                "outbox relay: JSON jobs that do not fit their contract were dead-lettered"
+            );
+            if !self.retention.is_zero() {
+                client
+                    .execute(&s.note, &[&noted, &texts])
+                    .await
+                    .map_err(OutboxError::db("noting dead-lettered outbox rows"))?;
+            }
+        }
         if !done.is_empty() {
             client
                 .execute(&s.mark, &[&done])
@@ -533,7 +603,8 @@ impl Relay {
             // A failed delivery may have been fatal (gapless guarantee):
             // start from a fresh producer. Dropping the old one purges and
             // flushes (up to 500 ms): off the async runtime.
-            let old = std::mem::replace(producer, self.producer()?);
+            let codec = producer.codec().clone();
+            let old = std::mem::replace(producer, self.producer(&codec)?);
             tokio::task::spawn_blocking(move || drop(old));
         }
         Ok(())
@@ -556,209 +627,6 @@ impl Relay {
             tracing::debug!(rows = deleted_total, "outbox retention cleanup");
         }
         Ok(())
-    }
-}
-
-/// What to record after a batch.
-#[derive(Debug, PartialEq, Eq)]
-struct Plan {
-    /// Rows to mark sent: per key, those acknowledged before its first
-    /// failure.
-    done: Vec<i64>,
-    /// Rows whose publish failed (they and the rest of their key wait).
-    failed: Vec<i64>,
-    /// The first failure's message.
-    first_error: Option<String>,
-    /// Whether the producer may be fatal now and must be replaced.
-    fresh_producer: bool,
-}
-
-/// Decides, from the batch (id order) and each row's outcome, which rows may
-/// be marked sent. A row acknowledged after an earlier row of its key failed
-/// is *not* marked: it is published again after that one, so the first
-/// occurrences in Kafka stay in commit order.
-fn plan<'a>(rows: impl IntoIterator<Item = (i64, &'a str)>, outcomes: Vec<Outcome>) -> Plan {
-    let mut failed_keys: HashSet<&str> = HashSet::new();
-    let mut out = Plan {
-        done: Vec::new(),
-        failed: Vec::new(),
-        first_error: None,
-        fresh_producer: false,
-    };
-    for ((id, key), outcome) in rows.into_iter().zip(outcomes) {
-        match outcome {
-            Outcome::Acked if !failed_keys.contains(key) => out.done.push(id),
-            Outcome::Acked | Outcome::HeldBack => {}
-            Outcome::Collateral => out.fresh_producer = true,
-            Outcome::Failed(e) => {
-                out.fresh_producer = true;
-                failed_keys.insert(key);
-                out.failed.push(id);
-                out.first_error.get_or_insert(e);
-            }
-        }
-    }
-    out
-}
-
-/// A produced record awaiting its acknowledgement, one librdkafka refused
-/// to queue, or one not sent because an earlier row of its key was refused.
-enum Pending {
-    Sent(DeliveryFuture),
-    Refused(String),
-    HeldBack,
-}
-
-/// What became of one row of a batch.
-#[derive(Debug)]
-enum Outcome {
-    /// The broker acknowledged it.
-    Acked,
-    /// Not published; the reason.
-    Failed(String),
-    /// Not sent: an earlier row of its key failed. It waits for that row.
-    HeldBack,
-    /// Failed because the producer died of another row's error (or of its
-    /// own fatal state): sent again with the next batch, no backoff.
-    Collateral,
-}
-
-/// Whether a delivery error is another row's doing: once one row's failure
-/// made the producer fatal (gapless guarantee), every other queued or
-/// in-flight record fails with these codes. Such rows are simply sent
-/// again with the next batch, without a backoff, so a refused row cannot
-/// hold other keys hostage.
-fn collateral(e: &KafkaError) -> bool {
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::Fatal
-                | RDKafkaErrorCode::PurgeQueue
-                | RDKafkaErrorCode::PurgeInflight
-                | RDKafkaErrorCode::GaplessGuarantee
-        )
-    )
-}
-
-/// One unsent row.
-struct Row {
-    id: i64,
-    /// Failed publish attempts so far.
-    attempts: i32,
-    topic: String,
-    key: String,
-    payload: Vec<u8>,
-    headers: Vec<(String, String)>,
-}
-
-impl Row {
-    fn read(row: &tokio_postgres::Row) -> Result<Self, OutboxError> {
-        let e = OutboxError::db;
-        let headers: serde_json::Value = row.try_get("headers").map_err(e("reading headers"))?;
-        let headers = match headers {
-            serde_json::Value::Object(map) => map
-                .into_iter()
-                .map(|(k, v)| match v {
-                    serde_json::Value::String(s) => (k, s),
-                    other => (k, other.to_string()),
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
-        Ok(Self {
-            id: row.try_get("id").map_err(e("reading id"))?,
-            attempts: row.try_get("attempts").map_err(e("reading attempts"))?,
-            topic: row.try_get("topic").map_err(e("reading topic"))?,
-            key: row.try_get("key").map_err(e("reading key"))?,
-            payload: row.try_get("payload").map_err(e("reading payload"))?,
-            headers,
-        })
-    }
-}
-
-struct Statements {
-    select: Statement,
-    mark: Statement,
-    fail: Statement,
-    cleanup: Statement,
-}
-
-impl Statements {
-    async fn prepare(
-        client: &Client,
-        table: &OutboxTable,
-        delete_on_send: bool,
-    ) -> Result<Self, OutboxError> {
-        let t = table.name();
-        let prep = |sql: String, types: &'static [Type]| async move {
-            client.prepare_typed(&sql, types).await.map_err(|e| {
-                if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) {
-                    OutboxError::NotMigrated {
-                        table: t.to_string(),
-                    }
-                } else {
-                    OutboxError::db(format!("preparing outbox statements on `{t}`"))(e)
-                }
-            })
-        };
-        // A key with a failing row that is not due yet is held back as a
-        // whole, so nothing overtakes that row. `NOT IN` stays a hashed
-        // subplan (normally over zero rows) instead of becoming an anti-join,
-        // so the plan is always "walk the unsent index in id order, stop at
-        // the limit", whatever the statistics say.
-        let select = prep(
-            format!(
-                "SELECT id, topic, key, payload, headers, attempts FROM {t}
-                 WHERE sent_at IS NULL AND bucket = ANY($1)
-                   AND key NOT IN (
-                       SELECT key FROM {t}
-                       WHERE sent_at IS NULL AND retry_at > clock_timestamp())
-                 ORDER BY id LIMIT $2"
-            ),
-            &[Type::INT2_ARRAY, Type::INT8],
-        )
-        .await?;
-        let mark = if delete_on_send {
-            prep(
-                format!("DELETE FROM {t} WHERE id = ANY($1)"),
-                &[Type::INT8_ARRAY],
-            )
-            .await?
-        } else {
-            prep(
-                format!(
-                    "UPDATE {t} SET sent_at = clock_timestamp(), retry_at = NULL WHERE id = ANY($1)"
-                ),
-                &[Type::INT8_ARRAY],
-            )
-            .await?
-        };
-        let fail = prep(
-            format!(
-                "UPDATE {t} SET attempts = attempts + 1, last_error = left($2, 1024),
-                     retry_at = clock_timestamp()
-                         + make_interval(secs => least(60, 0.5 * power(2, least(attempts, 10))))
-                 WHERE id = ANY($1)"
-            ),
-            &[Type::INT8_ARRAY, Type::TEXT],
-        )
-        .await?;
-        let cleanup = prep(
-            format!(
-                "DELETE FROM {t} WHERE id IN (
-                     SELECT id FROM {t}
-                     WHERE sent_at < clock_timestamp() - make_interval(secs => $1)
-                     LIMIT $2)"
-            ),
-            &[Type::FLOAT8, Type::INT8],
-        )
-        .await?;
-        Ok(Self {
-            select,
-            mark,
-            fail,
-            cleanup,
-        })
     }
 }
 
@@ -869,53 +737,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_key_is_marked_only_up_to_its_first_failure() {
-        let rows = [(1, "a"), (2, "b"), (3, "a"), (4, "a"), (5, "b"), (6, "c")];
-        let outcomes = vec![
-            Outcome::Acked,
-            Outcome::Acked,
-            Outcome::Failed("refused".to_string()),
-            Outcome::Acked, // acked after a's failure: must not be marked
-            Outcome::Acked,
-            Outcome::Failed("later".to_string()),
-        ];
-        let p = plan(rows, outcomes);
-        assert_eq!(p.done, vec![1, 2, 5]);
-        assert_eq!(p.failed, vec![3, 6]);
-        assert_eq!(p.first_error.as_deref(), Some("refused"));
-        assert!(p.fresh_producer);
-    }
-
-    #[test]
-    fn held_back_rows_are_neither_marked_nor_counted_as_failures() {
-        let p = plan(
-            [(1, "a"), (2, "a"), (3, "b")],
-            vec![
-                Outcome::Failed("too large".into()),
-                Outcome::HeldBack,
-                Outcome::Acked,
-            ],
-        );
-        assert_eq!((p.done, p.failed), (vec![3], vec![1]));
-    }
-
-    #[test]
-    fn collateral_failures_are_resent_without_backoff_by_a_fresh_producer() {
-        let p = plan(
-            [(1, "a"), (2, "b")],
-            vec![Outcome::Collateral, Outcome::Collateral],
-        );
-        assert!(p.done.is_empty() && p.failed.is_empty());
-        assert!(p.fresh_producer, "a fatal producer is replaced");
-        assert!(collateral(&KafkaError::MessageProduction(
-            RDKafkaErrorCode::Fatal
-        )));
-        assert!(!collateral(&KafkaError::MessageProduction(
-            RDKafkaErrorCode::MessageSizeTooLarge
-        )));
-    }
-
-    #[test]
     fn debug_output_never_shows_the_database_password() {
         let relay = Relay::new(
             "postgres://app:s3cret@db.internal/shop",
@@ -924,19 +745,5 @@ mod tests {
         let printed = format!("{relay:?}");
         assert!(!printed.contains("s3cret"), "{printed}");
         assert!(printed.contains("kjob_outbox"), "{printed}");
-    }
-
-    #[test]
-    fn an_all_good_batch_marks_everything() {
-        let p = plan([(7, "a"), (8, "a")], vec![Outcome::Acked, Outcome::Acked]);
-        assert_eq!(
-            p,
-            Plan {
-                done: vec![7, 8],
-                failed: vec![],
-                first_error: None,
-                fresh_producer: false,
-            }
-        );
     }
 }
