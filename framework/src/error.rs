@@ -319,7 +319,7 @@ pub enum Error {
     /// A worker limit fired and the worker stopped gracefully (drained,
     /// committed, left the group); a supervisor should start a new one.
     #[error("worker limit reached: {0}; stopped gracefully, restart the worker")]
-    LimitReached(crate::worker::limits::Limit),
+    LimitReached(crate::worker::Limit),
 }
 
 impl Error {

@@ -32,7 +32,7 @@
 //! Start with the `orders` example and the README's Quickstart. The commit
 //! path lives in `offsets.rs` (the watermark) and [`worker`] (when it is
 //! committed: periodically, on revoke and on shutdown); the retry and DLQ
-//! decision in `routing.rs`, the forwards in [`retry`] and [`dlq`].
+//! decision in `worker/decision.rs`, the forwards in [`retry`] and [`dlq`].
 //!
 //! **What is for whom.** Handler crates need the root re-exports (or
 //! [`prelude`]), [`retry`], [`layers`], [`idempotency`] and, for tests,
@@ -66,7 +66,6 @@ pub mod producer;
 pub mod registry;
 pub mod replay;
 pub mod retry;
-pub(crate) mod routing;
 pub mod schedule;
 pub mod schema;
 pub mod telemetry;
@@ -81,8 +80,6 @@ pub use error::{Error, Result};
 pub use job::{Job, JobContext};
 pub use kjob_derive::Job;
 pub use producer::{Enqueued, Producer};
-#[allow(deprecated)]
-pub use worker::Ordering;
 pub use worker::{
     Ext, GroupProtocol, OrderingMode, Priority, State, Worker, WorkerBuilder, WorkerStats,
 };

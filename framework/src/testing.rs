@@ -8,7 +8,7 @@
 //! pause, due-time holds of retry tiers, the commit watermark), and each
 //! attempt through the worker's pipeline (Avro decoding with the contract
 //! schemas, the handler runner with panics and timeouts,
-//! `routing::next_step` deciding between done, retry tier and DLQ,
+//! `worker::decision::next_step` deciding between done, retry tier and DLQ,
 //! the same headers, forward-then-finish, and the parking of a strict-order
 //! route, [`WorkerBuilder::strict_order`]). Only the transport differs:
 //! topics (and a strict route's order state) are in-memory logs, and the

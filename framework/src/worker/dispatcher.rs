@@ -14,9 +14,9 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::hub::Hub;
 use super::park::Waiter;
 use super::pipeline::Pipeline;
-use super::poll::Hub;
 use super::polled::Polled;
 use super::scheduler::{Job, Ticket};
 use crate::dlq::now_ms;

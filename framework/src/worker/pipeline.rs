@@ -17,6 +17,7 @@ use rdkafka::message::{Message, OwnedHeaders};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
+use super::decision::{next_step, Next};
 use super::park::Waiter;
 use super::state::{RouteEntry, WorkerStats};
 use crate::classify::ErrorClass;
@@ -25,7 +26,6 @@ use crate::error::Result;
 use crate::headers::JobHeaders;
 use crate::job::JobContext;
 use crate::producer::Producer;
-use crate::routing::{next_step, Next};
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::spans::JobSpan;
 use crate::topics::dlq_topic;

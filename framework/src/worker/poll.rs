@@ -8,7 +8,8 @@
 //! `max.poll.interval.ms` stay healthy however slow handlers are.
 //!
 //! Completions do not travel back to this thread: a dispatcher reports the
-//! attempts that finished together to the scheduler itself ([`Hub::finished`],
+//! attempts that finished together to the scheduler itself (`Hub::finished`
+//! in `hub.rs`,
 //! one lock per batch) and runs the jobs that this released right away. A
 //! cheap job's slot is thus refilled without a hop between threads; only
 //! the consumer actions a completion causes (resuming a partition that was
@@ -31,9 +32,8 @@
 //! consumer: librdkafka keeps an application's pause across a revoke and a
 //! re-assignment, while the scheduler starts the partition afresh.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
@@ -42,17 +42,14 @@ use rdkafka::message::Message;
 
 use super::polled::Polled;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use tokio::sync::mpsc::UnboundedSender;
 use tracing::{debug, info, warn};
 
+use super::hub::{Core, Hub};
 use super::record::incoming;
-use super::scheduler::{Action, Incoming, Job, Scheduler, Ticket, Tp};
+use super::scheduler::{Action, Incoming, Tp};
 use super::state::{RouteEntry, Settings, WorkerStats};
 use crate::dlq::now_ms;
 use crate::telemetry::metrics::Metrics;
-
-/// Completions, batched by the dispatcher that ran them.
-pub(crate) type Done = Vec<(Ticket, bool)>;
 
 /// Most records taken from the consumer per turn: large enough to amortise
 /// the lock and the wake-ups, small enough to keep completions flowing.
@@ -62,204 +59,6 @@ const MAX_BATCH: usize = 1024;
 /// consumer actions completions caused are carried out promptly. New
 /// records end the wait at once.
 const BUSY_WAIT: Duration = Duration::from_millis(2);
-
-/// The scheduler and what goes with it, behind the [`Hub`]'s lock. Taken
-/// once per poll turn, rebalance callback or completion batch, never per
-/// record.
-pub(crate) struct Core {
-    pub sched: Scheduler<Polled>,
-    /// Partitions kjob paused on the consumer and has not resumed since.
-    pub applied_pause: HashSet<Tp>,
-    /// Actions of an assignment, applied once it is in effect.
-    pub post_assign: Vec<Action<Polled>>,
-    /// Consumer actions that completions caused, for the poll thread.
-    deferred: Vec<Action<Polled>>,
-    /// Threads waiting for running jobs to finish (revoke, shutdown).
-    waiters: usize,
-    /// Parked jobs waiting for a slot, and how to tell each it has one.
-    grants: rustc_hash::FxHashMap<Ticket, tokio::sync::oneshot::Sender<()>>,
-}
-
-/// What the poll thread and the dispatchers share.
-pub(crate) struct Hub {
-    core: Mutex<Core>,
-    /// Signalled after completions while someone waits for them.
-    progress: Condvar,
-    dispatch: Dispatch,
-}
-
-impl Hub {
-    pub(crate) fn new(
-        sched: Scheduler<Polled>,
-        senders: Vec<UnboundedSender<Vec<Job<Polled>>>>,
-    ) -> Self {
-        Self {
-            core: Mutex::new(Core {
-                sched,
-                applied_pause: HashSet::new(),
-                post_assign: Vec::new(),
-                deferred: Vec::new(),
-                waiters: 0,
-                grants: Default::default(),
-            }),
-            progress: Condvar::new(),
-            dispatch: Dispatch::new(senders),
-        }
-    }
-
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Core> {
-        // Every critical section leaves the state consistent before anything
-        // that can panic, so a poisoned lock is still safe to use.
-        self.core.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Dispatcher `me` reports attempts that finished together. The jobs
-    /// this releases are returned for `me` to run at once, except a share
-    /// of a large release, which goes to the other dispatchers.
-    pub(crate) fn finished(&self, me: usize, batch: Done) -> Vec<Job<Polled>> {
-        let mut out = Vec::new();
-        let mut mine = Vec::new();
-        let wake = {
-            let mut core = self.lock();
-            for (t, ok) in batch {
-                core.sched.finished(t, ok, &mut out);
-                // A job released while it waited for a slot.
-                core.grants.remove(&t);
-            }
-            core.sched.dispatch(&mut out);
-            for action in out {
-                match action {
-                    Action::Run(jobs) => mine.extend(self.dispatch.share(me, jobs)),
-                    Action::Grant(tickets) => core.grant(tickets),
-                    other => core.deferred.push(other),
-                }
-            }
-            core.waiters > 0
-        };
-        if wake {
-            self.progress.notify_all();
-        }
-        mine
-    }
-
-    /// Waits, without holding the lock, until completions arrive or `wait`
-    /// passes.
-    fn wait<'a>(&self, mut core: MutexGuard<'a, Core>, wait: Duration) -> MutexGuard<'a, Core> {
-        core.waiters += 1;
-        let (mut core, _) = self
-            .progress
-            .wait_timeout(core, wait)
-            .unwrap_or_else(PoisonError::into_inner);
-        core.waiters -= 1;
-        core
-    }
-}
-
-impl Core {
-    /// The consumer actions completions caused since the last call.
-    fn take_deferred(&mut self, out: &mut Vec<Action<Polled>>) {
-        out.append(&mut self.deferred);
-    }
-
-    /// Tells parked jobs that they have their slot back.
-    fn grant(&mut self, tickets: Vec<Ticket>) {
-        for t in tickets {
-            if let Some(tx) = self.grants.remove(&t) {
-                let _ = tx.send(());
-            }
-        }
-    }
-}
-
-impl super::park::Slots for Hub {
-    fn park(&self, ticket: Ticket) {
-        let mut out = Vec::new();
-        let mut core = self.lock();
-        core.sched.park(ticket);
-        // The freed slot goes to the next job at once.
-        core.sched.dispatch(&mut out);
-        for action in out {
-            match action {
-                Action::Run(jobs) => self.dispatch.send(jobs),
-                Action::Grant(tickets) => core.grant(tickets),
-                other => core.deferred.push(other),
-            }
-        }
-    }
-
-    fn unpark(&self, ticket: Ticket) -> Option<tokio::sync::oneshot::Receiver<()>> {
-        let mut core = self.lock();
-        if core.sched.unpark(ticket) {
-            return None;
-        }
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        core.grants.insert(ticket, tx);
-        Some(rx)
-    }
-}
-
-/// Hands `Run` batches to the dispatcher tasks, round-robin, one message
-/// per dispatcher per batch.
-pub(crate) struct Dispatch {
-    pub senders: Vec<UnboundedSender<Vec<Job<Polled>>>>,
-    next: AtomicUsize,
-}
-
-impl Dispatch {
-    pub(crate) fn new(senders: Vec<UnboundedSender<Vec<Job<Polled>>>>) -> Self {
-        Self {
-            senders,
-            next: AtomicUsize::new(0),
-        }
-    }
-
-    /// Keeps a small batch for dispatcher `me` (no wake-up of another
-    /// thread) and deals a large one out to all, returning `me`'s share.
-    fn share(&self, me: usize, jobs: Vec<Job<Polled>>) -> Vec<Job<Polled>> {
-        let chunks = self.deal(jobs);
-        let single = chunks.len() == 1;
-        let mut mine = Vec::new();
-        for (i, chunk) in chunks.into_iter().enumerate() {
-            if single || i == me {
-                mine.extend(chunk);
-            } else {
-                self.to(i, chunk);
-            }
-        }
-        mine
-    }
-
-    /// Sends a batch from the poll thread: a small one to the next
-    /// dispatcher in turn, a large one dealt out to all.
-    fn send(&self, jobs: Vec<Job<Polled>>) {
-        let next = self.next.fetch_add(1, AtomicOrdering::Relaxed);
-        for (i, chunk) in self.deal(jobs).into_iter().enumerate() {
-            self.to(next.wrapping_add(i), chunk);
-        }
-    }
-
-    /// `jobs` as one chunk when small (or with one dispatcher), else dealt
-    /// round-robin into one chunk per dispatcher.
-    fn deal(&self, jobs: Vec<Job<Polled>>) -> Vec<Vec<Job<Polled>>> {
-        let n = self.senders.len().max(1);
-        if jobs.len() < 8 || n == 1 {
-            return vec![jobs];
-        }
-        let mut chunks: Vec<Vec<Job<Polled>>> = (0..n).map(|_| Vec::new()).collect();
-        for (i, j) in jobs.into_iter().enumerate() {
-            chunks[i % n].push(j);
-        }
-        chunks
-    }
-
-    /// Sends a non-empty `chunk` to dispatcher `i` (modulo their number).
-    fn to(&self, i: usize, chunk: Vec<Job<Polled>>) {
-        let n = self.senders.len().max(1);
-        if let (false, Some(s)) = (chunk.is_empty(), self.senders.get(i % n)) {
-            let _ = s.send(chunk);
-        }
-    }
-}
 
 /// rdkafka context: rebalance and commit callbacks, and everything the poll
 /// thread needs.

@@ -1,0 +1,682 @@
+//! What users configure: [`WorkerBuilder`], its defaults, and `build()`,
+//! which checks the configuration and turns each registered handler into
+//! the route table ([`Routes`]) the worker and the test harness run.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::codec::{parse_contract, Codec, ReaderSchema, SchemaSource};
+use crate::config::KafkaConfig;
+use crate::error::{Error, Result};
+use crate::job::Job;
+use crate::layers::{AttemptLayer, LayerFn};
+use crate::retry::RetryPolicy;
+use crate::telemetry::metrics::Metrics;
+
+use super::handler::{Handler, StateMap};
+use super::membership::{self, GroupProtocol};
+use super::route::{Route, TypedRoute};
+use super::scheduler::Limits;
+use super::state::{RouteEntry, Settings};
+use super::{limits, strict, watchdog, Priority, Worker, WorkerStats};
+
+/// Which jobs of a partition may run at the same time.
+///
+/// Named `OrderingMode`, not `Ordering`, so a handler crate can import it
+/// next to `std::sync::atomic::Ordering` and `std::cmp::Ordering`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OrderingMode {
+    /// Same key: one after another; different keys: in parallel, even within
+    /// one partition. The right default for entity-scoped jobs.
+    #[default]
+    PerKey,
+    /// One job at a time per partition (parallelism = partition count).
+    PerPartition,
+    /// No ordering: every record may run in parallel.
+    Unordered,
+}
+
+/// Builds a route once the codec, timeout, state and layers are known (at
+/// `build()`).
+type RouteFactory = Box<
+    dyn Fn(
+            Arc<dyn SchemaSource>,
+            Option<Duration>,
+            Arc<StateMap>,
+            &[LayerFn],
+            Arc<watchdog::Watchdog>,
+        ) -> Result<Arc<dyn Route>>
+        + Send
+        + Sync,
+>;
+
+/// A registered route: its topic, its factory, and the state types its
+/// handler's extractors need.
+struct Registration {
+    topic: String,
+    make: RouteFactory,
+    needs: Vec<(std::any::TypeId, &'static str)>,
+}
+
+/// Configures a [`Worker`]. Every setting has a production-safe default.
+pub struct WorkerBuilder {
+    config: KafkaConfig,
+    settings: Settings,
+    concurrency: usize,
+    handler_timeout: Option<Duration>,
+    slow_attempt_warning: Duration,
+    park: bool,
+    codec: Result<Arc<Codec>>,
+    routes: Vec<Registration>,
+    states: StateMap,
+    layers: Vec<LayerFn>,
+    route_layers: HashMap<String, Vec<LayerFn>>,
+    static_member: Option<String>,
+    protocol: Option<GroupProtocol>,
+    run_limits: limits::Limits,
+    create_topics: bool,
+    delayed_jobs: bool,
+    schedules: Vec<crate::schedule::Schedule>,
+    retry: RetryPolicy,
+    retry_overrides: HashMap<String, RetryPolicy>,
+    priorities: HashMap<String, Priority>,
+    strict: std::collections::BTreeSet<String>,
+    endpoint: Option<SocketAddr>,
+    #[cfg(feature = "metrics-http")]
+    http_routes: Option<axum::Router>,
+    #[cfg(feature = "postgres")]
+    outbox_relay: Option<crate::outbox::Relay>,
+}
+
+impl WorkerBuilder {
+    /// Runs handlers for `J` on its main topic `J::NAME`. A handler is an
+    /// `async fn(job, ctx)`, optionally with extractors after `ctx`
+    /// ([`State`], [`Ext`]).
+    pub fn handle<J: Job, M: 'static>(self, handler: impl Handler<J, M>) -> Self {
+        self.handle_on::<J, M>(J::NAME, handler)
+    }
+
+    /// Runs handlers for `J` on an explicit topic.
+    pub fn handle_on<J: Job, M: 'static>(
+        mut self,
+        topic: &str,
+        handler: impl Handler<J, M>,
+    ) -> Self {
+        let needs = handler.required_states();
+        let handler = Arc::new(handler);
+        self.routes.push(Registration {
+            topic: topic.to_string(),
+            make: Box::new(move |schemas, timeout, states, layers, watchdog| {
+                let reader = ReaderSchema::new(parse_contract::<J>()?);
+                Ok(Arc::new(TypedRoute::<J, _, M>::new(
+                    handler.clone(),
+                    reader,
+                    schemas,
+                    timeout,
+                    states,
+                    layers,
+                    watchdog,
+                )) as Arc<dyn Route>)
+            }),
+            needs,
+        });
+        self
+    }
+
+    /// Registers shared state that handlers take as [`State<S>`]: a pool, a
+    /// client, settings. One value per type; `S` is cloned per attempt, so
+    /// wrap large values in an `Arc`.
+    pub fn state<S: Clone + Send + Sync + 'static>(mut self, value: S) -> Self {
+        self.states.insert(value);
+        self
+    }
+
+    /// Wraps every route's attempts in a [`tower::Layer`] (see
+    /// [`crate::layers`] for the order). Layers added first are outermost.
+    pub fn layer(mut self, layer: impl AttemptLayer) -> Self {
+        self.layers.push(layer.erase());
+        self
+    }
+
+    /// Wraps the attempts of the route on main topic `topic` (and its retry
+    /// tiers) in a layer, inside the worker-wide ones: a breaker or a rate
+    /// limit for the downstream that route calls.
+    pub fn layer_for(mut self, topic: &str, layer: impl AttemptLayer) -> Self {
+        self.route_layers
+            .entry(topic.to_string())
+            .or_default()
+            .push(layer.erase());
+        self
+    }
+
+    /// How urgent the route on main topic `topic` (and its retry tiers) is
+    /// against this worker's other routes (default [`Priority::Normal`]):
+    /// free slots go to the most urgent active route first, and less urgent
+    /// ones keep at most three quarters of them meanwhile. See
+    /// [`priority`].
+    pub fn priority(mut self, topic: &str, priority: Priority) -> Self {
+        self.priorities.insert(topic.to_string(), priority);
+        self
+    }
+
+    /// Strict ordered retries for the route on main topic `topic`: while a
+    /// key has a job in the retry path, the key's later jobs do not run
+    /// before it. They are parked in one of the route's retry tiers (the
+    /// longest that brings them back no later than that job is due; their
+    /// attempt count untouched, `kjob-follows` naming the job they wait
+    /// for) and run in arrival order once it was handled or dead-lettered.
+    /// The order survives a crash or a rebalance: it is kept in a compacted
+    /// topic `<topic>.order` (created with the main topic's partition count
+    /// when [`WorkerBuilder::create_topics`] allows). Other keys are not
+    /// delayed. Use it for contracts where order is the point (a ledger, a
+    /// state machine); it costs one state write per failure, per parked
+    /// record and per finished chain member, and a key's throughput drops
+    /// to one job per retry delay while it waits.
+    ///
+    /// Needs keyed records (keyless ones run as on any route),
+    /// [`OrderingMode::PerKey`] or [`OrderingMode::PerPartition`], and the
+    /// `range` assignment kjob uses by default: `build()` refuses another
+    /// `partition.assignment.strategy` or `group.remote.assignor`, and
+    /// start-up refuses tier or order topics whose partition count differs
+    /// from the main topic's. Delayed jobs are not ordered with their key's
+    /// other jobs. A state record that is not kjob's is logged and read as
+    /// an empty chain (the key's waiting jobs then run as they come due).
+    /// See the `strict` module docs for the rules and the write order.
+    pub fn strict_order(mut self, topic: &str) -> Self {
+        self.strict.insert(topic.to_string());
+        self
+    }
+
+    /// The strict-order state for this builder's strict routes, stored in
+    /// `store` (`None` without any).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub(crate) fn strict_state(
+        &self,
+        store: Arc<dyn strict::OrderStore>,
+        stats: Arc<WorkerStats>,
+        cancel: CancellationToken,
+    ) -> Option<Arc<strict::Strict>> {
+        (!self.strict.is_empty()).then(|| {
+            Arc::new(strict::Strict::new(
+                self.strict.iter().cloned().collect(),
+                store,
+                stats,
+                cancel,
+            ))
+        })
+    }
+
+    /// Ordering mode (default [`OrderingMode::PerKey`]).
+    pub fn ordering(mut self, ordering: OrderingMode) -> Self {
+        self.settings.ordering = ordering;
+        self
+    }
+
+    /// Handlers running at once across all partitions (default 64).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// Records dispatched but not finished per partition before the
+    /// partition is paused (default 5000). Resumed at three quarters. Memory is bounded
+    /// by this times the assigned partitions times the record size.
+    pub fn max_in_flight_per_partition(mut self, n: usize) -> Self {
+        self.settings.max_in_flight_per_partition = n.max(1);
+        self
+    }
+
+    /// Whether a job that waits for a downstream (the registry, a breaker, a
+    /// rate limit) gives its handler slot back while it waits (default:
+    /// yes). Off, waiting jobs hold their slots as kjob did before; only the
+    /// benchmarks that measure the difference turn it off.
+    #[doc(hidden)]
+    pub fn park_waiting_jobs(mut self, yes: bool) -> Self {
+        self.park = yes;
+        self
+    }
+
+    /// Logs a warning (job id, key, partition) once a handler has run
+    /// longer than `d` (default 5 minutes): a hung handler holds its
+    /// partition's commit, and `kjob_oldest_running_seconds{job}` shows its
+    /// age. Nothing is cancelled; see [`WorkerBuilder::handler_timeout`].
+    pub fn slow_attempt_warning(mut self, d: Duration) -> Self {
+        self.slow_attempt_warning = d;
+        self
+    }
+
+    /// Cancels an attempt after `d` and classes it `retryable.timeout`.
+    pub fn handler_timeout(mut self, d: Duration) -> Self {
+        self.handler_timeout = Some(d);
+        self
+    }
+
+    /// Retry policy (tiers, attempts, jitter) for every route without its
+    /// own; see [`crate::retry`].
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// Retry policy for the route on main topic `topic` only.
+    pub fn retry_for(mut self, topic: &str, policy: RetryPolicy) -> Self {
+        self.retry_overrides.insert(topic.to_string(), policy);
+        self
+    }
+
+    /// How long in-flight jobs may run after SIGTERM before they are cancelled
+    /// (default 30 s). Keep it below your orchestrator's kill timeout.
+    pub fn shutdown_grace(mut self, d: Duration) -> Self {
+        self.settings.shutdown_grace = d;
+        self
+    }
+
+    /// How long a revoke waits for in-flight jobs before giving the partition
+    /// up anyway (default 15 s).
+    pub fn revoke_timeout(mut self, d: Duration) -> Self {
+        self.settings.revoke_timeout = d;
+        self
+    }
+
+    /// How often finished work is committed (default 1 s). Shorter means
+    /// fewer duplicates after a crash, at the cost of more commit traffic.
+    pub fn commit_interval(mut self, d: Duration) -> Self {
+        self.settings.commit_interval = d;
+        self
+    }
+
+    /// Static group membership (`group.instance.id`): a member that restarts
+    /// within the session timeout gets its partitions back without a
+    /// rebalance of the others, which suits rolling deploys and crash loops.
+    /// Defaults to `KJOB_INSTANCE_ID` when that is set. Use a stable,
+    /// per-replica name (a StatefulSet pod name); two live processes must
+    /// never share one. See [`membership`].
+    pub fn static_member(mut self, instance_id: impl Into<String>) -> Self {
+        self.static_member = Some(instance_id.into());
+        self
+    }
+
+    /// Stops gracefully after `n` jobs were handled, for a supervisor to
+    /// restart (see [`limits`]; also `KJOB_STOP_AFTER_JOBS`).
+    pub fn stop_after_jobs(mut self, n: u64) -> Self {
+        self.run_limits.jobs = Some(n);
+        self
+    }
+
+    /// Stops gracefully once the process's resident memory exceeds `bytes`
+    /// (see [`limits`]; also `KJOB_STOP_ABOVE_RSS`).
+    pub fn stop_above_rss(mut self, bytes: u64) -> Self {
+        self.run_limits.rss = Some(bytes);
+        self
+    }
+
+    /// Stops gracefully after running for `d` (see [`limits`]; also
+    /// `KJOB_STOP_AFTER`).
+    pub fn stop_after(mut self, d: Duration) -> Self {
+        self.run_limits.time = Some(d);
+        self
+    }
+
+    /// The rebalance protocol (default: `KJOB_GROUP_PROTOCOL`, else
+    /// [`GroupProtocol::Classic`]). A `group.protocol` set on the
+    /// [`KafkaConfig`] is honoured too. See [`membership`] for what each
+    /// costs on a deploy and on a crash.
+    pub fn group_protocol(mut self, protocol: GroupProtocol) -> Self {
+        self.protocol = Some(protocol);
+        self
+    }
+
+    /// Whether the worker creates its missing retry-tier and DLQ topics at
+    /// start, with the main topic's partition count (default true). Disable
+    /// where topics are managed elsewhere: a missing one is then an error.
+    pub fn create_topics(mut self, yes: bool) -> Self {
+        self.create_topics = yes;
+        self
+    }
+
+    /// Whether the worker also serves its routes' delay topics
+    /// (`<topic>.delay.<bucket>`, see [`crate::delay`]), creating them at
+    /// start when [`WorkerBuilder::create_topics`] allows, so that
+    /// [`Producer::enqueue_in`] and [`Producer::enqueue_at`] work for its
+    /// routes (default false: six more topics per route, consumed by the
+    /// same consumer).
+    pub fn delayed_jobs(mut self, yes: bool) -> Self {
+        self.delayed_jobs = yes;
+        self
+    }
+
+    /// Enqueues `make()` on `J`'s main topic at every tick of the cron
+    /// expression `expr` (with seconds, UTC: `0 */5 * * * *` is every five
+    /// minutes), once per tick across every worker of the group, whatever
+    /// their number; see [`crate::schedule`] for leadership, ids and the
+    /// catch-up policy ([`crate::schedule::CatchUp::Latest`] by default).
+    pub fn schedule<J: Job>(
+        self,
+        name: &str,
+        expr: &str,
+        make: impl Fn() -> J + Send + Sync + 'static,
+    ) -> Self {
+        self.schedule_with(crate::schedule::Schedule::new(name, expr, make))
+    }
+
+    /// Adds a [`crate::schedule::Schedule`] configured in full (another
+    /// topic, another catch-up policy).
+    pub fn schedule_with(mut self, schedule: crate::schedule::Schedule) -> Self {
+        self.schedules.push(schedule);
+        self
+    }
+
+    /// Serves `/metrics` (Prometheus), `/healthz` and `/readyz` on `addr`
+    /// while the worker runs (port 0 picks a free port; see
+    /// [`WorkerStats::endpoint`]). Without it, metrics are no-ops.
+    pub fn metrics_endpoint(mut self, addr: SocketAddr) -> Self {
+        self.endpoint = Some(addr);
+        self
+    }
+
+    /// Serves `routes` on the [`metrics_endpoint`](Self::metrics_endpoint)
+    /// too, for any path other than `/metrics`, `/healthz` and `/readyz`
+    /// (which keep answering as before). Meant for the operator dashboard
+    /// (`kjob_ops::ui::Dashboard::router_on`), so a worker can show its
+    /// routes and dead letters without a separate `kjob ui` process; the
+    /// routes guard themselves. `build()` refuses it without an endpoint.
+    #[cfg(feature = "metrics-http")]
+    pub fn http_routes(mut self, routes: axum::Router) -> Self {
+        self.http_routes = Some(routes);
+        self
+    }
+
+    /// Also runs an outbox relay ([`crate::outbox::Relay`]) in this process,
+    /// started with the worker and stopped when it stops, so a service that
+    /// enqueues through the outbox needs no separate relay deployment.
+    #[cfg(feature = "postgres")]
+    pub fn outbox_relay(mut self, relay: crate::outbox::Relay) -> Self {
+        self.outbox_relay = Some(relay);
+        self
+    }
+
+    /// Validates the configuration and parses every contract's schema, so a
+    /// broken contract fails here rather than at the first record.
+    pub fn build(self) -> Result<Worker> {
+        let codec = self.codec.as_ref().map_err(Error::clone)?.clone();
+        let routes = self.build_routes(codec.clone())?;
+        let protocol = match self.protocol {
+            Some(p) => p,
+            None => match self.config.overrides.get("group.protocol") {
+                Some(v) => GroupProtocol::parse(v)?,
+                None => GroupProtocol::from_env()?.unwrap_or_default(),
+            },
+        };
+        if protocol == GroupProtocol::Consumer {
+            membership::reject_classic_only(&self.config)?;
+        }
+        let strict_topics: Vec<String> = self.strict.iter().cloned().collect();
+        strict::check_assignment(&self.config, protocol, &strict_topics)?;
+        let metrics = match self.endpoint {
+            Some(_) => Metrics::prometheus()?,
+            None => Metrics::disabled(),
+        };
+        #[cfg(feature = "metrics-http")]
+        if self.http_routes.is_some() && self.endpoint.is_none() {
+            return Err(Error::InvalidSetting {
+                name: "http_routes".into(),
+                value: "a router".into(),
+                reason: "they are served on the metrics endpoint; add .metrics_endpoint(addr)"
+                    .into(),
+            });
+        }
+        let (_, limits) = self.scheduler_settings();
+        let priorities = self.topic_priorities(&routes.entries);
+        let run_limits = self.run_limits.with_env()?;
+        let mut names = std::collections::HashSet::new();
+        for s in &self.schedules {
+            s.validate()?;
+            if !names.insert(s.name()) {
+                return Err(Error::InvalidSetting {
+                    name: "schedule".into(),
+                    value: s.name().to_string(),
+                    reason: "two schedules share this name; names are unique within a group".into(),
+                });
+            }
+        }
+        Ok(Worker {
+            limits,
+            priorities,
+            run_limits,
+            metrics,
+            endpoint: self.endpoint,
+            #[cfg(feature = "metrics-http")]
+            http_routes: self.http_routes,
+            config: self.config,
+            settings: self.settings,
+            codec,
+            routes: routes.entries,
+            mains: routes.mains,
+            watchdog: routes.watchdog,
+            park: self.park,
+            static_member: self.static_member.or_else(membership::instance_id_from_env),
+            protocol,
+            create_topics: self.create_topics,
+            schedules: self.schedules,
+            strict: strict_topics,
+            stats: Arc::new(WorkerStats::default()),
+            #[cfg(feature = "postgres")]
+            outbox_relay: self.outbox_relay,
+        })
+    }
+
+    /// The consumer group this builder was created for.
+    pub fn group(&self) -> &str {
+        &self.settings.group
+    }
+
+    /// The ordering mode and the scheduler limits this builder configures,
+    /// shared by the worker and the test harness.
+    pub(crate) fn scheduler_settings(&self) -> (OrderingMode, Limits) {
+        (
+            self.settings.ordering,
+            Limits {
+                concurrency: self.concurrency,
+                max_in_flight: self.settings.max_in_flight_per_partition,
+                commit_interval_ms: self.settings.commit_interval.as_millis() as i64,
+            },
+        )
+    }
+
+    /// Every consumed topic's priority: a route's tiers take its main
+    /// topic's.
+    pub(crate) fn topic_priorities(
+        &self,
+        routes: &HashMap<String, RouteEntry>,
+    ) -> HashMap<String, Priority> {
+        routes
+            .iter()
+            .map(|(topic, e)| (topic.clone(), e.priority))
+            .collect()
+    }
+
+    /// Turns the registrations into routes decoding through `schemas`: the
+    /// registry for a worker, an in-memory store for the test harness. One
+    /// code path, so both route, classify and retry alike.
+    pub(crate) fn build_routes(&self, schemas: Arc<dyn SchemaSource>) -> Result<Routes> {
+        if self.routes.is_empty() {
+            return Err(Error::NoHandlers);
+        }
+        let mut entries: HashMap<String, RouteEntry> = HashMap::new();
+        let mut mains = Vec::new();
+        let states = Arc::new(self.states.clone());
+        let watchdog = Arc::new(watchdog::Watchdog::new(self.slow_attempt_warning));
+        for Registration { topic, make, needs } in &self.routes {
+            if let Some((_, name)) = needs.iter().find(|(id, _)| !states.contains(*id)) {
+                return Err(Error::MissingState {
+                    topic: topic.clone(),
+                    state: name,
+                });
+            }
+            if entries.contains_key(topic) {
+                return Err(Error::DuplicateTopic {
+                    topic: topic.clone(),
+                });
+            }
+            let retry = self
+                .retry_overrides
+                .get(topic)
+                .unwrap_or(&self.retry)
+                .clone();
+            retry.validate().map_err(|reason| Error::RetryPolicy {
+                topic: topic.clone(),
+                reason,
+            })?;
+            let retry = Arc::new(retry);
+            let priority = self.priorities.get(topic).copied().unwrap_or_default();
+            let mut layers = self.layers.clone();
+            layers.extend(self.route_layers.get(topic).into_iter().flatten().cloned());
+            let route = make(
+                schemas.clone(),
+                self.handler_timeout,
+                states.clone(),
+                &layers,
+                watchdog.clone(),
+            )?;
+            for (i, tier) in retry.tier_topics(topic).into_iter().enumerate() {
+                let entry = RouteEntry {
+                    route: route.clone(),
+                    main: topic.clone(),
+                    tier: Some(i),
+                    delay: None,
+                    retry: retry.clone(),
+                    priority,
+                };
+                if entries.insert(tier.clone(), entry).is_some() {
+                    return Err(Error::DuplicateTopic { topic: tier });
+                }
+            }
+            if self.delayed_jobs {
+                for (i, delay) in crate::delay::delay_topics(topic).into_iter().enumerate() {
+                    let entry = RouteEntry {
+                        route: route.clone(),
+                        main: topic.clone(),
+                        tier: None,
+                        delay: Some(i),
+                        retry: retry.clone(),
+                        priority,
+                    };
+                    if entries.insert(delay.clone(), entry).is_some() {
+                        return Err(Error::DuplicateTopic { topic: delay });
+                    }
+                }
+            }
+            let entry = RouteEntry {
+                route,
+                main: topic.clone(),
+                tier: None,
+                delay: None,
+                retry,
+                priority,
+            };
+            if entries.insert(topic.clone(), entry).is_some() {
+                return Err(Error::DuplicateTopic {
+                    topic: topic.clone(),
+                });
+            }
+            mains.push(topic.clone());
+        }
+        if let Some(unknown) = self.route_layers.keys().find(|t| !mains.contains(t)) {
+            return Err(Error::NoSuchRoute {
+                topic: unknown.clone(),
+                setting: "layer_for",
+            });
+        }
+        if let Some(unknown) = self.strict.iter().find(|t| !mains.contains(t)) {
+            return Err(Error::NoSuchRoute {
+                topic: unknown.clone(),
+                setting: "strict_order",
+            });
+        }
+        if let Some(topic) = self.strict.iter().next() {
+            if self.settings.ordering == OrderingMode::Unordered {
+                return Err(Error::InvalidSetting {
+                    name: "ordering".into(),
+                    value: "OrderingMode::Unordered".into(),
+                    reason: format!(
+                        "strict_order(\"{topic}\") keeps per-key order across retries, which \
+                         unordered dispatch breaks before any retry; use OrderingMode::PerKey \
+                         (the default) or PerPartition, or drop strict_order"
+                    ),
+                });
+            }
+        }
+        if let Some(unknown) = self.priorities.keys().find(|t| !mains.contains(t)) {
+            return Err(Error::NoSuchRoute {
+                topic: unknown.clone(),
+                setting: "priority",
+            });
+        }
+        if let Some(unknown) = self.retry_overrides.keys().find(|t| !mains.contains(t)) {
+            return Err(Error::RetryPolicy {
+                topic: unknown.clone(),
+                reason: crate::retry::RetryPolicyError::NoSuchRoute,
+            });
+        }
+        Ok(Routes {
+            entries,
+            mains,
+            watchdog,
+        })
+    }
+}
+
+/// Routes by topic (main topics and their tiers).
+pub(crate) struct Routes {
+    pub entries: HashMap<String, RouteEntry>,
+    pub mains: Vec<String>,
+    /// The handlers that run for long, across routes.
+    pub watchdog: Arc<watchdog::Watchdog>,
+}
+
+impl Worker {
+    /// Starts configuring a worker in consumer group `group`.
+    pub fn builder(config: KafkaConfig, group: impl Into<String>) -> WorkerBuilder {
+        let codec = Codec::from_config(&config).map(Arc::new);
+        WorkerBuilder {
+            config,
+            settings: Settings {
+                group: group.into(),
+                ordering: OrderingMode::PerKey,
+                max_in_flight_per_partition: 5000,
+                shutdown_grace: Duration::from_secs(30),
+                revoke_timeout: Duration::from_secs(15),
+                commit_interval: Duration::from_secs(1),
+                poll_timeout: Duration::from_millis(20),
+            },
+            concurrency: 64,
+            handler_timeout: None,
+            slow_attempt_warning: watchdog::WARN_AFTER,
+            park: true,
+            codec,
+            routes: Vec::new(),
+            states: StateMap::default(),
+            layers: Vec::new(),
+            route_layers: HashMap::new(),
+            static_member: None,
+            protocol: None,
+            run_limits: limits::Limits::default(),
+            create_topics: true,
+            delayed_jobs: false,
+            schedules: Vec::new(),
+            retry: RetryPolicy::default(),
+            retry_overrides: HashMap::new(),
+            priorities: HashMap::new(),
+            strict: Default::default(),
+            endpoint: None,
+            #[cfg(feature = "metrics-http")]
+            http_routes: None,
+            #[cfg(feature = "postgres")]
+            outbox_relay: None,
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! Topics before the first poll: the preflight checks (registry up, main
+//! topics present) and the creation of every topic a route needs and may
+//! lack (retry tiers, DLQ, delay buckets, strict order, schedules).
+
+use std::collections::HashMap;
+
+use tracing::warn;
+
+use crate::error::{Error, Result};
+use crate::topics::{create_topics, create_topics_with, dlq_topic, partition_counts};
+
+use super::{strict, Worker};
+
+impl Worker {
+    /// Fails fast, with a clear message, if the registry is down or a main
+    /// topic is missing; creates missing retry-tier and DLQ topics (with the
+    /// main topic's partition count) when allowed, and warns about existing
+    /// ones whose partition count differs.
+    pub(super) async fn preflight(&self) -> Result<()> {
+        self.codec.ping().await?;
+        if !self.schedules.is_empty() {
+            self.schedule_topics().await?;
+        }
+        let mut wanted: Vec<(String, String)> = Vec::new(); // (topic, its main topic)
+        for main in &self.mains {
+            wanted.push((main.clone(), main.clone()));
+            wanted.push((dlq_topic(main), main.clone()));
+        }
+        for (topic, entry) in &self.routes {
+            if entry.tier.is_some() || entry.delay.is_some() {
+                wanted.push((topic.clone(), entry.main.clone()));
+            }
+        }
+        let names: Vec<String> = wanted.iter().map(|(t, _)| t.clone()).collect();
+        let config = self.config.clone();
+        let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &names))
+            .await
+            .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
+        let count_of: HashMap<&str, Option<usize>> = wanted
+            .iter()
+            .map(|(t, _)| t.as_str())
+            .zip(counts.iter().copied())
+            .collect();
+        let mut missing = Vec::new();
+        for (topic, main) in &wanted {
+            let main_count = count_of.get(main.as_str()).copied().flatten();
+            let Some(main_count) = main_count else {
+                return Err(Error::MissingTopic {
+                    topic: main.clone(),
+                    bootstrap: self.config.bootstrap_servers.clone(),
+                });
+            };
+            match count_of.get(topic.as_str()).copied().flatten() {
+                Some(n) if n != main_count => warn!(
+                    topic = %topic, partitions = n, main = %main, main_partitions = main_count,
+                    "partition count differs from the main topic"
+                ),
+                Some(_) => {}
+                None if self.create_topics => missing.push((topic.clone(), main_count as i32)),
+                None => {
+                    return Err(Error::MissingTopic {
+                        topic: topic.clone(),
+                        bootstrap: self.config.bootstrap_servers.clone(),
+                    })
+                }
+            }
+        }
+        // A tier or DLQ must take whatever its main topic accepted, plus
+        // kjob's headers; otherwise a large record could never be forwarded.
+        let mains_of_missing: Vec<String> = {
+            let mut m: Vec<String> = missing
+                .iter()
+                .filter_map(|(t, _)| wanted.iter().find(|(w, _)| w == t).map(|(_, m)| m.clone()))
+                .collect();
+            m.sort();
+            m.dedup();
+            m
+        };
+        let limits = crate::topics::max_message_bytes(&self.config, &mains_of_missing).await;
+        let retention = crate::delay::CREATED_RETENTION.as_millis().to_string();
+        for (main, limit) in mains_of_missing.iter().zip(limits) {
+            let of_main: Vec<(String, i32)> = missing
+                .iter()
+                .filter(|(t, _)| wanted.iter().any(|(w, m)| w == t && m == main))
+                .cloned()
+                .collect();
+            // Delay topics also get an explicit retention (the delay
+            // producer checks it), whatever the broker's default.
+            let (delays, topics): (Vec<_>, Vec<_>) = of_main
+                .into_iter()
+                .partition(|(t, _)| self.routes.get(t).is_some_and(|e| e.delay.is_some()));
+            let sized =
+                limit.map(|bytes| (bytes + crate::topics::FORWARD_HEADROOM_BYTES).to_string());
+            let mut cfg: Vec<(&str, &str)> = Vec::new();
+            if let Some(sized) = &sized {
+                cfg.push(("max.message.bytes", sized));
+            }
+            match cfg.is_empty() {
+                false => create_topics_with(&self.config, &topics, &cfg).await?,
+                true => create_topics(&self.config, &topics).await?,
+            }
+            cfg.push(("retention.ms", &retention));
+            create_topics_with(&self.config, &delays, &cfg).await?;
+        }
+        if !missing.is_empty() {
+            let created: Vec<String> = missing.iter().map(|(t, _)| t.clone()).collect();
+            crate::topics::wait_visible(&self.config, &created).await?;
+        }
+        self.strict_topics().await
+    }
+
+    /// For every strict-order route: the compacted `<main>.order` topic,
+    /// created with the main topic's partition count when missing and
+    /// allowed, and the same partition count on the main topic, its tiers
+    /// and its order topic (partition *n* of each must be one member's).
+    async fn strict_topics(&self) -> Result<()> {
+        for main in &self.strict {
+            let order = strict::order_topic(main);
+            let mut names = vec![main.clone(), order.clone()];
+            names.extend(
+                self.routes
+                    .iter()
+                    .filter(|(_, e)| e.main == *main && e.tier.is_some())
+                    .map(|(t, _)| t.clone()),
+            );
+            let config = self.config.clone();
+            let query = names.clone();
+            let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &query))
+                .await
+                .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
+            let Some(Some(main_count)) = counts.first().copied() else {
+                return Err(Error::MissingTopic {
+                    topic: main.clone(),
+                    bootstrap: self.config.bootstrap_servers.clone(),
+                });
+            };
+            for (topic, count) in names.iter().zip(&counts).skip(1) {
+                match count {
+                    Some(n) if *n != main_count => {
+                        return Err(Error::InvalidSetting {
+                            name: "strict_order".into(),
+                            value: main.clone(),
+                            reason: format!(
+                                "`{topic}` has {n} partitions and `{main}` {main_count}; strict \
+                                 order keeps a key's records on one partition number across \
+                                 them, so they must match: recreate `{topic}` with \
+                                 {main_count} partitions (or add partitions to it), or drop \
+                                 strict_order"
+                            ),
+                        })
+                    }
+                    Some(_) => {}
+                    None if topic == &order && self.create_topics => {
+                        create_topics_with(
+                            &self.config,
+                            &[(order.clone(), main_count as i32)],
+                            &[("cleanup.policy", "compact")],
+                        )
+                        .await?;
+                        crate::topics::wait_visible(&self.config, std::slice::from_ref(&order))
+                            .await?;
+                    }
+                    None => {
+                        return Err(Error::MissingTopic {
+                            topic: topic.clone(),
+                            bootstrap: self.config.bootstrap_servers.clone(),
+                        })
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The schedule leader topic (one partition) and the compacted state
+    /// topic (one partition), created when missing and allowed.
+    async fn schedule_topics(&self) -> Result<()> {
+        let group = &self.settings.group;
+        let leader = crate::schedule::leader_topic(group);
+        let state = crate::schedule::state_topic(group);
+        let names = vec![leader.clone(), state.clone()];
+        let config = self.config.clone();
+        let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &names))
+            .await
+            .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
+        for ((topic, count), compact) in [leader, state].into_iter().zip(counts).zip([false, true])
+        {
+            if count.is_some() {
+                continue;
+            }
+            if !self.create_topics {
+                return Err(Error::MissingTopic {
+                    topic,
+                    bootstrap: self.config.bootstrap_servers.clone(),
+                });
+            }
+            let cfg: &[(&str, &str)] = if compact {
+                &[("cleanup.policy", "compact")]
+            } else {
+                &[]
+            };
+            create_topics_with(&self.config, &[(topic.clone(), 1)], cfg).await?;
+            crate::topics::wait_visible(&self.config, &[topic]).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,70 @@
+//! The commit side of the scheduler: which watermarks to commit, what the
+//! adapter reports back, and the per-topic age of what is uncommitted.
+
+use std::collections::HashMap;
+
+use super::{Action, Located, Scheduler, Tp};
+
+impl<R: Located> Scheduler<R> {
+    /// A `Commit` of every watermark that moved.
+    pub(crate) fn commit_all(&mut self, out: &mut Vec<Action<R>>) {
+        let commits: Vec<(Tp, i64)> = self
+            .slots
+            .iter()
+            .flatten()
+            .filter(|p| !p.revoked)
+            .filter_map(|p| p.tracker.committable().map(|n| (p.tp.clone(), n)))
+            .collect();
+        if !commits.is_empty() {
+            out.push(Action::Commit(commits));
+        }
+    }
+
+    /// The adapter sent a commit of these positions.
+    pub(crate) fn committed(&mut self, offsets: &[(Tp, i64)]) {
+        for (tp, next) in offsets {
+            if let Some(slot) = self.slot_of(&tp.0, tp.1) {
+                if let Some(p) = self.slots[slot].as_mut() {
+                    p.tracker.mark_committed(*next);
+                }
+            }
+        }
+    }
+
+    /// The coordinator acknowledged these positions.
+    pub(crate) fn acknowledged(&mut self, offsets: &[(Tp, i64)]) {
+        for (tp, next) in offsets {
+            if let Some(slot) = self.slot_of(&tp.0, tp.1) {
+                if let Some(p) = self.slots[slot].as_mut() {
+                    p.tracker.mark_acked(*next);
+                }
+            }
+        }
+    }
+
+    /// An asynchronous commit failed: the next `commit_all` commits every
+    /// watermark again.
+    pub(crate) fn commit_failed(&mut self) {
+        for p in self.slots.iter_mut().flatten() {
+            p.tracker.reset_committed();
+        }
+    }
+
+    /// Per topic, the oldest record timestamp still pending (epoch ms).
+    pub(crate) fn oldest_pending(&self) -> HashMap<String, Option<i64>> {
+        let mut out: HashMap<String, Option<i64>> = HashMap::new();
+        for p in self.slots.iter().flatten() {
+            let slot = out.entry(p.tp.0.clone()).or_default();
+            if let Some(ts) = p.tracker.oldest_timestamp() {
+                *slot = Some(slot.map_or(ts, |s: i64| s.min(ts)));
+            }
+        }
+        out
+    }
+
+    /// Records skipped so far because this member had finished them before
+    /// (a partition that came back after it was lost).
+    pub(crate) fn skipped_finished(&self) -> u64 {
+        self.skipped_finished
+    }
+}

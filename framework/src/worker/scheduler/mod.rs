@@ -1,0 +1,641 @@
+//! The scheduler: every decision about partitions, lanes and offsets, as a
+//! plain state machine with no Kafka client in it.
+//!
+//! It takes events (`assigned`, `revoke`/`release`, `record`, `finished`,
+//! `tick`, `stop`) and answers with [`Action`]s (`Run`, `Pause`, `Resume`,
+//! `Seek`, `Commit`) for an adapter to carry out: the worker's poll thread
+//! against rdkafka ([`super::poll`]), and the test harness against
+//! in-memory logs on a virtual clock. Both therefore share per-key
+//! ordering, backpressure, due-time holds and the commit watermark.
+//!
+//! Rules it keeps, each enforced here and nowhere else:
+//!
+//! * **Watermark.** A record enters its partition's [`OffsetTracker`] when it
+//!   is accepted and leaves it only when its attempt reached a final
+//!   outcome, so a `Commit` never passes an unfinished record.
+//! * **Lanes.** Records of one lane (same key, same partition, or a single
+//!   record, by ordering mode) run one after another: a lane has at most one
+//!   job ready or running, the rest wait behind it.
+//! * **Concurrency.** At most `concurrency` jobs run at once. Jobs whose lane
+//!   is free wait in a ready queue; a revoke or a stop drops them at once
+//!   (they are uncommitted, so the next owner gets them), and only running
+//!   jobs are waited for.
+//! * **Priorities.** Each topic has a priority level (its route's). There is
+//!   one ready queue per level, and free slots go to the most urgent level
+//!   first. While a more urgent level is active (it has jobs running or
+//!   ready, or had a record within the last second), less urgent levels
+//!   together use at most `concurrency - concurrency / 4` slots, so an
+//!   urgent job finds a free slot at once however slow the bulk handlers
+//!   are. Less urgent partitions are never paused for it: polling goes on
+//!   and their share of slots keeps them moving.
+//! * **Backpressure.** At `max_in_flight` accepted-but-unfinished records a
+//!   partition is paused, and resumed at three quarters (so a single busy
+//!   partition never drains while librdkafka refetches what the pause
+//!   dropped). Polling never stops.
+//! * **Holds.** A retry-tier record that is not due pauses its partition and
+//!   seeks back to it; at the due time the partition is resumed and seeked
+//!   again. Nothing else of the partition runs meanwhile.
+//! * **Pause view.** What the scheduler says about a partition's pause is the
+//!   truth; after every assignment the adapter re-applies it, because
+//!   librdkafka keeps an application's pause across a revoke and a
+//!   re-assignment.
+//! * **Epochs.** Each assignment of a partition gets a fresh epoch; a
+//!   completion from an older epoch (a job that outlived its revoke) is
+//!   counted as no longer running but never marks an offset done.
+//! * **Parking.** A job that waits for a downstream before its handler runs
+//!   (the schema registry, an open breaker, a rate limit) gives its
+//!   concurrency slot back ([`Scheduler::park`]) and keeps its lane, so its
+//!   key's later jobs still wait behind it while other keys, partitions and
+//!   routes run. When it can go on it asks for a slot again
+//!   ([`Scheduler::unpark`]); parked jobs get free slots before jobs that
+//!   never started, and the concurrency limit holds for both. Parked jobs
+//!   stay in the in-flight bound, so memory stays bounded: parked jobs that
+//!   fill a partition's bound pause that partition alone.
+//! * **A partition that comes back.** When a partition is *lost* (the
+//!   session expired, typically during a coordinator outage), what this
+//!   member finished in it is kept. If the partition is assigned to this
+//!   member again and fetching starts where this member left the group's
+//!   position (nobody else committed meanwhile), the kept state is taken
+//!   up again: records it finished are skipped instead of run a second
+//!   time, and its watermark is committed. Otherwise it is dropped.
+//!   Independently of that, a record this assignment already saw finish is
+//!   never run again within it.
+
+mod commits;
+mod parking;
+#[cfg(test)]
+mod tests;
+mod types;
+
+use std::collections::{HashMap, VecDeque};
+
+use rustc_hash::FxHashMap;
+use tokio_util::sync::CancellationToken;
+
+use crate::offsets::OffsetTracker;
+use crate::worker::Priority;
+
+pub(crate) use types::{Action, Incoming, Job, LaneKey, Limits, Located, Ticket, Tp};
+use types::{Hold, Lane, Part, Ready, ACTIVE_MS, LOST_KEPT};
+
+/// See the module docs.
+pub(crate) struct Scheduler<R> {
+    limits: Limits,
+    slots: Vec<Option<Part<R>>>,
+    index: FxHashMap<String, FxHashMap<i32, usize>>,
+    ready: Ready<R>,
+    running: usize,
+    /// Topic -> priority; unlisted topics are [`Priority::Normal`].
+    priorities: HashMap<String, Priority>,
+    /// Running jobs per priority level.
+    running_at: [usize; Priority::LEVELS],
+    /// When each level last took a record (ms).
+    seen_ms: [i64; Priority::LEVELS],
+    /// The latest time an event brought (ms).
+    now_ms: i64,
+    next_epoch: u64,
+    stopping: bool,
+    last_commit_ms: i64,
+    /// Jobs that gave their slot back while they wait (see the module docs).
+    parked: rustc_hash::FxHashSet<Ticket>,
+    /// Parked jobs that asked for a slot again, per level, oldest first.
+    unparking: [VecDeque<Ticket>; Priority::LEVELS],
+    /// Lost partitions' trackers, by the epoch of the assignment they
+    /// belonged to (stale completions still land in them).
+    lost: FxHashMap<u64, (Tp, OffsetTracker)>,
+    /// Records skipped because this member had finished them already.
+    skipped_finished: u64,
+    /// Commit intervals since every watermark was last committed again.
+    since_full_commit: u32,
+}
+
+/// Every this many commit intervals, every watermark is committed again,
+/// moved or not: librdkafka does not report a failed asynchronous commit,
+/// so a position that failed to commit (a broker outage) is re-sent
+/// without waiting for the watermark to move.
+const FULL_COMMIT_EVERY: u32 = 10;
+
+impl<R: Located> Scheduler<R> {
+    pub(crate) fn new(limits: Limits) -> Self {
+        Self {
+            limits: Limits {
+                concurrency: limits.concurrency.max(1),
+                max_in_flight: limits.max_in_flight.max(1),
+                ..limits
+            },
+            slots: Vec::new(),
+            index: FxHashMap::default(),
+            ready: Ready::new(),
+            running: 0,
+            priorities: HashMap::new(),
+            running_at: [0; Priority::LEVELS],
+            seen_ms: [i64::MIN; Priority::LEVELS],
+            now_ms: i64::MIN,
+            next_epoch: 0,
+            stopping: false,
+            last_commit_ms: i64::MIN,
+            parked: Default::default(),
+            unparking: std::array::from_fn(|_| VecDeque::new()),
+            lost: FxHashMap::default(),
+            skipped_finished: 0,
+            since_full_commit: 0,
+        }
+    }
+
+    /// Sets each topic's priority (a route's tiers take its main topic's).
+    /// Applies to partitions assigned from now on.
+    pub(crate) fn with_priorities(mut self, priorities: HashMap<String, Priority>) -> Self {
+        self.priorities = priorities;
+        self
+    }
+
+    /// Jobs running and jobs ready to run, per priority level.
+    pub(crate) fn by_level(&self) -> [(usize, usize); Priority::LEVELS] {
+        std::array::from_fn(|l| (self.running_at[l], self.ready.queues[l].len()))
+    }
+
+    /// Whether `level` had work recently (see the module docs).
+    fn active(&self, level: usize) -> bool {
+        self.running_at[level] > 0
+            || !self.ready.queues[level].is_empty()
+            || self.now_ms.saturating_sub(self.seen_ms[level]) < ACTIVE_MS
+    }
+
+    fn slot_of(&self, topic: &str, partition: i32) -> Option<usize> {
+        self.index.get(topic)?.get(&partition).copied()
+    }
+
+    fn part(&self, tp: &Tp) -> Option<&Part<R>> {
+        self.slots.get(self.slot_of(&tp.0, tp.1)?)?.as_ref()
+    }
+
+    /// Jobs running now (holding a slot; parked jobs do not).
+    pub(crate) fn running(&self) -> usize {
+        self.running
+    }
+
+    /// Jobs waiting for a concurrency slot.
+    pub(crate) fn ready_len(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// Whether the scheduler holds `tp` paused (bound or due-time hold).
+    #[cfg(test)]
+    pub(crate) fn wants_pause(&self, tp: &Tp) -> bool {
+        self.stopping || self.part(tp).is_some_and(Part::wants_pause)
+    }
+
+    /// Assigned partitions, in no particular order.
+    pub(crate) fn assigned(&self) -> Vec<Tp> {
+        self.slots.iter().flatten().map(|p| p.tp.clone()).collect()
+    }
+
+    /// Partitions were assigned: fresh state, and the pause view of each
+    /// (the adapter applies it, whatever the consumer believed before).
+    pub(crate) fn assign(&mut self, tps: &[Tp], out: &mut Vec<Action<R>>) {
+        for tp in tps {
+            if let Some(slot) = self.slot_of(&tp.0, tp.1) {
+                // Re-assigned without a release in between: start afresh.
+                if let Some(old) = self.slots[slot].take() {
+                    old.released.cancel();
+                }
+                if let Some(m) = self.index.get_mut(&tp.0) {
+                    m.remove(&tp.1);
+                }
+            }
+            self.next_epoch += 1;
+            let level = self
+                .priorities
+                .get(&tp.0)
+                .copied()
+                .unwrap_or_default()
+                .level();
+            let returning = self
+                .lost
+                .iter()
+                .find(|(_, (t, _))| t == tp)
+                .map(|(e, _)| *e)
+                .and_then(|e| self.lost.remove(&e).map(|(_, t)| (e, t)));
+            let part = Part {
+                tp: tp.clone(),
+                epoch: self.next_epoch,
+                level,
+                tracker: OffsetTracker::new(),
+                released: CancellationToken::new(),
+                lanes: FxHashMap::default(),
+                paused_bound: false,
+                hold: None,
+                revoked: false,
+                max_dispatched: None,
+                returning,
+                skip: None,
+            };
+            let slot = match self.slots.iter().position(Option::is_none) {
+                Some(free) => {
+                    self.slots[free] = Some(part);
+                    free
+                }
+                None => {
+                    self.slots.push(Some(part));
+                    self.slots.len() - 1
+                }
+            };
+            self.index
+                .entry(tp.0.clone())
+                .or_default()
+                .insert(tp.1, slot);
+            out.push(if self.stopping {
+                Action::Pause(tp.clone())
+            } else {
+                Action::Resume(tp.clone())
+            });
+        }
+    }
+
+    /// Begins a revoke: nothing more of `tps` is dispatched, and their
+    /// queued and ready jobs are dropped (uncommitted). Running jobs finish;
+    /// the adapter waits for [`Scheduler::running_in`] to reach 0, bounded,
+    /// then calls [`Scheduler::release`].
+    pub(crate) fn revoke(&mut self, tps: &[Tp]) {
+        for tp in tps {
+            let Some(slot) = self.slot_of(&tp.0, tp.1) else {
+                continue;
+            };
+            self.ready.retain(|j| j.ticket.slot != slot);
+            if let Some(p) = self.slots[slot].as_mut() {
+                p.revoked = true;
+                p.released.cancel();
+                // Only lanes whose head is running remain.
+                p.lanes.retain(|_, l| {
+                    l.queue.clear();
+                    l.running
+                });
+            }
+        }
+    }
+
+    /// Running jobs of `tps`.
+    pub(crate) fn running_in(&self, tps: &[Tp]) -> usize {
+        tps.iter()
+            .filter_map(|tp| self.part(tp))
+            .map(|p| p.lanes.values().filter(|l| l.running).count())
+            .sum()
+    }
+
+    /// Ends a revoke: commits the watermark of `tps` (unless they were lost
+    /// to another member, whose position ours could move backwards) and
+    /// forgets them.
+    pub(crate) fn release(&mut self, tps: &[Tp], lost: bool, out: &mut Vec<Action<R>>) {
+        let mut commits = Vec::new();
+        for tp in tps {
+            let Some(slot) = self.slot_of(&tp.0, tp.1) else {
+                continue;
+            };
+            if let Some(p) = self.slots[slot].take() {
+                p.released.cancel();
+                if !lost {
+                    if let Some(next) = p.tracker.committable() {
+                        commits.push((p.tp.clone(), next));
+                    }
+                } else {
+                    // Kept in case the partition comes back unchanged.
+                    if self.lost.len() >= LOST_KEPT {
+                        if let Some(oldest) = self.lost.keys().min().copied() {
+                            self.lost.remove(&oldest);
+                        }
+                    }
+                    match p.returning {
+                        // Lost again before a record came: the older state.
+                        Some((epoch, tracker)) => self.lost.insert(epoch, (p.tp, tracker)),
+                        None => self.lost.insert(p.epoch, (p.tp, p.tracker)),
+                    };
+                }
+            }
+            self.ready.retain(|j| j.ticket.slot != slot);
+            if let Some(m) = self.index.get_mut(&tp.0) {
+                m.remove(&tp.1);
+            }
+        }
+        if !commits.is_empty() {
+            out.push(Action::Commit(commits));
+        }
+    }
+
+    /// Stops: no more records are accepted, and every partition is paused.
+    /// Running jobs finish.
+    ///
+    /// With `close_gaps == false` (SIGTERM, a revoke-like stop) everything
+    /// not started is dropped at once: it is uncommitted, so the next owner
+    /// runs it; a job that finished above one of them runs again there.
+    /// With `close_gaps == true` (a planned stop, such as a worker limit)
+    /// the jobs *below* the highest one started in each partition still
+    /// run, so the watermark reaches every finished job and the next worker
+    /// repeats nothing; only jobs above it are dropped.
+    pub(crate) fn stop(&mut self, close_gaps: bool, out: &mut Vec<Action<R>>) {
+        self.stopping = true;
+        let slots = &self.slots;
+        let below = |slot: usize, offset: i64| {
+            close_gaps
+                && slots
+                    .get(slot)
+                    .and_then(Option::as_ref)
+                    .and_then(|p| p.max_dispatched)
+                    .is_some_and(|m| offset < m)
+        };
+        self.ready.retain(|j| below(j.ticket.slot, j.ticket.offset));
+        let kept: Vec<(usize, LaneKey)> = self
+            .ready
+            .iter()
+            .map(|j| (j.ticket.slot, j.ticket.lane))
+            .collect();
+        for (slot, part) in self.slots.iter_mut().enumerate() {
+            let Some(p) = part.as_mut() else { continue };
+            p.released.cancel();
+            let limit = p.max_dispatched.filter(|_| close_gaps);
+            p.lanes.retain(|lane, l| {
+                l.queue
+                    .retain(|j| limit.is_some_and(|m| j.ticket.offset < m));
+                l.running || !l.queue.is_empty() || kept.contains(&(slot, *lane))
+            });
+            out.push(Action::Pause(p.tp.clone()));
+        }
+    }
+
+    /// Nothing runs, waits to run or is parked: a stop is complete.
+    pub(crate) fn idle(&self) -> bool {
+        self.running == 0 && self.ready.is_empty() && self.parked.is_empty()
+    }
+
+    /// A polled record. `now_ms` decides whether a tier record is due.
+    pub(crate) fn record(&mut self, rec: Incoming<R>, now_ms: i64, out: &mut Vec<Action<R>>) {
+        self.now_ms = self.now_ms.max(now_ms);
+        if self.stopping {
+            return;
+        }
+        let Some(slot) = self.slot_of(rec.item.topic(), rec.item.partition()) else {
+            return; // not (or no longer) assigned: never tracked, never committed
+        };
+        let Some(p) = self.slots[slot].as_mut() else {
+            return;
+        };
+        if p.revoked {
+            return;
+        }
+        if let Some((epoch, kept)) = p.returning.take() {
+            // The first record of a partition that came back: fetching
+            // starts at the group's committed position.
+            if kept.position_unchanged(rec.offset) {
+                p.skip = Some((epoch, kept));
+            }
+        }
+        if p.tracker.finished_here(rec.offset) {
+            // Fetched again after a seek: never run twice.
+            return;
+        }
+        if let Some((_, kept)) = &p.skip {
+            if kept.finished_here(rec.offset) {
+                // Finished by this member before it lost the partition.
+                p.tracker.start_at(rec.offset, rec.timestamp_ms);
+                p.tracker.finish(rec.offset);
+                self.skipped_finished += 1;
+                return;
+            }
+            if kept.highest_seen().is_none_or(|h| rec.offset >= h) {
+                p.skip = None;
+            }
+        }
+        // A held partition takes nothing but the record it waits for; any
+        // other was fetched before the pause and comes again after it.
+        if p.hold.is_some_and(|h| h.offset != rec.offset) {
+            return;
+        }
+        if let Some(due) = rec.due_ms.filter(|d| *d > now_ms) {
+            // The placeholder keeps the watermark below the held record.
+            p.tracker.start_at(rec.offset, rec.timestamp_ms);
+            p.hold = Some(Hold {
+                offset: rec.offset,
+                due_ms: due,
+                resumed: false,
+            });
+            out.push(Action::Pause(p.tp.clone()));
+            out.push(Action::Seek(p.tp.clone(), rec.offset));
+            return;
+        }
+        p.hold = None;
+        p.tracker.start_at(rec.offset, rec.timestamp_ms);
+        self.seen_ms[p.level] = now_ms;
+        if rec.foreign {
+            p.tracker.finish(rec.offset);
+            return;
+        }
+        let job = Job {
+            ticket: Ticket {
+                slot,
+                epoch: p.epoch,
+                offset: rec.offset,
+                lane: rec.lane,
+                level: p.level,
+            },
+            item: rec.item,
+            released: p.released.clone(),
+        };
+        match p.lanes.get_mut(&rec.lane) {
+            Some(l) => l.queue.push_back(job),
+            None => {
+                p.lanes.insert(
+                    rec.lane,
+                    Lane {
+                        running: false,
+                        queue: VecDeque::new(),
+                    },
+                );
+                self.ready.push(job);
+            }
+        }
+        if !p.paused_bound && p.tracker.in_flight() >= self.limits.max_in_flight {
+            let was = p.wants_pause();
+            p.paused_bound = true;
+            if !was {
+                out.push(Action::Pause(p.tp.clone()));
+            }
+        }
+    }
+
+    /// Hands ready jobs to runners, up to the concurrency limit and the
+    /// most urgent level first, as one `Run` batch. Call after a batch of
+    /// events.
+    pub(crate) fn dispatch(&mut self, out: &mut Vec<Action<R>>) {
+        if self.running >= self.limits.concurrency
+            || (self.ready.is_empty() && self.unparking.iter().all(VecDeque::is_empty))
+        {
+            return;
+        }
+        let mut batch: Vec<Job<R>> = Vec::new();
+        let mut grants: Vec<Ticket> = Vec::new();
+        let mut urgent_active = false;
+        for level in 0..Priority::LEVELS {
+            // Slots kept free for a more urgent level that is active.
+            let reserve = if urgent_active {
+                self.limits.concurrency / 4
+            } else {
+                0
+            };
+            urgent_active |= self.active(level);
+            let mut free = (self.limits.concurrency - reserve).saturating_sub(self.running);
+            // Parked jobs that can go on first: they are older, and they
+            // hold their lanes.
+            while free > 0 {
+                let Some(t) = self.unparking[level].pop_front() else {
+                    break;
+                };
+                let live = self
+                    .slots
+                    .get(t.slot)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|p| p.epoch == t.epoch && !p.revoked);
+                // A revoked one is being released; it reports soon.
+                if live && self.parked.remove(&t) {
+                    grants.push(t);
+                    self.running += 1;
+                    self.running_at[level] += 1;
+                    free -= 1;
+                }
+            }
+            let queue = &mut self.ready.queues[level];
+            let n = free.min(queue.len());
+            if n == 0 {
+                continue;
+            }
+            batch.extend(queue.drain(..n));
+            self.running += n;
+            self.running_at[level] += n;
+        }
+        if !grants.is_empty() {
+            out.push(Action::Grant(grants));
+        }
+        if batch.is_empty() {
+            return;
+        }
+        for j in &batch {
+            if let Some(p) = self.slots[j.ticket.slot].as_mut() {
+                p.max_dispatched = p.max_dispatched.max(Some(j.ticket.offset));
+                if let Some(lane) = p.lanes.get_mut(&j.ticket.lane) {
+                    lane.running = true;
+                }
+            }
+        }
+        out.push(Action::Run(batch));
+    }
+
+    /// A job reached its final outcome (`done`: handled, or forwarded and
+    /// acknowledged) or gave up without one (`done == false`: it must be
+    /// re-delivered, so its offset stays unfinished).
+    pub(crate) fn finished(&mut self, ticket: Ticket, done: bool, out: &mut Vec<Action<R>>) {
+        // A parked job holds no slot (one still queued for a grant is
+        // skipped when its turn comes).
+        if !self.parked.remove(&ticket) {
+            self.running = self.running.saturating_sub(1);
+            self.running_at[ticket.level] = self.running_at[ticket.level].saturating_sub(1);
+        }
+        let Some(p) = self
+            .slots
+            .get_mut(ticket.slot)
+            .and_then(Option::as_mut)
+            .filter(|p| p.epoch == ticket.epoch)
+        else {
+            // Stale: the partition was revoked (and maybe re-assigned). If
+            // it was lost, what finished counts for its return.
+            if done {
+                let kept = match self.lost.get_mut(&ticket.epoch) {
+                    Some((_, tracker)) => Some(tracker),
+                    None => self
+                        .slots
+                        .iter_mut()
+                        .flatten()
+                        .flat_map(|p| p.returning.as_mut().into_iter().chain(p.skip.as_mut()))
+                        .find(|(e, _)| *e == ticket.epoch)
+                        .map(|(_, t)| t),
+                };
+                if let Some(tracker) = kept {
+                    tracker.finish(ticket.offset);
+                }
+            }
+            return;
+        };
+        if done {
+            p.tracker.finish(ticket.offset);
+        }
+        // After a stop, the queues hold only what must still run.
+        let next = match p.lanes.get_mut(&ticket.lane) {
+            Some(l) if !p.revoked => {
+                l.running = false;
+                l.queue.pop_front()
+            }
+            _ => None,
+        };
+        match next {
+            Some(job) => self.ready.push(job),
+            None => {
+                p.lanes.remove(&ticket.lane);
+            }
+        }
+        if p.paused_bound
+            && !p.revoked
+            && !self.stopping
+            && p.tracker.in_flight() <= self.limits.max_in_flight * 3 / 4
+        {
+            p.paused_bound = false;
+            if !p.wants_pause() {
+                out.push(Action::Resume(p.tp.clone()));
+            }
+        }
+    }
+
+    /// Time passed: resumes holds that are due, and commits moved
+    /// watermarks once per commit interval.
+    pub(crate) fn tick(&mut self, now_ms: i64, out: &mut Vec<Action<R>>) {
+        self.now_ms = self.now_ms.max(now_ms);
+        for p in self.slots.iter_mut().flatten() {
+            if let Some(h) = p.hold.as_mut().filter(|h| !h.resumed && h.due_ms <= now_ms) {
+                h.resumed = true;
+                let offset = h.offset;
+                if !p.paused_bound && !p.revoked && !self.stopping {
+                    out.push(Action::Resume(p.tp.clone()));
+                    out.push(Action::Seek(p.tp.clone(), offset));
+                }
+            }
+        }
+        if now_ms.saturating_sub(self.last_commit_ms) >= self.limits.commit_interval_ms {
+            self.last_commit_ms = now_ms;
+            self.since_full_commit += 1;
+            if self.since_full_commit >= FULL_COMMIT_EVERY {
+                self.since_full_commit = 0;
+                self.commit_failed();
+            }
+            self.commit_all(out);
+        }
+    }
+
+    /// The earliest due time of a hold not yet resumed, if any (the
+    /// harness jumps its virtual clock there).
+    #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))]
+    pub(crate) fn next_due_ms(&self) -> Option<i64> {
+        self.slots
+            .iter()
+            .flatten()
+            .filter_map(|p| p.hold.filter(|h| !h.resumed).map(|h| h.due_ms))
+            .min()
+    }
+
+    /// Forgets every partition without committing: after a shutdown, so the
+    /// consumer's final revoke neither waits for abandoned jobs nor commits.
+    pub(crate) fn clear(&mut self) {
+        for p in self.slots.iter().flatten() {
+            p.released.cancel();
+        }
+        self.lost.clear();
+        self.slots.clear();
+        self.index.clear();
+        self.ready.clear();
+    }
+}

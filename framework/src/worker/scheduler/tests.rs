@@ -1,0 +1,859 @@
+//! The scheduler's unit and property tests.
+
+use super::*;
+use proptest::prelude::*;
+use std::collections::{BTreeSet, HashSet};
+
+impl Located for i64 {
+    fn topic(&self) -> &str {
+        "t"
+    }
+    fn partition(&self) -> i32 {
+        0
+    }
+}
+
+fn limits(concurrency: usize, max_in_flight: usize) -> Limits {
+    Limits {
+        concurrency,
+        max_in_flight,
+        commit_interval_ms: 0,
+    }
+}
+
+fn tp(p: i32) -> Tp {
+    ("t".to_string(), p)
+}
+
+fn rec(offset: i64, key: u64) -> Incoming<i64> {
+    Incoming {
+        offset,
+        lane: LaneKey::Key(key),
+        timestamp_ms: None,
+        due_ms: None,
+        foreign: false,
+        item: offset,
+    }
+}
+
+fn runs(out: &[Action<i64>]) -> Vec<Ticket> {
+    out.iter()
+        .flat_map(|a| match a {
+            Action::Run(jobs) => jobs.iter().map(|j| j.ticket).collect(),
+            _ => vec![],
+        })
+        .collect()
+}
+
+/// A record of a named topic (partition 0), for the priority tests.
+struct Topical(&'static str);
+
+impl Located for Topical {
+    fn topic(&self) -> &str {
+        self.0
+    }
+    fn partition(&self) -> i32 {
+        0
+    }
+}
+
+fn on(topic: &'static str, offset: i64) -> Incoming<Topical> {
+    Incoming {
+        offset,
+        lane: LaneKey::Offset(offset),
+        timestamp_ms: None,
+        due_ms: None,
+        foreign: false,
+        item: Topical(topic),
+    }
+}
+
+/// The (topic, ticket) of every job in `Run` actions.
+fn started(out: &[Action<Topical>]) -> Vec<(&'static str, Ticket)> {
+    out.iter()
+        .flat_map(|a| match a {
+            Action::Run(jobs) => jobs.iter().map(|j| (j.item.0, j.ticket)).collect(),
+            _ => vec![],
+        })
+        .collect()
+}
+
+#[test]
+fn urgent_jobs_take_free_slots_first_and_bulk_keeps_three_quarters_meanwhile() {
+    let mut s = Scheduler::new(limits(8, 1_000)).with_priorities(HashMap::from([
+        ("hi".to_string(), Priority::High),
+        ("lo".to_string(), Priority::Low),
+    ]));
+    let mut out = Vec::new();
+    s.assign(&[("hi".to_string(), 0), ("lo".to_string(), 0)], &mut out);
+    // A bulk flood alone takes every slot.
+    for o in 0..100 {
+        s.record(on("lo", o), 0, &mut out);
+    }
+    out.clear();
+    s.dispatch(&mut out);
+    let mut bulk: Vec<Ticket> = started(&out).into_iter().map(|(_, t)| t).collect();
+    assert_eq!(bulk.len(), 8, "bulk alone uses all 8 slots");
+    // Urgent work arrives behind 92 ready bulk jobs: the next free slots
+    // are its own.
+    for o in 0..3 {
+        s.record(on("hi", o), 10, &mut out);
+    }
+    out.clear();
+    for t in bulk.drain(..2) {
+        s.finished(t, true, &mut out);
+    }
+    s.dispatch(&mut out);
+    let next = started(&out);
+    assert_eq!(
+        next.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+        vec!["hi", "hi"],
+        "freed slots go to the urgent level"
+    );
+    // While urgent work is active, bulk keeps at most 6 of 8 slots.
+    out.clear();
+    for (_, t) in next {
+        s.finished(t, true, &mut out);
+    }
+    s.dispatch(&mut out);
+    let third = started(&out);
+    assert_eq!(third.len(), 1, "one urgent job left");
+    assert_eq!(third[0].0, "hi");
+    out.clear();
+    s.finished(third[0].1, true, &mut out);
+    s.record(on("hi", 3), 500, &mut out);
+    s.dispatch(&mut out);
+    let fourth = started(&out);
+    assert_eq!(fourth.len(), 1, "the new urgent job starts at once");
+    let (running, ready) = s.by_level()[2];
+    assert_eq!(running, 6, "bulk holds 6 slots while urgent work is active");
+    assert!(ready > 0);
+    // A second after the urgent level went quiet, bulk takes every slot.
+    out.clear();
+    for (_, t) in fourth {
+        s.finished(t, true, &mut out);
+    }
+    s.tick(1_600, &mut out);
+    out.clear();
+    s.dispatch(&mut out);
+    assert_eq!(s.by_level()[0], (0, 0));
+    assert_eq!(s.running(), 8, "bulk takes all 8 slots again");
+}
+
+#[test]
+fn without_priorities_every_topic_shares_one_level() {
+    let mut s: Scheduler<Topical> = Scheduler::new(limits(4, 1_000));
+    let mut out = Vec::new();
+    s.assign(&[("a".to_string(), 0), ("b".to_string(), 0)], &mut out);
+    for o in 0..10 {
+        s.record(on("a", o), 0, &mut out);
+        s.record(on("b", o), 0, &mut out);
+    }
+    out.clear();
+    s.dispatch(&mut out);
+    assert_eq!(
+        started(&out).iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+        vec!["a", "b", "a", "b"],
+        "arrival order, all slots used"
+    );
+}
+
+#[test]
+fn same_key_runs_in_order_and_other_keys_in_parallel() {
+    let mut s = Scheduler::new(limits(8, 100));
+    let mut out = Vec::new();
+    s.assign(&[tp(0)], &mut out);
+    for (o, k) in [(0, 1), (1, 1), (2, 2), (3, 1)] {
+        s.record(rec(o, k), 0, &mut out);
+    }
+    out.clear();
+    s.dispatch(&mut out);
+    let first = runs(&out);
+    assert_eq!(
+        first.iter().map(|t| t.offset).collect::<Vec<_>>(),
+        vec![0, 2],
+        "one job per key at a time"
+    );
+    out.clear();
+    s.finished(first[0], true, &mut out);
+    s.dispatch(&mut out);
+    assert_eq!(
+        runs(&out).iter().map(|t| t.offset).collect::<Vec<_>>(),
+        vec![1]
+    );
+}
+
+#[test]
+fn a_revoke_or_stop_releases_the_jobs_of_its_partitions_only() {
+    let mut s = Scheduler::new(limits(8, 100));
+    let mut out = Vec::new();
+    let (a, b) = (("a".to_string(), 0), ("b".to_string(), 0));
+    s.assign(&[a.clone(), b], &mut out);
+    s.record(on("a", 0), 0, &mut out);
+    s.record(on("b", 0), 0, &mut out);
+    out.clear();
+    s.dispatch(&mut out);
+    let released: Vec<(&str, CancellationToken)> = out
+        .iter()
+        .flat_map(|a| match a {
+            Action::Run(jobs) => jobs
+                .iter()
+                .map(|j| (j.item.0, j.released.clone()))
+                .collect(),
+            _ => vec![],
+        })
+        .collect();
+    assert_eq!(released.len(), 2);
+    assert!(released.iter().all(|(_, t)| !t.is_cancelled()));
+    s.revoke(&[a]);
+    for (topic, token) in &released {
+        assert_eq!(
+            token.is_cancelled(),
+            *topic == "a",
+            "only the revoked partition's job is released"
+        );
+    }
+    s.stop(false, &mut out);
+    assert!(
+        released.iter().all(|(_, t)| t.is_cancelled()),
+        "a stop releases every job"
+    );
+}
+
+#[test]
+fn the_watermark_never_passes_a_running_job() {
+    let mut s = Scheduler::new(limits(8, 100));
+    let mut out = Vec::new();
+    s.assign(&[tp(0)], &mut out);
+    for o in 0..3 {
+        s.record(rec(o, o as u64), 0, &mut out);
+    }
+    s.dispatch(&mut out);
+    let t = runs(&out);
+    out.clear();
+    s.finished(t[2], true, &mut out);
+    s.finished(t[0], true, &mut out);
+    s.commit_all(&mut out);
+    assert!(matches!(&out[..], [Action::Commit(c)] if c == &vec![(tp(0), 1)]));
+}
+
+#[test]
+fn the_in_flight_bound_pauses_and_resumes_at_three_quarters() {
+    let mut s = Scheduler::new(limits(100, 8));
+    let mut out = Vec::new();
+    s.assign(&[tp(0)], &mut out);
+    out.clear();
+    for o in 0..8 {
+        s.record(rec(o, o as u64), 0, &mut out);
+    }
+    assert!(matches!(&out[..], [Action::Pause(_)]), "{out:?}");
+    assert!(s.wants_pause(&tp(0)));
+    out.clear();
+    s.dispatch(&mut out);
+    let t = runs(&out);
+    out.clear();
+    s.finished(t[0], true, &mut out);
+    assert!(out.is_empty(), "7 in flight: still above three quarters");
+    s.finished(t[1], true, &mut out);
+    assert!(matches!(&out[..], [Action::Resume(_)]), "{out:?}");
+}
+
+#[test]
+fn a_record_not_due_holds_its_partition_until_due() {
+    let mut s = Scheduler::new(limits(8, 100));
+    let mut out = Vec::new();
+    s.assign(&[tp(0)], &mut out);
+    out.clear();
+    let mut r = rec(5, 1);
+    r.due_ms = Some(1_000);
+    s.record(r, 0, &mut out);
+    assert!(
+        matches!(&out[..], [Action::Pause(_), Action::Seek(_, 5)]),
+        "{out:?}"
+    );
+    out.clear();
+    s.record(rec(6, 2), 0, &mut out);
+    s.dispatch(&mut out);
+    assert!(out.is_empty(), "nothing behind a hold runs");
+    s.tick(999, &mut out);
+    assert!(!out.iter().any(|a| matches!(a, Action::Resume(_))));
+    out.clear();
+    s.tick(1_000, &mut out);
+    assert!(
+        matches!(&out[..2], [Action::Resume(_), Action::Seek(_, 5)]),
+        "{out:?}"
+    );
+    out.clear();
+    let mut again = rec(5, 1);
+    again.due_ms = Some(1_000);
+    s.record(again, 1_000, &mut out);
+    s.dispatch(&mut out);
+    assert_eq!(runs(&out).len(), 1);
+}
+
+#[test]
+fn a_revoke_drops_what_has_not_started_and_waits_only_for_running_jobs() {
+    let mut s = Scheduler::new(limits(1, 100));
+    let mut out = Vec::new();
+    s.assign(&[tp(0)], &mut out);
+    for o in 0..50 {
+        s.record(rec(o, o as u64), 0, &mut out);
+    }
+    out.clear();
+    s.dispatch(&mut out);
+    let t = runs(&out);
+    assert_eq!(t.len(), 1);
+    s.revoke(&[tp(0)]);
+    assert_eq!(s.running_in(&[tp(0)]), 1);
+    assert_eq!(s.ready_len(), 0, "49 jobs dropped at once");
+    out.clear();
+    s.finished(t[0], true, &mut out);
+    assert_eq!(s.running_in(&[tp(0)]), 0);
+    s.release(&[tp(0)], false, &mut out);
+    assert!(
+        matches!(&out[..], [Action::Commit(c)] if c == &vec![(tp(0), 1)]),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_lost_partition_is_not_committed_and_a_stale_completion_is_ignored() {
+    let mut s = Scheduler::new(limits(4, 100));
+    let mut out = Vec::new();
+    s.assign(&[tp(0)], &mut out);
+    s.record(rec(0, 1), 0, &mut out);
+    s.dispatch(&mut out);
+    let t = runs(&out);
+    out.clear();
+    s.revoke(&[tp(0)]);
+    s.release(&[tp(0)], true, &mut out);
+    assert!(out.is_empty());
+    s.assign(&[tp(0)], &mut out);
+    out.clear();
+    s.finished(t[0], true, &mut out);
+    assert_eq!(s.running(), 0);
+    s.commit_all(&mut out);
+    assert!(out.is_empty(), "the old epoch's completion marked nothing");
+}
+
+fn grants(out: &[Action<i64>]) -> Vec<Ticket> {
+    out.iter()
+        .flat_map(|a| match a {
+            Action::Grant(t) => t.clone(),
+            _ => vec![],
+        })
+        .collect()
+}
+
+#[test]
+fn a_parked_job_gives_its_slot_to_another_key_and_keeps_its_lane() {
+    let mut s = Scheduler::new(limits(1, 100));
+    let mut out = Vec::new();
+    s.assign(&[tp(0)], &mut out);
+    for (o, k) in [(0, 1), (1, 1), (2, 2)] {
+        s.record(rec(o, k), 0, &mut out);
+    }
+    out.clear();
+    s.dispatch(&mut out);
+    let first = runs(&out);
+    assert_eq!(first.iter().map(|t| t.offset).collect::<Vec<_>>(), [0]);
+    out.clear();
+    s.park(first[0]);
+    assert_eq!((s.running(), s.parked()), (0, 1));
+    s.dispatch(&mut out);
+    let second = runs(&out);
+    assert_eq!(
+        second.iter().map(|t| t.offset).collect::<Vec<_>>(),
+        [2],
+        "key 2 takes the slot; key 1's next job waits behind its parked head"
+    );
+    out.clear();
+    assert!(!s.unpark(first[0]), "no slot free: it waits for a grant");
+    s.finished(second[0], true, &mut out);
+    s.dispatch(&mut out);
+    assert_eq!(grants(&out), [first[0]], "the parked job is served first");
+    assert!(runs(&out).is_empty(), "the concurrency limit holds");
+    out.clear();
+    s.finished(first[0], true, &mut out);
+    s.dispatch(&mut out);
+    assert_eq!(runs(&out).iter().map(|t| t.offset).collect::<Vec<_>>(), [1]);
+}
+
+#[test]
+fn a_parked_job_released_by_a_revoke_frees_nothing_twice() {
+    let mut s = Scheduler::new(limits(2, 100));
+    let mut out = Vec::new();
+    s.assign(&[tp(0), tp(1)], &mut out);
+    s.record(rec(0, 1), 0, &mut out);
+    out.clear();
+    s.dispatch(&mut out);
+    let t = runs(&out)[0];
+    s.park(t);
+    assert!(
+        !s.idle(),
+        "a parked job keeps a stop waiting for its release"
+    );
+    s.revoke(&[tp(0)]);
+    out.clear();
+    s.finished(t, false, &mut out);
+    assert_eq!((s.running(), s.parked()), (0, 0));
+    assert!(s.idle());
+}
+
+#[test]
+fn a_partition_that_comes_back_unchanged_skips_what_this_member_finished() {
+    let mut s = Scheduler::new(limits(8, 100));
+    let mut out = Vec::new();
+    s.assign(&[tp(0)], &mut out);
+    for o in 0..6 {
+        s.record(rec(o, o as u64), 0, &mut out);
+    }
+    out.clear();
+    s.dispatch(&mut out);
+    let t = runs(&out);
+    for i in [0, 1, 3] {
+        s.finished(t[i], true, &mut out);
+    }
+    // The session expires (the coordinator is down): lost, no commit.
+    s.revoke(&[tp(0)]);
+    out.clear();
+    s.release(&[tp(0)], true, &mut out);
+    assert!(out.is_empty());
+    // A job that was running finishes after the loss.
+    s.finished(t[4], true, &mut out);
+    s.assign(&[tp(0)], &mut out);
+    out.clear();
+    // Nothing was committed meanwhile: fetching starts at 0 again.
+    for o in 0..6 {
+        s.record(rec(o, o as u64), 0, &mut out);
+    }
+    s.dispatch(&mut out);
+    let again: Vec<i64> = runs(&out).iter().map(|t| t.offset).collect();
+    assert_eq!(again, [2, 5], "only what did not finish runs again");
+    assert_eq!(s.skipped_finished(), 4);
+    out.clear();
+    s.commit_all(&mut out);
+    assert!(
+        matches!(&out[..], [Action::Commit(c)] if c == &vec![(tp(0), 2)]),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_partition_whose_position_moved_meanwhile_runs_everything_again() {
+    let mut s = Scheduler::new(limits(8, 100));
+    let mut out = Vec::new();
+    s.assign(&[tp(0)], &mut out);
+    for o in 0..4 {
+        s.record(rec(o, o as u64), 0, &mut out);
+    }
+    s.dispatch(&mut out);
+    let t = runs(&out);
+    for ticket in &t {
+        s.finished(*ticket, true, &mut out);
+    }
+    s.revoke(&[tp(0)]);
+    s.release(&[tp(0)], true, &mut out);
+    s.assign(&[tp(0)], &mut out);
+    out.clear();
+    // Another member committed 2 meanwhile: the kept state is dropped.
+    for o in 2..4 {
+        s.record(rec(o, o as u64), 0, &mut out);
+    }
+    s.dispatch(&mut out);
+    let again: Vec<i64> = runs(&out).iter().map(|t| t.offset).collect();
+    assert_eq!(again, [2, 3]);
+    assert_eq!(s.skipped_finished(), 0);
+}
+
+#[test]
+fn a_planned_stop_runs_what_lies_below_the_highest_started_job() {
+    let mut s = Scheduler::new(limits(8, 100));
+    let mut out = Vec::new();
+    s.assign(&[tp(0)], &mut out);
+    // Key 1: offsets 0, 1, 2 (one lane); key 2: offset 3; key 3: offset 4.
+    for (o, k) in [(0, 1), (1, 1), (2, 1), (3, 2), (4, 3)] {
+        s.record(rec(o, k), 0, &mut out);
+    }
+    out.clear();
+    s.dispatch(&mut out);
+    let started = runs(&out);
+    assert_eq!(
+        started.iter().map(|t| t.offset).collect::<Vec<_>>(),
+        vec![0, 3, 4]
+    );
+    out.clear();
+    s.stop(true, &mut out);
+    // 1 and 2 lie below 4 (started): they still run; nothing above 4 exists.
+    for t in &started {
+        s.finished(*t, true, &mut out);
+    }
+    out.clear();
+    s.dispatch(&mut out);
+    let next = runs(&out);
+    assert_eq!(next.iter().map(|t| t.offset).collect::<Vec<_>>(), vec![1]);
+    s.finished(next[0], true, &mut out);
+    out.clear();
+    s.dispatch(&mut out);
+    let last = runs(&out);
+    assert_eq!(last.iter().map(|t| t.offset).collect::<Vec<_>>(), vec![2]);
+    s.finished(last[0], true, &mut out);
+    assert!(s.idle());
+    out.clear();
+    s.commit_all(&mut out);
+    assert!(
+        matches!(&out[..], [Action::Commit(c)] if c == &vec![(tp(0), 5)]),
+        "{out:?}"
+    );
+    // A SIGTERM-like stop drops them instead.
+    let mut s = Scheduler::new(limits(8, 100));
+    s.assign(&[tp(0)], &mut out);
+    for (o, k) in [(0, 1), (1, 1), (2, 2)] {
+        s.record(rec(o, k), 0, &mut out);
+    }
+    out.clear();
+    s.dispatch(&mut out);
+    let started = runs(&out);
+    s.stop(false, &mut out);
+    for t in &started {
+        s.finished(*t, true, &mut out);
+    }
+    out.clear();
+    s.dispatch(&mut out);
+    assert!(runs(&out).is_empty() && s.idle());
+}
+
+/// Operations of the property test.
+#[derive(Clone, Debug)]
+enum Op {
+    Poll(u8),
+    Finish(u8),
+    /// A revoke and re-assignment; `true` cancels the running jobs
+    /// (past the revoke timeout) instead of letting them finish.
+    Rebalance(bool),
+    /// The partition is lost (session expired) and comes back: running
+    /// jobs go on and finish later, as stale completions.
+    Lost,
+    /// A running job starts waiting for a downstream.
+    Park(u8),
+    /// A parked job can go on.
+    Unpark(u8),
+    Tick(u16),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (1u8..6).prop_map(Op::Poll),
+        4 => any::<u8>().prop_map(Op::Finish),
+        1 => any::<bool>().prop_map(Op::Rebalance),
+        1 => Just(Op::Lost),
+        2 => any::<u8>().prop_map(Op::Park),
+        2 => any::<u8>().prop_map(Op::Unpark),
+        1 => (1u16..2_000).prop_map(Op::Tick),
+    ]
+}
+
+/// An in-memory partition log, consumer position and pause flag, driven
+/// by the scheduler's actions, as the poll thread drives rdkafka.
+struct Sim {
+    keys: Vec<u64>,
+    due: Vec<Option<i64>>,
+    pos: i64,
+    paused: bool,
+    running: Vec<Ticket>,
+    done: BTreeSet<i64>,
+    committed: i64,
+    now: i64,
+    /// Per assignment: offsets run, to catch a double run.
+    run_this_epoch: HashSet<i64>,
+    /// Per lane: the offsets run, in order.
+    lane_order: HashMap<u64, Vec<i64>>,
+    /// Running jobs that are parked (holding no slot), and those of
+    /// them that asked for a slot again.
+    parked: HashSet<Ticket>,
+    asked: HashSet<Ticket>,
+    concurrency: usize,
+    /// Jobs of an earlier, lost assignment, still running.
+    stale: Vec<Ticket>,
+}
+
+impl Sim {
+    fn apply(&mut self, out: Vec<Action<i64>>) {
+        for a in out {
+            match a {
+                Action::Run(jobs) => {
+                    for j in jobs {
+                        assert!(
+                            self.run_this_epoch.insert(j.ticket.offset),
+                            "offset {} run twice in one assignment",
+                            j.ticket.offset
+                        );
+                        let key = self.keys[j.ticket.offset as usize];
+                        if let Some(last) = self.lane_order.get(&key).and_then(|v| v.last()) {
+                            assert!(*last < j.ticket.offset, "key {key} ran out of order");
+                        }
+                        assert!(
+                            self.running
+                                .iter()
+                                .all(|r| self.keys[r.offset as usize] != key),
+                            "two jobs of key {key} at once"
+                        );
+                        self.lane_order
+                            .entry(key)
+                            .or_default()
+                            .push(j.ticket.offset);
+                        self.running.push(j.ticket);
+                    }
+                }
+                Action::Grant(ts) => {
+                    for t in ts {
+                        assert!(self.asked.remove(&t), "a grant nobody asked for");
+                        self.parked.remove(&t);
+                    }
+                }
+                Action::Pause(_) => self.paused = true,
+                Action::Resume(_) => self.paused = false,
+                Action::Seek(_, o) => self.pos = o,
+                Action::Commit(c) => {
+                    for (_, next) in c {
+                        for o in 0..next {
+                            assert!(
+                                self.done.contains(&o),
+                                "commit {next} passes unfinished offset {o}"
+                            );
+                        }
+                        self.committed = self.committed.max(next);
+                    }
+                }
+            }
+        }
+    }
+
+    fn incoming(&self, o: i64) -> Incoming<i64> {
+        Incoming {
+            offset: o,
+            lane: LaneKey::Key(self.keys[o as usize]),
+            timestamp_ms: None,
+            due_ms: self.due[o as usize],
+            foreign: false,
+            item: o,
+        }
+    }
+
+    fn poll(&mut self, s: &mut Scheduler<i64>, n: u8) {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            if self.paused || self.pos as usize >= self.keys.len() {
+                break;
+            }
+            let o = self.pos;
+            self.pos += 1;
+            s.record(self.incoming(o), self.now, &mut out);
+            // An action (a hold's seek) may change the position.
+            self.apply(std::mem::take(&mut out));
+        }
+        s.dispatch(&mut out);
+        self.apply(out);
+    }
+
+    fn finish(&mut self, s: &mut Scheduler<i64>, i: usize, done: bool) {
+        if self.running.is_empty() {
+            return;
+        }
+        let t = self.running[i % self.running.len()];
+        // A parked job cannot finish its handler; it only ends when
+        // released (not done).
+        let done = done && !self.parked.contains(&t);
+        self.running.retain(|r| *r != t);
+        self.parked.remove(&t);
+        self.asked.remove(&t);
+        if done {
+            self.done.insert(t.offset);
+        }
+        let mut out = Vec::new();
+        s.finished(t, done, &mut out);
+        s.dispatch(&mut out);
+        self.apply(out);
+    }
+
+    fn park(&mut self, s: &mut Scheduler<i64>, i: usize) {
+        let free: Vec<Ticket> = self
+            .running
+            .iter()
+            .filter(|t| !self.parked.contains(t))
+            .copied()
+            .collect();
+        if let Some(t) = free.get(i % free.len().max(1)) {
+            s.park(*t);
+            self.parked.insert(*t);
+            let mut out = Vec::new();
+            s.dispatch(&mut out);
+            self.apply(out);
+        }
+    }
+
+    fn unpark(&mut self, s: &mut Scheduler<i64>, i: usize) {
+        let waiting: Vec<Ticket> = self
+            .parked
+            .iter()
+            .filter(|t| !self.asked.contains(t))
+            .copied()
+            .collect();
+        if let Some(t) = waiting.get(i % waiting.len().max(1)) {
+            if s.unpark(*t) {
+                self.parked.remove(t);
+            } else {
+                self.asked.insert(*t);
+            }
+        }
+    }
+
+    /// Jobs holding a slot never exceed the limit.
+    fn check_concurrency(&self) {
+        let holding = self.running.len() - self.parked.len();
+        assert!(holding <= self.concurrency, "{holding} jobs hold a slot");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Random interleavings of arrival, completion (and failure to
+    /// complete), rebalance and time: the commit never passes an
+    /// unfinished record, per-key order holds, no record runs twice in
+    /// one assignment, and at the end every record ran, everything is
+    /// committed and nothing is left paused.
+    #[test]
+    fn scheduler_invariants_hold_under_random_interleavings(
+        keys in prop::collection::vec(0u64..4, 1..40),
+        dues in prop::collection::vec(prop::option::weighted(0.2, 0i64..3_000), 40),
+        ops in prop::collection::vec(op(), 1..120),
+        concurrency in 1usize..4,
+        bound in 1usize..6,
+    ) {
+        let n = keys.len();
+        let mut s = Scheduler::new(Limits { concurrency, max_in_flight: bound, commit_interval_ms: 100 });
+        let mut sim = Sim {
+            due: dues[..n].to_vec(),
+            keys,
+            pos: 0,
+            paused: false,
+            running: Vec::new(),
+            done: BTreeSet::new(),
+            committed: 0,
+            now: 0,
+            run_this_epoch: HashSet::new(),
+            lane_order: HashMap::new(),
+            parked: HashSet::new(),
+            asked: HashSet::new(),
+            concurrency,
+            stale: Vec::new(),
+        };
+        let mut out = Vec::new();
+        s.assign(&[tp(0)], &mut out);
+        sim.apply(std::mem::take(&mut out));
+        for op in ops {
+            match op {
+                Op::Poll(k) => sim.poll(&mut s, k),
+                Op::Finish(i) => {
+                    // Now and then a lost assignment's job finishes.
+                    if i % 4 == 0 {
+                        if let Some(t) = sim.stale.pop() {
+                            sim.done.insert(t.offset);
+                            s.finished(t, true, &mut out);
+                            s.dispatch(&mut out);
+                            sim.apply(std::mem::take(&mut out));
+                        }
+                    }
+                    // A parked job only ends when released (a rebalance).
+                    let free: Vec<usize> = (0..sim.running.len())
+                        .filter(|k| !sim.parked.contains(&sim.running[*k]))
+                        .collect();
+                    if !free.is_empty() {
+                        sim.finish(&mut s, free[i as usize % free.len()], true);
+                    }
+                }
+                Op::Park(i) => sim.park(&mut s, i as usize),
+                Op::Unpark(i) => sim.unpark(&mut s, i as usize),
+                Op::Lost => {
+                    s.revoke(&[tp(0)]);
+                    s.release(&[tp(0)], true, &mut out);
+                    sim.apply(std::mem::take(&mut out));
+                    // Running jobs go on; parked ones are released.
+                    for t in std::mem::take(&mut sim.running) {
+                        if sim.parked.remove(&t) {
+                            sim.asked.remove(&t);
+                            s.finished(t, false, &mut out);
+                        } else {
+                            sim.stale.push(t);
+                        }
+                    }
+                    sim.apply(std::mem::take(&mut out));
+                    // Nobody else took it: fetching starts where the
+                    // group's position is.
+                    sim.pos = sim.committed;
+                    sim.run_this_epoch.clear();
+                    sim.lane_order.clear();
+                    s.assign(&[tp(0)], &mut out);
+                    sim.apply(std::mem::take(&mut out));
+                }
+                Op::Tick(ms) => {
+                    sim.now += i64::from(ms);
+                    s.tick(sim.now, &mut out);
+                    s.dispatch(&mut out);
+                    sim.apply(std::mem::take(&mut out));
+                }
+
+                Op::Rebalance(cancel) => {
+                    s.revoke(&[tp(0)]);
+                    while !sim.running.is_empty() {
+                        sim.finish(&mut s, 0, !cancel);
+                    }
+                    for t in std::mem::take(&mut sim.stale) {
+                        sim.done.insert(t.offset);
+                        s.finished(t, true, &mut out);
+                    }
+                    s.release(&[tp(0)], false, &mut out);
+                    sim.apply(std::mem::take(&mut out));
+                    // The new assignment fetches from the committed position.
+                    sim.pos = sim.committed;
+                    sim.run_this_epoch.clear();
+                    sim.lane_order.clear();
+                    s.assign(&[tp(0)], &mut out);
+                    sim.apply(std::mem::take(&mut out));
+                }
+            }
+            sim.check_concurrency();
+        }
+        // Drain: everything finishes, time passes, nothing stays paused.
+        for _ in 0..10_000 {
+            let drained = sim.pos as usize == n && sim.running.is_empty() && s.ready_len() == 0;
+            if drained && sim.done.len() == n && s.next_due_ms().is_none() {
+                break;
+            }
+            sim.poll(&mut s, 8);
+            for t in std::mem::take(&mut sim.stale) {
+                sim.done.insert(t.offset);
+                s.finished(t, true, &mut out);
+            }
+            // Parked jobs can go on; they finish once granted.
+            for _ in 0..sim.parked.len() {
+                sim.unpark(&mut s, 0);
+            }
+            s.dispatch(&mut out);
+            sim.apply(std::mem::take(&mut out));
+            while let Some(i) = sim.running.iter().position(|t| !sim.parked.contains(t)) {
+                sim.finish(&mut s, i, true);
+            }
+            sim.now += 500;
+            s.tick(sim.now, &mut out);
+            s.dispatch(&mut out);
+            sim.apply(std::mem::take(&mut out));
+        }
+        prop_assert_eq!(sim.done.len(), n, "every record ran");
+        s.commit_all(&mut out);
+        sim.apply(std::mem::take(&mut out));
+        prop_assert_eq!(sim.committed, n as i64, "committed equals end");
+        prop_assert!(!sim.paused, "no partition left paused");
+    }
+}

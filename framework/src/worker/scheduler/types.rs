@@ -1,0 +1,220 @@
+//! The scheduler's vocabulary: what comes in (records), what goes out
+//! (actions, jobs to run), and the per-partition state it keeps.
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
+use tokio_util::sync::CancellationToken;
+
+use crate::offsets::OffsetTracker;
+use crate::worker::Priority;
+
+/// A topic-partition.
+pub(crate) type Tp = (String, i32);
+
+/// Which records must run one after another, within one partition.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub(crate) enum LaneKey {
+    /// Same record key (a 64-bit hash of it: no allocation per record; a
+    /// collision only serialises two keys, it never reorders one).
+    Key(u64),
+    /// The whole partition (per-partition ordering, keyless records).
+    Partition,
+    /// One record (unordered mode).
+    Offset(i64),
+}
+
+/// Where a record comes from; the scheduler needs nothing else of it.
+pub(crate) trait Located {
+    fn topic(&self) -> &str;
+    fn partition(&self) -> i32;
+}
+
+/// A record as the adapter hands it over: what the scheduler needs to
+/// decide, plus the item it carries through to `Run`.
+pub(crate) struct Incoming<R> {
+    pub offset: i64,
+    pub lane: LaneKey,
+    pub timestamp_ms: Option<i64>,
+    /// For a retry-tier record: when it is due (epoch ms).
+    pub due_ms: Option<i64>,
+    /// Written by another consumer group's retry path: not ours to run.
+    pub foreign: bool,
+    pub item: R,
+}
+
+/// Identifies a job when it comes back as finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Ticket {
+    pub(super) slot: usize,
+    pub(super) epoch: u64,
+    pub offset: i64,
+    pub(super) lane: LaneKey,
+    pub(super) level: usize,
+}
+
+#[cfg(test)]
+impl Ticket {
+    /// A ticket for unit tests elsewhere in the worker.
+    pub(crate) fn for_test(offset: i64) -> Self {
+        Self {
+            slot: 0,
+            epoch: 0,
+            offset,
+            lane: LaneKey::Offset(offset),
+            level: 0,
+        }
+    }
+}
+
+/// A job to run now.
+pub(crate) struct Job<R> {
+    pub ticket: Ticket,
+    pub item: R,
+    /// Cancelled when this job's partition is revoked, lost or stopped: an
+    /// attempt that is still *waiting* (for the schema registry, or parked
+    /// by a layer such as the breaker) gives up then instead of holding the
+    /// revoke or the shutdown; it is uncommitted, so the next owner runs it.
+    /// A handler that already started is never cut short by it.
+    pub released: CancellationToken,
+}
+
+/// What the adapter must do.
+pub(crate) enum Action<R> {
+    /// Run these jobs (one batch per event).
+    Run(Vec<Job<R>>),
+    /// Pause fetching this partition.
+    Pause(Tp),
+    /// Resume fetching this partition.
+    Resume(Tp),
+    /// Set this partition's fetch position.
+    Seek(Tp, i64),
+    /// Commit these positions (next offset to read).
+    Commit(Vec<(Tp, i64)>),
+    /// These parked jobs may go on: each got its slot back.
+    Grant(Vec<Ticket>),
+}
+
+impl<R> std::fmt::Debug for Action<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Action::Run(jobs) => {
+                let offsets: Vec<i64> = jobs.iter().map(|j| j.ticket.offset).collect();
+                write!(f, "Run({offsets:?})")
+            }
+            Action::Pause(tp) => write!(f, "Pause({tp:?})"),
+            Action::Resume(tp) => write!(f, "Resume({tp:?})"),
+            Action::Seek(tp, o) => write!(f, "Seek({tp:?}, {o})"),
+            Action::Commit(c) => write!(f, "Commit({c:?})"),
+            Action::Grant(t) => {
+                let offsets: Vec<i64> = t.iter().map(|t| t.offset).collect();
+                write!(f, "Grant({offsets:?})")
+            }
+        }
+    }
+}
+
+/// The scheduler's limits.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    /// Jobs running at once across all partitions.
+    pub concurrency: usize,
+    /// Accepted-but-unfinished records per partition before it is paused.
+    pub max_in_flight: usize,
+    /// How often `tick` commits moved watermarks (ms).
+    pub commit_interval_ms: i64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Hold {
+    pub(super) offset: i64,
+    pub(super) due_ms: i64,
+    pub(super) resumed: bool,
+}
+
+/// How long a priority level counts as active after its last record: long
+/// enough to bridge the gaps of a steady trickle of urgent jobs.
+pub(super) const ACTIVE_MS: i64 = 1_000;
+
+/// Jobs whose lane is free, one queue per priority level.
+pub(super) struct Ready<R> {
+    pub(super) queues: [VecDeque<Job<R>>; Priority::LEVELS],
+}
+
+impl<R> Ready<R> {
+    pub(super) fn new() -> Self {
+        Self {
+            queues: std::array::from_fn(|_| VecDeque::new()),
+        }
+    }
+
+    pub(super) fn push(&mut self, job: Job<R>) {
+        self.queues[job.ticket.level].push_back(job);
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.queues.iter().map(VecDeque::len).sum()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.queues.iter().all(VecDeque::is_empty)
+    }
+
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(&Job<R>) -> bool) {
+        for q in &mut self.queues {
+            q.retain(&mut keep);
+        }
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Job<R>> {
+        self.queues.iter().flatten()
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.queues.iter_mut().for_each(VecDeque::clear);
+    }
+}
+
+/// A lane with a job ready or running at its head.
+pub(super) struct Lane<R> {
+    /// The head job was dispatched (it is not in the ready queue).
+    pub(super) running: bool,
+    /// Jobs waiting behind the head, in offset order.
+    pub(super) queue: VecDeque<Job<R>>,
+}
+
+pub(super) struct Part<R> {
+    pub(super) tp: Tp,
+    pub(super) epoch: u64,
+    /// Priority level of the partition's topic (0 is the most urgent).
+    pub(super) level: usize,
+    pub(super) tracker: OffsetTracker,
+    /// Cancelled when this assignment ends (see [`Job::released`]).
+    pub(super) released: CancellationToken,
+    /// Fx, not SipHash: looked up twice per record. Its keys are offsets
+    /// or per-process randomly seeded hashes of record keys (see
+    /// `record::incoming`), so a producer cannot aim keys at one bucket.
+    pub(super) lanes: FxHashMap<LaneKey, Lane<R>>,
+    pub(super) paused_bound: bool,
+    pub(super) hold: Option<Hold>,
+    pub(super) revoked: bool,
+    /// The highest offset handed to a runner in this assignment.
+    pub(super) max_dispatched: Option<i64>,
+    /// What this member finished here before it lost the partition (and
+    /// the lost assignment's epoch), until the first record shows whether
+    /// the group's position is unchanged.
+    pub(super) returning: Option<(u64, OffsetTracker)>,
+    /// That state once taken up: records it saw finish are skipped as they
+    /// are fetched again (offsets in order; dropped past its highest).
+    pub(super) skip: Option<(u64, OffsetTracker)>,
+}
+
+/// The most lost partitions whose finished work is remembered (each costs
+/// its in-flight offsets, at most the in-flight bound).
+pub(super) const LOST_KEPT: usize = 4_096;
+
+impl<R> Part<R> {
+    pub(super) fn wants_pause(&self) -> bool {
+        self.paused_bound || self.hold.is_some_and(|h| !h.resumed)
+    }
+}
