@@ -60,6 +60,7 @@ use crate::telemetry::metrics::Metrics;
 use crate::worker::pipeline::{Outcome, Pipeline, Sink};
 use crate::worker::record::incoming;
 use crate::worker::scheduler::{Action, Job as SchedJob, Scheduler};
+use crate::worker::state::TopicRole;
 use crate::worker::{WorkerBuilder, WorkerStats};
 
 /// An in-memory schema registry: ids per subject and version.
@@ -232,36 +233,44 @@ impl Harness {
         // Main topics first, then tiers shortest-first, like a fair consumer.
         order.sort_by_key(|t| {
             let e = &routes.entries[t];
-            (e.tier.map_or(0, |i| i + 1), t.clone())
+            (
+                match e.role {
+                    TopicRole::Tier(i) => i + 1,
+                    _ => 0,
+                },
+                t.clone(),
+            )
         });
         let tiers = routes
             .entries
             .iter()
-            .filter(|(_, e)| e.tier.is_some() || e.delay.is_some())
+            .filter(|(_, e)| e.role.holds())
             .map(|(t, _)| t.clone())
             .collect();
         let logs: Arc<Mutex<BTreeMap<String, Vec<OwnedMessage>>>> = Default::default();
         let clock = Arc::new(AtomicI64::new(EPOCH_MS));
         let settings = builder.scheduler_settings();
         let (stats, cancel) = (Arc::new(WorkerStats::default()), CancellationToken::new());
-        let pipeline = Pipeline {
-            routes: routes.entries.into_iter().collect(),
-            group: builder.group().to_string(),
-            sink: Arc::new(MemorySink {
+        let strict = builder.strict_state(
+            Arc::new(crate::worker::strict::MemoryStore::default()),
+            stats.clone(),
+            cancel.clone(),
+        );
+        let mut pipeline = Pipeline::new(
+            routes.entries.into_iter().collect(),
+            builder.group().to_string(),
+            Arc::new(MemorySink {
                 logs: logs.clone(),
                 clock: clock.clone(),
             }),
-            metrics: Metrics::disabled(),
-            strict: builder.strict_state(
-                Arc::new(crate::worker::strict::MemoryStore::default()),
-                stats.clone(),
-                cancel.clone(),
-            ),
+            Metrics::disabled(),
             stats,
             cancel,
-            clock: crate::clock::Clock::Virtual(clock.clone()),
-            park: false,
-        };
+            strict,
+            crate::clock::Clock::Virtual(clock.clone()),
+        );
+        // The harness's waits keep their slot: nothing is parked.
+        pipeline.park = false;
         let mut sched = Scheduler::new(settings.1).with_priorities(priorities);
         let tps: Vec<(String, i32)> = order.iter().map(|t| (t.clone(), 0)).collect();
         let mut out = Vec::new();

@@ -21,7 +21,7 @@ use super::handler::{Handler, StateMap};
 use super::membership::{self, GroupProtocol};
 use super::route::{Route, TypedRoute};
 use super::scheduler::Limits;
-use super::state::{RouteEntry, Settings};
+use super::state::{RouteEntry, Settings, TopicRole};
 use super::{limits, strict, watchdog, Priority, Worker, WorkerStats};
 
 /// Which jobs of a partition may run at the same time.
@@ -546,8 +546,7 @@ impl WorkerBuilder {
                 let entry = RouteEntry {
                     route: route.clone(),
                     main: topic.clone(),
-                    tier: Some(i),
-                    delay: None,
+                    role: TopicRole::Tier(i),
                     retry: retry.clone(),
                     priority,
                 };
@@ -560,8 +559,7 @@ impl WorkerBuilder {
                     let entry = RouteEntry {
                         route: route.clone(),
                         main: topic.clone(),
-                        tier: None,
-                        delay: Some(i),
+                        role: TopicRole::Delay(i),
                         retry: retry.clone(),
                         priority,
                     };
@@ -573,8 +571,7 @@ impl WorkerBuilder {
             let entry = RouteEntry {
                 route,
                 main: topic.clone(),
-                tier: None,
-                delay: None,
+                role: TopicRole::Main,
                 retry,
                 priority,
             };

@@ -1,5 +1,6 @@
-//! Where a record goes after an attempt: done, the next retry tier, or the
-//! DLQ. One pure function, used by the worker and by the in-memory test
+//! Where a record goes after an attempt ([`Next`]: done, the next retry
+//! tier, or the DLQ) and what became of the attempt in the end
+//! ([`Outcome`]). One pure function, used by the worker and by the in-memory test
 //! harness (`kjob::testing` (feature `testing`)), so a unit test of a handler exercises the
 //! exact rules production runs.
 
@@ -41,7 +42,36 @@ pub enum Next {
     },
     /// Not run (its partition was revoked while it waited): leave the
     /// offset unfinished for the next owner; forward nothing.
-    Release,
+    Released,
+}
+
+/// How one attempt ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The handler returned `Ok`.
+    Handled,
+    /// Forwarded to a retry tier.
+    Retried,
+    /// A delayed job not due yet, forwarded to its next delay topic.
+    Delayed,
+    /// Forwarded to the DLQ (or an envelope of it).
+    DeadLettered,
+    /// Not run: parked in a retry tier behind its key's job in the retry
+    /// path (a strict-order route, [`super::strict`]).
+    Held,
+    /// Released unfinished: it waited (for a downstream, a slot, its run
+    /// time) when its partition was revoked or the worker stopped, or the
+    /// worker gave up a forward at the end of its grace period (or the
+    /// record has no route). The offset stays unfinished and the record is
+    /// re-delivered; its attempt count is unchanged.
+    Released,
+}
+
+impl Outcome {
+    /// Whether the offset may be marked done.
+    pub(crate) fn is_final(&self) -> bool {
+        !matches!(self, Outcome::Released)
+    }
 }
 
 /// Decides what follows `outcome` for `source` (a record of `main` or one of
@@ -61,7 +91,7 @@ pub fn next_step<M: rdkafka::message::Message>(
 ) -> Next {
     let (class, message, retry_after) = match outcome {
         Attempt::Done => return Next::Done,
-        Attempt::Released => return Next::Release,
+        Attempt::Released => return Next::Released,
         Attempt::Failed {
             class,
             message,

@@ -43,6 +43,7 @@
 mod builder;
 mod decision;
 mod dispatcher;
+mod forward;
 mod handler;
 mod hub;
 mod limits;
@@ -58,7 +59,9 @@ mod refusal;
 pub(crate) mod route;
 mod run;
 pub(crate) mod scheduler;
-mod state;
+mod settle;
+mod stages;
+pub(crate) mod state;
 pub(crate) mod strict;
 mod watchdog;
 

@@ -47,7 +47,7 @@ use tracing::{debug, info, warn};
 use super::hub::{Core, Hub};
 use super::record::incoming;
 use super::scheduler::{Action, Incoming, Tp};
-use super::state::{RouteEntry, Settings, WorkerStats};
+use super::state::{RouteEntry, Settings, TopicRole, WorkerStats};
 use crate::dlq::now_ms;
 use crate::telemetry::metrics::Metrics;
 
@@ -340,15 +340,15 @@ impl WorkerContext {
     /// What the scheduler needs of a polled record.
     fn incoming(&self, msg: Polled) -> Incoming<Polled> {
         let entry = self.routes.get(msg.topic());
-        let is_tier = entry.is_some_and(|e| e.tier.is_some() || e.delay.is_some());
+        let role = entry.map_or(TopicRole::Main, |e| e.role);
         // Delayed jobs are not ordered among themselves (see crate::delay):
         // one waiting out its last second must not hold back its key.
-        let ordering = match entry.is_some_and(|e| e.delay.is_some()) {
-            true => super::OrderingMode::Unordered,
-            false => self.settings.ordering,
+        let ordering = match role {
+            TopicRole::Delay(_) => super::OrderingMode::Unordered,
+            _ => self.settings.ordering,
         };
-        let mut rec = incoming(msg, ordering, is_tier, &self.settings.group);
-        if entry.is_some_and(|e| e.delay.is_some()) {
+        let mut rec = incoming(msg, ordering, role.holds(), &self.settings.group);
+        if let TopicRole::Delay(_) = role {
             let slack = crate::delay::HOLD_SLACK.as_millis() as i64;
             rec.due_ms = rec.due_ms.map(|d| d - slack);
         }

@@ -9,6 +9,7 @@ use tracing::warn;
 use crate::error::{Error, Result};
 use crate::topics::{create_topics, create_topics_with, dlq_topic, partition_counts};
 
+use super::state::TopicRole;
 use super::{strict, Worker};
 
 impl Worker {
@@ -27,7 +28,7 @@ impl Worker {
             wanted.push((dlq_topic(main), main.clone()));
         }
         for (topic, entry) in &self.routes {
-            if entry.tier.is_some() || entry.delay.is_some() {
+            if entry.role.holds() {
                 wanted.push((topic.clone(), entry.main.clone()));
             }
         }
@@ -86,9 +87,11 @@ impl Worker {
                 .collect();
             // Delay topics also get an explicit retention (the delay
             // producer checks it), whatever the broker's default.
-            let (delays, topics): (Vec<_>, Vec<_>) = of_main
-                .into_iter()
-                .partition(|(t, _)| self.routes.get(t).is_some_and(|e| e.delay.is_some()));
+            let (delays, topics): (Vec<_>, Vec<_>) = of_main.into_iter().partition(|(t, _)| {
+                self.routes
+                    .get(t)
+                    .is_some_and(|e| matches!(e.role, TopicRole::Delay(_)))
+            });
             let sized =
                 limit.map(|bytes| (bytes + crate::topics::FORWARD_HEADROOM_BYTES).to_string());
             let mut cfg: Vec<(&str, &str)> = Vec::new();
@@ -120,7 +123,7 @@ impl Worker {
             names.extend(
                 self.routes
                     .iter()
-                    .filter(|(_, e)| e.main == *main && e.tier.is_some())
+                    .filter(|(_, e)| e.main == *main && matches!(e.role, TopicRole::Tier(_)))
                     .map(|(t, _)| t.clone()),
             );
             let config = self.config.clone();

@@ -501,7 +501,7 @@ mod tests {
         );
         let policy = RetryPolicy::tiers([Duration::from_secs(5)]);
         let next = next_step(&outcome, &record, "ping", "g", &policy, 1, 0.0, 0);
-        assert_eq!(next, Next::Release, "nothing is forwarded");
+        assert_eq!(next, Next::Released, "nothing is forwarded");
     }
 
     /// A layer that holds every job until `open` is set (as an open breaker

@@ -98,21 +98,21 @@ impl Worker {
                 cancel.clone(),
             ))
         });
-        let pipeline = Arc::new(Pipeline {
-            routes: self
-                .routes
+        let mut pipeline = Pipeline::new(
+            self.routes
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
-            group: self.settings.group.clone(),
-            sink: Arc::new(producer),
-            metrics: self.metrics.clone(),
-            stats: self.stats.clone(),
-            cancel: cancel.clone(),
+            self.settings.group.clone(),
+            Arc::new(producer),
+            self.metrics.clone(),
+            self.stats.clone(),
+            cancel.clone(),
             strict,
-            clock: crate::clock::Clock::Wall,
-            park: self.park,
-        });
+            crate::clock::Clock::Wall,
+        );
+        pipeline.park = self.park;
+        let pipeline = Arc::new(pipeline);
         let background = CancellationToken::new();
         let _stop_background = background.clone().drop_guard();
         #[cfg(feature = "postgres")]

@@ -93,17 +93,33 @@ impl WorkerStats {
     }
 }
 
+/// What a subscribed topic is to its route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TopicRole {
+    /// The route's main topic, where jobs are enqueued.
+    Main,
+    /// Retry tier `n` (0 the shortest) of the route's policy.
+    Tier(usize),
+    /// Delay bucket `n` of [`crate::delay::BUCKETS`].
+    Delay(usize),
+}
+
+impl TopicRole {
+    /// A tier or a delay bucket: its records carry a due time, and the
+    /// worker holds them until it comes.
+    pub(crate) fn holds(self) -> bool {
+        !matches!(self, TopicRole::Main)
+    }
+}
+
 /// What the worker knows about one subscribed topic.
 #[derive(Clone)]
 pub(crate) struct RouteEntry {
     pub route: Arc<dyn Route>,
     /// The main topic (itself for a main topic; the origin for a tier).
     pub main: String,
-    /// `Some(i)` when this topic is retry tier `i` of `main`.
-    pub tier: Option<usize>,
-    /// `Some(i)` when this topic is delay bucket `i` of `main`
-    /// ([`crate::delay`]).
-    pub delay: Option<usize>,
+    /// What this topic is to its route.
+    pub role: TopicRole,
     pub retry: Arc<RetryPolicy>,
     /// The route's priority (its tiers share it).
     pub priority: super::Priority,

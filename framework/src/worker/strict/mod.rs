@@ -72,8 +72,9 @@ use rdkafka::message::Message;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
-use super::pipeline::{Forwarded, Outcome, Pipeline};
-use super::state::{RouteEntry, WorkerStats};
+use super::decision::Outcome;
+use super::forward::Forwarder;
+use super::state::{RouteEntry, TopicRole, WorkerStats};
 use crate::config::KafkaConfig;
 use crate::error::{Error, Result};
 use crate::headers::{JobHeaders, FOLLOWS};
@@ -154,7 +155,7 @@ impl Strict {
     /// Whether `entry`'s record is under strict order: a strict route's
     /// main topic or retry tier (delay topics are not ordered).
     pub(crate) fn covers(&self, entry: &RouteEntry) -> bool {
-        entry.delay.is_none() && self.mains.contains(&entry.main)
+        !matches!(entry.role, TopicRole::Delay(_)) && self.mains.contains(&entry.main)
     }
 
     fn part(&self, main: &str, partition: i32) -> Arc<tokio::sync::Mutex<Part>> {
@@ -343,90 +344,79 @@ impl Strict {
     }
 }
 
-impl Pipeline {
-    /// Parks `msg` (not run) in a retry tier of its route ([`park_tier`]),
-    /// on the same partition, its attempt unchanged, with `kjob-follows`
-    /// naming the job it waits for. `None` when the route has no tier to
-    /// park in (its policy lost them while a chain was open): the record
-    /// then runs, out of strict order, rather than wait forever.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn park<M: Message>(
-        &self,
-        entry: &RouteEntry,
-        msg: &M,
-        headers: &JobHeaders,
-        id: &str,
-        head: &str,
-        head_due_ms: Option<i64>,
-        now_ms: i64,
-    ) -> Option<Outcome> {
-        let i = park_tier(&entry.retry.tiers, now_ms, head_due_ms);
-        let Some(tier) = entry.retry.tiers.get(i).copied() else {
-            warn!(
-                job.id = id, follows = head,
-                "strict order: the route has no retry tier to park this job in; running it out of order"
-            );
-            return None;
-        };
-        if let Some(late_ms) = overdue(&entry.retry.tiers, now_ms, head_due_ms) {
-            // Order is never given up on a timer (a long outage would then
-            // reorder every waiting key); an operator decides.
-            warn!(
-                job.id = id, follows = head, late_ms, order_topic = %order_topic(&entry.main),
-                "strict order: the job this key waits for is overdue in its retry tier. If its \
-                 record is gone (a tier topic deleted, strict order turned off and on again), \
-                 the key waits forever: clear it by writing a tombstone for the key to the order \
-                 topic"
-            );
-        }
-        let topic = crate::retry::tier_topic(&entry.main, tier);
-        let mut next = headers.clone();
-        next.id = Some(id.to_string());
-        next.due_at_ms = Some(now_ms + tier.as_millis() as i64);
-        next.group = Some(self.group.clone());
-        if next.original_topic.is_none() {
-            next.original_topic = Some(msg.topic().to_string());
-            next.original_partition = Some(msg.partition());
-            next.original_offset = Some(msg.offset());
-            next.original_timestamp_ms = msg.timestamp().to_millis();
-        }
-        set_follows(&mut next, Some(head));
-        debug!(job.id = id, follows = head, at = %format_args!("{}:{}:{}", msg.topic(), msg.partition(), msg.offset()), next = %topic, "strict order: waiting behind the key's job in the retry path");
-        match self
-            .forward(&topic, &entry.main, msg, &next, Some(msg.partition()))
-            .await
-        {
-            Forwarded::Sent => {
-                WorkerStats::bump(&self.stats.held);
-                self.metrics.outcome(entry.route.job_name(), "held");
-                Some(Outcome::Held)
-            }
-            Forwarded::Enveloped => {
-                WorkerStats::bump(&self.stats.dead_lettered);
-                Some(Outcome::DeadLettered)
-            }
-            Forwarded::Cancelled => Some(Outcome::Abandoned),
-        }
-    }
-}
-
-impl Pipeline {
-    /// The strict-order state and the record's key, when `msg` is under
-    /// strict order (a keyed record of a strict route's main topic or
-    /// tier).
-    pub(crate) fn strict_key<'m, M: Message>(
-        &self,
+impl Strict {
+    /// The gate of `msg`, when it is under strict order (a keyed record of
+    /// a strict route's main topic or tier).
+    pub(crate) fn gate<'s, 'm, M: Message>(
+        &'s self,
         entry: &RouteEntry,
         msg: &'m M,
-    ) -> Option<Gate<'_, 'm>> {
-        let strict = self.strict.as_deref()?;
+    ) -> Option<Gate<'s, 'm>> {
         let key = msg.key()?;
-        strict.covers(entry).then_some(Gate {
-            strict,
+        self.covers(entry).then_some(Gate {
+            strict: self,
             key,
             partition: msg.partition(),
         })
     }
+}
+
+/// Parks `msg` (not run) in a retry tier of its route ([`park_tier`]),
+/// on the same partition, its attempt unchanged, with `kjob-follows`
+/// naming the job it waits for. `None` when the route has no tier to
+/// park in (its policy lost them while a chain was open): the record
+/// then runs, out of strict order, rather than wait forever.
+#[allow(clippy::too_many_arguments)]
+async fn park<M: Message>(
+    fw: &Forwarder,
+    entry: &RouteEntry,
+    msg: &M,
+    headers: &JobHeaders,
+    id: &str,
+    head: &str,
+    head_due_ms: Option<i64>,
+    now_ms: i64,
+) -> Option<Outcome> {
+    let i = park_tier(&entry.retry.tiers, now_ms, head_due_ms);
+    let Some(tier) = entry.retry.tiers.get(i).copied() else {
+        warn!(
+            job.id = id, follows = head,
+            "strict order: the route has no retry tier to park this job in; running it out of order"
+        );
+        return None;
+    };
+    if let Some(late_ms) = overdue(&entry.retry.tiers, now_ms, head_due_ms) {
+        // Order is never given up on a timer (a long outage would then
+        // reorder every waiting key); an operator decides.
+        warn!(
+            job.id = id, follows = head, late_ms, order_topic = %order_topic(&entry.main),
+            "strict order: the job this key waits for is overdue in its retry tier. If its \
+             record is gone (a tier topic deleted, strict order turned off and on again), \
+             the key waits forever: clear it by writing a tombstone for the key to the order \
+             topic"
+        );
+    }
+    let topic = crate::retry::tier_topic(&entry.main, tier);
+    let mut next = headers.clone();
+    next.id = Some(id.to_string());
+    next.due_at_ms = Some(now_ms + tier.as_millis() as i64);
+    next.group = Some(fw.group.clone());
+    if next.original_topic.is_none() {
+        next.original_topic = Some(msg.topic().to_string());
+        next.original_partition = Some(msg.partition());
+        next.original_offset = Some(msg.offset());
+        next.original_timestamp_ms = msg.timestamp().to_millis();
+    }
+    set_follows(&mut next, Some(head));
+    debug!(job.id = id, follows = head, at = %format_args!("{}:{}:{}", msg.topic(), msg.partition(), msg.offset()), next = %topic, "strict order: waiting behind the key's job in the retry path");
+    let pin = Some(msg.partition());
+    let outcome = fw
+        .forward_as(&topic, &entry.main, msg, &next, pin, Outcome::Held)
+        .await;
+    if outcome == Outcome::Held {
+        fw.metrics.outcome(entry.route.job_name(), "held");
+    }
+    Some(outcome)
 }
 
 /// A record under strict order: the state, its key and its partition.
@@ -438,6 +428,27 @@ pub(crate) struct Gate<'s, 'm> {
 }
 
 impl Gate<'_, '_> {
+    /// Before the handler: `None` if the record is its key's head (or the
+    /// key has no chain) and runs; otherwise it is parked in a retry tier
+    /// behind the head and the attempt ends here.
+    pub(crate) async fn before<M: Message>(
+        &self,
+        fw: &Forwarder,
+        entry: &RouteEntry,
+        msg: &M,
+        headers: &JobHeaders,
+        now_ms: i64,
+    ) -> Option<Outcome> {
+        let id = headers.job_id(msg.topic(), msg.partition(), msg.offset());
+        match self.admit(&entry.main, &id).await {
+            Ok(Admit::Run) => None,
+            Ok(Admit::Follow {
+                head, head_due_ms, ..
+            }) => park(fw, entry, msg, headers, &id, &head, head_due_ms, now_ms).await,
+            Err(_) => Some(Outcome::Released),
+        }
+    }
+
     /// See [`Strict::admit`].
     pub(crate) async fn admit(
         &self,
