@@ -121,8 +121,29 @@ mod book {
         )*};
     }
     chapters! {
+        Introduction = "introduction.md";
         GettingStarted = "getting-started.md";
+        HowAJobFlows = "how-a-job-flows.md";
         #[cfg(feature = "testing")]
         Handlers = "handlers.md";
+        FailurePath = "failure-path.md";
+        Scheduling = "scheduling.md";
+        Priorities = "priorities.md";
+        Ordering = "ordering.md";
+        DelayedJobs = "delayed-jobs.md";
+        Cron = "cron.md";
+        Limits = "limits.md";
+        #[cfg(feature = "postgres")]
+        Outbox = "outbox.md";
+        ComingFrom = "coming-from.md";
+        Deploys = "deploys.md";
+        Evolution = "evolution.md";
+        Dashboard = "dashboard.md";
+        Cli = "cli.md";
+        Observability = "observability.md";
+        Security = "security.md";
+        Cluster = "cluster.md";
+        Settings = "settings.md";
+        Troubleshooting = "troubleshooting.md";
     }
 }
