@@ -34,7 +34,7 @@ pub enum Error {
         message: String,
     },
     /// The schema registry did not answer within the configured timeout.
-    #[error("schema registry at {url} did not answer within {timeout:?} while {during}; check that it is up and reachable from here, or raise the timeout (KafkaConfig::registry_request_timeout / KJOB_SCHEMA_REGISTRY_TIMEOUT_MS)")]
+    #[error("schema registry at {url} did not answer within {timeout:?} while {during}; check that it is up and reachable from here, or raise the timeout (KafkaConfig::registry_timeouts / KJOB_SCHEMA_REGISTRY_TIMEOUT_MS and KJOB_SCHEMA_REGISTRY_CONNECT_TIMEOUT_MS)")]
     RegistryTimeout {
         /// The registry base URL that was called.
         url: String,
@@ -259,7 +259,7 @@ pub enum Error {
         reason: String,
     },
     /// A consumer group kjob was asked about has no members and no offsets.
-    #[error("group `{group}` is unknown: no members and no committed offsets for {topics:?}; check the group name (kjob status lists groups)")]
+    #[error("group `{group}` is unknown: no members and no committed offsets for {topics:?}; check the group name (Kafka's `kafka-consumer-groups --list` lists the cluster's groups)")]
     UnknownGroup {
         /// The group.
         group: String,

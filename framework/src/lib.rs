@@ -101,3 +101,46 @@ pub mod prelude {
     pub use crate::worker::{Ext, OrderingMode, Priority, State, Worker, WorkerBuilder};
     pub use kjob_derive::Job;
 }
+
+/// The book's chapters (`docs/src/*.md`) as doctests, so that their Rust
+/// blocks cannot go stale: `cargo test --doc` compiles each one (and runs
+/// those not marked `no_run`). Only under `cfg(doctest)`, so builds,
+/// `cargo doc` and the packaged crate never read these files. A chapter
+/// whose blocks need a feature is gated on it; `cargo test --workspace`
+/// (`./dev test`) turns those features on.
+#[cfg(doctest)]
+mod book {
+    macro_rules! chapters {
+        ($($(#[$gate:meta])* $name:ident = $file:literal;)*) => {$(
+            $(#[$gate])*
+            #[doc = include_str!(concat!("../../docs/src/", $file))]
+            pub struct $name;
+        )*};
+    }
+    chapters! {
+        Introduction = "introduction.md";
+        GettingStarted = "getting-started.md";
+        HowAJobFlows = "how-a-job-flows.md";
+        #[cfg(feature = "testing")]
+        Handlers = "handlers.md";
+        FailurePath = "failure-path.md";
+        Scheduling = "scheduling.md";
+        Priorities = "priorities.md";
+        Ordering = "ordering.md";
+        DelayedJobs = "delayed-jobs.md";
+        Cron = "cron.md";
+        Limits = "limits.md";
+        #[cfg(feature = "postgres")]
+        Outbox = "outbox.md";
+        ComingFrom = "coming-from.md";
+        Deploys = "deploys.md";
+        Evolution = "evolution.md";
+        Dashboard = "dashboard.md";
+        Cli = "cli.md";
+        Observability = "observability.md";
+        Security = "security.md";
+        Cluster = "cluster.md";
+        Settings = "settings.md";
+        Troubleshooting = "troubleshooting.md";
+    }
+}

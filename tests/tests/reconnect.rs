@@ -5,8 +5,8 @@
 //!
 //! The shared broker keeps running; the worker reaches it only through a
 //! Kafka-aware proxy that this test cuts (`CutProxy`). The time from the
-//! restore to the first new job handled is printed (one run's figure is in
-//! `benches/README.md`), not asserted.
+//! restore to the first new job handled is printed (two runs' figures are in
+//! `benches/RESULTS.md`), not asserted.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;

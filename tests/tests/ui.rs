@@ -6,7 +6,8 @@
 //! worker, with the action in `<topic>.dlq.audit`; a resolve without a
 //! reason is refused; a long re-drive is cancelled; read-only mode has no
 //! action buttons and answers POSTs with 403; a hostile key and hostile
-//! headers render as text. The screenshots in docs/ are taken here.
+//! headers render as text. The screenshots in docs/src/ (the book's dashboard
+//! chapter) are taken here.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -165,8 +166,8 @@ async fn not_pwned(c: &Client) {
 
 async fn save_screenshot(c: &Client, name: &str) {
     let png = c.screenshot().await.expect("screenshot");
-    let path = repo_root().join("docs").join(name);
-    std::fs::create_dir_all(path.parent().unwrap_or(Path::new("."))).expect("docs/");
+    let path = repo_root().join("docs").join("src").join(name);
+    std::fs::create_dir_all(path.parent().unwrap_or(Path::new("."))).expect("docs/src/");
     std::fs::write(&path, png).expect("writing the screenshot");
 }
 
