@@ -68,7 +68,7 @@ pub async fn printing_worker() -> anyhow::Result<()> {
         Ok::<(), JobError>(())
     };
     Worker::builder(config, group)
-        .handle_on::<BenchJob, _>(&topic, handler)
+        .handle_on(&topic, handler)
         .build()?
         .run()
         .await?;

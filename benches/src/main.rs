@@ -95,7 +95,7 @@ async fn kjob_worker(config: &KafkaConfig, topic: &str, n: u64) -> anyhow::Resul
     let slept = Arc::new(AtomicU64::new(0));
     let slept_in = slept.clone();
     let worker = Worker::builder(config.clone(), group)
-        .handle_on::<BenchJob, _>(topic, move |_job: BenchJob, _ctx: JobContext| {
+        .handle_on(topic, move |_job: BenchJob, _ctx: JobContext| {
             counter.fetch_add(1, Ordering::Relaxed);
             let slept = slept_in.clone();
             async move {
@@ -224,7 +224,7 @@ async fn latency(config: &KafkaConfig) -> anyhow::Result<()> {
     let s = samples.clone();
     let group = format!("bench-latency-{}", uuid::Uuid::new_v4().simple());
     let worker = Worker::builder(config.clone(), group)
-        .handle_on::<BenchJob, _>(&topic, move |job: BenchJob, _ctx: JobContext| {
+        .handle_on(&topic, move |job: BenchJob, _ctx: JobContext| {
             let lat = now_us() - job.seq;
             if let Ok(mut v) = s.lock() {
                 v.push(lat);
@@ -334,7 +334,7 @@ async fn rss(config: &KafkaConfig) -> anyhow::Result<()> {
 async fn rss_worker(topic: &str, secs: u64) -> anyhow::Result<()> {
     let group = format!("bench-rss-{}", uuid::Uuid::new_v4().simple());
     let worker = Worker::builder(KafkaConfig::from_env(), group)
-        .handle_on::<BenchJob, _>(topic, |_job: BenchJob, _ctx: JobContext| async {
+        .handle_on(topic, |_job: BenchJob, _ctx: JobContext| async {
             Ok::<(), JobError>(())
         })
         .build()?;

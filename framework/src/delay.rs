@@ -23,11 +23,10 @@
 //! so what is left after the last hop is between `LEAD` and `LEAD` plus the
 //! shortest bucket. The worker waits it out as part of the attempt, so a job
 //! runs no earlier than `D` and typically a few milliseconds after it, even
-//! when resuming the held partition took a few hundred milliseconds. This
-//! wait occupies one of the worker's concurrency slots for 0.25 to 1.5 s
-//! (records are released up to [`HOLD_SLACK`] early, so that one resume of
-//! a held partition takes a batch): size `concurrency` above the delayed
-//! jobs due per second times 1.5.
+//! when resuming the held partition took a few hundred milliseconds. The
+//! job waits 0.25 to 1.5 s (records are released up to [`HOLD_SLACK`]
+//! early, so that one resume of a held partition takes a batch) parked,
+//! without a concurrency slot, so other jobs run meanwhile.
 //!
 //! **Run where it is.** The last hop does not go back to the main topic: the
 //! job runs from its delay topic, like a retry runs from its tier. It never

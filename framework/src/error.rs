@@ -423,9 +423,7 @@ mod tests {
     fn worker_setup_errors_are_precise() {
         assert!(matches!(build_error(builder()), Some(Error::NoHandlers)));
 
-        let twice = builder()
-            .handle_on::<Ping, _>("t", ok)
-            .handle_on::<Ping, _>("t", ok);
+        let twice = builder().handle_on("t", ok).handle_on("t", ok);
         assert!(matches!(
             build_error(twice),
             Some(Error::DuplicateTopic { topic }) if topic == "t"
@@ -434,15 +432,15 @@ mod tests {
         // A main topic equal to another route's retry tier.
         let clash = builder()
             .retry(RetryPolicy::tiers([Duration::from_secs(5)]))
-            .handle_on::<Ping, _>("a", ok)
-            .handle_on::<Ping, _>("a.retry.5s", ok);
+            .handle_on("a", ok)
+            .handle_on("a.retry.5s", ok);
         assert!(matches!(
             build_error(clash),
             Some(Error::DuplicateTopic { topic }) if topic == "a.retry.5s"
         ));
 
         let no_tiers = builder()
-            .handle_on::<Ping, _>("t", ok)
+            .handle_on("t", ok)
             .retry(RetryPolicy::tiers([]).max_attempts(3));
         let err = build_error(no_tiers);
         assert!(
@@ -457,7 +455,7 @@ mod tests {
         assert!(text.contains("add a tier"), "says what to change: {text}");
 
         let unknown = builder()
-            .handle_on::<Ping, _>("t", ok)
+            .handle_on("t", ok)
             .retry_for("typo", RetryPolicy::default());
         assert!(matches!(
             build_error(unknown),
@@ -474,20 +472,20 @@ mod tests {
         ) -> std::result::Result<(), JobError> {
             Ok(())
         }
-        let err = build_error(builder().handle_on::<Ping, _>("t", needs_state));
+        let err = build_error(builder().handle_on("t", needs_state));
         assert!(
             matches!(&err, Some(Error::MissingState { topic, state }) if topic == "t" && state.contains("u64")),
             "{err:?}"
         );
         assert!(builder()
-            .handle_on::<Ping, _>("t", needs_state)
+            .handle_on("t", needs_state)
             .state(7u64)
             .build()
             .is_ok());
 
         let err = build_error(
             builder()
-                .handle_on::<Ping, _>("t", ok)
+                .handle_on("t", ok)
                 .layer_for("typo", tower::layer::util::Identity::new()),
         );
         assert!(

@@ -8,7 +8,7 @@
 //! pause, due-time holds of retry tiers, the commit watermark), and each
 //! attempt through the worker's pipeline (Avro decoding with the contract
 //! schemas, the handler runner with panics and timeouts,
-//! `worker::decision::next_step` deciding between done, retry tier and DLQ,
+//! the worker's decision between done, retry tier and DLQ,
 //! the same headers, forward-then-finish, and the parking of a strict-order
 //! route, [`WorkerBuilder::strict_order`]). Only the transport differs:
 //! topics (and a strict route's order state) are in-memory logs, and the
@@ -25,7 +25,7 @@
 //! async fn send(job: Mail, ctx: JobContext) -> Result<(), JobError> {
 //!     if ctx.attempt == 1 { Err(JobError::server("SMTP 451")) } else { Ok(()) }
 //! }
-//! let builder = Worker::builder(KafkaConfig::from_env(), "mailer").handle::<Mail, _>(send);
+//! let builder = Worker::builder(KafkaConfig::from_env(), "mailer").handle(send);
 //! let mut h = Harness::new(builder)?;
 //! h.enqueue(&Mail { to: "a@example.com".into() })?;
 //! h.run().await;
@@ -640,7 +640,7 @@ mod tests {
     async fn the_harness_keeps_per_key_order_while_running_keys_in_parallel() {
         let log: Log = Default::default();
         let builder = Worker::builder(KafkaConfig::from_env(), "g")
-            .handle::<Step, _>(recording(log.clone()))
+            .handle(recording(log.clone()))
             .concurrency(8);
         let mut h = Harness::new(builder).unwrap();
         for seq in 0..5 {
@@ -674,7 +674,7 @@ mod tests {
     async fn the_harness_pauses_a_partition_at_the_in_flight_bound_and_resumes_it() {
         let log: Log = Default::default();
         let builder = Worker::builder(KafkaConfig::from_env(), "g")
-            .handle::<Step, _>(recording(log.clone()))
+            .handle(recording(log.clone()))
             .concurrency(1)
             .max_in_flight_per_partition(4);
         let mut h = Harness::new(builder).unwrap();
@@ -696,7 +696,7 @@ mod tests {
     #[tokio::test]
     async fn a_retry_is_held_until_due_on_the_virtual_clock_and_the_watermark_waits() {
         let builder = Worker::builder(KafkaConfig::from_env(), "g")
-            .handle::<Step, _>(|job: Step, ctx: JobContext| async move {
+            .handle(|job: Step, ctx: JobContext| async move {
                 if job.seq == 0 && ctx.attempt == 1 {
                     return Err(JobError::server("503"));
                 }

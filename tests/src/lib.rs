@@ -509,7 +509,7 @@ pub fn start_breakable_worker(
     handled: std::sync::Arc<Mutex<Vec<i64>>>,
 ) -> Running {
     let w = kjob::Worker::builder(config.clone(), group)
-        .handle_on::<TestJob, _>(topic, move |job: TestJob, _ctx: kjob::JobContext| {
+        .handle_on(topic, move |job: TestJob, _ctx: kjob::JobContext| {
             let broken = broken.clone();
             let handled = handled.clone();
             async move {

@@ -83,7 +83,7 @@ impl SqlFixture {
         let handled: Arc<Mutex<Vec<Handled>>> = Arc::default();
         let h = handled.clone();
         let worker = Worker::builder(config.clone(), unique("g"))
-            .handle_on::<TestJob, _>(&topic, move |job: TestJob, ctx: JobContext| {
+            .handle_on(&topic, move |job: TestJob, ctx: JobContext| {
                 let h = h.clone();
                 async move {
                     h.lock().unwrap_or_else(|p| p.into_inner()).push(Handled {

@@ -48,7 +48,7 @@ async fn a_breaker_parks_jobs_through_a_60_s_outage_without_dead_letters() {
     });
     let worker = Worker::builder(config.clone(), &group)
         .state(down.clone())
-        .handle_on::<TestJob, _>(&topic, call_downstream)
+        .handle_on(&topic, call_downstream)
         .layer_for(
             &topic,
             Breaker::new("downstream")
@@ -106,7 +106,7 @@ async fn a_stop_while_the_breaker_is_open_does_not_wait_out_the_grace_period() {
     let worker = |down: Arc<Downstream>| {
         Worker::builder(config.clone(), &group)
             .state(down)
-            .handle_on::<TestJob, _>(&topic, call_downstream)
+            .handle_on(&topic, call_downstream)
             .layer_for(
                 &topic,
                 Breaker::new("stop-downstream")

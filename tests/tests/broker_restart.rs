@@ -212,7 +212,7 @@ async fn the_worker_recovers_by_itself_when_the_single_broker_restarts() {
         .set("queued.max.messages.kbytes", "64")
         .set("max.partition.fetch.bytes", "16384");
     let worker = Worker::builder(worker_config, &group)
-        .handle_on::<TestJob, _>(&topic, move |job: TestJob, _ctx: JobContext| {
+        .handle_on(&topic, move |job: TestJob, _ctx: JobContext| {
             let d = d.clone();
             async move {
                 // Slow enough that the restart lands mid-run.
@@ -295,7 +295,7 @@ async fn a_broker_without_kip848_groups_is_refused_with_an_error_naming_the_fix(
     let topic = unique("nokip848");
     create_topic(&config, &topic, 1).await;
     let worker = Worker::builder(config.clone(), unique("nokip848-g"))
-        .handle_on::<TestJob, _>(&topic, |_job: TestJob, _ctx: JobContext| async {
+        .handle_on(&topic, |_job: TestJob, _ctx: JobContext| async {
             Ok::<(), JobError>(())
         })
         .group_protocol(kjob::GroupProtocol::Consumer)
@@ -320,7 +320,7 @@ async fn a_broker_without_kip848_groups_is_refused_with_an_error_naming_the_fix(
     let handled = Arc::new(AtomicU64::new(0));
     let h = handled.clone();
     let worker = Worker::builder(config.clone(), unique("nokip848-classic"))
-        .handle_on::<TestJob, _>(&topic, move |_job: TestJob, _ctx: JobContext| {
+        .handle_on(&topic, move |_job: TestJob, _ctx: JobContext| {
             let h = h.clone();
             async move {
                 h.fetch_add(1, Ordering::Relaxed);

@@ -47,7 +47,7 @@ async fn sigkill_of_a_partition_leader_loses_nothing() {
     let deliveries = Deliveries::new(JOBS);
     let d = deliveries.clone();
     let worker = Worker::builder(config.clone(), &group)
-        .handle_on::<TestJob, _>(&topic, move |job: TestJob, _ctx: JobContext| {
+        .handle_on(&topic, move |job: TestJob, _ctx: JobContext| {
             let d = d.clone();
             async move {
                 d.record(job.seq);

@@ -189,7 +189,7 @@ async fn worker_principal_processes_its_route_with_retries_and_dlq() {
 
     let handled: Handled = Arc::default();
     let worker = Worker::builder(verbose(&cluster.worker), &group)
-        .handle_on::<TestJob, _>(&topic, handler(handled.clone()))
+        .handle_on(&topic, handler(handled.clone()))
         .retry(policy.clone())
         .create_topics(false)
         .commit_interval(Duration::from_millis(200))
@@ -275,7 +275,7 @@ async fn a_topic_without_acls_fails_at_start_naming_the_acl() {
     create_route(&cluster.admin, &topic, &policy).await;
     // No grant: the topic exists, but the worker principal may not see it.
     let worker = Worker::builder(verbose(&cluster.worker), &group)
-        .handle_on::<TestJob, _>(&topic, handler(Arc::default()))
+        .handle_on(&topic, handler(Arc::default()))
         .retry(policy)
         .create_topics(false)
         .build()
@@ -310,7 +310,7 @@ async fn a_group_without_acls_fails_naming_the_acl_not_a_hang() {
     cluster.grant_worker(&topic, &granted);
     // Every topic is readable, but the worker runs in a group it was not granted.
     let worker = Worker::builder(verbose(&cluster.worker), &other)
-        .handle_on::<TestJob, _>(&topic, handler(Arc::default()))
+        .handle_on(&topic, handler(Arc::default()))
         .retry(policy)
         .create_topics(false)
         .build()
@@ -337,7 +337,7 @@ async fn a_wrong_password_fails_clearly_at_start() {
     let mut config = cluster.worker.clone();
     config.sasl_password = Some(Secret::new(wrong.clone()));
     let worker = Worker::builder(verbose(&config), &group)
-        .handle_on::<TestJob, _>(&topic, handler(Arc::default()))
+        .handle_on(&topic, handler(Arc::default()))
         .retry(policy)
         .create_topics(false)
         .build()

@@ -119,7 +119,7 @@ async fn main_topic_partitions_stay_evenly_spread_after_a_join_and_a_leave() {
     let make = || {
         let seen = seen.clone();
         Worker::builder(config.clone(), &group)
-            .handle_on::<TestJob, _>(&topic, move |_job: TestJob, _ctx: JobContext| {
+            .handle_on(&topic, move |_job: TestJob, _ctx: JobContext| {
                 *seen.lock().unwrap() += 1;
                 async { Ok::<(), JobError>(()) }
             })

@@ -224,7 +224,7 @@ async fn enqueue_in_runs_the_job_after_the_delay() {
     let ran: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
     let seen = ran.clone();
     let worker = Worker::builder(config.clone(), unique("g"))
-        .handle_on::<TestJob, _>(&topic, move |_job: TestJob, ctx: JobContext| {
+        .handle_on(&topic, move |_job: TestJob, ctx: JobContext| {
             let seen = seen.clone();
             async move {
                 seen.lock()

@@ -100,7 +100,7 @@ async fn consume<J: Job + Clone>(
     let seen: Arc<Mutex<Vec<J>>> = Default::default();
     let s = seen.clone();
     let w = Worker::builder(config.clone(), group)
-        .handle_on::<J, _>(topic, move |job: J, _ctx: JobContext| {
+        .handle_on(topic, move |job: J, _ctx: JobContext| {
             let s = s.clone();
             async move {
                 s.lock().unwrap().push(job);

@@ -96,7 +96,7 @@ async fn transient_failures_walk_the_tiers_on_time_then_dead_letter() {
     let calls: Calls = Default::default();
     let policy = RetryPolicy::tiers([Duration::from_secs(1), Duration::from_secs(2)]).jitter(0.2);
     let w = Worker::builder(config.clone(), &group)
-        .handle_on::<TestJob, _>(&topic, handler(calls.clone(), Default::default()))
+        .handle_on(&topic, handler(calls.clone(), Default::default()))
         .retry(policy.clone())
         .build()
         .unwrap();
@@ -198,7 +198,7 @@ async fn permanent_panic_retry_after_and_timeout_route_as_classified() {
     let calls: Calls = Default::default();
     let policy = RetryPolicy::tiers([Duration::from_secs(1), Duration::from_secs(5)]).jitter(0.0);
     let w = Worker::builder(config.clone(), &group)
-        .handle_on::<TestJob, _>(&topic, handler(calls.clone(), Default::default()))
+        .handle_on(&topic, handler(calls.clone(), Default::default()))
         .retry(policy.clone())
         .handler_timeout(Duration::from_millis(500))
         .build()
@@ -336,7 +336,7 @@ async fn a_full_tier_of_not_yet_due_jobs_does_not_slow_the_main_topic() {
         calls: Calls,
     ) -> f64 {
         let w = Worker::builder(config.clone(), group)
-            .handle_on::<TestJob, _>(topic, handler(calls.clone(), Default::default()))
+            .handle_on(topic, handler(calls.clone(), Default::default()))
             .retry(policy)
             .build()
             .unwrap();
@@ -473,7 +473,7 @@ async fn an_outage_then_recovery_loses_nothing_and_retry_traffic_stays_bounded()
         Duration::from_secs(4),
     ]);
     let w = Worker::builder(config.clone(), &group)
-        .handle_on::<TestJob, _>(&topic, handler(calls.clone(), down.clone()))
+        .handle_on(&topic, handler(calls.clone(), down.clone()))
         .retry(policy.clone())
         .build()
         .unwrap();

@@ -130,7 +130,7 @@ async fn a_thousand_headerless_jobs_from_a_foreign_producer_have_a_thousand_effe
         }
     };
     let worker = Worker::builder(config.clone(), &group)
-        .handle_on::<TestJob, _>(&topic, handler)
+        .handle_on(&topic, handler)
         .retry(kjob::retry::RetryPolicy::tiers([Duration::from_secs(1)]))
         .commit_interval(Duration::from_millis(200))
         .build()
@@ -244,7 +244,7 @@ async fn a_header_name_that_is_not_utf8_neither_crashes_nor_loses_the_job() {
     let handled = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = handled.clone();
     let worker = Worker::builder(config.clone(), &group)
-        .handle_on::<TestJob, _>(&topic, move |job: TestJob, ctx: JobContext| {
+        .handle_on(&topic, move |job: TestJob, ctx: JobContext| {
             let seen = seen.clone();
             async move {
                 if job.behaviour == "fail-first" && ctx.attempt == 1 {

@@ -22,7 +22,7 @@ type Calls = Arc<Mutex<Vec<(String, u32, String)>>>;
 /// A scripted handler: the job's key says how it fails.
 fn scripted(builder: WorkerBuilder, topic: &str, calls: Calls) -> WorkerBuilder {
     builder
-        .handle_on::<TestJob, _>(topic, move |job: TestJob, ctx: JobContext| {
+        .handle_on(topic, move |job: TestJob, ctx: JobContext| {
             calls
                 .lock()
                 .unwrap()

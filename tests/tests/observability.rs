@@ -46,7 +46,7 @@ async fn metrics_lag_age_and_readiness_follow_the_work() {
     let gate = Arc::new(Notify::new());
     let g = gate.clone();
     let worker = Worker::builder(config.clone(), &group)
-        .handle_on::<TestJob, _>(&topic, move |job: TestJob, ctx: JobContext| {
+        .handle_on(&topic, move |job: TestJob, ctx: JobContext| {
             let g = g.clone();
             async move {
                 match job.behaviour.as_str() {
@@ -217,7 +217,7 @@ async fn kjob_status_agrees_with_kafkas_consumer_group_command() {
         r.unwrap();
     }
     let w = Worker::builder(config.clone(), &group)
-        .handle_on::<TestJob, _>(&topic, |_j: TestJob, _c: JobContext| async {
+        .handle_on(&topic, |_j: TestJob, _c: JobContext| async {
             Ok::<(), JobError>(())
         })
         .retry(RetryPolicy::tiers([Duration::from_secs(1)]))

@@ -342,7 +342,7 @@ async fn the_harness_applies_the_same_rules() {
             KafkaConfig::new("127.0.0.1:9092", "http://127.0.0.1:8081"),
             "g",
         )
-        .handle_on::<TestJob, _>(topic, handler)
+        .handle_on(topic, handler)
         .retry(RetryPolicy::tiers([Duration::from_secs(5), Duration::from_secs(30)]).jitter(0.0));
         if strict {
             builder = builder.strict_order(topic);
@@ -416,7 +416,7 @@ async fn a_dead_lettered_head_does_not_wedge_its_key() {
         KafkaConfig::new("127.0.0.1:9092", "http://127.0.0.1:8081"),
         "g",
     )
-    .handle_on::<TestJob, _>(topic, handler)
+    .handle_on(topic, handler)
     // Two attempts: job 1 fails, waits in the tier, fails again and is
     // dead-lettered as retries_exhausted.
     .retry(RetryPolicy::tiers([Duration::from_secs(5)]).jitter(0.0))
@@ -456,14 +456,14 @@ fn unusable_strict_settings_are_refused_at_build() {
         Err(e) => e.to_string(),
     };
     let typo = err(Worker::builder(config(), "g")
-        .handle_on::<TestJob, _>("ledger", handler)
+        .handle_on("ledger", handler)
         .strict_order("ledgr"));
     assert!(
         typo.contains("ledgr") && typo.contains("strict_order"),
         "{typo}"
     );
     let unordered = err(Worker::builder(config(), "g")
-        .handle_on::<TestJob, _>("ledger", handler)
+        .handle_on("ledger", handler)
         .ordering(kjob::OrderingMode::Unordered)
         .strict_order("ledger"));
     assert!(unordered.contains("PerKey"), "{unordered}");
@@ -472,14 +472,14 @@ fn unusable_strict_settings_are_refused_at_build() {
         "g",
     )
     .group_protocol(kjob::GroupProtocol::Classic)
-    .handle_on::<TestJob, _>("ledger", handler)
+    .handle_on("ledger", handler)
     .strict_order("ledger"));
     assert!(
         sticky.contains("range") && sticky.contains("ledger.order"),
         "{sticky}"
     );
     assert!(Worker::builder(config(), "g")
-        .handle_on::<TestJob, _>("ledger", handler)
+        .handle_on("ledger", handler)
         .strict_order("ledger")
         .build()
         .is_ok());

@@ -834,7 +834,7 @@ async fn a_worker_can_run_the_relay_in_process() {
     let handled: Arc<std::sync::Mutex<Vec<i64>>> = Arc::default();
     let h = handled.clone();
     let worker = kjob::Worker::builder(fx.config.clone(), unique("kjob-tests-outbox"))
-        .handle_on::<TestJob, _>(&fx.topic, move |job: TestJob, _ctx: kjob::JobContext| {
+        .handle_on(&fx.topic, move |job: TestJob, _ctx: kjob::JobContext| {
             let h = h.clone();
             async move {
                 if let Ok(mut v) = h.lock() {

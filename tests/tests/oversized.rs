@@ -72,7 +72,7 @@ async fn run(dlq_limit: Option<&str>) -> (String, rdkafka::message::OwnedMessage
         }
     };
     let worker = Worker::builder(config.clone(), &group)
-        .handle_on::<TestJob, _>(&topic, handler)
+        .handle_on(&topic, handler)
         .commit_interval(Duration::from_millis(200))
         .build()
         .expect("worker builds");

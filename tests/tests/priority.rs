@@ -32,7 +32,7 @@ async fn urgent_jobs_overtake_a_bulk_backlog_and_the_backlog_still_drains() {
     let (b, b2, u) = (bulk_done.clone(), bulk_done.clone(), urgent_seen.clone());
     let group = unique("prio-g");
     let worker = Worker::builder(config.clone(), &group)
-        .handle_on::<TestJob, _>(&bulk, move |_job: TestJob, _ctx: JobContext| {
+        .handle_on(&bulk, move |_job: TestJob, _ctx: JobContext| {
             let b = b.clone();
             async move {
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -40,7 +40,7 @@ async fn urgent_jobs_overtake_a_bulk_backlog_and_the_backlog_still_drains() {
                 Ok::<(), JobError>(())
             }
         })
-        .handle_on::<TestJob, _>(&urgent, move |_job: TestJob, _ctx: JobContext| {
+        .handle_on(&urgent, move |_job: TestJob, _ctx: JobContext| {
             let (b, u) = (b2.clone(), u.clone());
             async move {
                 tokio::time::sleep(Duration::from_millis(5)).await;

@@ -56,7 +56,7 @@ async fn backlog(protocol: Protocol) {
     let seen: Seen = Default::default();
     let make = |seen: Seen| {
         builder(&config, &group, protocol)
-            .handle_on::<TestJob, _>(&topic, move |job: TestJob, _ctx: JobContext| {
+            .handle_on(&topic, move |job: TestJob, _ctx: JobContext| {
                 let seen = seen.clone();
                 async move {
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -122,7 +122,7 @@ async fn tier_hold(protocol: Protocol) {
     let retries: Retries = Default::default();
     let make = |retries: Retries| {
         builder(&config, &group, protocol)
-            .handle_on::<TestJob, _>(&topic, move |job: TestJob, ctx: JobContext| {
+            .handle_on(&topic, move |job: TestJob, ctx: JobContext| {
                 let retries = retries.clone();
                 async move {
                     if ctx.attempt == 1 {
@@ -201,7 +201,7 @@ async fn a_static_member_restarting_gets_its_partitions_back_without_a_rebalance
     let make = |instance: &str, seen: Seen| {
         Worker::builder(config.clone(), &group)
             .static_member(format!("{group}-{instance}"))
-            .handle_on::<TestJob, _>(&topic, move |job: TestJob, _ctx: JobContext| {
+            .handle_on(&topic, move |job: TestJob, _ctx: JobContext| {
                 let seen = seen.clone();
                 async move {
                     *seen.lock().unwrap().entry(job.seq).or_default() += 1;

@@ -35,7 +35,7 @@ async fn a_cut_shorter_than_the_session_costs_a_reconnect_and_nothing_else() {
     let handled = Arc::new(AtomicU64::new(0));
     let (c, h) = (counts.clone(), handled.clone());
     let worker = Worker::builder(via_proxy, &group)
-        .handle_on::<TestJob, _>(&topic, move |job: TestJob, _ctx: JobContext| {
+        .handle_on(&topic, move |job: TestJob, _ctx: JobContext| {
             let (c, h) = (c.clone(), h.clone());
             async move {
                 if let Some(slot) = usize::try_from(job.seq).ok().and_then(|i| c.get(i)) {

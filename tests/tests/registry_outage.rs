@@ -39,7 +39,7 @@ fn worker(
     let mut through_proxy = config.clone();
     through_proxy.schema_registry_url = registry_url.to_string();
     let w = Worker::builder(through_proxy, group)
-        .handle_on::<TestJob, _>(topic, move |job: TestJob, ctx: JobContext| {
+        .handle_on(topic, move |job: TestJob, ctx: JobContext| {
             let calls = calls.clone();
             async move {
                 calls.lock().unwrap().push((job.seq, ctx.attempt));

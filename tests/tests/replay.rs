@@ -21,7 +21,7 @@ fn start_worker(
     seen: Arc<Mutex<Vec<i64>>>,
 ) -> Running {
     let w = Worker::builder(config.clone(), group)
-        .handle_on::<TestJob, _>(topic, move |job: TestJob, _c: JobContext| {
+        .handle_on(topic, move |job: TestJob, _c: JobContext| {
             let seen = seen.clone();
             async move {
                 seen.lock().unwrap().push(job.seq);

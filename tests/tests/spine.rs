@@ -40,7 +40,7 @@ fn recording_handler(
 
 fn worker(config: &KafkaConfig, group: &str, topic: &str, seen: Seen, gate: Arc<Notify>) -> Worker {
     Worker::builder(config.clone(), group)
-        .handle_on::<TestJob, _>(topic, recording_handler(seen, gate))
+        .handle_on(topic, recording_handler(seen, gate))
         .commit_interval(Duration::from_millis(200))
         .build()
         .expect("worker builds")
@@ -473,7 +473,7 @@ async fn a_worker_fails_clearly_when_the_registry_is_down() {
         "http://127.0.0.1:1/apis/ccompat/v7",
     );
     let w = Worker::builder(config, unique("g"))
-        .handle_on::<TestJob, _>("whatever", |_j: TestJob, _c: JobContext| async { Ok(()) })
+        .handle_on("whatever", |_j: TestJob, _c: JobContext| async { Ok(()) })
         .build()
         .unwrap();
     let started = Instant::now();
@@ -492,7 +492,7 @@ async fn a_worker_refuses_to_start_on_a_missing_topic() {
     let config = ensure_stack();
     let missing = unique("spine.missing");
     let w = Worker::builder(config, unique("g"))
-        .handle_on::<TestJob, _>(&missing, |_j: TestJob, _c: JobContext| async { Ok(()) })
+        .handle_on(&missing, |_j: TestJob, _c: JobContext| async { Ok(()) })
         .build()
         .unwrap();
     let err = w

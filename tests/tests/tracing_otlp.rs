@@ -80,7 +80,7 @@ async fn one_trace_connects_enqueue_handle_retry_handle() {
     let group = unique("g");
     create_topic(&config, &topic, 1).await;
     let w = Worker::builder(config.clone(), &group)
-        .handle_on::<TestJob, _>(&topic, |_j: TestJob, ctx: JobContext| async move {
+        .handle_on(&topic, |_j: TestJob, ctx: JobContext| async move {
             if ctx.attempt == 1 {
                 Err(JobError::server("503 on the first attempt"))
             } else {

@@ -44,7 +44,7 @@ async fn only_attempts_that_returned_ok_leave_rows() {
     let (a, t) = (attempts.clone(), table.clone());
     let worker = Worker::builder(config.clone(), unique("txlayer-g"))
         .layer_for(&topic, PgTransaction::new(pool(&db).expect("pool")))
-        .handle_on::<TestJob, _>(
+        .handle_on(
             &topic,
             move |job: TestJob, ctx: JobContext, Ext(tx): Ext<Tx>| {
                 let (a, t) = (a.clone(), t.clone());

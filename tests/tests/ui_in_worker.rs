@@ -37,7 +37,7 @@ async fn a_worker_serves_the_dashboard_beside_its_metrics() {
         .router_on(addr)
         .expect("dashboard");
     let worker = Worker::builder(config.clone(), &group)
-        .handle_on::<TestJob, _>(&topic, |_job: TestJob, _ctx: JobContext| async {
+        .handle_on(&topic, |_job: TestJob, _ctx: JobContext| async {
             Ok::<(), JobError>(())
         })
         .metrics_endpoint(addr)
@@ -115,7 +115,7 @@ async fn a_worker_serves_the_dashboard_beside_its_metrics() {
 fn http_routes_without_an_endpoint_are_refused_at_build() {
     let config = kjob::KafkaConfig::new("127.0.0.1:9092", "http://127.0.0.1:8081/apis/ccompat/v7");
     let err = Worker::builder(config, "g")
-        .handle_on::<TestJob, _>("t", |_job: TestJob, _ctx: JobContext| async {
+        .handle_on("t", |_job: TestJob, _ctx: JobContext| async {
             Ok::<(), JobError>(())
         })
         .http_routes(axum::Router::new())

@@ -211,7 +211,7 @@ async fn worker() -> anyhow::Result<()> {
     let db = Arc::new(Db::connect(&url, &tables, 8).await?);
     let worker = Worker::builder(KafkaConfig::from_env(), group)
         .state(db)
-        .handle_on::<BenchJob, _>(&topic, apply)
+        .handle_on(&topic, apply)
         .retry(RetryPolicy::tiers(TIERS).max_attempts(MAX_ATTEMPTS))
         .concurrency(32)
         // Bound right after preflight, before the consumer subscribes: the

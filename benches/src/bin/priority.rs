@@ -102,7 +102,7 @@ async fn run(
     let bulk_done = Arc::new(AtomicU64::new(0));
     let (s, b) = (samples.clone(), bulk_done.clone());
     let worker = Worker::builder(config.clone(), format!("bench-prio-{}", &suffix[..8]))
-        .handle_on::<BenchJob, _>(&critical, move |job: BenchJob, _ctx: JobContext| {
+        .handle_on(&critical, move |job: BenchJob, _ctx: JobContext| {
             let s = s.clone();
             async move {
                 tokio::time::sleep(HANDLER).await;
@@ -112,7 +112,7 @@ async fn run(
                 Ok::<(), JobError>(())
             }
         })
-        .handle_on::<BenchJob, _>(&bulk, move |_job: BenchJob, _ctx: JobContext| {
+        .handle_on(&bulk, move |_job: BenchJob, _ctx: JobContext| {
             let b = b.clone();
             async move {
                 tokio::time::sleep(HANDLER).await;

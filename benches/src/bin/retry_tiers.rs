@@ -68,7 +68,7 @@ async fn lateness(config: &KafkaConfig, producer: &Producer, n: i64) -> anyhow::
     let samples: Arc<Mutex<Vec<(u32, i64)>>> = Default::default();
     let s = samples.clone();
     let worker = Worker::builder(config.clone(), unique("bench-late"))
-        .handle_on::<BenchJob, _>(&topic, move |_j: BenchJob, ctx: JobContext| {
+        .handle_on(&topic, move |_j: BenchJob, ctx: JobContext| {
             if let Some(due) = ctx.due_at_ms {
                 if let Ok(mut v) = s.lock() {
                     v.push((ctx.attempt, kjob::dlq::now_ms() - due));
@@ -167,7 +167,7 @@ async fn main_rate(
         r?;
     }
     let worker = Worker::builder(config.clone(), &group)
-        .handle_on::<BenchJob, _>(&topic, |_j: BenchJob, _c: JobContext| async {
+        .handle_on(&topic, |_j: BenchJob, _c: JobContext| async {
             Ok::<(), JobError>(())
         })
         .retry(policy)

@@ -13,7 +13,7 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 async fn rate(config: &KafkaConfig, topic: &str, n: u64, metrics: bool) -> anyhow::Result<f64> {
     let group = format!("bench-tel-{}", uuid::Uuid::new_v4().simple());
     let mut b = Worker::builder(config.clone(), group)
-        .handle_on::<BenchJob, _>(topic, |_j: BenchJob, _c: JobContext| async {
+        .handle_on(topic, |_j: BenchJob, _c: JobContext| async {
             Ok::<(), JobError>(())
         });
     if metrics {

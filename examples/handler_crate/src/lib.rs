@@ -64,8 +64,8 @@ pub fn register_on(
     builder
         .state(deps.store)
         .state(deps.mailer)
-        .handle_on::<RenderInvoice, _>(render_topic, handlers::render_invoice)
-        .handle_on::<SendInvoiceMail, _>(mail_topic, handlers::send_invoice_mail)
+        .handle_on(render_topic, handlers::render_invoice)
+        .handle_on(mail_topic, handlers::send_invoice_mail)
         // Every attempt is logged with its outcome and duration, by a layer
         // of this crate's own (see `layers.rs`).
         .layer(layers::JobLog)

@@ -36,7 +36,7 @@
 //! let db = pool("postgres://postgres@127.0.0.1:54329/kjob")?;
 //! let worker = Worker::builder(KafkaConfig::from_env(), "billing")
 //!     .layer_for("invoices.render", PgTransaction::new(db))
-//!     .handle_on::<RenderInvoice, _>("invoices.render", render)
+//!     .handle_on("invoices.render", render)
 //!     .build()?;
 //! # drop(worker);
 //! # Ok(())

@@ -21,15 +21,14 @@ async fn greet(job: Greet, ctx: JobContext) -> Result<(), JobError> {
 async fn main() -> anyhow::Result<()> {
     let _telemetry = kjob::telemetry::init()?; // logs to stdout, RUST_LOG filters
     let config = KafkaConfig::from_env(); // 127.0.0.1:9092 unless KJOB_BOOTSTRAP_SERVERS
-                                          // The main topic; the worker creates its retry and DLQ topics itself.
-    kjob::topics::create_topics(&config, &[(Greet::NAME.into(), 1)]).await?;
+    kjob::topics::create_topics(&config, &[(Greet::NAME.into(), 1)]).await?; // the main topic
     let job = Greet {
         name: "world".into(),
     };
     let sent = Producer::new(&config)?.enqueue(&job).await?;
     println!("enqueued {} at offset {}", sent.id, sent.offset);
     let worker = Worker::builder(config, "examples.hello")
-        .handle::<Greet, _>(greet)
+        .handle(greet)
         .stop_after_jobs(1) // a real worker runs until SIGTERM
         .build()?;
     match worker.run().await {

@@ -272,9 +272,9 @@ async fn main() -> anyhow::Result<()> {
     });
     let (d1, d2, d3) = (downstream.clone(), downstream.clone(), downstream);
     let worker = Worker::builder(config.clone(), &args.group)
-        .handle::<SendOrderConfirmation, _>(move |j, c| send_confirmation(j, c, d1.clone()))
-        .handle::<RenderInvoicePdf, _>(move |j, c| render_invoice(j, c, d2.clone()))
-        .handle::<SyncCustomerToCrm, _>(move |j, c| sync_crm(j, c, d3.clone()))
+        .handle(move |j, c| send_confirmation(j, c, d1.clone()))
+        .handle(move |j, c| render_invoice(j, c, d2.clone()))
+        .handle(move |j, c| sync_crm(j, c, d3.clone()))
         .retry(retry_policy())
         .priority(SendOrderConfirmation::NAME, Priority::High)
         .priority(SyncCustomerToCrm::NAME, Priority::Low)

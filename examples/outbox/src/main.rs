@@ -102,7 +102,7 @@ async fn main() -> anyhow::Result<()> {
     let mails = Arc::new(AtomicU64::new(0));
     let sent = mails.clone();
     let worker = Worker::builder(config, "examples.outbox.mailer")
-        .handle::<SendOrderConfirmation, _>(move |job: SendOrderConfirmation, ctx: JobContext| {
+        .handle(move |job: SendOrderConfirmation, ctx: JobContext| {
             let (sent, placed) = (sent.clone(), placed.clone());
             async move {
                 if job.order_id == placed {

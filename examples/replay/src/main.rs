@@ -32,7 +32,7 @@ async fn run_worker(config: &KafkaConfig, topic: &str, group: &str, n: u64) -> a
     let handled = Arc::new(AtomicU64::new(0));
     let h = handled.clone();
     let worker = Worker::builder(config.clone(), group)
-        .handle_on::<RebuildProjection, _>(topic, move |job: RebuildProjection, ctx: JobContext| {
+        .handle_on(topic, move |job: RebuildProjection, ctx: JobContext| {
             h.fetch_add(1, Ordering::Relaxed);
             println!(
                 "  handled job {} (offset {}:{})",

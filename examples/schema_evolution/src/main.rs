@@ -106,10 +106,10 @@ async fn main() -> anyhow::Result<()> {
 
     // Two workers of different versions in one group split the partitions.
     let old = Worker::builder(config.clone(), &group)
-        .handle_on::<OrderV1, _>(&topic, old_worker)
+        .handle_on(&topic, old_worker)
         .build()?;
     let new = Worker::builder(config.clone(), &group)
-        .handle_on::<OrderV2, _>(&topic, new_worker)
+        .handle_on(&topic, new_worker)
         .build()?;
     let (old_stats, new_stats) = (old.stats(), new.stats());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -11,7 +11,7 @@
 //! # async fn h(_: MakeReport, _: JobContext) -> Result<(), JobError> { Ok(()) }
 //! # fn b() -> kjob::WorkerBuilder {
 //! Worker::builder(KafkaConfig::from_env(), "reports")
-//!     .handle::<MakeReport, _>(h)
+//!     .handle(h)
 //!     // sec min hour day-of-month month day-of-week
 //!     .schedule("report", "0 */5 * * * *", || MakeReport { day: "today".into() })
 //!     .schedule_with(Schedule::new("nightly", "0 0 3 * * *", || MakeReport { day: "yesterday".into() })

@@ -1,5 +1,5 @@
 //! The worker's metrics, as OpenTelemetry instruments exported in Prometheus
-//! format (`/metrics`). Names follow DESIGN.md:
+//! format (`/metrics`):
 //!
 //! | metric | type | labels |
 //! |---|---|---|
@@ -14,7 +14,7 @@
 //! | `kjob_oldest_running_seconds` | gauge | `job`: age of the oldest handler running (0 under 1 s) |
 //! | `kjob_priority_waiting` | gauge | `priority` (high, normal, low): jobs ready, waiting for a slot |
 //! | `kjob_priority_in_flight` | gauge | `priority`: jobs running |
-//! | `kjob_priority_latency_seconds` | histogram | `priority`: record timestamp to the attempt's outcome (p99 per lane) |
+//! | `kjob_priority_latency_seconds` | histogram | `priority`: record timestamp to the attempt's outcome |
 //!
 //! Each worker owns its registry, so two workers in one process (tests, a
 //! multi-tenant binary) never mix their numbers. A worker without a metrics

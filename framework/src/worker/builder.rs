@@ -342,7 +342,7 @@ impl WorkerBuilder {
     /// (`<topic>.delay.<bucket>`, see [`crate::delay`]), creating them at
     /// start when [`WorkerBuilder::create_topics`] allows, so that
     /// [`Producer::enqueue_in`] and [`Producer::enqueue_at`] work for its
-    /// routes (default false: six more topics per route, consumed by the
+    /// routes (default false: seven more topics per route, consumed by the
     /// same consumer).
     pub fn delayed_jobs(mut self, yes: bool) -> Self {
         self.delayed_jobs = yes;

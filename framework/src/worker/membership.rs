@@ -142,8 +142,8 @@ pub(crate) fn reject_classic_only(config: &crate::KafkaConfig) -> Result<()> {
         Some((name, value)) => Err(Error::InvalidSetting {
             name: name.into(),
             value: value.clone(),
-            reason: "a classic-protocol setting: under KIP-848 (`group.protocol=consumer`, \
-                     kjob's default) the broker decides it (`group.consumer.session.timeout.ms`, \
+            reason: "a classic-protocol setting: under KIP-848 (`group.protocol=consumer`) the \
+                     broker decides it (`group.consumer.session.timeout.ms`, \
                      `group.consumer.heartbeat.interval.ms`, `group.remote.assignor`); drop \
                      it, or keep the classic protocol with KJOB_GROUP_PROTOCOL=classic"
                 .into(),

@@ -124,7 +124,7 @@ async fn main() -> Result<(), String> {
     }
     let leader_record = record_path.clone();
     let worker = builder
-        .handle_on::<TestJob, _>(&topic, handler)
+        .handle_on(&topic, handler)
         .concurrency(concurrency)
         .commit_interval(commit)
         .retry(kjob::retry::RetryPolicy::tiers(tiers))
