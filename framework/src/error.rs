@@ -313,9 +313,58 @@ pub enum Error {
         /// so an error chain printer does not say it twice).
         reason: crate::delay::DelayError,
     },
-    /// A worker's internal thread failed or shutdown exceeded its bound.
-    #[error("worker: {0}")]
-    Worker(String),
+    /// A blocking task (a metadata lookup, a state read) ended without an
+    /// answer: it panicked, or the runtime is shutting down.
+    #[error("{what} failed before it answered ({reason}); this is a bug unless the process is shutting down: the log above says why")]
+    Task {
+        /// What the task was doing.
+        what: &'static str,
+        /// How it ended.
+        reason: String,
+    },
+    /// The worker could not start its poll thread.
+    #[error("could not start the worker's poll thread: {reason}; the process is out of threads or memory (check ulimit -u and the container's limits)")]
+    PollThread {
+        /// What the OS said.
+        reason: String,
+    },
+    /// The poll thread ended while the worker ran.
+    #[error("the worker's poll thread ended unexpectedly (a panic: the log above names it); offsets up to the last commit are safe, restart the worker")]
+    PollThreadEnded,
+    /// The consumer did not close within its bound after the grace period.
+    #[error("the consumer did not close within {bound:?} after the grace period; offsets up to the last commit are safe, and the group notices the member's departure within its session timeout")]
+    CloseTimeout {
+        /// How long the worker waited.
+        bound: Duration,
+    },
+    /// librdkafka gave up on the client for a reason kjob has no advice for.
+    #[error("the Kafka client stopped on a fatal error: {message}; restart the worker, and if it recurs check the broker's log for this client")]
+    FatalClient {
+        /// librdkafka's description.
+        message: String,
+    },
+    /// Reading a topic to its end took longer than allowed.
+    #[error("reading {topic} timed out after {after:?}; check that the brokers are up and that the topic's partition leaders are available (kafka-topics --describe --topic {topic})")]
+    ReadTimeout {
+        /// The topic (and partition) being read.
+        topic: String,
+        /// How long it was read.
+        after: Duration,
+    },
+    /// The broker answered without offsets for a partition.
+    #[error("the broker returned no offsets for {topic}:{partition}; is its leader available? (kafka-topics --describe --topic {topic})")]
+    NoOffsets {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+    },
+    /// The producer went away before it acknowledged a write.
+    #[error("writing {topic}: the producer was dropped before it acknowledged the record; the write is repeated by the caller's retry")]
+    Unacknowledged {
+        /// The topic written to.
+        topic: String,
+    },
     /// A worker limit fired and the worker stopped gracefully (drained,
     /// committed, left the group); a supervisor should start a new one.
     #[error("worker limit reached: {0}; stopped gracefully, restart the worker")]

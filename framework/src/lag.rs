@@ -124,9 +124,10 @@ impl LagReader {
         for e in tpl.elements() {
             let (t, p) = (e.topic(), e.partition());
             let (Some(start), Some(end)) = (at(&starts, t, p), at(&ends, t, p)) else {
-                return Err(Error::Worker(format!(
-                    "the broker returned no offsets for {t}:{p}; is its leader available?"
-                )));
+                return Err(Error::NoOffsets {
+                    topic: t.to_string(),
+                    partition: p,
+                });
             };
             out.push(PartitionLag {
                 topic: t.to_string(),

@@ -146,7 +146,10 @@ impl DelayTopicCheck {
                 crate::topics::partition_counts(&config, &names)
             })
             .await
-            .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
+            .map_err(|e| Error::Task {
+                what: "a metadata lookup",
+                reason: e.to_string(),
+            })??;
             if let Some((t, _)) = unknown.iter().zip(&counts).find(|(_, c)| c.is_none()) {
                 return Err(err(DelayError::NoTopic {
                     topic: t.clone(),

@@ -271,7 +271,10 @@ pub async fn wait_visible(config: &KafkaConfig, topics: &[String]) -> Result<()>
         let (c, t) = (config.clone(), topics.to_vec());
         let counts = tokio::task::spawn_blocking(move || partition_counts(&c, &t))
             .await
-            .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
+            .map_err(|e| Error::Task {
+                what: "a metadata lookup",
+                reason: e.to_string(),
+            })??;
         if counts.iter().all(Option::is_some) || Instant::now() >= deadline {
             return Ok(());
         }

@@ -256,9 +256,10 @@ pub(crate) fn snapshot(config: &KafkaConfig, topic: &str) -> Result<Option<Vec<O
     let deadline = Instant::now() + Duration::from_secs(60);
     while remaining > 0 {
         if Instant::now() > deadline {
-            return Err(Error::Worker(format!(
-                "reading {topic} timed out after 60 s"
-            )));
+            return Err(Error::ReadTimeout {
+                topic: topic.to_string(),
+                after: Duration::from_secs(60),
+            });
         }
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {

@@ -130,7 +130,10 @@ impl Firing {
         let (config, group) = (self.config.clone(), self.group.clone());
         let mut states = tokio::task::spawn_blocking(move || read_states(&config, &group))
             .await
-            .map_err(|e| Error::Worker(format!("schedule state task failed: {e}")))??;
+            .map_err(|e| Error::Task {
+                what: "reading the schedule state",
+                reason: e.to_string(),
+            })??;
         let now = now_ms();
         for s in &self.schedules {
             let fresh = ScheduleState {

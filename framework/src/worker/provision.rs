@@ -36,7 +36,10 @@ impl Worker {
         let config = self.config.clone();
         let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &names))
             .await
-            .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
+            .map_err(|e| Error::Task {
+                what: "a metadata lookup",
+                reason: e.to_string(),
+            })??;
         let count_of: HashMap<&str, Option<usize>> = wanted
             .iter()
             .map(|(t, _)| t.as_str())
@@ -130,7 +133,10 @@ impl Worker {
             let query = names.clone();
             let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &query))
                 .await
-                .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
+                .map_err(|e| Error::Task {
+                    what: "a metadata lookup",
+                    reason: e.to_string(),
+                })??;
             let Some(Some(main_count)) = counts.first().copied() else {
                 return Err(Error::MissingTopic {
                     topic: main.clone(),
@@ -185,7 +191,10 @@ impl Worker {
         let config = self.config.clone();
         let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &names))
             .await
-            .map_err(|e| Error::Worker(format!("metadata task failed: {e}")))??;
+            .map_err(|e| Error::Task {
+                what: "a metadata lookup",
+                reason: e.to_string(),
+            })??;
         for ((topic, count), compact) in [leader, state].into_iter().zip(counts).zip([false, true])
         {
             if count.is_some() {

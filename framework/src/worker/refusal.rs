@@ -67,10 +67,9 @@ impl Worker {
                 }
             }
             _ => {
-                return Error::Worker(format!(
-                    "the Kafka client stopped on a fatal error: {}",
-                    fatal.message
-                ))
+                return Error::FatalClient {
+                    message: fatal.message,
+                }
             }
         };
         Error::not_authorized(&self.config, operation, resource, &acl_args, fatal.message)

@@ -229,7 +229,9 @@ impl Worker {
                 drop(consumer);
                 let _ = closed_tx.send(outcome);
             })
-            .map_err(|e| Error::Worker(format!("spawning the poll thread: {e}")))?;
+            .map_err(|e| Error::PollThread {
+                reason: e.to_string(),
+            })?;
 
         let watch = self.run_limits.watch(self.stats.clone());
         let mut fired = None;
@@ -242,7 +244,7 @@ impl Worker {
             ended = &mut closed_rx => {
                 return Err(match ended {
                     Ok(Err(fatal)) => self.refused(fatal),
-                    _ => Error::Worker("the poll thread ended unexpectedly".into()),
+                    _ => Error::PollThreadEnded,
                 });
             }
         }
@@ -271,9 +273,7 @@ impl Worker {
                     None => Ok(()),
                 }
             }
-            Err(_) => Err(Error::Worker(format!(
-                "consumer did not close within {bound:?}; offsets up to the last commit are safe"
-            ))),
+            Err(_) => Err(Error::CloseTimeout { bound }),
         }
     }
 

@@ -51,7 +51,9 @@ pub fn upstream_or(e: &anyhow::Error, status: StatusCode) -> StatusCode {
             | E::Authentication { .. }
             | E::NotAuthorized { .. }
             | E::CreateTopic { .. }
-            | E::Worker(_),
+            | E::ReadTimeout { .. }
+            | E::NoOffsets { .. }
+            | E::Task { .. },
         ) => StatusCode::BAD_GATEWAY,
         _ => status,
     }

@@ -63,9 +63,7 @@ impl OrderStore for KafkaStore {
                 match delivery.await {
                     Ok(Ok(_)) => Ok(()),
                     Ok(Err((e, _))) => Err(Error::kafka(format!("writing {topic}"), e)),
-                    Err(_) => Err(Error::Worker(format!(
-                        "writing {topic}: the producer was dropped before acknowledging"
-                    ))),
+                    Err(_) => Err(Error::Unacknowledged { topic }),
                 }
             }),
             Err((e, _)) => {
@@ -84,7 +82,10 @@ impl OrderStore for KafkaStore {
         Box::pin(async move {
             tokio::task::spawn_blocking(move || read_partition(&config, &topic, partition))
                 .await
-                .map_err(|e| Error::Worker(format!("state loading task failed: {e}")))?
+                .map_err(|e| Error::Task {
+                    what: "loading the strict-order state",
+                    reason: e.to_string(),
+                })?
         })
     }
 }
@@ -122,9 +123,10 @@ fn read_partition(
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         if std::time::Instant::now() > deadline {
-            return Err(Error::Worker(format!(
-                "reading {topic}:{partition} timed out after 60 s"
-            )));
+            return Err(Error::ReadTimeout {
+                topic: format!("{topic}:{partition}"),
+                after: Duration::from_secs(60),
+            });
         }
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
