@@ -12,7 +12,7 @@ use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use kjob::config::KafkaConfig;
-use kjob::dlq::store::{AuditEntry, Coordinates, DeadLetter};
+use kjob_ops::dlq::store::{AuditEntry, Coordinates, DeadLetter};
 use kjob_ops::dlq::{
     execute_redrive, list, omitted_payload, plan_redrive, resolve_records, show, Select, Target,
 };

@@ -6,8 +6,7 @@ use clap::{ArgGroup, Args};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
 use kjob::config::KafkaConfig;
-use kjob::replay::{apply, ReplayRow, ReplayTarget};
-use kjob_ops::replay::{plan_rows, target_from, TargetSpec};
+use kjob_ops::replay::{apply, plan_rows, target_from, ReplayRow, ReplayTarget, TargetSpec};
 
 #[derive(Args, Debug)]
 #[command(group(ArgGroup::new("target").required(true).args(["to_datetime", "by_duration", "to_offset", "shift_by", "to_earliest", "to_latest"])))]

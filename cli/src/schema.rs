@@ -14,10 +14,8 @@ use kjob::codec::{subject_for_topic, Codec};
 use kjob::config::KafkaConfig;
 use kjob::registry::Registration;
 use kjob::schema::export::{self, Mode, Outcome, EXPORT_ENV};
-use kjob::schema::{
-    check, latest, load_dir, registered_versions, set_subject_compatibility, subject_compatibility,
-    Compatibility,
-};
+use kjob::schema::{check, registered_versions, Compatibility};
+use kjob_ops::contracts::{latest, load_dir, set_subject_compatibility, subject_compatibility};
 
 #[derive(Subcommand, Debug)]
 pub enum SchemaCommand {

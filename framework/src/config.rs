@@ -279,8 +279,11 @@ impl KafkaConfig {
     }
 
     /// A librdkafka config with the bootstrap servers, the security
-    /// settings, the given kjob defaults, and then the user's overrides on top.
-    pub(crate) fn client_config(&self, defaults: &[(&str, &str)]) -> ClientConfig {
+    /// settings, the given defaults (what the caller's client needs unless
+    /// the user says otherwise, e.g. `enable.auto.commit=false`), and then
+    /// the user's overrides on top: how every kjob and kjob-ops client is
+    /// configured, so one override reaches all of them.
+    pub fn client_config(&self, defaults: &[(&str, &str)]) -> ClientConfig {
         let mut cfg = ClientConfig::new();
         cfg.set("bootstrap.servers", &self.bootstrap_servers);
         let security = [

@@ -343,8 +343,9 @@ impl Error {
 
     /// [`Error::NotAuthorized`] for `config`'s principal, with the
     /// `kafka-acls` command that grants `operation` on the resource that
-    /// `acl_args` names (e.g. `--topic orders`).
-    pub(crate) fn not_authorized(
+    /// `acl_args` names (e.g. `--topic orders`). Public so that tools built
+    /// on kjob (kjob-ops) name the grant the same way.
+    pub fn not_authorized(
         config: &crate::KafkaConfig,
         operation: &str,
         resource: String,
@@ -364,8 +365,10 @@ impl Error {
         }
     }
 
-    /// Wraps an rdkafka error with what kjob was trying to do.
-    pub(crate) fn kafka(context: impl Into<String>, source: rdkafka::error::KafkaError) -> Self {
+    /// Wraps an rdkafka error with what kjob was trying to do (and, when
+    /// librdkafka lacks TLS, the cargo feature that builds it in). Public so
+    /// that tools built on kjob (kjob-ops) report Kafka errors alike.
+    pub fn kafka(context: impl Into<String>, source: rdkafka::error::KafkaError) -> Self {
         let mut context = context.into();
         // librdkafka built without OpenSSL refuses SSL settings at client
         // creation; say which switch builds it in.

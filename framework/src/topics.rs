@@ -4,6 +4,7 @@
 //! clear error before any job is touched, and they create their own DLQ
 //! topics (with the main topic's partition count) when allowed to.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -11,6 +12,8 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientContext;
 
@@ -186,6 +189,75 @@ pub fn partition_counts(config: &KafkaConfig, topics: &[String]) -> Result<Vec<O
         }
     }
     Ok(counts)
+}
+
+/// Reads every record currently in `topic` (up to the end offsets taken at
+/// the start), in partition and offset order, with a manual assignment (no
+/// group, no commits): the DLQ reader, the schedule state. `None` if the
+/// topic does not exist. Blocking; gives up after 60 s.
+pub fn read_topic(config: &KafkaConfig, topic: &str) -> Result<Option<Vec<OwnedMessage>>> {
+    let Some(parts) = partition_counts(config, &[topic.to_string()])?
+        .pop()
+        .flatten()
+    else {
+        return Ok(None);
+    };
+    let consumer: BaseConsumer = config
+        .client_config(&[
+            ("group.id", "kjob-cli-reader"),
+            ("enable.auto.commit", "false"),
+            ("enable.partition.eof", "false"),
+        ])
+        .create()
+        .map_err(|e| Error::kafka("creating reader", e))?;
+    let timeout = Duration::from_secs(10);
+    let mut tpl = TopicPartitionList::new();
+    let mut remaining = 0usize;
+    let mut ends = HashMap::new();
+    for p in 0..parts as i32 {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p, timeout)
+            .map_err(|e| Error::kafka(format!("watermarks of {topic}:{p}"), e))?;
+        if high > low {
+            tpl.add_partition_offset(topic, p, Offset::Offset(low))
+                .map_err(|e| Error::kafka("building assignment", e))?;
+            ends.insert(p, high);
+            remaining += 1;
+        }
+    }
+    let mut out = Vec::new();
+    if remaining == 0 {
+        return Ok(Some(out));
+    }
+    // Manual assignment: no group membership, no commits.
+    consumer
+        .assign(&tpl)
+        .map_err(|e| Error::kafka(format!("assigning {topic}"), e))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while remaining > 0 {
+        if Instant::now() > deadline {
+            return Err(Error::Worker(format!(
+                "reading {topic} timed out after 60 s"
+            )));
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let end = ends.get(&m.partition()).copied().unwrap_or(0);
+                if m.offset() < end {
+                    let last = m.offset() + 1 >= end;
+                    // Not `detach()`: see `owned_record`.
+                    out.push(crate::headers::owned_record(&m));
+                    if last {
+                        remaining -= 1;
+                    }
+                }
+            }
+            Some(Err(e)) => return Err(Error::kafka(format!("reading {topic}"), e)),
+            None => {}
+        }
+    }
+    out.sort_by_key(|m| (m.partition(), m.offset()));
+    Ok(Some(out))
 }
 
 /// Room for kjob's headers on top of a main-topic record when it is

@@ -9,7 +9,10 @@
 //! CLI's flags).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod contracts;
 pub mod dlq;
+pub mod groups;
+pub mod lag;
 pub mod replay;
 pub mod status;
 pub mod terminal;

@@ -7,8 +7,8 @@ use anyhow::Result;
 use serde::Serialize;
 
 use kjob::config::KafkaConfig;
-use kjob::dlq::store::{DlqReader, Filter};
-use kjob::lag::{group_lag, pending_heads, PartitionLag};
+use crate::dlq::store::{DlqReader, Filter};
+use crate::lag::{group_lag, pending_heads, PartitionLag};
 use kjob::retry::discover_tiers;
 use kjob::topics::list_topics;
 

@@ -19,7 +19,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::Message;
 
-use kjob::dlq::store::{Coordinates, DlqReader};
+use kjob_ops::dlq::store::{Coordinates, DlqReader};
 use kjob::{KafkaConfig, Producer, WorkerStats};
 use kjob_integration_tests::*;
 

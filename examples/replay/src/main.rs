@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kjob::replay::{apply, plan, ReplayTarget};
+use kjob_ops::replay::{apply, plan, ReplayTarget};
 use kjob::{Job, JobContext, JobError, KafkaConfig, Producer, Worker};
 use serde::{Deserialize, Serialize};
 

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use maud::{html, Markup, DOCTYPE};
 
-use kjob::groups::GroupMember;
+use crate::groups::GroupMember;
 
 use super::assets::layout;
 use super::sampler::{Point, RouteView};

@@ -2,8 +2,8 @@
 //! through the same `status` functions `kjob status` uses, keeping the
 //! last minutes of history for the sparklines and the lag chart.
 
-use kjob::groups::{describe_groups, Group, GroupMember};
-use kjob::lag::PartitionLag;
+use crate::groups::{describe_groups, Group, GroupMember};
+use crate::lag::PartitionLag;
 use kjob::retry::parse_delay;
 use kjob::topics::list_topics;
 use std::collections::{HashMap, VecDeque};

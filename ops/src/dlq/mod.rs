@@ -1,6 +1,13 @@
 //! Dead letters as data: which records a selection picks, one record in
 //! full (payload decoded through the registry), and the audited re-drive
 //! and resolve. `kjob dlq` prints these; the dashboard renders them.
+//!
+//! Underneath: [`store`] reads a DLQ and its audit trail, [`redrive`]
+//! writes re-drives and audit entries. Writing dead letters is the
+//! worker's, in kjob ([`kjob::dlq`]).
+
+pub mod redrive;
+pub mod store;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,8 +20,8 @@ use crate::terminal::{for_terminal, CELL_WIDTH};
 use crate::time::{format_ms, parse_time};
 use kjob::codec::Codec;
 use kjob::config::KafkaConfig;
-use kjob::dlq::redrive::{redrive, resolve, target_topic, AuditLog, RedriveTarget};
-use kjob::dlq::store::{AuditEntry, Coordinates, DeadLetter, DlqReader, Filter};
+use redrive::{redrive, resolve, target_topic, AuditLog, RedriveTarget};
+use store::{AuditEntry, Coordinates, DeadLetter, DlqReader, Filter};
 use kjob::producer::Producer;
 
 /// Which DLQ and which records: the CLI's flags and the dashboard's form
@@ -191,7 +198,7 @@ pub async fn show(config: &KafkaConfig, topic: &str, at: Coordinates) -> Result<
         }),
         // A job enqueued from SQL that did not fit its contract: the JSON as
         // the application wrote it (`kjob dlq retry` encodes it first).
-        (Some(bytes), None) if kjob::dlq::redrive::is_json(&d) => {
+        (Some(bytes), None) if redrive::is_json(&d) => {
             match serde_json::from_slice::<serde_json::Value>(bytes) {
                 Ok(v) => v,
                 Err(e) => undecodable(&format!("marked JSON but does not parse: {e}"), Some(bytes)),
@@ -219,7 +226,7 @@ pub async fn show(config: &KafkaConfig, topic: &str, at: Coordinates) -> Result<
         "key": d.key,
         "failed_at": format_ms(d.timestamp_ms),
         "headers": headers,
-        "payload_format": if kjob::dlq::redrive::is_json(&d) { "json" } else { "avro" },
+        "payload_format": if redrive::is_json(&d) { "json" } else { "avro" },
         "payload": payload,
         "audit": audit.get(&at),
     }))

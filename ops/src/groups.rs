@@ -19,8 +19,8 @@ use rdkafka::admin::AdminClient;
 use rdkafka::bindings as rd;
 use rdkafka::client::DefaultClientContext;
 
-use crate::config::KafkaConfig;
-use crate::error::{Error, Result};
+use kjob::config::KafkaConfig;
+use kjob::error::{Error, Result};
 
 /// One member of a consumer group.
 #[derive(Clone, Debug, PartialEq, Eq)]

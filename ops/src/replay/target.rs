@@ -3,9 +3,9 @@
 
 use anyhow::{anyhow, bail, Result};
 
+use super::{plan, ReplayRow, ReplayTarget};
 use crate::time::parse_time;
 use kjob::config::KafkaConfig;
-use kjob::replay::{plan, ReplayRow, ReplayTarget};
 use kjob::retry::discover_tiers;
 use kjob::topics::list_topics;
 
