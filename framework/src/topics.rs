@@ -13,9 +13,9 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientContext;
+use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::KafkaConfig;
 use crate::error::{Error, Result};

@@ -99,4 +99,3 @@ pub async fn set_subject_compatibility(
 ) -> Result<()> {
     client.set_compatibility(subject, level).await
 }
-

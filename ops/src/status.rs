@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde::Serialize;
 
-use kjob::config::KafkaConfig;
 use crate::dlq::store::{DlqReader, Filter};
 use crate::lag::{group_lag, pending_heads, PartitionLag};
+use kjob::config::KafkaConfig;
 use kjob::retry::discover_tiers;
 use kjob::topics::list_topics;
 

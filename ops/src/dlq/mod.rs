@@ -20,9 +20,9 @@ use crate::terminal::{for_terminal, CELL_WIDTH};
 use crate::time::{format_ms, parse_time};
 use kjob::codec::Codec;
 use kjob::config::KafkaConfig;
+use kjob::producer::Producer;
 use redrive::{redrive, resolve, target_topic, AuditLog, RedriveTarget};
 use store::{AuditEntry, Coordinates, DeadLetter, DlqReader, Filter};
-use kjob::producer::Producer;
 
 /// Which DLQ and which records: the CLI's flags and the dashboard's form
 /// fields (empty fields count as absent).

@@ -27,9 +27,7 @@ use kjob::error::{Error, Result};
 use kjob::headers::{self, JobHeaders};
 use kjob::producer::Producer;
 use kjob::retry::discover_tiers;
-use kjob::topics::{
-    create_topics_with, dlq_audit_topic, dlq_topic, list_topics, partition_counts,
-};
+use kjob::topics::{create_topics_with, dlq_audit_topic, dlq_topic, list_topics, partition_counts};
 
 /// Where a re-drive sends dead letters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
