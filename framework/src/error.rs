@@ -118,8 +118,11 @@ pub enum Error {
         /// What an operator can do about it.
         hint: &'static str,
     },
-    /// A topic the caller relies on does not exist.
-    #[error("topic `{topic}` does not exist on {bootstrap}; create it first, e.g. `kjob topics create --topic {topic} --partitions 6`")]
+    /// A topic the caller relies on does not exist. The message names the
+    /// command that creates it: for a route's DLQ, retry tier or delay
+    /// topic the route's (`kjob topics create --topic <main>`), never a
+    /// route whose main topic is the DLQ.
+    #[error("{}", missing_topic(topic, bootstrap))]
     MissingTopic {
         /// The missing topic.
         topic: String,
@@ -259,7 +262,7 @@ pub enum Error {
         reason: String,
     },
     /// A consumer group kjob was asked about has no members and no offsets.
-    #[error("group `{group}` is unknown: no members and no committed offsets for {topics:?}; check the group name (kjob status lists groups)")]
+    #[error("group `{group}` is unknown: no members and no committed offsets for {topics:?}; check the group name (`kjob groups list` lists the groups)")]
     UnknownGroup {
         /// The group.
         group: String,
@@ -320,6 +323,17 @@ pub enum Error {
     /// committed, left the group); a supervisor should start a new one.
     #[error("worker limit reached: {0}; stopped gracefully, restart the worker")]
     LimitReached(crate::worker::limits::Limit),
+}
+
+/// The [`Error::MissingTopic`] message.
+fn missing_topic(topic: &str, bootstrap: &str) -> String {
+    let main = crate::topics::route_of(topic);
+    if main == topic {
+        return format!("topic `{topic}` does not exist on {bootstrap}; create it first, e.g. `kjob topics create --topic {topic} --partitions 6 --execute`");
+    }
+    format!(
+        "topic `{topic}` (of route `{main}`) does not exist on {bootstrap}; a worker of the route creates its DLQ and retry tiers at start, or create the missing ones with `kjob topics create --topic {main} --execute` (its existing topics are left alone; without --execute it shows what it would create; add --delays for delay topics, --tiers none for no retry tiers)"
+    )
 }
 
 impl Error {

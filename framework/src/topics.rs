@@ -39,6 +39,32 @@ pub fn order_topic(main: &str) -> String {
     format!("{main}.order")
 }
 
+/// The main topic of a route topic: `orders` for `orders.dlq`,
+/// `orders.dlq.audit`, `orders.retry.30s` and `orders.delay.1m`; a name
+/// without such a suffix is its own. (`<main>.order` is left alone: a main
+/// topic may well be called `shop.order`.)
+pub fn route_of(topic: &str) -> &str {
+    for suffix in [".dlq.audit", ".dlq"] {
+        if let Some(main) = topic.strip_suffix(suffix) {
+            if !main.is_empty() {
+                return main;
+            }
+        }
+    }
+    for marker in [".retry.", ".delay."] {
+        if let Some((main, bucket)) = topic.rsplit_once(marker) {
+            let is_delay = crate::retry::parse_delay(bucket).is_some()
+                || bucket
+                    .strip_suffix('d')
+                    .is_some_and(|d| d.parse::<u64>().is_ok());
+            if !main.is_empty() && is_delay {
+                return main;
+            }
+        }
+    }
+    topic
+}
+
 /// Every topic name in the cluster. Blocking.
 pub fn list_topics(config: &KafkaConfig) -> Result<Vec<String>> {
     let md = cluster_metadata(config)?;
@@ -196,6 +222,16 @@ pub fn partition_counts(config: &KafkaConfig, topics: &[String]) -> Result<Vec<O
 /// group, no commits): the DLQ reader, the schedule state. `None` if the
 /// topic does not exist. Blocking; gives up after 60 s.
 pub fn read_topic(config: &KafkaConfig, topic: &str) -> Result<Option<Vec<OwnedMessage>>> {
+    read_topic_tail(config, topic, None)
+}
+
+/// [`read_topic`], of at most the last `max_per_partition` records of each
+/// partition when given: a bounded read for views refreshed often.
+pub fn read_topic_tail(
+    config: &KafkaConfig,
+    topic: &str,
+    max_per_partition: Option<i64>,
+) -> Result<Option<Vec<OwnedMessage>>> {
     let Some(parts) = partition_counts(config, &[topic.to_string()])?
         .pop()
         .flatten()
@@ -218,6 +254,10 @@ pub fn read_topic(config: &KafkaConfig, topic: &str) -> Result<Option<Vec<OwnedM
         let (low, high) = consumer
             .fetch_watermarks(topic, p, timeout)
             .map_err(|e| Error::kafka(format!("watermarks of {topic}:{p}"), e))?;
+        let low = match max_per_partition {
+            Some(max) => low.max(high - max.max(0)),
+            None => low,
+        };
         if high > low {
             tpl.add_partition_offset(topic, p, Offset::Offset(low))
                 .map_err(|e| Error::kafka("building assignment", e))?;
@@ -363,6 +403,18 @@ pub async fn create_topics_with(
     topics: &[(String, i32)],
     topic_config: &[(&str, &str)],
 ) -> Result<()> {
+    create_topics_replicated(config, topics, None, topic_config).await
+}
+
+/// [`create_topics_with`] with a replication factor (`None`: the broker's
+/// `default.replication.factor`), as `kafka-topics --create
+/// --replication-factor` takes it.
+pub async fn create_topics_replicated(
+    config: &KafkaConfig,
+    topics: &[(String, i32)],
+    replication: Option<i32>,
+    topic_config: &[(&str, &str)],
+) -> Result<()> {
     if topics.is_empty() {
         return Ok(());
     }
@@ -374,7 +426,7 @@ pub async fn create_topics_with(
         .iter()
         .map(|(t, p)| {
             topic_config.iter().fold(
-                NewTopic::new(t, *p, TopicReplication::Fixed(-1)),
+                NewTopic::new(t, *p, TopicReplication::Fixed(replication.unwrap_or(-1))),
                 |n, (k, v)| n.set(k, v),
             )
         })
@@ -403,4 +455,37 @@ pub async fn create_topics_with(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_topics_name_their_route() {
+        for (topic, main) in [
+            ("orders.dlq", "orders"),
+            ("orders.dlq.audit", "orders"),
+            ("orders.retry.30s", "orders"),
+            ("orders.retry.250ms", "orders"),
+            ("orders.delay.1d", "orders"),
+            ("orders.delay.10m", "orders"),
+            ("orders", "orders"),
+            ("shop.order", "shop.order"),
+            ("a.retry.soon", "a.retry.soon"),
+            (".dlq", ".dlq"),
+        ] {
+            assert_eq!(route_of(topic), main, "{topic}");
+        }
+        let e = Error::MissingTopic {
+            topic: "orders.dlq".into(),
+            bootstrap: "b:9092".into(),
+        }
+        .to_string();
+        assert!(
+            e.contains("kjob topics create --topic orders --execute`"),
+            "{e}"
+        );
+        assert!(!e.contains("--topic orders.dlq"), "{e}");
+    }
 }
