@@ -9,12 +9,16 @@
 //! CLI's flags).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod connectivity;
 pub mod contracts;
 pub mod dlq;
 pub mod groups;
 pub mod lag;
+pub mod problem;
 pub mod replay;
 pub mod status;
+pub mod suggest;
 pub mod terminal;
 pub mod time;
+pub mod topics;
 pub mod ui;

@@ -122,6 +122,7 @@ async fn an_operator_reviews_redrives_and_resolves_dead_letters() {
             "0:5",
             "--reason",
             "customer cancelled",
+            "--execute",
         ],
     );
     let list = ok(&config, &["dlq", "list", "--topic", &topic]);
@@ -183,7 +184,7 @@ async fn an_operator_reviews_redrives_and_resolves_dead_letters() {
     fails(
         &config,
         &["dlq", "show", "--topic", &topic, "0:999"],
-        1,
+        3,
         "no dead letter at 0:999",
     );
     fails(
@@ -195,13 +196,13 @@ async fn an_operator_reviews_redrives_and_resolves_dead_letters() {
     fails(
         &config,
         &["dlq", "list", "--topic", &topic, "--since", "last tuesday"],
-        1,
+        2,
         "--since `last tuesday`",
     );
     fails(
         &config,
         &["dlq", "list", "--topic", &unique("nope")],
-        1,
+        3,
         "does not exist",
     );
     fails(
@@ -219,13 +220,13 @@ async fn an_operator_reviews_redrives_and_resolves_dead_letters() {
     fails(
         &config,
         &["dlq", "resolve", "--topic", &topic, "--reason", "x"],
-        1,
+        2,
         "name the records",
     );
     fails(
         &config,
         &["topics", "create", "--topic", "x", "--tiers", "5 parsecs"],
-        1,
+        2,
         "not a delay",
     );
     let all = ok(&config, &["dlq", "list", "--topic", &topic, "--all"]);

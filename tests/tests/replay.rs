@@ -215,7 +215,7 @@ async fn bad_replay_input_is_refused_and_changes_nothing() {
                 &topic,
                 "--to-earliest",
             ],
-            1,
+            3,
             "unknown",
         ),
         (
@@ -226,7 +226,7 @@ async fn bad_replay_input_is_refused_and_changes_nothing() {
                 "no.such.topic.xyz",
                 "--to-earliest",
             ],
-            1,
+            3,
             "does not exist",
         ),
         (
@@ -238,12 +238,12 @@ async fn bad_replay_input_is_refused_and_changes_nothing() {
                 "--to-datetime",
                 &future,
             ],
-            1,
+            2,
             "future",
         ),
         (
             vec!["--group", &group, "--topic", &topic, "--to-offset", "9999"],
-            1,
+            2,
             "beyond the end",
         ),
         (
@@ -255,7 +255,7 @@ async fn bad_replay_input_is_refused_and_changes_nothing() {
                 "--by-duration",
                 "fortnight-ish",
             ],
-            1,
+            2,
             "--by-duration",
         ),
         (
@@ -267,7 +267,7 @@ async fn bad_replay_input_is_refused_and_changes_nothing() {
                 "--to-datetime",
                 "tuesday",
             ],
-            1,
+            2,
             "--to-datetime",
         ),
         (
@@ -280,7 +280,7 @@ async fn bad_replay_input_is_refused_and_changes_nothing() {
                 "7",
                 "--to-earliest",
             ],
-            1,
+            2,
             "partition 7",
         ),
         (vec!["--group", &group, "--topic", &topic], 2, "required"),

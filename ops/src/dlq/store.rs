@@ -9,14 +9,16 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use serde::{Deserialize, Serialize};
 
 use kjob::config::KafkaConfig;
 use kjob::error::{Error, Result};
 use kjob::headers::JobHeaders;
-use kjob::topics::{dlq_audit_topic, dlq_topic, read_topic};
+use kjob::topics::{dlq_audit_topic, dlq_topic, partition_counts, read_topic, read_topic_tail};
 
 /// The coordinates of a dead letter inside its DLQ topic: `partition:offset`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -124,6 +126,44 @@ impl Filter {
     }
 }
 
+/// What [`DlqReader::count`] counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DlqCount {
+    /// Dead letters stored.
+    pub stored: i64,
+    /// Stored dead letters without an audit entry.
+    pub unresolved: usize,
+    /// False when the audit trail holds more entries than were read, so
+    /// `unresolved` is an upper bound.
+    pub exact: bool,
+}
+
+/// `(partition, low, high)` of every partition of `topic`; `None` if it
+/// does not exist.
+fn watermarks(config: &KafkaConfig, topic: &str) -> Result<Option<Vec<(i32, i64, i64)>>> {
+    let Some(parts) = partition_counts(config, &[topic.to_string()])?
+        .pop()
+        .flatten()
+    else {
+        return Ok(None);
+    };
+    let consumer: BaseConsumer = config
+        .client_config(&[
+            ("group.id", "kjob-cli-reader"),
+            ("enable.auto.commit", "false"),
+        ])
+        .create()
+        .map_err(|e| Error::kafka("creating reader", e))?;
+    let mut out = Vec::with_capacity(parts);
+    for p in 0..parts as i32 {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .map_err(|e| Error::kafka(format!("watermarks of {topic}:{p}"), e))?;
+        out.push((p, low, high));
+    }
+    Ok(Some(out))
+}
+
 /// Reads the DLQ of one main topic and its audit trail. Blocking.
 pub struct DlqReader {
     config: KafkaConfig,
@@ -187,6 +227,50 @@ impl DlqReader {
             }
         }
         Ok(out)
+    }
+
+    /// How many dead letters are stored and unresolved, without reading
+    /// them: the stored count from the DLQ's watermarks, the resolved ones
+    /// from at most the last `max_audit` audit entries per partition (a
+    /// bounded read for a view refreshed every second). `None` if the DLQ
+    /// does not exist. Blocking.
+    pub fn count(&self, max_audit: i64) -> Result<Option<DlqCount>> {
+        let Some(dlq) = watermarks(&self.config, &dlq_topic(&self.main))? else {
+            return Ok(None);
+        };
+        let stored = dlq.iter().map(|(_, low, high)| high - low).sum();
+        let audit_topic = dlq_audit_topic(&self.main);
+        let audit_stored: i64 = watermarks(&self.config, &audit_topic)?
+            .unwrap_or_default()
+            .iter()
+            .map(|(_, low, high)| high - low)
+            .max()
+            .unwrap_or(0);
+        let records =
+            read_topic_tail(&self.config, &audit_topic, Some(max_audit))?.unwrap_or_default();
+        let mut audited = std::collections::HashSet::new();
+        for m in &records {
+            let Some(c) = m
+                .key()
+                .and_then(|k| std::str::from_utf8(k).ok())
+                .and_then(|k| k.parse::<Coordinates>().ok())
+            else {
+                continue;
+            };
+            let stored_now = dlq
+                .iter()
+                .any(|(p, low, high)| *p == c.partition && (*low..*high).contains(&c.offset));
+            if stored_now {
+                audited.insert(c);
+            }
+        }
+        Ok(Some(DlqCount {
+            stored,
+            unresolved: usize::try_from(stored)
+                .unwrap_or(0)
+                .saturating_sub(audited.len()),
+            exact: audit_stored <= max_audit,
+        }))
     }
 
     /// Dead letters passing `filter`, each with its audit entry; unresolved

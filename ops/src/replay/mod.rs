@@ -19,6 +19,7 @@
 //! Everything here is blocking (admin round trips); call it from
 //! `spawn_blocking` in async code.
 
+pub mod offsets_file;
 mod target;
 
 use std::time::Duration;
