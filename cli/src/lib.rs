@@ -7,7 +7,7 @@
 //! run. Anything that changes state is a dry run unless `--execute` is
 //! given. `--json` (or `--output json`) prints JSON objects with named
 //! fields instead of tables, everywhere. Errors go to stderr as one line
-//! (several when they list things), with the exit codes of [`exit`]; a
+//! (several when they list things), with the exit codes `kjob --help` lists; a
 //! closed pipe ends the command quietly.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Output goes through `output::outln!`, whose errors reach `main`, so a
@@ -160,6 +160,10 @@ pub struct Ctx {
     pub format: Format,
     /// How long to wait for Kafka.
     pub timeout: Duration,
+    /// Whether `socket.connection.setup.timeout.ms` is the CLI's (from
+    /// `--timeout`) rather than the operator's own setting: a long-running
+    /// relay drops the CLI's, so it keeps reconnecting.
+    pub cli_set_connect_timeout: bool,
 }
 
 impl Ctx {
@@ -185,7 +189,7 @@ fn parse_timeout(s: &str) -> Result<Duration, String> {
 
 /// The Kafka settings: the environment and the properties file first, then
 /// the flags on top (see `kjob::config` for the precedence).
-fn kafka_config(cli: &Cli) -> anyhow::Result<KafkaConfig> {
+fn kafka_config(cli: &Cli) -> anyhow::Result<(KafkaConfig, bool)> {
     let mut config = KafkaConfig::from_env_with_file(cli.command_config.as_deref());
     if let Some(v) = &cli.bootstrap_server {
         config.bootstrap_servers = v.clone();
@@ -209,11 +213,12 @@ fn kafka_config(cli: &Cli) -> anyhow::Result<KafkaConfig> {
     // librdkafka's long default retries: an operator is waiting. A value
     // from the properties file is the operator's and stays.
     let key = "socket.connection.setup.timeout.ms";
-    if !config.overrides.contains_key(key) {
+    let ours = !config.overrides.contains_key(key);
+    if ours {
         config = config.set(key, cli.timeout.as_millis().to_string());
     }
     config.check()?;
-    Ok(config)
+    Ok((config, ours))
 }
 
 /// Parses the process arguments and runs the command.
@@ -242,7 +247,7 @@ pub fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        let config = kafka_config(&cli)?;
+        let (config, cli_set_connect_timeout) = kafka_config(&cli)?;
         let format = if cli.json {
             Format::Json
         } else {
@@ -252,6 +257,7 @@ pub fn main() -> ExitCode {
             config,
             format,
             timeout: cli.timeout,
+            cli_set_connect_timeout,
         };
         if cli.command.needs_kafka() {
             let (config, timeout) = (ctx.config.clone(), ctx.timeout);

@@ -166,7 +166,9 @@ pub async fn run(ctx: &Ctx, cmd: OutboxCommand) -> Result<()> {
             // The operator CLI fails connections fast; a relay must keep
             // trying instead.
             let mut kafka = config.clone();
-            kafka.overrides.remove("socket.connection.setup.timeout.ms");
+            if ctx.cli_set_connect_timeout {
+                kafka.overrides.remove("socket.connection.setup.timeout.ms");
+            }
             let mut relay = Relay::new(db.database_url, kafka)
                 .table(&db.table)?
                 .batch_size(batch_size)

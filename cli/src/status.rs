@@ -180,6 +180,7 @@ pub async fn run(ctx: &Ctx, args: StatusArgs) -> Result<()> {
                 } else {
                     outln!("{at}: ERROR reading the route: {text}")?;
                 }
+                tokio::time::sleep(interval).await;
                 continue;
             }
         };

@@ -1,7 +1,7 @@
 //! The time kjob reads: wall-clock milliseconds since the Unix epoch, the
 //! unit of every time header (`kjob-due-at`, `kjob-first-failed-at`, ...).
 //!
-//! The attempt pipeline reads it through a [`Clock`], so the test harness
+//! The attempt pipeline reads it through a `Clock` (crate-private), so the test harness
 //! can run the same pipeline on a virtual clock.
 
 use std::sync::atomic::{AtomicI64, Ordering};

@@ -173,7 +173,7 @@ fn unreachable(
         .filter(|(down, _)| !down)
         .map(|(_, r)| r.as_str())
         .find(|r| Cause::of(r) != Cause::Other)
-        .or_else(|| heard.iter().map(|(_, r)| r.as_str()).last());
+        .or_else(|| heard.iter().map(|(_, r)| r.as_str()).next_back());
     let cause = match reason.map(Cause::of) {
         Some(c) if c != Cause::Other => c,
         _ if timed_out => Cause::Timeout,

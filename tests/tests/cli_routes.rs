@@ -351,7 +351,8 @@ async fn groups_and_topics_are_listed_and_described_as_kafkas_tools_do() {
         "{dry}"
     );
     assert!(
-        kjob::topics::partition_counts(&config, &[topic.clone()]).expect("metadata")[0].is_none(),
+        kjob::topics::partition_counts(&config, std::slice::from_ref(&topic)).expect("metadata")[0]
+            .is_none(),
         "the dry run created nothing"
     );
     ok(

@@ -2,7 +2,7 @@
 //! full (payload decoded through the registry), and the audited re-drive
 //! and resolve. `kjob dlq` prints these; the dashboard renders them.
 //!
-//! Underneath: [`store`] reads a DLQ and its audit trail, [`redrive`]
+//! Underneath: [`store`] reads a DLQ and its audit trail, [`redrive`](mod@redrive)
 //! writes re-drives and audit entries. Writing dead letters is the
 //! worker's, in kjob ([`kjob::dlq`]).
 
