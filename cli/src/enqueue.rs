@@ -57,9 +57,10 @@ pub struct EnqueueArgs {
 }
 
 impl EnqueueArgs {
-    /// Whether nothing is written (so Kafka need not be reached first).
-    pub fn is_dry_run(&self) -> bool {
-        self.dry_run
+    /// Whether Kafka is needed: to write, or to check the delay topics of
+    /// `--in` (a plain `--dry-run` only asks the registry).
+    pub fn needs_kafka(&self) -> bool {
+        !self.dry_run || self.delay.is_some()
     }
 }
 

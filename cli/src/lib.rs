@@ -145,7 +145,7 @@ impl Command {
             Command::Schema(_) | Command::Ui(_) => false,
             #[cfg(feature = "postgres")]
             Command::Outbox(_) => false,
-            Command::Enqueue(args) => !args.is_dry_run(),
+            Command::Enqueue(args) => args.needs_kafka(),
             _ => true,
         }
     }

@@ -206,3 +206,56 @@ pub async fn run(ctx: &Ctx, args: StatusArgs) -> Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kjob_ops::status::DlqStatus;
+
+    fn status(dlq: DlqStatus) -> RouteStatus {
+        RouteStatus {
+            group: Some("g".into()),
+            topic: "orders".into(),
+            topics: Vec::new(),
+            retried_per_second: 0.0,
+            dead_lettered_per_second: 0.0,
+            dlq_unresolved: dlq.unresolved,
+            dlq,
+            #[cfg(feature = "postgres")]
+            outbox: None,
+        }
+    }
+
+    #[test]
+    fn a_failed_dlq_read_is_an_error_not_none() {
+        let failed = status(DlqStatus {
+            topic: "orders.dlq".into(),
+            error: Some("kafka: reading orders.dlq.audit: \x1b[2Jtimed out".into()),
+            ..Default::default()
+        });
+        let line = dlq_line(&failed);
+        assert!(
+            line.contains("ERROR") && line.contains("timed out"),
+            "{line}"
+        );
+        assert!(!line.contains('\u{1b}'), "made safe: {line:?}");
+        let missing = status(DlqStatus {
+            topic: "orders.dlq".into(),
+            exact: true,
+            ..Default::default()
+        });
+        assert!(dlq_line(&missing).contains("does not exist yet"));
+        let bounded = status(DlqStatus {
+            topic: "orders.dlq".into(),
+            exists: true,
+            stored: Some(20_000),
+            unresolved: Some(12_000),
+            exact: false,
+            error: None,
+        });
+        assert_eq!(
+            dlq_line(&bounded),
+            "DLQ `orders.dlq`: 20000 stored, at most 12000 unresolved"
+        );
+    }
+}
