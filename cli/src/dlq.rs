@@ -1,21 +1,27 @@
-//! `kjob dlq`: how an operator reviews a DLQ.
+//! `kjob dlq`: how an operator reviews a DLQ, after Symfony Messenger's
+//! `messenger:failed:*`.
 //!
 //! `list` shows what is unresolved, `show` one record in full, `retry`
-//! re-drives (dry run first), and `resolve` closes a record without
-//! re-driving it. Every action is audited in `<topic>.dlq.audit`.
+//! re-drives and `resolve` closes a record without re-driving it; both are
+//! dry runs unless `--execute` is given. Every action is audited in
+//! `<topic>.dlq.audit`.
 
 use std::sync::atomic::AtomicBool;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Subcommand;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
 
-use kjob::config::KafkaConfig;
-use kjob::dlq::store::{AuditEntry, Coordinates, DeadLetter};
+use crate::output::{json, outln};
+use crate::Ctx;
+use kjob_ops::dlq::store::{AuditEntry, Coordinates, DeadLetter};
 use kjob_ops::dlq::{
-    execute_redrive, list, omitted_payload, plan_redrive, resolve_records, show, Select, Target,
+    execute_redrive, execute_resolve, list, omitted_payload, plan_redrive, plan_resolve, show,
+    Select, Target,
 };
+use kjob_ops::problem::Problem;
 use kjob_ops::terminal::{
     cut_json_strings, for_terminal, json_for_terminal, CELL_WIDTH, LINE_WIDTH,
 };
@@ -23,16 +29,16 @@ use kjob_ops::time::format_ms;
 
 #[derive(Subcommand, Debug)]
 pub enum DlqCommand {
-    /// Unresolved dead letters as a table (all with --all).
+    /// Unresolved dead letters as a table (all with --all), oldest first.
     List {
         #[command(flatten)]
         select: Select,
         /// Include records already re-driven or resolved.
         #[arg(long)]
         all: bool,
-        /// One JSON array instead of a table, for scripts.
-        #[arg(long)]
-        json: bool,
+        /// Show at most N records (the oldest first).
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
     },
     /// One dead letter in full: headers and the payload decoded through the registry, as JSON.
     Show {
@@ -41,9 +47,6 @@ pub enum DlqCommand {
         topic: String,
         /// `partition:offset` in the DLQ.
         at: Coordinates,
-        /// Compact JSON on one line (the default is indented JSON).
-        #[arg(long)]
-        json: bool,
     },
     /// Re-drive dead letters into the first retry tier (or the main topic). Dry run unless --execute.
     Retry {
@@ -67,7 +70,7 @@ pub enum DlqCommand {
         #[arg(long, env = "USER", default_value = "unknown")]
         by: String,
     },
-    /// Mark dead letters handled without re-driving them (audited).
+    /// Mark dead letters handled without re-driving them (audited). Dry run unless --execute.
     Resolve {
         #[command(flatten)]
         select: Select,
@@ -76,6 +79,15 @@ pub enum DlqCommand {
         /// Why (required; kept in the audit log).
         #[arg(long)]
         reason: String,
+        /// Resolve at most N records (the oldest first).
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+        /// Show what would be resolved (the default).
+        #[arg(long, conflicts_with = "execute")]
+        dry_run: bool,
+        /// Actually resolve.
+        #[arg(long)]
+        execute: bool,
         /// Who is doing this.
         #[arg(long, env = "USER", default_value = "unknown")]
         by: String,
@@ -123,11 +135,14 @@ fn table(rows: &[(DeadLetter, Option<AuditEntry>)], with_status: bool) -> Table 
     t
 }
 
-/// One row of `list --json`.
-fn summary(d: &DeadLetter, a: &Option<AuditEntry>) -> serde_json::Value {
+/// One dead letter as JSON (a row of `list --json`, a record of the
+/// actions' JSON).
+fn summary(d: &DeadLetter, a: Option<&AuditEntry>) -> serde_json::Value {
     let h = &d.headers;
-    serde_json::json!({
+    json!({
         "at": d.at.to_string(),
+        "partition": d.at.partition,
+        "offset": d.at.offset,
         "id": h.id,
         "job": h.job,
         "key": d.key,
@@ -136,38 +151,48 @@ fn summary(d: &DeadLetter, a: &Option<AuditEntry>) -> serde_json::Value {
         "error": h.error,
         "failed_at_ms": d.timestamp_ms,
         "payload_omitted": omitted_payload(d),
-        "status": a.as_ref().map_or("unresolved".to_string(), |a| a.action.clone()),
+        "status": a.map_or("unresolved".to_string(), |a| a.action.clone()),
         "audit": a,
     })
 }
 
-pub async fn run(config: &KafkaConfig, cmd: DlqCommand) -> Result<()> {
+fn plain(rows: &[DeadLetter]) -> Vec<(DeadLetter, Option<AuditEntry>)> {
+    rows.iter().cloned().map(|d| (d, None)).collect()
+}
+
+pub async fn run(ctx: &Ctx, cmd: DlqCommand) -> Result<()> {
+    let config = &ctx.config;
     match cmd {
-        DlqCommand::List { select, all, json } => {
+        DlqCommand::List { select, all, limit } => {
             let rows = list(config, &select, all).await?;
-            if json {
-                let out: Vec<serde_json::Value> = rows.iter().map(|(d, a)| summary(d, a)).collect();
-                println!("{}", json_for_terminal(&serde_json::to_string(&out)?));
-                return Ok(());
-            }
-            println!("{}", table(&rows, all));
             let unresolved = rows.iter().filter(|(_, a)| a.is_none()).count();
-            println!("{} shown, {unresolved} unresolved", rows.len());
+            let shown = &rows[..limit.unwrap_or(rows.len()).min(rows.len())];
+            if ctx.json() {
+                let out: Vec<serde_json::Value> =
+                    shown.iter().map(|(d, a)| summary(d, a.as_ref())).collect();
+                return json(&out);
+            }
+            outln!("{}", table(shown, all))?;
+            let limited = if shown.len() < rows.len() {
+                format!(" (--limit {}; {} match)", shown.len(), rows.len())
+            } else {
+                String::new()
+            };
+            outln!("{} shown, {unresolved} unresolved{limited}", shown.len())?;
             Ok(())
         }
-        DlqCommand::Show { topic, at, json } => {
+        DlqCommand::Show { topic, at } => {
             let out = show(config, &topic, at).await?;
-            if json {
+            if ctx.json() {
                 // Exact values, for scripts (escaped, never cut).
-                println!("{}", json_for_terminal(&serde_json::to_string(&out)?));
-            } else {
-                // For reading: still JSON, long strings cut.
-                let readable = cut_json_strings(&out, LINE_WIDTH);
-                println!(
-                    "{}",
-                    json_for_terminal(&serde_json::to_string_pretty(&readable)?)
-                );
+                return json(&out);
             }
+            // For reading: still JSON, long strings cut.
+            let readable = cut_json_strings(&out, LINE_WIDTH);
+            outln!(
+                "{}",
+                json_for_terminal(&serde_json::to_string_pretty(&readable)?)
+            )?;
             Ok(())
         }
         DlqCommand::Retry {
@@ -180,19 +205,31 @@ pub async fn run(config: &KafkaConfig, cmd: DlqCommand) -> Result<()> {
             by,
         } => {
             if rate == 0 {
-                bail!("--rate must be at least 1 record per second");
+                return Err(Problem::usage("--rate must be at least 1 record per second").into());
             }
             let plan = plan_redrive(config, &select, &at, to).await?;
-            let rows: Vec<(DeadLetter, Option<AuditEntry>)> =
-                plan.picked.iter().cloned().map(|d| (d, None)).collect();
-            println!("{}", table(&rows, false));
+            let records: Vec<serde_json::Value> =
+                plan.picked.iter().map(|d| summary(d, None)).collect();
             if !execute {
-                println!(
+                if ctx.json() {
+                    return json(&json!({
+                        "dry_run": true,
+                        "dlq": kjob::topics::dlq_topic(&plan.main),
+                        "target_topic": plan.target_topic,
+                        "records": records,
+                        "redriven": 0,
+                    }));
+                }
+                outln!("{}", table(&plain(&plan.picked), false))?;
+                outln!(
                     "dry run: {} record(s) would be re-driven to `{}`; pass --execute to do it",
                     plan.picked.len(),
                     plan.target_topic
-                );
+                )?;
                 return Ok(());
+            }
+            if !ctx.json() {
+                outln!("{}", table(&plain(&plan.picked), false))?;
             }
             let bar = ProgressBar::new(plan.picked.len() as u64).with_style(
                 ProgressStyle::with_template("re-drive [{bar:30}] {pos}/{len} {per_sec}")?,
@@ -207,18 +244,70 @@ pub async fn run(config: &KafkaConfig, cmd: DlqCommand) -> Result<()> {
                 &never,
             )
             .await?;
-            bar.finish();
-            println!("re-drove {done} record(s) to `{}`", plan.target_topic);
+            bar.finish_and_clear();
+            if ctx.json() {
+                return json(&json!({
+                    "dry_run": false,
+                    "dlq": kjob::topics::dlq_topic(&plan.main),
+                    "target_topic": plan.target_topic,
+                    "records": records,
+                    "redriven": done,
+                }));
+            }
+            outln!("re-drove {done} record(s) to `{}`", plan.target_topic)?;
             Ok(())
         }
         DlqCommand::Resolve {
             select,
             at,
             reason,
+            limit,
+            dry_run: _,
+            execute,
             by,
         } => {
-            let (dlq, n) = resolve_records(config, &select, &at, &reason, &by).await?;
-            println!("resolved {n} record(s) in `{dlq}`");
+            if reason.trim().is_empty() {
+                return Err(
+                    Problem::usage("--reason must say why the records need no re-drive").into(),
+                );
+            }
+            let plan = plan_resolve(config, &select, &at, limit).await?;
+            let records: Vec<serde_json::Value> =
+                plan.picked.iter().map(|d| summary(d, None)).collect();
+            let limited = if plan.picked.len() < plan.matched {
+                format!(" (--limit {}; {} match)", plan.picked.len(), plan.matched)
+            } else {
+                String::new()
+            };
+            if !execute {
+                if ctx.json() {
+                    return json(&json!({
+                        "dry_run": true,
+                        "dlq": plan.dlq,
+                        "matched": plan.matched,
+                        "records": records,
+                        "resolved": 0,
+                    }));
+                }
+                outln!("{}", table(&plain(&plan.picked), false))?;
+                outln!(
+                    "dry run: {} record(s) would be resolved in `{}`{limited}; pass --execute to do it",
+                    plan.picked.len(),
+                    plan.dlq
+                )?;
+                return Ok(());
+            }
+            let n = execute_resolve(config, &plan, &reason, &by).await?;
+            if ctx.json() {
+                return json(&json!({
+                    "dry_run": false,
+                    "dlq": plan.dlq,
+                    "matched": plan.matched,
+                    "records": records,
+                    "resolved": n,
+                }));
+            }
+            outln!("resolved {n} record(s) in `{}`{limited}", plan.dlq)?;
             Ok(())
         }
     }

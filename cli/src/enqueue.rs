@@ -1,4 +1,6 @@
-//! `kjob enqueue`: one job, or a file of JSON lines, from the command line.
+//! `kjob enqueue`: one job (`--data JSON`), a file of JSON lines
+//! (`--data-file FILE`, `-` for stdin) or JSON lines on stdin, from the
+//! command line.
 //!
 //! The value is encoded against the *latest* schema registered under the
 //! topic's subject (`<topic>-value`), the one producers and workers agree
@@ -6,14 +8,16 @@
 //! file of ten thousand refuses the whole file, naming the line, the field
 //! and the reason, so a script never half-enqueues a batch.
 
-use std::io::BufRead;
+use std::io::{BufRead, IsTerminal};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use serde_json::json;
 
+use crate::output::{json, outln};
+use crate::Ctx;
 use kjob::codec::{frame, subject_for_topic, Codec};
-use kjob::config::KafkaConfig;
 use kjob::headers::JobHeaders;
 use kjob::json_avro::to_datum;
 use kjob::producer::{new_job_id, Producer};
@@ -24,12 +28,13 @@ pub struct EnqueueArgs {
     /// Main topic of the route (its subject `<topic>-value` has the schema).
     #[arg(long)]
     topic: String,
-    /// The job as one JSON object.
-    #[arg(long, conflicts_with = "file", required_unless_present = "file")]
-    json: Option<String>,
+    /// The job as one JSON object (without --data or --data-file, the jobs
+    /// are read from stdin, one JSON object per line).
+    #[arg(long, conflicts_with = "data_file", value_name = "JSON")]
+    data: Option<String>,
     /// A file of jobs, one JSON object per line (`-` for stdin); blank lines are skipped.
-    #[arg(long)]
-    file: Option<String>,
+    #[arg(long, value_name = "FILE")]
+    data_file: Option<String>,
     /// Record key (per-key ordering) for every job.
     #[arg(long, conflicts_with = "key_field")]
     key: Option<String>,
@@ -51,6 +56,14 @@ pub struct EnqueueArgs {
     dry_run: bool,
 }
 
+impl EnqueueArgs {
+    /// Whether Kafka is needed: to write, or to check the delay topics of
+    /// `--in` (a plain `--dry-run` only asks the registry).
+    pub fn needs_kafka(&self) -> bool {
+        !self.dry_run || self.delay.is_some()
+    }
+}
+
 /// One job ready to write.
 struct Ready {
     line: usize,
@@ -59,20 +72,28 @@ struct Ready {
 }
 
 fn read_lines(args: &EnqueueArgs) -> Result<Vec<(usize, String)>> {
-    if let Some(json) = &args.json {
+    if let Some(json) = &args.data {
         return Ok(vec![(1, json.clone())]);
     }
-    let path = args.file.as_deref().unwrap_or("-");
+    let path = args.data_file.as_deref().unwrap_or("-");
     let reader: Box<dyn BufRead> = if path == "-" {
-        Box::new(std::io::stdin().lock())
+        let stdin = std::io::stdin();
+        if stdin.is_terminal() {
+            return Err(kjob_ops::problem::Problem::usage(
+                "give the job with --data JSON, --data-file FILE, or as JSON lines on stdin",
+            )
+            .into());
+        }
+        Box::new(stdin.lock())
     } else {
         Box::new(std::io::BufReader::new(
-            std::fs::File::open(path).with_context(|| format!("opening --file {path}"))?,
+            std::fs::File::open(path).with_context(|| format!("opening --data-file {path}"))?,
         ))
     };
+    let from = if path == "-" { "stdin" } else { path };
     let mut out = Vec::new();
     for (i, line) in reader.lines().enumerate() {
-        let line = line.with_context(|| format!("reading --file {path}"))?;
+        let line = line.with_context(|| format!("reading {from}"))?;
         if !line.trim().is_empty() {
             out.push((i + 1, line));
         }
@@ -80,21 +101,26 @@ fn read_lines(args: &EnqueueArgs) -> Result<Vec<(usize, String)>> {
     Ok(out)
 }
 
-pub async fn run(config: &KafkaConfig, args: EnqueueArgs) -> Result<()> {
+pub async fn run(ctx: &Ctx, args: EnqueueArgs) -> Result<()> {
+    let config = &ctx.config;
     if let Some(d) = args.delay {
-        kjob::delay::check_delay(d).map_err(|e| anyhow!("--in: {e}"))?;
+        kjob::delay::check_delay(d)
+            .map_err(|e| kjob_ops::problem::Problem::usage(format!("--in: {e}")))?;
     }
     let lines = read_lines(&args)?;
     if lines.is_empty() {
-        bail!("nothing to enqueue: the file has no JSON lines");
+        return Err(kjob_ops::problem::Problem::usage(
+            "nothing to enqueue: the input has no JSON lines",
+        )
+        .into());
     }
     let codec = Codec::from_config(config)?;
     let client = codec.client();
     let subject = subject_for_topic(&args.topic);
     let latest = client.versions(&subject).await?.into_iter().max().ok_or_else(|| {
-        anyhow!(
+        kjob_ops::problem::Problem::not_found(format!(
             "no schema is registered under subject `{subject}`: register the contract first (`kjob schema register`, or start a producer or worker of the route)"
-        )
+        ))
     })?;
     let text = client.version(&subject, latest).await?;
     let schema = apache_avro::Schema::parse_str(&text)
@@ -175,10 +201,19 @@ pub async fn run(config: &KafkaConfig, args: EnqueueArgs) -> Result<()> {
             .await?;
     }
     if args.dry_run {
-        println!(
+        if ctx.json() {
+            return json(&json!({
+                "dry_run": true,
+                "subject": subject,
+                "version": latest,
+                "schema_id": id,
+                "jobs": ready.len(),
+            }));
+        }
+        outln!(
             "{} job(s) match `{subject}` version {latest} (schema id {id}); nothing written (--dry-run)",
             ready.len()
-        );
+        )?;
         return Ok(());
     }
     let sends = ready.iter().map(|r| {
@@ -211,14 +246,36 @@ pub async fn run(config: &KafkaConfig, args: EnqueueArgs) -> Result<()> {
     // Concurrently (librdkafka batches them), results in input order.
     let results = futures::future::join_all(sends).await;
     let mut failed = 0;
+    let mut jobs = Vec::with_capacity(results.len());
     for (line, id, at) in results {
         match at {
-            Ok((t, p, o)) => println!("line {line}: enqueued {id} at {t}:{p}:{o}"),
+            Ok((t, p, o)) => {
+                if ctx.json() {
+                    jobs.push(
+                        json!({"line": line, "id": id, "topic": t, "partition": p, "offset": o}),
+                    );
+                } else {
+                    outln!("line {line}: enqueued {id} at {t}:{p}:{o}")?;
+                }
+            }
             Err(e) => {
                 failed += 1;
-                eprintln!("line {line}: NOT enqueued: {e}");
+                if ctx.json() {
+                    jobs.push(json!({"line": line, "id": id, "error": e.to_string()}));
+                } else {
+                    eprintln!("line {line}: NOT enqueued: {e}");
+                }
             }
         }
+    }
+    if ctx.json() {
+        json(&json!({
+            "dry_run": false,
+            "subject": subject,
+            "version": latest,
+            "schema_id": id,
+            "jobs": jobs,
+        }))?;
     }
     if failed > 0 {
         bail!(

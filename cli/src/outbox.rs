@@ -4,14 +4,15 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{anyhow, Context as _, Result};
+use anyhow::{anyhow, Result};
 use clap::{Args, Subcommand};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use tokio_postgres::NoTls;
 
-use kjob::config::KafkaConfig;
+use crate::output::{json, outln};
+use crate::Ctx;
 use kjob::outbox::{migration_sql, read_status, OutboxStatus, OutboxTable, Relay, DEFAULT_TABLE};
-use kjob_ops::terminal::{for_terminal, json_for_terminal, LINE_WIDTH};
+use kjob_ops::terminal::{for_terminal, LINE_WIDTH};
 
 /// Where the outbox lives.
 #[derive(Args, Debug, Clone)]
@@ -60,17 +61,22 @@ pub enum OutboxCommand {
     Status {
         #[command(flatten)]
         db: Database,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
     },
 }
 
 /// Connects, with an error that names the URL's host (never the password).
 pub(crate) async fn connect(url: &str) -> Result<tokio_postgres::Client> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.with_context(|| {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.map_err(|e| {
         let host = url.rsplit('@').next().unwrap_or("the database");
-        format!("connecting to PostgreSQL at {host} (check --database-url / KJOB_DATABASE_URL)")
+        let what = format!(
+            "connecting to PostgreSQL at {host} (check --database-url / KJOB_DATABASE_URL): {e}"
+        );
+        // A refused password is an answer; anything else, no answer.
+        if e.code().is_some() {
+            anyhow::Error::new(kjob_ops::problem::Problem::refused(what))
+        } else {
+            anyhow::Error::new(kjob_ops::problem::Problem::unreachable(what))
+        }
     })?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
@@ -81,7 +87,7 @@ pub(crate) async fn connect(url: &str) -> Result<tokio_postgres::Client> {
 }
 
 /// Prints the outbox part of a status.
-pub(crate) fn print_status(s: &OutboxStatus) {
+pub(crate) fn print_status(s: &OutboxStatus) -> Result<()> {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
     t.set_header(vec![
@@ -104,17 +110,19 @@ pub(crate) fn print_status(s: &OutboxStatus) {
         s.failing.to_string(),
         s.relays.to_string(),
     ]);
-    println!("{t}");
+    outln!("{t}")?;
     if let Some(e) = &s.last_error {
         // The broker's words about a row the application wrote.
-        println!("last publish error: {}", for_terminal(e, LINE_WIDTH));
+        outln!("last publish error: {}", for_terminal(e, LINE_WIDTH))?;
     }
     if s.relays == 0 && s.unsent > 0 {
-        println!("no relay is running: start one with `kjob outbox relay --database-url ...`");
+        outln!("no relay is running: start one with `kjob outbox relay --database-url ...`")?;
     }
+    Ok(())
 }
 
-pub async fn run(config: &KafkaConfig, cmd: OutboxCommand) -> Result<()> {
+pub async fn run(ctx: &Ctx, cmd: OutboxCommand) -> Result<()> {
+    let config = &ctx.config;
     match cmd {
         OutboxCommand::Migrate {
             db,
@@ -126,16 +134,25 @@ pub async fn run(config: &KafkaConfig, cmd: OutboxCommand) -> Result<()> {
                 table = table.with_functions_schema(&schema)?;
             }
             if print {
-                println!("{}", migration_sql(&table));
+                if ctx.json() {
+                    return json(&serde_json::json!({ "sql": migration_sql(&table) }));
+                }
+                outln!("{}", migration_sql(&table))?;
                 return Ok(());
             }
             let client = connect(&db.database_url).await?;
             kjob::outbox::migrate(&client, &table).await?;
-            println!(
+            if ctx.json() {
+                return json(&serde_json::json!({
+                    "table": table.name(),
+                    "functions_schema": table.functions_schema(),
+                }));
+            }
+            outln!(
                 "outbox table `{}` is ready; enqueue from SQL with SELECT {}.enqueue(topic => ..., key => ..., job => '{{...}}'::jsonb)",
                 table.name(),
                 table.functions_schema()
-            );
+            )?;
             Ok(())
         }
         OutboxCommand::Relay {
@@ -149,7 +166,9 @@ pub async fn run(config: &KafkaConfig, cmd: OutboxCommand) -> Result<()> {
             // The operator CLI fails connections fast; a relay must keep
             // trying instead.
             let mut kafka = config.clone();
-            kafka.overrides.remove("socket.connection.setup.timeout.ms");
+            if ctx.cli_set_connect_timeout {
+                kafka.overrides.remove("socket.connection.setup.timeout.ms");
+            }
             let mut relay = Relay::new(db.database_url, kafka)
                 .table(&db.table)?
                 .batch_size(batch_size)
@@ -160,16 +179,15 @@ pub async fn run(config: &KafkaConfig, cmd: OutboxCommand) -> Result<()> {
             }
             relay.run().await.map_err(|e| anyhow!(e))
         }
-        OutboxCommand::Status { db, json } => {
+        OutboxCommand::Status { db } => {
             let table = OutboxTable::new(&db.table)?;
             let client = connect(&db.database_url).await?;
             let status = read_status(&client, &table, None, Duration::from_secs(1)).await?;
-            if json {
-                println!("{}", json_for_terminal(&serde_json::to_string(&status)?));
+            if ctx.json() {
+                json(&status)
             } else {
-                print_status(&status);
+                print_status(&status)
             }
-            Ok(())
         }
     }
 }

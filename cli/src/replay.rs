@@ -1,34 +1,46 @@
 //! `kjob replay`: reset a group's offsets to handle jobs again, with a dry
-//! run first. Flags follow `kafka-consumer-groups --reset-offsets`.
+//! run first. Flags and formats follow `kafka-consumer-groups
+//! --reset-offsets`: ISO-8601 durations (`--by-duration PT2H`), datetimes
+//! with an offset (`--to-datetime 2026-12-01T09:00:00+01:00`, UTC without
+//! one), and its offsets CSV for `--export` (the committed offsets before
+//! the reset: the undo file) and `--from-file` (restore them).
 
-use anyhow::{anyhow, Result};
+use std::path::PathBuf;
+
+use anyhow::{anyhow, Context as _, Result};
 use clap::{ArgGroup, Args};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use serde_json::json;
 
-use kjob::config::KafkaConfig;
-use kjob::replay::{apply, ReplayRow, ReplayTarget};
-use kjob_ops::replay::{plan_rows, target_from, TargetSpec};
+use crate::output::{json, outln};
+use crate::Ctx;
+use kjob_ops::replay::offsets_file::{parse, plan_from_file, write_current_offsets};
+use kjob_ops::replay::{apply, plan_rows, target_from, ReplayRow, ReplayTarget, TargetSpec};
+use kjob_ops::time::format_ms_exact;
 
 #[derive(Args, Debug)]
-#[command(group(ArgGroup::new("target").required(true).args(["to_datetime", "by_duration", "to_offset", "shift_by", "to_earliest", "to_latest"])))]
+#[command(group(ArgGroup::new("target").required(true).args(["to_datetime", "by_duration", "to_offset", "shift_by", "to_earliest", "to_latest", "from_file"])))]
 pub struct ReplayArgs {
     /// Consumer group whose offsets move.
     #[arg(long)]
     group: String,
-    /// The job route's main topic.
-    #[arg(long)]
-    topic: String,
+    /// The job route's main topic (not needed with --from-file).
+    #[arg(long, required_unless_present = "from_file")]
+    topic: Option<String>,
     /// Also reset the route's retry-tier topics.
     #[arg(long)]
     include_tiers: bool,
     /// Only these partitions (comma-separated).
     #[arg(long, value_delimiter = ',')]
     partitions: Option<Vec<i32>>,
-    /// First record at or after this time (2026-11-29T10:00:00, UTC unless an offset is given).
-    #[arg(long)]
+    /// First record at or after this time: YYYY-MM-DDTHH:mm:SS[.sss] with an
+    /// offset (2026-12-01T09:00:00+01:00, ...Z) or without one (UTC, as
+    /// Kafka's tool reads it).
+    #[arg(long, value_name = "DATETIME")]
     to_datetime: Option<String>,
-    /// That long ago (e.g. 2h, 30m, 1day).
-    #[arg(long)]
+    /// That long ago: ISO-8601 as Kafka's tool takes it (PT2H, PT30M,
+    /// P1DT3H) or a short form (2h, 30m, 1day).
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     by_duration: Option<String>,
     /// An exact offset on every selected partition.
     #[arg(long, allow_negative_numbers = true)]
@@ -42,6 +54,16 @@ pub struct ReplayArgs {
     /// The log end.
     #[arg(long)]
     to_latest: bool,
+    /// Commit the offsets of this CSV file (`topic,partition,offset` lines,
+    /// as `--export` and `kafka-consumer-groups --reset-offsets --export`
+    /// write them): undoes an earlier replay.
+    #[arg(long, value_name = "FILE")]
+    from_file: Option<PathBuf>,
+    /// Write the group's committed offsets before the reset to this CSV
+    /// file (Kafka's format), for `--from-file` to restore them. Written on
+    /// a dry run too; with --execute, before anything is reset.
+    #[arg(long, value_name = "FILE")]
+    export: Option<PathBuf>,
     /// Replay into this group (seeded with the targets); the live group is untouched.
     #[arg(long)]
     shadow_group: Option<String>,
@@ -89,27 +111,125 @@ fn table(rows: &[ReplayRow]) -> Table {
     t
 }
 
-pub async fn run(config: &KafkaConfig, args: ReplayArgs) -> Result<()> {
-    let target = args.target()?;
-    let config = config.clone();
+fn row_json(r: &ReplayRow) -> serde_json::Value {
+    json!({
+        "topic": r.topic,
+        "partition": r.partition,
+        "committed": r.committed,
+        "target": r.target,
+        "log_start": r.start,
+        "log_end": r.end,
+        "replayed": r.replayed(),
+    })
+}
+
+pub async fn run(ctx: &Ctx, args: ReplayArgs) -> Result<()> {
+    let config = ctx.config.clone();
+    let json_out = ctx.json();
+    let target = match &args.from_file {
+        Some(_) => None,
+        None => Some(args.target()?),
+    };
     tokio::task::spawn_blocking(move || -> Result<()> {
-        let rows = plan_rows(
-            &config,
-            &args.group,
-            &args.topic,
-            args.include_tiers,
-            args.partitions.as_deref(),
-            target,
-        )?;
-        println!("{}", table(&rows));
+        let into = args.shadow_group.as_deref().unwrap_or(&args.group).to_string();
+        let (rows, notes) = match (&args.from_file, target) {
+            (Some(path), _) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading --from-file {}", path.display()))?;
+                plan_from_file(&config, &into, &parse(&text, &args.group)?)?
+            }
+            (None, Some(target)) => {
+                let topic = args.topic.as_deref().unwrap_or_default();
+                let rows = plan_rows(
+                    &config,
+                    &args.group,
+                    topic,
+                    args.include_tiers,
+                    args.partitions.as_deref(),
+                    target,
+                )?;
+                let notes = match target {
+                    ReplayTarget::ToDatetime(ms) => {
+                        vec![format!("target time {} (UTC)", format_ms_exact(ms))]
+                    }
+                    ReplayTarget::ByDuration(d) => vec![format!(
+                        "target time {} (UTC)",
+                        format_ms_exact(kjob::clock::now_ms() - d.as_millis() as i64)
+                    )],
+                    _ => Vec::new(),
+                };
+                (rows, notes)
+            }
+            (None, None) => return Err(anyhow!("no replay target")),
+        };
+        // The undo file holds what is committed for the group that moves.
+        let exported = match &args.export {
+            Some(path) => {
+                let current = if into == args.group {
+                    rows.clone()
+                } else {
+                    // A shadow group: its own positions, before the seed.
+                    let topics: Vec<String> = {
+                        let mut t: Vec<String> = rows.iter().map(|r| r.topic.clone()).collect();
+                        t.dedup();
+                        t
+                    };
+                    let now = kjob_ops::lag::group_lag(&config, &into, &topics)?;
+                    rows.iter()
+                        .map(|r| ReplayRow {
+                            committed: now
+                                .iter()
+                                .find(|p| p.topic == r.topic && p.partition == r.partition)
+                                .and_then(|p| p.committed),
+                            ..r.clone()
+                        })
+                        .collect()
+                };
+                let (lines, skipped) = write_current_offsets(path, &current)?;
+                Some((path.clone(), lines, skipped))
+            }
+            None => None,
+        };
         let total: i64 = rows.iter().map(|r| r.replayed().max(0)).sum();
-        let into = args.shadow_group.as_deref().unwrap_or(&args.group);
+        if args.execute {
+            apply(&config, &into, &rows)?;
+        }
+        if json_out {
+            return json(&json!({
+                "group": args.group,
+                "into": into,
+                "dry_run": !args.execute,
+                "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
+                "replayed": total,
+                "notes": notes,
+                "export": exported.as_ref().map(|(p, lines, skipped)| json!({
+                    "file": p.display().to_string(),
+                    "lines": lines,
+                    "without_commit": skipped,
+                })),
+            }));
+        }
+        outln!("{}", table(&rows))?;
+        for n in &notes {
+            outln!("{n}")?;
+        }
+        if let Some((path, lines, skipped)) = &exported {
+            let left_out = if *skipped > 0 {
+                format!(" ({skipped} partition(s) without a committed offset left out)")
+            } else {
+                String::new()
+            };
+            outln!(
+                "wrote the committed offsets of group `{into}` ({lines} line(s)) to {}{left_out}; undo with `kjob replay --group {into} --from-file {} --execute`",
+                path.display(),
+                path.display()
+            )?;
+        }
         if !args.execute {
-            println!("dry run: {total} job(s) would be handled again by group `{into}`; pass --execute to apply");
+            outln!("dry run: {total} job(s) would be handled again by group `{into}`; pass --execute to apply")?;
             return Ok(());
         }
-        apply(&config, into, &rows)?;
-        println!("reset group `{into}`: {total} job(s) will be handled again");
+        outln!("reset group `{into}`: {total} job(s) will be handled again")?;
         Ok(())
     })
     .await

@@ -7,9 +7,10 @@ use anyhow::Result;
 use clap::Args;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
-use kjob::config::KafkaConfig;
+use crate::output::{json, outln};
+use crate::Ctx;
 use kjob::schedule::{format_tick, next_tick, read_states, state_topic};
-use kjob_ops::terminal::{for_terminal, json_for_terminal, CELL_WIDTH};
+use kjob_ops::terminal::{for_terminal, CELL_WIDTH};
 use kjob_ops::time::format_ms;
 
 #[derive(Args, Debug)]
@@ -17,18 +18,15 @@ pub struct SchedulesArgs {
     /// The consumer group whose workers run the schedules.
     #[arg(long)]
     group: String,
-    /// One JSON array instead of a table, for scripts.
-    #[arg(long)]
-    json: bool,
 }
 
-pub async fn run(config: &KafkaConfig, args: SchedulesArgs) -> Result<()> {
-    let (c, g) = (config.clone(), args.group.clone());
+pub async fn run(ctx: &Ctx, args: SchedulesArgs) -> Result<()> {
+    let (c, g) = (ctx.config.clone(), args.group.clone());
     let states = tokio::task::spawn_blocking(move || read_states(&c, &g)).await??;
     let now = kjob::dlq::now_ms();
     let mut rows: Vec<_> = states.into_values().collect();
     rows.sort_by(|a, b| a.schedule.cmp(&b.schedule));
-    if args.json {
+    if ctx.json() {
         let out: Vec<serde_json::Value> = rows
             .iter()
             .map(|s| {
@@ -44,18 +42,14 @@ pub async fn run(config: &KafkaConfig, args: SchedulesArgs) -> Result<()> {
                 })
             })
             .collect();
-        println!(
-            "{}",
-            json_for_terminal(&serde_json::to_string_pretty(&out)?)
-        );
-        return Ok(());
+        return json(&serde_json::json!({ "group": args.group, "schedules": out }));
     }
     if rows.is_empty() {
-        println!(
+        outln!(
             "no schedules recorded for group `{}` (topic {} is empty or missing)",
             args.group,
             state_topic(&args.group)
-        );
+        )?;
         return Ok(());
     }
     let mut table = Table::new();
@@ -82,6 +76,6 @@ pub async fn run(config: &KafkaConfig, args: SchedulesArgs) -> Result<()> {
             format!("{} at {}", cell(&s.leader), format_ms(Some(s.updated_ms))),
         ]);
     }
-    println!("{table}");
+    outln!("{table}")?;
     Ok(())
 }

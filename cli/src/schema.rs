@@ -10,18 +10,21 @@ use anyhow::{bail, Context as _, Result};
 use clap::Subcommand;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
+use serde_json::json;
+
+use crate::output::{json, outln};
+use crate::Ctx;
 use kjob::codec::{subject_for_topic, Codec};
-use kjob::config::KafkaConfig;
 use kjob::registry::Registration;
 use kjob::schema::export::{self, Mode, Outcome, EXPORT_ENV};
-use kjob::schema::{
-    check, latest, load_dir, registered_versions, set_subject_compatibility, subject_compatibility,
-    Compatibility,
-};
+use kjob::schema::{check, registered_versions, Compatibility};
+use kjob_ops::contracts::{latest, load_dir, set_subject_compatibility, subject_compatibility};
+use kjob_ops::problem::Problem;
 
 #[derive(Subcommand, Debug)]
 pub enum SchemaCommand {
-    /// Check the newest local version of each contract against every version the registry holds (exit 1 on any incompatibility).
+    /// Check the newest local version of each contract against what the registry holds
+    /// (exit 1 on an incompatibility, 4 when the registry does not answer).
     Check {
         /// Directory of `<name>.v<N>.avsc` files.
         #[arg(long, default_value = "schemas")]
@@ -67,7 +70,8 @@ pub enum SchemaCommand {
     },
 }
 
-pub async fn run(config: &KafkaConfig, cmd: SchemaCommand) -> Result<()> {
+pub async fn run(ctx: &Ctx, cmd: SchemaCommand) -> Result<()> {
+    let config = &ctx.config;
     // `export` needs no registry, so the client is made per command.
     let codec = || Codec::from_config(config);
     match cmd {
@@ -77,14 +81,19 @@ pub async fn run(config: &KafkaConfig, cmd: SchemaCommand) -> Result<()> {
             dir,
             check,
             timeout,
-        } => export_from(&from, &args, &dir, check, timeout).await,
+        } => export_from(ctx, &from, &args, &dir, check, timeout).await,
         SchemaCommand::Check { dir, compatibility } => {
             let codec = codec()?;
             let registry = codec.client();
             let contracts = load_dir(&dir)?;
             if contracts.is_empty() {
-                bail!("no <name>.v<N>.avsc files in {}", dir.display());
+                return Err(Problem::not_found(format!(
+                    "no <name>.v<N>.avsc files in {}",
+                    dir.display()
+                ))
+                .into());
             }
+            let mut rows = Vec::new();
             let mut t = Table::new();
             t.load_preset(UTF8_FULL_CONDENSED);
             t.set_header(vec![
@@ -123,6 +132,19 @@ pub async fn run(config: &KafkaConfig, cmd: SchemaCommand) -> Result<()> {
                         .collect::<Vec<_>>()
                         .join("\n")
                 };
+                rows.push(json!({
+                    "contract": c.name,
+                    "local_version": c.version,
+                    "subject": subject,
+                    "registered": versions.iter().map(|(v, _)| v).collect::<Vec<_>>(),
+                    "level": level.to_string(),
+                    "result": if versions.is_empty() { "new subject" } else if problems.is_empty() { "compatible" } else { "incompatible" },
+                    "incompatibilities": problems.iter().map(|p| json!({
+                        "version": p.version,
+                        "direction": p.direction,
+                        "reason": p.reason,
+                    })).collect::<Vec<_>>(),
+                }));
                 let registered = versions
                     .iter()
                     .map(|(v, _)| v.to_string())
@@ -141,12 +163,17 @@ pub async fn run(config: &KafkaConfig, cmd: SchemaCommand) -> Result<()> {
                     result,
                 ]);
             }
-            println!("{t}");
+            if ctx.json() {
+                json(&json!({ "contracts": rows, "incompatibilities": failures }))?;
+            } else {
+                outln!("{t}")?;
+            }
             if failures > 0 {
-                bail!(
+                return Err(Problem::refused(format!(
                     "{failures} incompatibilit{} found",
                     if failures == 1 { "y" } else { "ies" }
-                );
+                ))
+                .into());
             }
             Ok(())
         }
@@ -154,6 +181,7 @@ pub async fn run(config: &KafkaConfig, cmd: SchemaCommand) -> Result<()> {
             let codec = codec()?;
             let registry = codec.client();
             let contracts = load_dir(&dir)?;
+            let mut registered = Vec::new();
             for c in &contracts {
                 let subject = subject_for_topic(&c.name);
                 if subject_compatibility(registry, &subject).await?.is_none() {
@@ -161,14 +189,23 @@ pub async fn run(config: &KafkaConfig, cmd: SchemaCommand) -> Result<()> {
                 }
                 match registry.register(&subject, &c.raw).await? {
                     Registration::Id(id) => {
-                        println!("{} v{} -> {subject} (id {id})", c.name, c.version)
+                        if ctx.json() {
+                            registered.push(json!({"contract": c.name, "version": c.version, "subject": subject, "id": id}));
+                        } else {
+                            outln!("{} v{} -> {subject} (id {id})", c.name, c.version)?;
+                        }
                     }
-                    Registration::Refused { status, message } => bail!(
-                        "registering {} v{} under `{subject}`: HTTP {status}: {message}",
-                        c.name,
-                        c.version
-                    ),
+                    Registration::Refused { status, message } => {
+                        return Err(Problem::refused(format!(
+                            "registering {} v{} under `{subject}`: HTTP {status}: {message}",
+                            c.name, c.version
+                        ))
+                        .into())
+                    }
                 }
+            }
+            if ctx.json() {
+                json(&json!({ "registered": registered }))?;
             }
             Ok(())
         }
@@ -178,6 +215,7 @@ pub async fn run(config: &KafkaConfig, cmd: SchemaCommand) -> Result<()> {
 /// `kjob schema export`: runs `program`, reads its contracts, writes or
 /// checks the files.
 async fn export_from(
+    ctx: &Ctx,
     program: &std::path::Path,
     args: &[String],
     dir: &std::path::Path,
@@ -220,6 +258,7 @@ async fn export_from(
     }
     let mode = if check { Mode::Check } else { Mode::Write };
     let report = export::export(dir, &contracts, mode)?;
+    let mut files = Vec::new();
     for e in &report {
         let what = match (e.outcome, check) {
             (Outcome::Unchanged, _) => "unchanged",
@@ -228,7 +267,16 @@ async fn export_from(
             (Outcome::Created, true) => "MISSING",
             (Outcome::Updated, true) => "DIFFERS",
         };
-        println!("{what:>9}  {}", e.path.display());
+        if ctx.json() {
+            files.push(
+                json!({"file": e.path.display().to_string(), "outcome": what.to_lowercase()}),
+            );
+        } else {
+            outln!("{what:>9}  {}", e.path.display())?;
+        }
+    }
+    if ctx.json() {
+        json(&json!({ "check": check, "files": files }))?;
     }
     let stale = export::stale(&report).count();
     if check && stale > 0 {

@@ -1,18 +1,40 @@
-//! `kjob topics create`: a route's main topic, retry tiers and DLQ (and
-//! with `--delays` its delay topics, with `--strict-order` its compacted
-//! order topic) in one go.
+//! `kjob topics list | describe | create`: the topics of kjob's routes, as
+//! `kafka-topics --list | --describe | --create` shows and makes them, by
+//! role (main, retry tiers, delay topics, DLQ and its audit, strict order).
+//! `create` is a dry run unless `--execute` is given.
+
+use std::collections::BTreeMap;
 
 use anyhow::{anyhow, Result};
 use clap::Subcommand;
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use serde_json::json;
 
-use kjob::config::KafkaConfig;
+use crate::output::{json, outln};
+use crate::Ctx;
 use kjob::delay::{delay_topics, CREATED_RETENTION};
 use kjob::retry::{parse_delay, RetryPolicy};
-use kjob::topics::{create_topics, create_topics_with, dlq_topic, order_topic};
+use kjob::topics::{create_topics_replicated, dlq_topic, order_topic};
+use kjob_ops::problem::Problem;
+use kjob_ops::suggest::did_you_mean;
+use kjob_ops::topics::{parse_config, route_topics, routes, topic_configs, topic_partitions, Role};
 
 #[derive(Subcommand, Debug)]
 pub enum TopicsCommand {
-    /// Create a route: `<topic>`, `<topic>.retry.<delay>` per tier and `<topic>.dlq`.
+    /// Every route (a main topic with its tiers, delay topics, DLQ, ...), one row per topic.
+    List {
+        /// Also topics that belong to no route (internal `__` topics stay hidden).
+        #[arg(long)]
+        all: bool,
+    },
+    /// A route's topics: partitions, replication factor, configs, leaders and replicas.
+    Describe {
+        /// The route's main topic.
+        #[arg(long)]
+        topic: String,
+    },
+    /// Create a route: `<topic>`, `<topic>.retry.<delay>` per tier and `<topic>.dlq`
+    /// (existing ones are left alone). Dry run unless --execute.
     Create {
         /// Main topic (the job's name).
         #[arg(long)]
@@ -20,7 +42,14 @@ pub enum TopicsCommand {
         /// Partitions for every topic of the route.
         #[arg(long, default_value_t = 6)]
         partitions: i32,
-        /// Retry tiers, comma-separated (`5s,30s,5m,30m`).
+        /// Replicas per partition (default: the brokers' default.replication.factor).
+        #[arg(long, value_name = "N")]
+        replication_factor: Option<i32>,
+        /// A topic config for every topic created, as `key=value` (repeatable),
+        /// e.g. `--config min.insync.replicas=2`.
+        #[arg(long = "config", value_name = "KEY=VALUE")]
+        configs: Vec<String>,
+        /// Retry tiers, comma-separated (`5s,30s,5m,30m`), or `none`.
         #[arg(long, default_value = "5s,30s,5m,30m")]
         tiers: String,
         /// Also the delay topics `<topic>.delay.<bucket>` (1s..1d) that
@@ -31,59 +60,354 @@ pub enum TopicsCommand {
         /// `WorkerBuilder::strict_order` keeps its waiting jobs' order in.
         #[arg(long)]
         strict_order: bool,
+        /// Show what would be created (the default).
+        #[arg(long, conflicts_with = "execute")]
+        dry_run: bool,
+        /// Create the topics.
+        #[arg(long)]
+        execute: bool,
     },
 }
 
-pub async fn run(config: &KafkaConfig, cmd: TopicsCommand) -> Result<()> {
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| anyhow!("background task: {e}"))?
+}
+
+/// One topic to create: name, role, and its configs.
+struct Wanted {
+    topic: String,
+    role: Role,
+    configs: Vec<(String, String)>,
+}
+
+pub async fn run(ctx: &Ctx, cmd: TopicsCommand) -> Result<()> {
+    let config = ctx.config.clone();
     match cmd {
+        TopicsCommand::List { all } => {
+            let c = config.clone();
+            let infos = blocking(move || topic_partitions(&c)).await?;
+            let names: Vec<String> = infos.keys().cloned().collect();
+            let mut rows: Vec<(String, String, String, Option<String>)> = Vec::new();
+            let mut in_route = std::collections::BTreeSet::new();
+            for (main, topics) in routes(&names) {
+                for t in topics {
+                    in_route.insert(t.topic.clone());
+                    rows.push((t.topic, t.role.label().to_string(), main.clone(), t.delay));
+                }
+            }
+            if all {
+                for n in &names {
+                    if !in_route.contains(n) && !n.starts_with("__") {
+                        rows.push((n.clone(), "-".into(), "-".into(), None));
+                    }
+                }
+            }
+            let partitions = |t: &str| infos.get(t).map_or(0, |i| i.partitions);
+            if ctx.json() {
+                let out: Vec<serde_json::Value> = rows
+                    .iter()
+                    .map(|(t, role, route, delay)| {
+                        json!({
+                            "topic": t,
+                            "role": role,
+                            "route": if route == "-" { None } else { Some(route) },
+                            "delay": delay,
+                            "partitions": partitions(t),
+                        })
+                    })
+                    .collect();
+                return json(&json!({ "topics": out }));
+            }
+            let mut table = Table::new();
+            table.load_preset(UTF8_FULL_CONDENSED);
+            table.set_header(vec!["topic", "role", "route", "partitions"]);
+            for (t, role, route, delay) in &rows {
+                let role = match delay {
+                    Some(d) => format!("{role} {d}"),
+                    None => role.clone(),
+                };
+                table.add_row(vec![
+                    t.clone(),
+                    role,
+                    route.clone(),
+                    partitions(t).to_string(),
+                ]);
+            }
+            outln!("{table}")?;
+            let routes = rows.iter().filter(|r| r.1 == "main").count();
+            outln!("{} route(s), {} topic(s)", routes, rows.len())?;
+            Ok(())
+        }
+        TopicsCommand::Describe { topic } => {
+            let c = config.clone();
+            let infos = blocking(move || topic_partitions(&c)).await?;
+            let names: Vec<String> = infos.keys().cloned().collect();
+            if !infos.contains_key(&topic) {
+                let candidates = names
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|t| !t.starts_with("__"));
+                return Err(Problem::not_found(format!(
+                    "topic `{topic}` does not exist on {}{}",
+                    config.bootstrap_servers,
+                    did_you_mean(&topic, candidates)
+                ))
+                .into());
+            }
+            let members = route_topics(&topic, None, &names);
+            let topics: Vec<String> = members.iter().map(|t| t.topic.clone()).collect();
+            let configs = topic_configs(&config, &topics).await.unwrap_or_default();
+            let mut described = Vec::new();
+            for (i, t) in members.iter().enumerate() {
+                if let Some(info) = infos.get(&t.topic) {
+                    let mut info = info.clone();
+                    info.configs = configs.get(i).cloned().unwrap_or_default();
+                    described.push((t, info));
+                }
+            }
+            if ctx.json() {
+                let out: Vec<serde_json::Value> = described
+                    .iter()
+                    .map(|(t, info)| {
+                        json!({
+                            "topic": info.topic,
+                            "role": t.role.label(),
+                            "delay": t.delay,
+                            "partitions": info.partitions,
+                            "replication_factor": info.replication_factor,
+                            "configs": info.configs,
+                            "partition_details": info.partition_details,
+                        })
+                    })
+                    .collect();
+                return json(&json!({ "route": topic, "topics": out }));
+            }
+            let mut table = Table::new();
+            table.load_preset(UTF8_FULL_CONDENSED);
+            table.set_header(vec![
+                "topic",
+                "role",
+                "partitions",
+                "replication factor",
+                "configs",
+            ]);
+            for (t, info) in &described {
+                let role = match &t.delay {
+                    Some(d) => format!("{} {d}", t.role.label()),
+                    None => t.role.label().to_string(),
+                };
+                let configs: Vec<String> = info
+                    .configs
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                table.add_row(vec![
+                    info.topic.clone(),
+                    role,
+                    info.partitions.to_string(),
+                    info.replication_factor.to_string(),
+                    if configs.is_empty() {
+                        "-".into()
+                    } else {
+                        configs.join(",")
+                    },
+                ]);
+            }
+            outln!("{table}")?;
+            let mut parts = Table::new();
+            parts.load_preset(UTF8_FULL_CONDENSED);
+            parts.set_header(vec!["topic", "partition", "leader", "replicas", "isr"]);
+            let ids = |v: &[i32]| v.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
+            for (_, info) in &described {
+                for p in &info.partition_details {
+                    parts.add_row(vec![
+                        info.topic.clone(),
+                        p.partition.to_string(),
+                        p.leader.to_string(),
+                        ids(&p.replicas),
+                        ids(&p.isr),
+                    ]);
+                }
+            }
+            outln!("{parts}")?;
+            Ok(())
+        }
         TopicsCommand::Create {
             topic,
             partitions,
+            replication_factor,
+            configs,
             tiers,
             delays: with_delays,
             strict_order,
+            dry_run: _,
+            execute,
         } => {
             if partitions < 1 {
-                return Err(anyhow!("--partitions must be at least 1, got {partitions}"));
+                return Err(Problem::usage(format!(
+                    "--partitions must be at least 1, got {partitions}"
+                ))
+                .into());
             }
-            let delays = tiers
-                .split(',')
-                .filter(|t| !t.trim().is_empty())
-                .map(|t| {
-                    parse_delay(t.trim()).ok_or_else(|| {
-                        anyhow!("--tiers: `{t}` is not a delay like 5s, 30s, 5m or 1h")
+            if let Some(rf) = replication_factor {
+                if rf < 1 {
+                    return Err(Problem::usage(format!(
+                        "--replication-factor must be at least 1, got {rf}"
+                    ))
+                    .into());
+                }
+            }
+            let extra = configs
+                .iter()
+                .map(|c| parse_config(c))
+                .collect::<Result<Vec<_>>>()?;
+            let delays = if tiers.trim().eq_ignore_ascii_case("none") {
+                Vec::new()
+            } else {
+                tiers
+                    .split(',')
+                    .filter(|t| !t.trim().is_empty())
+                    .map(|t| {
+                        parse_delay(t.trim()).ok_or_else(|| {
+                            anyhow!(Problem::usage(format!(
+                                "--tiers: `{t}` is not a delay like 5s, 30s, 5m or 1h (or `none`)"
+                            )))
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            };
+            let with = |own: &[(&str, String)]| -> Vec<(String, String)> {
+                let mut all: BTreeMap<String, String> = own
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.clone()))
+                    .collect();
+                for (k, v) in &extra {
+                    all.insert(k.clone(), v.clone());
+                }
+                all.into_iter().collect()
+            };
+            let mut wanted = vec![Wanted {
+                topic: topic.clone(),
+                role: Role::Main,
+                configs: with(&[]),
+            }];
+            for t in RetryPolicy::tiers(delays).tier_topics(&topic) {
+                wanted.push(Wanted {
+                    topic: t,
+                    role: Role::RetryTier,
+                    configs: with(&[]),
+                });
+            }
+            if with_delays {
+                let retention = CREATED_RETENTION.as_millis().to_string();
+                for t in delay_topics(&topic) {
+                    wanted.push(Wanted {
+                        topic: t,
+                        role: Role::Delay,
+                        configs: with(&[("retention.ms", retention.clone())]),
+                    });
+                }
+            }
+            wanted.push(Wanted {
+                topic: dlq_topic(&topic),
+                role: Role::Dlq,
+                configs: with(&[]),
+            });
+            if strict_order {
+                wanted.push(Wanted {
+                    topic: order_topic(&topic),
+                    role: Role::StrictOrder,
+                    configs: with(&[("cleanup.policy", "compact".to_string())]),
+                });
+            }
+            let names: Vec<String> = wanted.iter().map(|w| w.topic.clone()).collect();
+            let (c, n) = (config.clone(), names.clone());
+            let existing = blocking(move || Ok(kjob::topics::partition_counts(&c, &n)?)).await?;
+            if execute {
+                for (w, exists) in wanted.iter().zip(&existing) {
+                    if exists.is_some() {
+                        continue;
+                    }
+                    let cfg: Vec<(&str, &str)> = w
+                        .configs
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.as_str()))
+                        .collect();
+                    create_topics_replicated(
+                        &config,
+                        &[(w.topic.clone(), partitions)],
+                        replication_factor,
+                        &cfg,
+                    )
+                    .await
+                    .map_err(|e| match &e {
+                        kjob::Error::CreateTopic { reason, .. }
+                            if reason.contains("InvalidConfig")
+                                || reason.contains("InvalidReplicationFactor")
+                                || reason.contains("InvalidPartitions") =>
+                        {
+                            anyhow!(Problem::usage(e.to_string()))
+                        }
+                        _ => anyhow!(e),
+                    })?;
+                }
+                // Visible to the next command (an `enqueue --in` right after).
+                kjob::topics::wait_visible(&config, &names).await?;
+            }
+            let rows: Vec<serde_json::Value> = wanted
+                .iter()
+                .zip(&existing)
+                .map(|(w, exists)| {
+                    let state = match (exists, execute) {
+                        (Some(_), _) => "exists",
+                        (None, true) => "created",
+                        (None, false) => "would be created",
+                    };
+                    json!({
+                        "topic": w.topic,
+                        "role": w.role.label(),
+                        "state": state,
+                        "partitions": exists.map_or(partitions as usize, |n| n),
+                        "replication_factor": replication_factor,
+                        "configs": w.configs.iter().cloned().collect::<BTreeMap<_, _>>(),
                     })
                 })
-                .collect::<Result<Vec<_>>>()?;
-            let policy = RetryPolicy::tiers(delays);
-            let mut all = vec![topic.clone()];
-            all.extend(policy.tier_topics(&topic));
-            all.push(dlq_topic(&topic));
-            let wanted: Vec<(String, i32)> = all.iter().map(|t| (t.clone(), partitions)).collect();
-            create_topics(config, &wanted).await?;
-            if with_delays {
-                let topics: Vec<(String, i32)> = delay_topics(&topic)
-                    .into_iter()
-                    .map(|t| (t, partitions))
-                    .collect();
-                let retention = CREATED_RETENTION.as_millis().to_string();
-                create_topics_with(config, &topics, &[("retention.ms", &retention)]).await?;
-                all.extend(topics.into_iter().map(|(t, _)| t));
+                .collect();
+            if ctx.json() {
+                return json(&json!({ "dry_run": !execute, "route": topic, "topics": rows }));
             }
-            if strict_order {
-                let order = (order_topic(&topic), partitions);
-                create_topics_with(
-                    config,
-                    std::slice::from_ref(&order),
-                    &[("cleanup.policy", "compact")],
-                )
-                .await?;
-                all.push(order.0);
+            let mut table = Table::new();
+            table.load_preset(UTF8_FULL_CONDENSED);
+            table.set_header(vec!["topic", "role", "partitions", "configs", "state"]);
+            for (w, r) in wanted.iter().zip(&rows) {
+                let configs: Vec<String> =
+                    w.configs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                table.add_row(vec![
+                    w.topic.clone(),
+                    w.role.label().to_string(),
+                    r["partitions"].to_string(),
+                    if configs.is_empty() {
+                        "-".into()
+                    } else {
+                        configs.join(",")
+                    },
+                    r["state"].as_str().unwrap_or_default().to_string(),
+                ]);
             }
-            // Visible to the next command (an `enqueue --in` right after).
-            kjob::topics::wait_visible(config, &all).await?;
-            for t in all {
-                println!("{t}");
+            outln!("{table}")?;
+            let missing = existing.iter().filter(|e| e.is_none()).count();
+            if execute {
+                outln!(
+                    "created {missing} topic(s); {} existed",
+                    existing.len() - missing
+                )?;
+            } else {
+                outln!(
+                    "dry run: {missing} topic(s) would be created (replication factor {}); pass --execute to create them",
+                    replication_factor.map_or("the brokers' default".to_string(), |r| r.to_string())
+                )?;
             }
             Ok(())
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Args;
 
-use kjob::config::KafkaConfig;
+use crate::Ctx;
 use kjob_ops::ui::{Dashboard, RouteKey};
 
 /// `kjob ui`'s flags.
@@ -40,8 +40,8 @@ pub struct UiArgs {
 }
 
 /// Serves the dashboard until interrupted.
-pub async fn run(config: &KafkaConfig, args: UiArgs) -> Result<()> {
-    let mut dashboard = Dashboard::new(config.clone())
+pub async fn run(ctx: &Ctx, args: UiArgs) -> Result<()> {
+    let mut dashboard = Dashboard::new(ctx.config.clone())
         .allow_actions(args.allow_actions)
         .token(args.token)
         .discover(!args.no_discover)

@@ -751,6 +751,27 @@ pub enum ErrorClass {
 }
 
 impl ErrorClass {
+    /// Every class, for tools that list or check them (`kjob dlq list
+    /// --class` refuses a class that is none of these nor their families).
+    pub const ALL: [ErrorClass; 16] = [
+        ErrorClass::RetryableTimeout,
+        ErrorClass::RetryableNetwork,
+        ErrorClass::RetryableServer,
+        ErrorClass::Retryable,
+        ErrorClass::RetryAfter,
+        ErrorClass::PermanentInvalidInput,
+        ErrorClass::PermanentNotFound,
+        ErrorClass::Permanent,
+        ErrorClass::Panic,
+        ErrorClass::RetriesExhausted,
+        ErrorClass::DecodeNotFramed,
+        ErrorClass::DecodeUnknownSchema,
+        ErrorClass::DecodeBody,
+        ErrorClass::DecodeIncompatible,
+        ErrorClass::ForwardRejected,
+        ErrorClass::OutboxEncode,
+    ];
+
     /// The stable string used in headers, metrics and CLI filters.
     pub fn as_str(self) -> &'static str {
         match self {

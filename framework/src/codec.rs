@@ -272,6 +272,10 @@ impl Codec {
     /// A codec for the config's registry, with its timeouts and
     /// credentials (the environment fills in what the config leaves unset).
     pub fn from_config(config: &KafkaConfig) -> Result<Self> {
+        // Every worker, producer and relay starts here: a properties file
+        // that could not be read, or a property librdkafka refuses, stops
+        // them before anything connects, naming it.
+        config.check()?;
         Ok(Self::with_client(RegistryClient::new(
             RegistrySettings::resolve(config)?,
         )?))

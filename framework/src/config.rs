@@ -16,13 +16,112 @@
 //! is held in a [`Secret`], whose `Debug` prints `***`, and the `Debug` of
 //! [`KafkaConfig`] redacts every override that looks like a credential, so a
 //! config logged at startup never leaks one.
+//!
+//! **Any librdkafka property.** Client certificates, OAUTHBEARER,
+//! `client.rack` or a tuned `fetch.max.bytes` need no code change either:
+//!
+//! * a properties file (`key=value` lines, Java-properties syntax, the
+//!   `--command-config` file of Kafka's own tools), named by
+//!   `KJOB_KAFKA_CONFIG_FILE` for a worker or producer, or by
+//!   `kjob --command-config FILE` for the CLI;
+//! * `KJOB_KAFKA_<PROPERTY>` variables: the property upper-cased with `.`
+//!   written `_`, e.g. `KJOB_KAFKA_CLIENT_RACK=r1` is `client.rack=r1`
+//!   (`KJOB_KAFKA_CONFIG_FILE` itself, and `KJOB_KAFKA_JAVA`, which `./dev`
+//!   uses for the broker's Java, are not properties).
+//!
+//! Precedence, lowest first: kjob's defaults for each client, the file, the
+//! `KJOB_KAFKA_<PROPERTY>` variables, the named variables
+//! (`KJOB_BOOTSTRAP_SERVERS`, `KJOB_SCHEMA_REGISTRY_URL` and the five
+//! security ones above), then whatever the program sets afterwards (the
+//! CLI's flags, [`KafkaConfig::set`] and the other builder methods). In the
+//! file and the `KJOB_KAFKA_` variables, `bootstrap.servers`,
+//! `security.protocol`, `sasl.mechanism(s)`, `sasl.username`,
+//! `sasl.password` and `ssl.ca.location` fill the named settings (so the
+//! named variables win over them), and `schema.registry.url` (as Confluent's
+//! client files spell it) the registry URL.
+//!
+//! A property librdkafka does not know, or a value it refuses, fails with
+//! an error naming the property and where it came from (`file:line` or the
+//! variable): at once from [`KafkaConfig::try_from_env`] and
+//! [`KafkaConfig::check`], and otherwise when the first codec, producer or
+//! worker is built from the config. Java-only properties of such files
+//! (`sasl.jaas.config`, `ssl.truststore.*`) are refused with their librdkafka
+//! equivalent named.
+
+mod properties;
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
 
+use crate::error::{Error, Result};
 use crate::registry::{RegistryAuth, RegistryOptions};
+
+pub use properties::{parse as parse_properties, Property};
+
+/// The variable naming a properties file for workers and producers (the CLI
+/// also takes `--command-config`).
+pub const CONFIG_FILE_ENV: &str = "KJOB_KAFKA_CONFIG_FILE";
+
+/// The prefix of `KJOB_KAFKA_<PROPERTY>` variables.
+pub const PROPERTY_ENV_PREFIX: &str = "KJOB_KAFKA_";
+
+/// `KJOB_KAFKA_` variables that are not librdkafka properties.
+const NOT_PROPERTIES: [&str; 2] = [CONFIG_FILE_ENV, "KJOB_KAFKA_JAVA"];
+
+/// The librdkafka property a `KJOB_KAFKA_<PROPERTY>` variable sets:
+/// `KJOB_KAFKA_CLIENT_RACK` is `client.rack`. `None` for other variables
+/// and for the `KJOB_KAFKA_` variables that are not properties
+/// ([`CONFIG_FILE_ENV`], `KJOB_KAFKA_JAVA`).
+pub fn property_for_variable(name: &str) -> Option<String> {
+    if NOT_PROPERTIES.contains(&name) {
+        return None;
+    }
+    let rest = name.strip_prefix(PROPERTY_ENV_PREFIX)?;
+    if rest.is_empty() {
+        return None;
+    }
+    Some(rest.to_ascii_lowercase().replace('_', "."))
+}
+
+/// Where a property of a [`KafkaConfig`] came from, so an error about it
+/// says where to fix it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PropertySource {
+    /// A properties file, and the line of the entry.
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The entry's line (1-based).
+        line: usize,
+    },
+    /// A `KJOB_KAFKA_<PROPERTY>` variable.
+    Variable(String),
+}
+
+impl std::fmt::Display for PropertySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PropertySource::File { path, line } => write!(f, "{}:{line}", path.display()),
+            PropertySource::Variable(v) => write!(f, "variable {v}"),
+        }
+    }
+}
+
+/// Properties of Java clients' files that librdkafka does not have, with
+/// what to write instead.
+fn java_only_hint(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "sasl.jaas.config" => "librdkafka has no JAAS: write sasl.username and sasl.password (PLAIN, SCRAM) or the sasl.oauthbearer.* properties (OAUTHBEARER) instead",
+        k if k.starts_with("ssl.truststore.") => "librdkafka reads no Java trust store: give the CA certificate as PEM with ssl.ca.location",
+        k if k.ends_with(".class") || k.contains(".callback.handler") => "a Java class; librdkafka has none (for OAUTHBEARER set sasl.oauthbearer.method=oidc and its sasl.oauthbearer.* properties)",
+        "key.serializer" | "value.serializer" | "key.deserializer" | "value.deserializer" => "kjob encodes jobs itself (Avro via the registry): leave it out",
+        "basic.auth.user.info" | "basic.auth.credentials.source" => "the registry's credentials are KJOB_SCHEMA_REGISTRY_USER and KJOB_SCHEMA_REGISTRY_PASSWORD",
+        _ => return None,
+    })
+}
 
 /// Bootstrap servers used when `KJOB_BOOTSTRAP_SERVERS` is unset: the local
 /// stack started by `./dev stack up`.
@@ -104,6 +203,11 @@ pub struct KafkaConfig {
     /// `KJOB_SCHEMA_REGISTRY_*` variables, then to defaults (5 s connect,
     /// 10 s per request): see [`crate::registry`].
     pub registry: RegistryOptions,
+    /// Where each override loaded from a file or variable came from.
+    sources: BTreeMap<String, PropertySource>,
+    /// A properties file that could not be read or parsed: reported by
+    /// [`KafkaConfig::check`] (and so by the first codec built from it).
+    problem: Option<Error>,
 }
 
 impl std::fmt::Debug for KafkaConfig {
@@ -129,25 +233,169 @@ impl std::fmt::Debug for KafkaConfig {
             .field("sasl_password", &self.sasl_password)
             .field("ssl_ca_location", &self.ssl_ca_location)
             .field("overrides", &overrides)
+            .field("problem", &self.problem)
             .finish()
     }
-}
-
-fn env_var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
 impl KafkaConfig {
     /// Reads `KJOB_BOOTSTRAP_SERVERS` and `KJOB_SCHEMA_REGISTRY_URL`, falling
     /// back to the local stack's addresses, plus the security variables (see
-    /// [`KafkaConfig::security_from_env`]). This is what every example, test
-    /// and the CLI use, so one environment variable repoints all of them.
+    /// [`KafkaConfig::security_from_env`]), the properties file named by
+    /// `KJOB_KAFKA_CONFIG_FILE` and the `KJOB_KAFKA_<PROPERTY>` variables
+    /// (see the [module docs](self) for the precedence). This is what every
+    /// example, test and the CLI use, so one environment variable repoints
+    /// all of them.
+    ///
+    /// It does not fail: a file that cannot be read, or a property
+    /// librdkafka refuses, is reported by [`KafkaConfig::check`], which
+    /// [`Codec::from_config`](crate::codec::Codec::from_config) calls, so a
+    /// worker or producer fails at start naming it. Use
+    /// [`KafkaConfig::try_from_env`] to fail here instead.
     pub fn from_env() -> Self {
-        let bootstrap_servers = env_var("KJOB_BOOTSTRAP_SERVERS")
-            .unwrap_or_else(|| DEFAULT_BOOTSTRAP_SERVERS.to_string());
-        let schema_registry_url = env_var("KJOB_SCHEMA_REGISTRY_URL")
-            .unwrap_or_else(|| DEFAULT_SCHEMA_REGISTRY_URL.to_string());
-        Self::new(bootstrap_servers, schema_registry_url).security_from_env()
+        Self::from_env_with_file(None)
+    }
+
+    /// [`KafkaConfig::from_env`], failing at once (naming the property and
+    /// where it came from) when the file or a property is unusable.
+    pub fn try_from_env() -> Result<Self> {
+        let config = Self::from_env();
+        config.check()?;
+        Ok(config)
+    }
+
+    /// [`KafkaConfig::from_env`] with `file` as the properties file instead
+    /// of `KJOB_KAFKA_CONFIG_FILE`'s (`kjob --command-config FILE`).
+    pub fn from_env_with_file(file: Option<&Path>) -> Self {
+        let mut vars: Vec<(String, String)> = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .filter(|(k, _)| k.starts_with(PROPERTY_ENV_PREFIX))
+            .collect();
+        vars.sort();
+        Self::from_sources(&|name| std::env::var(name).ok(), &vars, file)
+    }
+
+    /// The loading behind [`KafkaConfig::from_env`], over any variables:
+    /// `var` looks one up, `kafka_vars` are the `KJOB_KAFKA_*` ones, applied
+    /// in the given order.
+    fn from_sources(
+        var: &dyn Fn(&str) -> Option<String>,
+        kafka_vars: &[(String, String)],
+        file: Option<&Path>,
+    ) -> Self {
+        let named = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        let mut config = Self::new(DEFAULT_BOOTSTRAP_SERVERS, DEFAULT_SCHEMA_REGISTRY_URL);
+        let file = file
+            .map(Path::to_path_buf)
+            .or_else(|| named(CONFIG_FILE_ENV).map(PathBuf::from));
+        if let Some(path) = file {
+            if let Err(e) = config.load_properties(&path) {
+                config.problem = Some(e);
+            }
+        }
+        for (name, value) in kafka_vars {
+            if let Some(key) = property_for_variable(name) {
+                config.apply_property(&key, value, PropertySource::Variable(name.clone()));
+            }
+        }
+        if let Some(v) = named("KJOB_BOOTSTRAP_SERVERS") {
+            config.bootstrap_servers = v;
+        }
+        if let Some(v) = named("KJOB_SCHEMA_REGISTRY_URL") {
+            config.schema_registry_url = v.trim_end_matches('/').to_string();
+        }
+        config.security_from(var)
+    }
+
+    /// Applies every property of the Java-properties file at `path` (see the
+    /// [module docs](self)), as if each were a `KJOB_KAFKA_` variable.
+    /// Fails naming the file when it cannot be read or parsed; properties
+    /// librdkafka refuses are reported by [`KafkaConfig::check`].
+    pub fn load_properties(&mut self, path: &Path) -> Result<()> {
+        let bytes = std::fs::read(path).map_err(|e| Error::InvalidSetting {
+            name: "Kafka properties file".into(),
+            value: path.display().to_string(),
+            reason: format!("cannot be read: {e}"),
+        })?;
+        let entries =
+            properties::parse(&properties::decode(&bytes)).map_err(|e| Error::InvalidSetting {
+                name: "Kafka properties file".into(),
+                value: path.display().to_string(),
+                reason: e,
+            })?;
+        for p in entries {
+            self.apply_property(
+                &p.key,
+                &p.value,
+                PropertySource::File {
+                    path: path.to_path_buf(),
+                    line: p.line,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// One property from a file or variable: the named settings take theirs,
+    /// everything else becomes an override.
+    fn apply_property(&mut self, key: &str, value: &str, source: PropertySource) {
+        let value = value.to_string();
+        match key {
+            "bootstrap.servers" | "metadata.broker.list" => self.bootstrap_servers = value,
+            "schema.registry.url" => {
+                self.schema_registry_url = value.trim_end_matches('/').to_string()
+            }
+            "security.protocol" => self.security_protocol = Some(value),
+            "sasl.mechanism" | "sasl.mechanisms" => self.sasl_mechanism = Some(value),
+            "sasl.username" => self.sasl_username = Some(value),
+            "sasl.password" => self.sasl_password = Some(Secret::new(value)),
+            "ssl.ca.location" => self.ssl_ca_location = Some(value),
+            _ => {
+                self.overrides.insert(key.to_string(), value);
+                self.sources.insert(key.to_string(), source);
+            }
+        }
+    }
+
+    /// Whether librdkafka accepts every property this config sets (each
+    /// checked on its own, so the error names the one it refuses, its value
+    /// unless it is a credential, where it came from and, for a Java-only
+    /// property, what to write instead), and whether its properties file
+    /// could be read. No broker is contacted.
+    pub fn check(&self) -> Result<()> {
+        if let Some(problem) = &self.problem {
+            return Err(problem.clone());
+        }
+        for (key, value) in self.client_config(&[]).config_map() {
+            let mut one = ClientConfig::new();
+            one.set(key, value);
+            let Err(e) = one.create_native_config() else {
+                continue;
+            };
+            let said = match &e {
+                rdkafka::error::KafkaError::ClientConfig(_, desc, _, _) => desc.clone(),
+                other => other.to_string(),
+            };
+            let mut reason = said;
+            if let Some(hint) = java_only_hint(key) {
+                reason = format!("{reason}; {hint}");
+            } else if reason.contains("OpenSSL not available") {
+                reason.push_str("; this build of librdkafka has no TLS: enable kjob's `tls` feature (needs libssl-dev)");
+            }
+            if let Some(source) = self.sources.get(key) {
+                reason = format!("{reason} (set in {source})");
+            }
+            return Err(Error::InvalidSetting {
+                name: key.to_string(),
+                value: if is_secret_property(key) {
+                    "***".into()
+                } else {
+                    value.to_string()
+                },
+                reason,
+            });
+        }
+        Ok(())
     }
 
     /// Takes `KJOB_SECURITY_PROTOCOL`, `KJOB_SASL_MECHANISM`,
@@ -155,22 +403,27 @@ impl KafkaConfig {
     /// from the environment where set (and non-empty), keeping the current
     /// value otherwise. Credentials come from the environment (or a secret
     /// store), never from a command line, where `ps` would show them.
-    pub fn security_from_env(mut self) -> Self {
-        if let Some(v) = env_var("KJOB_SECURITY_PROTOCOL") {
+    pub fn security_from_env(self) -> Self {
+        self.security_from(&|name| std::env::var(name).ok())
+    }
+
+    fn security_from(mut self, var: &dyn Fn(&str) -> Option<String>) -> Self {
+        let named = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        if let Some(v) = named("KJOB_SECURITY_PROTOCOL") {
             self.security_protocol = Some(v);
         }
-        if let Some(v) = env_var("KJOB_SASL_MECHANISM") {
+        if let Some(v) = named("KJOB_SASL_MECHANISM") {
             self.sasl_mechanism = Some(v);
         }
-        if let Some(v) = env_var("KJOB_SASL_USERNAME") {
+        if let Some(v) = named("KJOB_SASL_USERNAME") {
             self.sasl_username = Some(v);
         }
-        if let Ok(v) = std::env::var("KJOB_SASL_PASSWORD") {
+        if let Some(v) = var("KJOB_SASL_PASSWORD") {
             if !v.is_empty() {
                 self.sasl_password = Some(Secret::new(v));
             }
         }
-        if let Some(v) = env_var("KJOB_SSL_CA_LOCATION") {
+        if let Some(v) = named("KJOB_SSL_CA_LOCATION") {
             self.ssl_ca_location = Some(v);
         }
         self
@@ -191,6 +444,8 @@ impl KafkaConfig {
             ssl_ca_location: None,
             overrides: BTreeMap::new(),
             registry: RegistryOptions::default(),
+            sources: BTreeMap::new(),
+            problem: None,
         }
     }
 
@@ -279,8 +534,11 @@ impl KafkaConfig {
     }
 
     /// A librdkafka config with the bootstrap servers, the security
-    /// settings, the given kjob defaults, and then the user's overrides on top.
-    pub(crate) fn client_config(&self, defaults: &[(&str, &str)]) -> ClientConfig {
+    /// settings, the given defaults (what the caller's client needs unless
+    /// the user says otherwise, e.g. `enable.auto.commit=false`), and then
+    /// the user's overrides on top: how every kjob and kjob-ops client is
+    /// configured, so one override reaches all of them.
+    pub fn client_config(&self, defaults: &[(&str, &str)]) -> ClientConfig {
         let mut cfg = ClientConfig::new();
         cfg.set("bootstrap.servers", &self.bootstrap_servers);
         let security = [
@@ -362,6 +620,150 @@ mod tests {
                 assert!(err.contains("`tls` feature"), "{err}");
             }
         }
+    }
+
+    fn temp_file(name: &str, text: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("kjob-config-{}-{name}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("client.properties");
+        let _ = std::fs::write(&path, text);
+        path
+    }
+
+    fn load(vars: &[(&str, &str)], file: Option<&Path>) -> KafkaConfig {
+        let owned: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let kafka: Vec<(String, String)> = owned
+            .iter()
+            .filter(|(k, _)| k.starts_with(PROPERTY_ENV_PREFIX))
+            .cloned()
+            .collect();
+        let lookup = move |name: &str| {
+            owned
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        KafkaConfig::from_sources(&lookup, &kafka, file)
+    }
+
+    #[test]
+    fn variables_name_properties() {
+        assert_eq!(
+            property_for_variable("KJOB_KAFKA_CLIENT_RACK").as_deref(),
+            Some("client.rack")
+        );
+        assert_eq!(
+            property_for_variable("KJOB_KAFKA_SASL_OAUTHBEARER_CLIENT_ID").as_deref(),
+            Some("sasl.oauthbearer.client.id")
+        );
+        for not in [
+            "KJOB_KAFKA_CONFIG_FILE",
+            "KJOB_KAFKA_JAVA",
+            "KJOB_KAFKA_",
+            "KJOB_GROUP",
+        ] {
+            assert_eq!(property_for_variable(not), None, "{not}");
+        }
+    }
+
+    #[test]
+    fn precedence_file_then_kafka_variables_then_named_variables_then_code() {
+        let file = temp_file(
+            "precedence",
+            "bootstrap.servers=file:9092\nclient.rack=from-file\nlinger.ms=7\n\
+             security.protocol=SASL_PLAINTEXT\nsasl.username=file-user\n\
+             schema.registry.url=http://file-registry/\n",
+        );
+        // The file alone: its bootstrap, its properties.
+        let c = load(&[], Some(&file));
+        assert_eq!(c.bootstrap_servers, "file:9092");
+        assert_eq!(c.schema_registry_url, "http://file-registry");
+        assert_eq!(
+            c.overrides.get("client.rack").map(String::as_str),
+            Some("from-file")
+        );
+        assert_eq!(c.security_protocol.as_deref(), Some("SASL_PLAINTEXT"));
+        // KJOB_KAFKA_ variables win over the file, named variables over both.
+        let c = load(
+            &[
+                ("KJOB_KAFKA_CLIENT_RACK", "from-var"),
+                ("KJOB_KAFKA_SASL_USERNAME", "var-user"),
+                ("KJOB_KAFKA_BOOTSTRAP_SERVERS", "var:9092"),
+                ("KJOB_SASL_USERNAME", "named-user"),
+            ],
+            Some(&file),
+        );
+        assert_eq!(
+            c.overrides.get("client.rack").map(String::as_str),
+            Some("from-var")
+        );
+        assert_eq!(c.overrides.get("linger.ms").map(String::as_str), Some("7"));
+        assert_eq!(c.bootstrap_servers, "var:9092");
+        assert_eq!(c.sasl_username.as_deref(), Some("named-user"));
+        let c = load(&[("KJOB_BOOTSTRAP_SERVERS", "named:9092")], Some(&file));
+        assert_eq!(c.bootstrap_servers, "named:9092");
+        // What the program sets afterwards wins over everything.
+        let c = c.set("client.rack", "from-code");
+        let cfg = c.client_config(&[("client.rack", "kjob-default")]);
+        assert_eq!(cfg.get("client.rack"), Some("from-code"));
+        // KJOB_KAFKA_CONFIG_FILE names the file; an explicit one wins.
+        let path = file.display().to_string();
+        let c = load(&[(CONFIG_FILE_ENV, path.as_str())], None);
+        assert_eq!(c.bootstrap_servers, "file:9092");
+        assert!(c.check().is_ok(), "{:?}", c.check());
+        let other = temp_file("explicit", "client.rack=explicit\n");
+        let c = load(&[(CONFIG_FILE_ENV, path.as_str())], Some(&other));
+        assert_eq!(
+            c.overrides.get("client.rack").map(String::as_str),
+            Some("explicit")
+        );
+        assert_eq!(c.bootstrap_servers, DEFAULT_BOOTSTRAP_SERVERS);
+        // A kjob default loses to a file's property.
+        let c = load(&[], Some(&file));
+        let cfg = c.client_config(&[("linger.ms", "1")]);
+        assert_eq!(cfg.get("linger.ms"), Some("7"));
+    }
+
+    #[test]
+    fn unknown_or_invalid_properties_are_named_with_their_source() {
+        let file = temp_file("unknown", "client.rack=r1\n# fine\nclient.rak=r1\n");
+        let c = load(&[], Some(&file));
+        let err = c.check().err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            err.contains("`client.rak`") && err.contains(&format!("{}:3", file.display())),
+            "{err}"
+        );
+        let c = load(&[("KJOB_KAFKA_LINGER_MS", "soon")], None);
+        let err = c.check().err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            err.contains("`linger.ms`") && err.contains("KJOB_KAFKA_LINGER_MS"),
+            "{err}"
+        );
+        // A Java client's file: the librdkafka way is named.
+        let file = temp_file(
+            "jaas",
+            "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username=\"u\" password=\"hunter2\";\n",
+        );
+        let c = load(&[], Some(&file));
+        let err = c.check().err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            err.contains("sasl.jaas.config") && err.contains("sasl.username"),
+            "{err}"
+        );
+        assert!(!err.contains("hunter2"), "a credential leaked: {err}");
+        // A file that is not there: named, from check (and so from the
+        // first codec), not a panic in from_env.
+        let c = load(&[(CONFIG_FILE_ENV, "/nonexistent/kjob.properties")], None);
+        let err = c.check().err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("/nonexistent/kjob.properties"), "{err}");
+        let codec = crate::codec::Codec::from_config(&c)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(codec.contains("/nonexistent/kjob.properties"), "{codec}");
     }
 
     #[test]

@@ -118,8 +118,11 @@ pub enum Error {
         /// What an operator can do about it.
         hint: &'static str,
     },
-    /// A topic the caller relies on does not exist.
-    #[error("topic `{topic}` does not exist on {bootstrap}; create it first, e.g. `kjob topics create --topic {topic} --partitions 6`")]
+    /// A topic the caller relies on does not exist. The message names the
+    /// command that creates it: for a route's DLQ, retry tier or delay
+    /// topic the route's (`kjob topics create --topic <main>`), never a
+    /// route whose main topic is the DLQ.
+    #[error("{}", missing_topic(topic, bootstrap))]
     MissingTopic {
         /// The missing topic.
         topic: String,
@@ -259,7 +262,7 @@ pub enum Error {
         reason: String,
     },
     /// A consumer group kjob was asked about has no members and no offsets.
-    #[error("group `{group}` is unknown: no members and no committed offsets for {topics:?}; check the group name (Kafka's `kafka-consumer-groups --list` lists the cluster's groups)")]
+    #[error("group `{group}` is unknown: no members and no committed offsets for {topics:?}; check the group name (`kjob groups list` lists the groups)")]
     UnknownGroup {
         /// The group.
         group: String,
@@ -371,6 +374,17 @@ pub enum Error {
     LimitReached(crate::worker::Limit),
 }
 
+/// The [`Error::MissingTopic`] message.
+fn missing_topic(topic: &str, bootstrap: &str) -> String {
+    let main = crate::topics::route_of(topic);
+    if main == topic {
+        return format!("topic `{topic}` does not exist on {bootstrap}; create it first, e.g. `kjob topics create --topic {topic} --partitions 6 --execute`");
+    }
+    format!(
+        "topic `{topic}` (of route `{main}`) does not exist on {bootstrap}; a worker of the route creates its DLQ and retry tiers at start, or create the missing ones with `kjob topics create --topic {main} --execute` (its existing topics are left alone; without --execute it shows what it would create; add --delays for delay topics, --tiers none for no retry tiers)"
+    )
+}
+
 impl Error {
     /// A process exit status for this error: a worker limit's own code
     /// (81 jobs, 82 memory, 83 time, see [`crate::worker::limits`]) so a
@@ -392,8 +406,9 @@ impl Error {
 
     /// [`Error::NotAuthorized`] for `config`'s principal, with the
     /// `kafka-acls` command that grants `operation` on the resource that
-    /// `acl_args` names (e.g. `--topic orders`).
-    pub(crate) fn not_authorized(
+    /// `acl_args` names (e.g. `--topic orders`). Public so that tools built
+    /// on kjob (kjob-ops) name the grant the same way.
+    pub fn not_authorized(
         config: &crate::KafkaConfig,
         operation: &str,
         resource: String,
@@ -413,8 +428,10 @@ impl Error {
         }
     }
 
-    /// Wraps an rdkafka error with what kjob was trying to do.
-    pub(crate) fn kafka(context: impl Into<String>, source: rdkafka::error::KafkaError) -> Self {
+    /// Wraps an rdkafka error with what kjob was trying to do (and, when
+    /// librdkafka lacks TLS, the cargo feature that builds it in). Public so
+    /// that tools built on kjob (kjob-ops) report Kafka errors alike.
+    pub fn kafka(context: impl Into<String>, source: rdkafka::error::KafkaError) -> Self {
         let mut context = context.into();
         // librdkafka built without OpenSSL refuses SSL settings at client
         // creation; say which switch builds it in.

@@ -6,7 +6,7 @@
 //! [`JobHeaders`] value instead of appending, so a record that has failed ten
 //! times carries one `kjob-attempt`, not ten.
 
-use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders, OwnedMessage};
 
 /// Contract name.
 pub const JOB: &str = "kjob-job";
@@ -241,6 +241,15 @@ pub fn find<'a, H: Headers>(headers: Option<&'a H>, name: &str) -> Option<&'a st
         .last()
         .and_then(|h| h.value)
         .and_then(|v| std::str::from_utf8(v).ok())
+}
+
+/// A polled record copied out of librdkafka as an [`OwnedMessage`], for
+/// tools that keep records (a DLQ reader, a status view). Unlike rdkafka's
+/// `detach()`, header names that are not UTF-8 (another producer's bug, or
+/// a hostile one) are kept with their bad bytes replaced, so rdkafka's own
+/// header accessors, which panic on such a name, are safe on the copy.
+pub fn owned_record(m: &BorrowedMessage<'_>) -> OwnedMessage {
+    crate::worker::polled::Polled::copy(m, std::sync::Arc::from(m.topic())).to_owned_message()
 }
 
 /// The longest prefix of `s` that fits in `max` bytes without splitting a

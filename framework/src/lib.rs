@@ -36,10 +36,14 @@
 //!
 //! **What is for whom.** Handler crates need the root re-exports (or
 //! [`prelude`]), [`retry`], [`layers`], [`idempotency`] and, for tests,
-//! `testing` (feature `testing`). [`dlq`], [`replay`], [`lag`], [`topics`], [`schema`],
-//! [`registry`], [`groups`], [`headers`] and [`codec`] are the operator side that the
-//! `kjob` CLI is built on, public so that teams can script the same
-//! operations.
+//! `testing` (feature `testing`). Worker binaries add [`config`] and
+//! [`worker`]. [`dlq`] (writing dead letters), [`lag`] (the worker's lag
+//! reader), [`topics`], [`schema`] (compatibility rules and `schema export`),
+//! [`registry`], [`headers`] and [`codec`] are shared with the operator
+//! side. Operator-only code (reading and re-driving dead letters, replays,
+//! consumer groups, route status, contract files against the registry) is
+//! in the `kjob-ops` crate, which the `kjob` CLI and the dashboard are
+//! built on.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod classify;
@@ -51,7 +55,6 @@ pub mod ddl;
 pub mod delay;
 pub mod dlq;
 pub mod error;
-pub mod groups;
 pub mod headers;
 pub mod idempotency;
 pub mod job;
@@ -64,7 +67,6 @@ pub(crate) mod offsets;
 pub mod outbox;
 pub mod producer;
 pub mod registry;
-pub mod replay;
 pub mod retry;
 pub mod schedule;
 pub mod schema;

@@ -12,13 +12,17 @@
 //! | `FULL` | both |
 //! | `*_TRANSITIVE` | the same, against *every* registered version |
 //!
+//! The producer and the worker check with [`check`] and
+//! [`registered_versions`] before they register a contract; `kjob schema
+//! check | register` (contract files in `schemas/` against the registry) is
+//! in `kjob-ops` (`kjob_ops::contracts`).
+//!
 //! [`export`] writes the contracts compiled into a crate to `schemas/`
 //! (`kjob schema export`), so a pull request shows a contract change.
 
 pub mod export;
 
 use std::fmt;
-use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use apache_avro::schema_compatibility::SchemaCompatibility;
@@ -170,76 +174,6 @@ fn reason(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// A contract file `schemas/<name>.v<N>.avsc`.
-#[derive(Clone, Debug)]
-pub struct LocalContract {
-    /// Contract name (and default main topic).
-    pub name: String,
-    /// Version from the file name.
-    pub version: u32,
-    /// Where it was read from.
-    pub path: PathBuf,
-    /// The schema text.
-    pub raw: String,
-    /// The parsed schema.
-    pub schema: Schema,
-}
-
-/// Loads every `<name>.v<N>.avsc` in `dir`, sorted by name and version. A
-/// file that does not parse is an error naming it.
-pub fn load_dir(dir: &Path) -> Result<Vec<LocalContract>> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |e: std::io::Error| Error::Io {
-            path,
-            source: std::sync::Arc::new(e),
-        }
-    };
-    let entries = std::fs::read_dir(dir).map_err(io(dir))?;
-    let mut out = Vec::new();
-    for entry in entries {
-        let path = entry.map_err(io(dir))?.path();
-        let Some(file) = path.file_name().and_then(|f| f.to_str()) else {
-            continue;
-        };
-        let Some(stem) = file.strip_suffix(".avsc") else {
-            continue;
-        };
-        let Some((name, version)) = stem
-            .rsplit_once(".v")
-            .and_then(|(n, v)| v.parse::<u32>().ok().map(|v| (n.to_string(), v)))
-        else {
-            return Err(Error::ContractFileName { path });
-        };
-        let raw = std::fs::read_to_string(&path).map_err(io(&path))?;
-        let schema = Schema::parse_str(&raw).map_err(|e| Error::Contract {
-            job: name.clone(),
-            message: format!("{} does not parse: {e}", path.display()),
-        })?;
-        out.push(LocalContract {
-            name,
-            version,
-            path,
-            raw,
-            schema,
-        });
-    }
-    out.sort_by(|a, b| (&a.name, a.version).cmp(&(&b.name, b.version)));
-    Ok(out)
-}
-
-/// The highest version of each contract name.
-pub fn latest(contracts: &[LocalContract]) -> Vec<&LocalContract> {
-    let mut out: Vec<&LocalContract> = Vec::new();
-    for c in contracts {
-        match out.last_mut() {
-            Some(last) if last.name == c.name => *last = c,
-            _ => out.push(c),
-        }
-    }
-    out
-}
-
 /// Every version the registry holds for `subject`, ascending, parsed. An
 /// unknown subject (the registry answers 404) yields an empty list.
 pub async fn registered_versions(
@@ -256,23 +190,6 @@ pub async fn registered_versions(
         out.push((v, schema));
     }
     Ok(out)
-}
-
-/// The subject's own compatibility level, or `None` if it has none set.
-pub async fn subject_compatibility(
-    client: &RegistryClient,
-    subject: &str,
-) -> Result<Option<Compatibility>> {
-    client.compatibility(subject).await
-}
-
-/// Sets the subject's compatibility level.
-pub async fn set_subject_compatibility(
-    client: &RegistryClient,
-    subject: &str,
-    level: Compatibility,
-) -> Result<()> {
-    client.set_compatibility(subject, level).await
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! clear error before any job is touched, and they create their own DLQ
 //! topics (with the main topic's partition count) when allowed to.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -11,8 +12,10 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
+use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientContext;
+use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::KafkaConfig;
 use crate::error::{Error, Result};
@@ -34,6 +37,32 @@ pub fn dlq_audit_topic(main: &str) -> String {
 /// topic's partition count.
 pub fn order_topic(main: &str) -> String {
     format!("{main}.order")
+}
+
+/// The main topic of a route topic: `orders` for `orders.dlq`,
+/// `orders.dlq.audit`, `orders.retry.30s` and `orders.delay.1m`; a name
+/// without such a suffix is its own. (`<main>.order` is left alone: a main
+/// topic may well be called `shop.order`.)
+pub fn route_of(topic: &str) -> &str {
+    for suffix in [".dlq.audit", ".dlq"] {
+        if let Some(main) = topic.strip_suffix(suffix) {
+            if !main.is_empty() {
+                return main;
+            }
+        }
+    }
+    for marker in [".retry.", ".delay."] {
+        if let Some((main, bucket)) = topic.rsplit_once(marker) {
+            let is_delay = crate::retry::parse_delay(bucket).is_some()
+                || bucket
+                    .strip_suffix('d')
+                    .is_some_and(|d| d.parse::<u64>().is_ok());
+            if !main.is_empty() && is_delay {
+                return main;
+            }
+        }
+    }
+    topic
 }
 
 /// Every topic name in the cluster. Blocking.
@@ -188,6 +217,90 @@ pub fn partition_counts(config: &KafkaConfig, topics: &[String]) -> Result<Vec<O
     Ok(counts)
 }
 
+/// Reads every record currently in `topic` (up to the end offsets taken at
+/// the start), in partition and offset order, with a manual assignment (no
+/// group, no commits): the DLQ reader, the schedule state. `None` if the
+/// topic does not exist. Blocking; gives up after 60 s.
+pub fn read_topic(config: &KafkaConfig, topic: &str) -> Result<Option<Vec<OwnedMessage>>> {
+    read_topic_tail(config, topic, None)
+}
+
+/// [`read_topic`], of at most the last `max_per_partition` records of each
+/// partition when given: a bounded read for views refreshed often.
+pub fn read_topic_tail(
+    config: &KafkaConfig,
+    topic: &str,
+    max_per_partition: Option<i64>,
+) -> Result<Option<Vec<OwnedMessage>>> {
+    let Some(parts) = partition_counts(config, &[topic.to_string()])?
+        .pop()
+        .flatten()
+    else {
+        return Ok(None);
+    };
+    let consumer: BaseConsumer = config
+        .client_config(&[
+            ("group.id", "kjob-cli-reader"),
+            ("enable.auto.commit", "false"),
+            ("enable.partition.eof", "false"),
+        ])
+        .create()
+        .map_err(|e| Error::kafka("creating reader", e))?;
+    let timeout = Duration::from_secs(10);
+    let mut tpl = TopicPartitionList::new();
+    let mut remaining = 0usize;
+    let mut ends = HashMap::new();
+    for p in 0..parts as i32 {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p, timeout)
+            .map_err(|e| Error::kafka(format!("watermarks of {topic}:{p}"), e))?;
+        let low = match max_per_partition {
+            Some(max) => low.max(high - max.max(0)),
+            None => low,
+        };
+        if high > low {
+            tpl.add_partition_offset(topic, p, Offset::Offset(low))
+                .map_err(|e| Error::kafka("building assignment", e))?;
+            ends.insert(p, high);
+            remaining += 1;
+        }
+    }
+    let mut out = Vec::new();
+    if remaining == 0 {
+        return Ok(Some(out));
+    }
+    // Manual assignment: no group membership, no commits.
+    consumer
+        .assign(&tpl)
+        .map_err(|e| Error::kafka(format!("assigning {topic}"), e))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while remaining > 0 {
+        if Instant::now() > deadline {
+            return Err(Error::ReadTimeout {
+                topic: topic.to_string(),
+                after: Duration::from_secs(60),
+            });
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let end = ends.get(&m.partition()).copied().unwrap_or(0);
+                if m.offset() < end {
+                    let last = m.offset() + 1 >= end;
+                    // Not `detach()`: see `owned_record`.
+                    out.push(crate::headers::owned_record(&m));
+                    if last {
+                        remaining -= 1;
+                    }
+                }
+            }
+            Some(Err(e)) => return Err(Error::kafka(format!("reading {topic}"), e)),
+            None => {}
+        }
+    }
+    out.sort_by_key(|m| (m.partition(), m.offset()));
+    Ok(Some(out))
+}
+
 /// Room for kjob's headers on top of a main-topic record when it is
 /// forwarded: a tier or DLQ topic accepts this much more than its main topic.
 pub const FORWARD_HEADROOM_BYTES: i64 = 64 * 1024;
@@ -294,6 +407,18 @@ pub async fn create_topics_with(
     topics: &[(String, i32)],
     topic_config: &[(&str, &str)],
 ) -> Result<()> {
+    create_topics_replicated(config, topics, None, topic_config).await
+}
+
+/// [`create_topics_with`] with a replication factor (`None`: the broker's
+/// `default.replication.factor`), as `kafka-topics --create
+/// --replication-factor` takes it.
+pub async fn create_topics_replicated(
+    config: &KafkaConfig,
+    topics: &[(String, i32)],
+    replication: Option<i32>,
+    topic_config: &[(&str, &str)],
+) -> Result<()> {
     if topics.is_empty() {
         return Ok(());
     }
@@ -305,7 +430,7 @@ pub async fn create_topics_with(
         .iter()
         .map(|(t, p)| {
             topic_config.iter().fold(
-                NewTopic::new(t, *p, TopicReplication::Fixed(-1)),
+                NewTopic::new(t, *p, TopicReplication::Fixed(replication.unwrap_or(-1))),
                 |n, (k, v)| n.set(k, v),
             )
         })
@@ -334,4 +459,37 @@ pub async fn create_topics_with(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_topics_name_their_route() {
+        for (topic, main) in [
+            ("orders.dlq", "orders"),
+            ("orders.dlq.audit", "orders"),
+            ("orders.retry.30s", "orders"),
+            ("orders.retry.250ms", "orders"),
+            ("orders.delay.1d", "orders"),
+            ("orders.delay.10m", "orders"),
+            ("orders", "orders"),
+            ("shop.order", "shop.order"),
+            ("a.retry.soon", "a.retry.soon"),
+            (".dlq", ".dlq"),
+        ] {
+            assert_eq!(route_of(topic), main, "{topic}");
+        }
+        let e = Error::MissingTopic {
+            topic: "orders.dlq".into(),
+            bootstrap: "b:9092".into(),
+        }
+        .to_string();
+        assert!(
+            e.contains("kjob topics create --topic orders --execute`"),
+            "{e}"
+        );
+        assert!(!e.contains("--topic orders.dlq"), "{e}");
+    }
 }

@@ -7,11 +7,28 @@
 //! and `WorkerBuilder::http_routes`, without pulling in the CLI's clap,
 //! indicatif or comfy-table (the `clap` feature only adds derives for the
 //! CLI's flags).
+//!
+//! This crate holds what only operators need, so that `kjob` stays what
+//! handler crates and worker binaries need: [`status`] (a route by role),
+//! [`topics`] (a route's topics, as the worker names them), [`groups`],
+//! [`lag`], [`dlq`] (reading, re-driving and resolving dead letters),
+//! [`replay`] (offset resets and their undo file), [`contracts`] (`schemas/`
+//! files against the registry), [`connectivity`] (whether Kafka answers, and
+//! why not), [`problem`] (the kind of a failure: the CLI's exit code),
+//! [`suggest`] (near names), [`time`] (Kafka's duration and datetime
+//! formats) and [`terminal`] (record text made safe to print).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod connectivity;
+pub mod contracts;
 pub mod dlq;
+pub mod groups;
+pub mod lag;
+pub mod problem;
 pub mod replay;
 pub mod status;
+pub mod suggest;
 pub mod terminal;
 pub mod time;
+pub mod topics;
 pub mod ui;

@@ -836,6 +836,50 @@ pub fn run_kjob(exe: &str, config: &KafkaConfig, args: &[&str]) -> CliOut {
     }
 }
 
+/// Runs the `kjob` CLI binary `exe` with exactly the environment given
+/// (nothing of the stack's is added): for tests of where settings come
+/// from. `stdin` is written to its standard input when given.
+pub fn run_kjob_env(exe: &str, args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> CliOut {
+    let mut cmd = Command::new(exe);
+    cmd.args(args).env_clear().env("USER", "ops-tester");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.stdin(if stdin.is_some() {
+        std::process::Stdio::piped()
+    } else {
+        std::process::Stdio::null()
+    })
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("running kjob");
+    if let (Some(text), Some(mut input)) = (stdin, child.stdin.take()) {
+        input
+            .write_all(text.as_bytes())
+            .expect("writing kjob's stdin");
+    }
+    let out = child.wait_with_output().expect("waiting for kjob");
+    CliOut {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Commits `offsets` (`(partition, offset)`) of `topic` for `group`, as a
+/// worker that got that far would have.
+pub fn commit_offsets(config: &KafkaConfig, group: &str, topic: &str, offsets: &[(i32, i64)]) {
+    use rdkafka::consumer::CommitMode;
+    let c = base_consumer(config, group);
+    let mut tpl = TopicPartitionList::new();
+    for (p, o) in offsets {
+        tpl.add_partition_offset(topic, *p, Offset::Offset(*o))
+            .expect("building the commit");
+    }
+    c.commit(&tpl, CommitMode::Sync)
+        .expect("committing offsets");
+}
+
 /// [`run_kjob`] that must succeed; returns its standard output.
 pub fn kjob_ok(exe: &str, config: &KafkaConfig, args: &[&str]) -> String {
     let o = run_kjob(exe, config, args);

@@ -122,6 +122,7 @@ async fn an_operator_reviews_redrives_and_resolves_dead_letters() {
             "0:5",
             "--reason",
             "customer cancelled",
+            "--execute",
         ],
     );
     let list = ok(&config, &["dlq", "list", "--topic", &topic]);
@@ -183,7 +184,7 @@ async fn an_operator_reviews_redrives_and_resolves_dead_letters() {
     fails(
         &config,
         &["dlq", "show", "--topic", &topic, "0:999"],
-        1,
+        3,
         "no dead letter at 0:999",
     );
     fails(
@@ -195,13 +196,13 @@ async fn an_operator_reviews_redrives_and_resolves_dead_letters() {
     fails(
         &config,
         &["dlq", "list", "--topic", &topic, "--since", "last tuesday"],
-        1,
+        2,
         "--since `last tuesday`",
     );
     fails(
         &config,
         &["dlq", "list", "--topic", &unique("nope")],
-        1,
+        3,
         "does not exist",
     );
     fails(
@@ -219,13 +220,13 @@ async fn an_operator_reviews_redrives_and_resolves_dead_letters() {
     fails(
         &config,
         &["dlq", "resolve", "--topic", &topic, "--reason", "x"],
-        1,
+        2,
         "name the records",
     );
     fails(
         &config,
         &["topics", "create", "--topic", "x", "--tiers", "5 parsecs"],
-        1,
+        2,
         "not a delay",
     );
     let all = ok(&config, &["dlq", "list", "--topic", &topic, "--all"]);
@@ -415,4 +416,147 @@ async fn record_contents_reach_the_terminal_escaped_and_bounded() {
         "{}",
         o.stderr
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_class_lists_the_known_classes() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("dlqclass");
+    ok(
+        &config,
+        &[
+            "topics",
+            "create",
+            "--topic",
+            &topic,
+            "--partitions",
+            "1",
+            "--execute",
+        ],
+    );
+    let dlq = format!("{topic}.dlq");
+    // A class of another writer's, present in the DLQ, is known too.
+    produce_hostile(
+        &config,
+        &dlq,
+        "k",
+        &[("kjob-error-class", "billing.declined")],
+        b"x",
+    );
+    for cmd in ["list", "retry", "resolve"] {
+        let mut args = vec![
+            "dlq",
+            cmd,
+            "--topic",
+            topic.as_str(),
+            "--class",
+            "permanant",
+        ];
+        if cmd == "resolve" {
+            args.extend(["--reason", "r"]);
+        }
+        fails(&config, &args, 2, "unknown error class `permanant`");
+        let o = kjob(&config, &args);
+        for known in [
+            "did you mean `permanent`",
+            "known classes:",
+            "permanent.invalid_input",
+            "decode",
+            "retryable.timeout",
+            "billing.declined",
+        ] {
+            assert!(
+                o.stderr.contains(known),
+                "dlq {cmd}: lacks `{known}`: {}",
+                o.stderr
+            );
+        }
+    }
+    for class in ["permanent", "decode", "billing", "billing.declined"] {
+        ok(
+            &config,
+            &["dlq", "list", "--topic", &topic, "--class", class],
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolve_is_a_dry_run_until_execute_and_limit_bounds_list_and_resolve() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("dlqresolve");
+    ok(
+        &config,
+        &[
+            "topics",
+            "create",
+            "--topic",
+            &topic,
+            "--partitions",
+            "1",
+            "--execute",
+        ],
+    );
+    let dlq = format!("{topic}.dlq");
+    for i in 0..5 {
+        produce_hostile(
+            &config,
+            &dlq,
+            &format!("order-{i}"),
+            &[("kjob-error-class", "permanent.invalid_input")],
+            b"x",
+        );
+    }
+    let args = [
+        "dlq",
+        "resolve",
+        "--topic",
+        topic.as_str(),
+        "--class",
+        "permanent",
+        "--reason",
+        "refunded by hand",
+    ];
+    // The default: a dry run that writes nothing.
+    let dry = ok(&config, &args);
+    assert!(
+        dry.contains("dry run: 5 record(s) would be resolved") && dry.contains("--execute"),
+        "{dry}"
+    );
+    assert_eq!(
+        kjob::topics::partition_counts(&config, &[format!("{dlq}.audit")]).expect("metadata")[0],
+        None,
+        "no audit topic, so nothing was audited"
+    );
+    let list = ok(&config, &["dlq", "list", "--topic", &topic]);
+    assert!(list.contains("5 shown, 5 unresolved"), "{list}");
+    // --limit on resolve: the oldest N, for real with --execute.
+    let mut limited = args.to_vec();
+    limited.extend(["--limit", "2", "--execute"]);
+    let done = ok(&config, &limited);
+    assert!(
+        done.contains("resolved 2 record(s)") && done.contains("5 match"),
+        "{done}"
+    );
+    assert_eq!(read_all(&config, &format!("{dlq}.audit")).len(), 2);
+    let all = ok(&config, &["dlq", "list", "--topic", &topic, "--all"]);
+    assert!(all.contains("resolved by ops-tester"), "{all}");
+    // --limit on list: rows bounded, the count still the whole.
+    let list = ok(&config, &["dlq", "list", "--topic", &topic, "--limit", "1"]);
+    assert!(list.contains("1 shown, 3 unresolved"), "{list}");
+    assert!(
+        list.contains("0:2") && !list.contains("0:3"),
+        "the oldest first: {list}"
+    );
+    let rows: serde_json::Value = serde_json::from_str(&ok(
+        &config,
+        &["dlq", "list", "--topic", &topic, "--limit", "2", "--json"],
+    ))
+    .expect("JSON");
+    assert_eq!(rows.as_array().map(Vec::len), Some(2));
+    // Without --execute, again nothing: 3 stay unresolved.
+    ok(&config, &args);
+    let list = ok(&config, &["dlq", "list", "--topic", &topic]);
+    assert!(list.contains("3 shown, 3 unresolved"), "{list}");
 }

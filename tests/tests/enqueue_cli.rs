@@ -22,10 +22,14 @@ fn ok(config: &KafkaConfig, args: &[&str]) -> String {
 }
 
 fn refused(config: &KafkaConfig, args: &[&str], needles: &[&str]) {
+    fails_with(config, args, 1, needles)
+}
+
+fn fails_with(config: &KafkaConfig, args: &[&str], code: i32, needles: &[&str]) {
     let o = kjob(config, args);
     assert_eq!(
-        o.code, 1,
-        "kjob {args:?} should fail: {}{}",
+        o.code, code,
+        "kjob {args:?} should fail with {code}: {}{}",
         o.stdout, o.stderr
     );
     for n in needles {
@@ -55,16 +59,17 @@ async fn enqueue_encodes_against_the_latest_schema_and_refuses_what_does_not_fit
     let topic = unique("enqueue");
     create_topic(&config, &topic, 2).await;
 
-    // No schema yet: a clear error, nothing written.
-    refused(
+    // No schema yet: a clear error (not found), nothing written.
+    fails_with(
         &config,
         &[
             "enqueue",
             "--topic",
             &topic,
-            "--json",
+            "--data",
             r#"{"key":"a","seq":1,"behaviour":"ok"}"#,
         ],
+        3,
         &["no schema is registered", &format!("{topic}-value")],
     );
     codec
@@ -80,7 +85,7 @@ async fn enqueue_encodes_against_the_latest_schema_and_refuses_what_does_not_fit
             &topic,
             "--key",
             "cust-1",
-            "--json",
+            "--data",
             r#"{"key":"cust-1","seq":7,"behaviour":"ok"}"#,
         ],
     );
@@ -105,7 +110,7 @@ async fn enqueue_encodes_against_the_latest_schema_and_refuses_what_does_not_fit
             "enqueue",
             "--topic",
             &topic,
-            "--json",
+            "--data",
             r#"{"key":"a","seq":"seven","behaviour":"ok"}"#,
         ],
         &["seq", "expected a long", "\"seven\"", "nothing was written"],
@@ -116,7 +121,7 @@ async fn enqueue_encodes_against_the_latest_schema_and_refuses_what_does_not_fit
             "enqueue",
             "--topic",
             &topic,
-            "--json",
+            "--data",
             r#"{"key":"a","behaviour":"ok"}"#,
         ],
         &["seq", "missing"],
@@ -127,7 +132,7 @@ async fn enqueue_encodes_against_the_latest_schema_and_refuses_what_does_not_fit
             "enqueue",
             "--topic",
             &topic,
-            "--json",
+            "--data",
             r#"{"key":"a","seq":1,"behaviour":"ok","colour":"red"}"#,
         ],
         &["colour", "no such field"],
@@ -148,7 +153,7 @@ async fn enqueue_encodes_against_the_latest_schema_and_refuses_what_does_not_fit
             "enqueue",
             "--topic",
             &topic,
-            "--file",
+            "--data-file",
             bad.to_str().unwrap_or_default(),
             "--key-field",
             "key",
@@ -178,7 +183,7 @@ async fn enqueue_encodes_against_the_latest_schema_and_refuses_what_does_not_fit
             "enqueue",
             "--topic",
             &topic,
-            "--file",
+            "--data-file",
             good.to_str().unwrap_or_default(),
             "--key-field",
             "key",
@@ -213,6 +218,7 @@ async fn enqueue_in_runs_the_job_after_the_delay() {
             "--tiers",
             "1s",
             "--delays",
+            "--execute",
         ],
     );
     assert!(created.contains(&format!("{topic}.delay.1d")), "{created}");
@@ -249,7 +255,7 @@ async fn enqueue_in_runs_the_job_after_the_delay() {
             "a",
             "--in",
             "3s",
-            "--json",
+            "--data",
             r#"{"key":"a","seq":1,"behaviour":"ok"}"#,
         ],
     );
@@ -267,8 +273,8 @@ async fn enqueue_in_runs_the_job_after_the_delay() {
     println!("kjob enqueue --in 3s: ran {} ms after due", at - due);
     running.stop().await;
 
-    // Longer than 30 days: refused before anything is written.
-    refused(
+    // Longer than 30 days: a usage error before anything is written.
+    fails_with(
         &config,
         &[
             "enqueue",
@@ -276,9 +282,10 @@ async fn enqueue_in_runs_the_job_after_the_delay() {
             &topic,
             "--in",
             "31days",
-            "--json",
+            "--data",
             r#"{"key":"a","seq":2,"behaviour":"ok"}"#,
         ],
+        2,
         &["30 days"],
     );
 }

@@ -264,7 +264,7 @@ async fn kjob_status_agrees_with_kafkas_consumer_group_command() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| (p[0].as_i64().unwrap(), p[1].as_i64().unwrap()))
+        .map(|p| (p["partition"].as_i64().unwrap(), p["lag"].as_i64().unwrap()))
         .collect();
     let kafkas: HashMap<i64, i64> = kafka_describe_group(&config, &group, &topic)
         .into_iter()

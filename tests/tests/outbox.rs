@@ -643,8 +643,6 @@ async fn broker_down_for_20s_commits_still_succeed_and_the_relay_catches_up() {
         .args([
             "status",
             "--json",
-            "--group",
-            &unique("kjob-tests-nobody"),
             "--topic",
             &fx.topic,
             "--database-url",

@@ -215,7 +215,7 @@ async fn bad_replay_input_is_refused_and_changes_nothing() {
                 &topic,
                 "--to-earliest",
             ],
-            1,
+            3,
             "unknown",
         ),
         (
@@ -226,7 +226,7 @@ async fn bad_replay_input_is_refused_and_changes_nothing() {
                 "no.such.topic.xyz",
                 "--to-earliest",
             ],
-            1,
+            3,
             "does not exist",
         ),
         (
@@ -238,12 +238,12 @@ async fn bad_replay_input_is_refused_and_changes_nothing() {
                 "--to-datetime",
                 &future,
             ],
-            1,
+            2,
             "future",
         ),
         (
             vec!["--group", &group, "--topic", &topic, "--to-offset", "9999"],
-            1,
+            2,
             "beyond the end",
         ),
         (
@@ -255,7 +255,7 @@ async fn bad_replay_input_is_refused_and_changes_nothing() {
                 "--by-duration",
                 "fortnight-ish",
             ],
-            1,
+            2,
             "--by-duration",
         ),
         (
@@ -267,7 +267,7 @@ async fn bad_replay_input_is_refused_and_changes_nothing() {
                 "--to-datetime",
                 "tuesday",
             ],
-            1,
+            2,
             "--to-datetime",
         ),
         (
@@ -280,7 +280,7 @@ async fn bad_replay_input_is_refused_and_changes_nothing() {
                 "7",
                 "--to-earliest",
             ],
-            1,
+            2,
             "partition 7",
         ),
         (vec!["--group", &group, "--topic", &topic], 2, "required"),
@@ -312,5 +312,249 @@ async fn bad_replay_input_is_refused_and_changes_nothing() {
         committed_offsets(&config, &group, &topic, 2),
         before,
         "nothing changed"
+    );
+}
+
+/// `t` (epoch ms) as Kafka's tool writes datetimes: UTC with `Z`, with an
+/// offset, and the local form without one (which Kafka reads as UTC).
+fn datetimes(ms: i64) -> Vec<String> {
+    let utc =
+        humantime::format_rfc3339_millis(SystemTime::UNIX_EPOCH + Duration::from_millis(ms as u64))
+            .to_string(); // 2026-12-01T09:00:00.123Z
+    let local = utc.trim_end_matches('Z').to_string();
+    // The same instant one hour east: +01:00 shows the hour plus one.
+    let plus_one = humantime::format_rfc3339_millis(
+        SystemTime::UNIX_EPOCH + Duration::from_millis(ms as u64 + 3_600_000),
+    )
+    .to_string()
+    .trim_end_matches('Z')
+    .to_string()
+        + "+01:00";
+    vec![utc, local, plus_one]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_takes_kafkas_iso_durations_and_datetimes_with_offsets() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("replay.iso");
+    let group = unique("g");
+    create_topic(&config, &topic, 1).await;
+    for i in 0..4 {
+        produce_raw(&config, &topic, 0, &format!("k{i}"), b"x");
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let cut = kjob::clock::now_ms();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    for i in 4..7 {
+        produce_raw(&config, &topic, 0, &format!("k{i}"), b"x");
+    }
+    commit_offsets(&config, &group, &topic, &[(0, 7)]);
+    // Every form of the cut names the same target: 3 jobs again.
+    for at in datetimes(cut) {
+        let (code, out, err) = kjob(
+            &config,
+            &[
+                "replay",
+                "--group",
+                &group,
+                "--topic",
+                &topic,
+                "--to-datetime",
+                &at,
+            ],
+        );
+        assert_eq!(code, 0, "--to-datetime {at}: {out}{err}");
+        assert!(
+            out.contains("dry run: 3 job(s) would be handled again"),
+            "--to-datetime {at}: {out}"
+        );
+        assert!(
+            out.contains("target time"),
+            "the time it resolved to: {out}"
+        );
+    }
+    // ISO-8601 durations as Java's Duration.parse reads them.
+    for (d, jobs) in [("PT1H", 7), ("P1DT3H", 7), ("PT0.5S", 0), ("1h", 7)] {
+        let (code, out, err) = kjob(
+            &config,
+            &[
+                "replay",
+                "--group",
+                &group,
+                "--topic",
+                &topic,
+                "--by-duration",
+                d,
+                "--json",
+            ],
+        );
+        assert_eq!(code, 0, "--by-duration {d}: {out}{err}");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+        assert_eq!(v["replayed"], jobs, "--by-duration {d}: {v}");
+    }
+    // A negative one points into the future: refused, naming --to-latest.
+    let (code, _, err) = kjob(
+        &config,
+        &[
+            "replay",
+            "--group",
+            &group,
+            "--topic",
+            &topic,
+            "--by-duration",
+            "-PT30M",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--to-latest") && err.contains("future"),
+        "{err}"
+    );
+    let (code, _, err) = kjob(
+        &config,
+        &[
+            "replay",
+            "--group",
+            &group,
+            "--topic",
+            &topic,
+            "--by-duration",
+            "P1Y",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("PT2H"), "names the forms: {err}");
+    assert_eq!(committed_offsets(&config, &group, &topic, 1), vec![Some(7)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_export_writes_kafkas_csv_and_from_file_undoes_the_reset() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("replay.undo");
+    let group = unique("g");
+    create_topic(&config, &topic, 2).await;
+    for i in 0..10 {
+        produce_raw(&config, &topic, i % 2, &format!("k{i}"), b"x");
+    }
+    commit_offsets(&config, &group, &topic, &[(0, 3), (1, 4)]);
+    let file = std::env::temp_dir().join(format!("{}.csv", unique("offsets")));
+    let path = file.to_str().unwrap_or_default();
+    let (code, out, err) = kjob(
+        &config,
+        &[
+            "replay",
+            "--group",
+            &group,
+            "--topic",
+            &topic,
+            "--to-earliest",
+            "--export",
+            path,
+            "--execute",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("--from-file"), "says how to undo: {out}");
+    let csv = std::fs::read_to_string(&file).expect("the export");
+    assert_eq!(csv, format!("{topic},0,3\n{topic},1,4\n"));
+    assert_eq!(
+        committed_offsets(&config, &group, &topic, 2),
+        vec![Some(0), Some(0)]
+    );
+    // Kafka's own tool reads the file (a dry run, so nothing moves).
+    let kafka = std::process::Command::new(repo_root().join("dev"))
+        .args([
+            "kafka-class",
+            "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+            "--bootstrap-server",
+            &config.bootstrap_servers,
+            "--group",
+            &group,
+            "--reset-offsets",
+            "--from-file",
+            path,
+            "--dry-run",
+        ])
+        .output()
+        .expect("running ConsumerGroupCommand");
+    let said = String::from_utf8_lossy(&kafka.stdout);
+    assert!(
+        kafka.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&kafka.stderr)
+    );
+    let mut rows: Vec<(String, String)> = said
+        .lines()
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            (cols.len() >= 4 && cols[1] == topic)
+                .then(|| (cols[2].to_string(), cols[3].to_string()))
+        })
+        .collect();
+    rows.sort();
+    assert_eq!(
+        rows,
+        vec![("0".to_string(), "3".to_string()), ("1".into(), "4".into())],
+        "Kafka's tool plans the same offsets: {said}"
+    );
+    // --from-file: a dry run, then the undo.
+    let (code, out, err) = kjob(&config, &["replay", "--group", &group, "--from-file", path]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("dry run"), "{out}");
+    assert_eq!(
+        committed_offsets(&config, &group, &topic, 2),
+        vec![Some(0), Some(0)]
+    );
+    let (code, out, err) = kjob(
+        &config,
+        &[
+            "replay",
+            "--group",
+            &group,
+            "--from-file",
+            path,
+            "--execute",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        committed_offsets(&config, &group, &topic, 2),
+        vec![Some(3), Some(4)]
+    );
+    // A file kjob cannot use: named, nothing changed.
+    let bad = std::env::temp_dir().join(format!("{}.csv", unique("bad")));
+    std::fs::write(&bad, format!("{topic},0,1\n{topic},zero,1\n")).expect("writing");
+    let (code, _, err) = kjob(
+        &config,
+        &[
+            "replay",
+            "--group",
+            &group,
+            "--from-file",
+            bad.to_str().unwrap_or_default(),
+            "--execute",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("line 2"), "{err}");
+    std::fs::write(&bad, format!("{topic},7,1\n")).expect("writing");
+    let (code, _, err) = kjob(
+        &config,
+        &[
+            "replay",
+            "--group",
+            &group,
+            "--from-file",
+            bad.to_str().unwrap_or_default(),
+            "--execute",
+        ],
+    );
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("partition 7"), "{err}");
+    assert_eq!(
+        committed_offsets(&config, &group, &topic, 2),
+        vec![Some(3), Some(4)]
     );
 }

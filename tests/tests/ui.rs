@@ -20,9 +20,9 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::Message;
 
-use kjob::dlq::store::{Coordinates, DlqReader};
 use kjob::{KafkaConfig, Producer, WorkerStats};
 use kjob_integration_tests::*;
+use kjob_ops::dlq::store::{Coordinates, DlqReader};
 
 /// A child process (chromedriver, a dashboard) killed when the test ends,
 /// however it ends.

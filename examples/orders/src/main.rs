@@ -304,8 +304,9 @@ async fn main() -> anyhow::Result<()> {
         ));
         if done >= enqueued {
             let (cfg, group, t) = (config.clone(), args.group.clone(), lag_topics.clone());
-            let lag = tokio::task::spawn_blocking(move || kjob::lag::group_lag(&cfg, &group, &t))
-                .await??;
+            let lag =
+                tokio::task::spawn_blocking(move || kjob_ops::lag::group_lag(&cfg, &group, &t))
+                    .await??;
             if lag.iter().all(|p| p.lag() == 0) {
                 break lag;
             }

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kjob::replay::{apply, plan, ReplayTarget};
 use kjob::{Job, JobContext, JobError, KafkaConfig, Producer, Worker};
+use kjob_ops::replay::{apply, plan, ReplayTarget};
 use serde::{Deserialize, Serialize};
 
 /// Rebuild one entity's read model (`seq` counts the jobs).

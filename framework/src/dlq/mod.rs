@@ -1,6 +1,4 @@
-//! Dead-lettering: moving a failed record to `<topic>.dlq` with full context,
-//! and the operator side: reading ([`store`]), re-driving and resolving
-//! ([`redrive`]) dead letters without ever losing one.
+//! Dead-lettering: moving a failed record to `<topic>.dlq` with full context.
 //!
 //! The payload and key travel byte-for-byte (so a record that failed to
 //! decode is preserved exactly as it arrived), and the headers are rebuilt
@@ -8,9 +6,10 @@
 //! the original record. The source offset is released only after the broker
 //! acknowledged the DLQ write: a crash in between yields a duplicate in the
 //! DLQ, never a lost job.
-
-pub mod redrive;
-pub mod store;
+//!
+//! The operator side (reading a DLQ and its audit trail, re-driving and
+//! resolving dead letters) is in `kjob-ops` (`kjob_ops::dlq`): a worker only
+//! writes dead letters.
 
 use rdkafka::message::Message;
 
@@ -46,6 +45,10 @@ pub fn forward_headers<M: Message>(
     }
     h
 }
+
+/// Header naming the dead letter a re-driven record came from
+/// (`<topic>.dlq:<partition>:<offset>`), written by `kjob dlq retry`.
+pub const REDRIVEN_FROM: &str = "kjob-redriven-from";
 
 /// Header on a dead-letter envelope: the payload is not in this record,
 /// and where the original can still be read (`<size> bytes at

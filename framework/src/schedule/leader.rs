@@ -58,7 +58,7 @@ pub struct ScheduleState {
 pub fn read_states(config: &KafkaConfig, group: &str) -> Result<HashMap<String, ScheduleState>> {
     let mut out = HashMap::new();
     let topic = state_topic(group);
-    let Some(records) = crate::dlq::store::snapshot(config, &topic)? else {
+    let Some(records) = crate::topics::read_topic(config, &topic)? else {
         return Ok(out);
     };
     for m in records {

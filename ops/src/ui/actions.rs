@@ -14,7 +14,7 @@ use axum::Form;
 use maud::{html, Markup};
 use serde::Deserialize;
 
-use kjob::dlq::store::Coordinates;
+use crate::dlq::store::Coordinates;
 
 use super::assets::layout;
 use super::auth::check_csrf;

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use maud::html;
 use serde::Deserialize;
 
-use kjob::dlq::store::Coordinates;
+use crate::dlq::store::Coordinates;
 
 use super::actions::{redrive_form, resolve_form};
 use super::assets::layout;

@@ -152,7 +152,12 @@ impl Dashboard {
             .with_context(|| format!("binding {listen}"))?;
         let addr = listener.local_addr()?;
         // The token is not printed: whoever started the dashboard knows it.
-        println!("kjob ui: http://{addr}/ ({mode})");
+        // Where to point the browser; a closed stdout must not stop the
+        // dashboard (nor panic as `println!` would).
+        {
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stdout(), "kjob ui: http://{addr}/ ({mode})");
+        }
         axum::serve(listener, app)
             .with_graceful_shutdown(stop)
             .await

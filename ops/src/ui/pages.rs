@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use maud::{html, Markup, DOCTYPE};
 
-use kjob::groups::GroupMember;
+use crate::groups::GroupMember;
 
 use super::assets::layout;
 use super::sampler::{Point, RouteView};
@@ -166,9 +166,9 @@ fn route_card(v: &RouteView) -> Markup {
                         @for t in &s.topics {
                             tr {
                                 td.mono { (t.topic) } td { (t.role) } td.num { (t.partitions) }
-                                td.num.lag data-topic=(t.topic) { (t.lag) }
-                                td.num { (format!("{:.1}s", t.oldest_pending_seconds)) }
-                                td.num { (format!("{:.1}", t.handled_per_second)) }
+                                td.num.lag data-topic=(t.topic) { (t.lag.map_or("-".to_string(), |l| l.to_string())) }
+                                td.num { (t.oldest_pending_seconds.map_or("-".to_string(), |s| format!("{s:.1}s"))) }
+                                td.num { (t.handled_per_second.map_or("-".to_string(), |h| format!("{h:.1}"))) }
                             }
                         }
                     }

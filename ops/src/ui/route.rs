@@ -77,9 +77,9 @@ pub async fn route(State(state): State<Shared>, Query(q): Query<RouteQuery>) -> 
                     table {
                         thead { tr { th { "tier" } th.num { "jobs waiting" } th { "next due" } } }
                         tbody {
-                            @for t in s.topics.iter().filter(|t| t.role != "main") {
+                            @for t in s.topics.iter().filter(|t| t.role == "retry tier") {
                                 tr {
-                                    td.mono { (t.topic) } td.num { (t.lag) }
+                                    td.mono { (t.topic) } td.num { (t.lag.unwrap_or(0)) }
                                     td { @match t.next_due_ms {
                                         Some(ms) => { (format_ms(Some(ms))) " (" (if ms > now { format!("in {:.0}s", (ms - now) as f64 / 1000.0) } else { "now".into() }) ")" }
                                         None => { "-" }

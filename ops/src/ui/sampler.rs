@@ -2,8 +2,8 @@
 //! through the same `status` functions `kjob status` uses, keeping the
 //! last minutes of history for the sparklines and the lag chart.
 
-use kjob::groups::{describe_groups, Group, GroupMember};
-use kjob::lag::PartitionLag;
+use crate::groups::{describe_groups, Group, GroupMember};
+use crate::lag::PartitionLag;
 use kjob::retry::parse_delay;
 use kjob::topics::list_topics;
 use std::collections::{HashMap, VecDeque};
@@ -161,18 +161,22 @@ fn tick(
                 view.members.clear();
             }
         }
-        let topics = route_topics(&key.topic, &all_topics);
-        let read = sample(config, &key.group, &topics).and_then(|now| {
+        let topics = route_topics(&key.topic, Some(&key.group), &all_topics);
+        let read = sample(config, Some(&key.group), &topics).and_then(|now| {
             let first = previous.get(key).unwrap_or(&now);
-            let status = status_between(config, &key.group, first, &now)?;
+            let status = status_between(config, Some(&key.group), first, &now)?;
             Ok((now, status))
         });
         match read {
             Ok((now, status)) => {
                 view.history.push_back(Point {
                     at_ms: kjob::dlq::now_ms(),
-                    lag: status.topics.iter().map(|t| t.lag).sum(),
-                    handled: status.topics.iter().map(|t| t.handled_per_second).sum(),
+                    lag: status.topics.iter().filter_map(|t| t.lag).sum(),
+                    handled: status
+                        .topics
+                        .iter()
+                        .filter_map(|t| t.handled_per_second)
+                        .sum(),
                     retried: status.retried_per_second,
                     dead_lettered: status.dead_lettered_per_second,
                 });

@@ -1,6 +1,13 @@
 //! Dead letters as data: which records a selection picks, one record in
 //! full (payload decoded through the registry), and the audited re-drive
 //! and resolve. `kjob dlq` prints these; the dashboard renders them.
+//!
+//! Underneath: [`store`] reads a DLQ and its audit trail, [`redrive`](mod@redrive)
+//! writes re-drives and audit entries. Writing dead letters is the
+//! worker's, in kjob ([`kjob::dlq`]).
+
+pub mod redrive;
+pub mod store;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,13 +16,14 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Result};
 use serde::Deserialize;
 
+use crate::problem::Problem;
 use crate::terminal::{for_terminal, CELL_WIDTH};
 use crate::time::{format_ms, parse_time};
 use kjob::codec::Codec;
 use kjob::config::KafkaConfig;
-use kjob::dlq::redrive::{redrive, resolve, target_topic, AuditLog, RedriveTarget};
-use kjob::dlq::store::{AuditEntry, Coordinates, DeadLetter, DlqReader, Filter};
 use kjob::producer::Producer;
+use redrive::{redrive, resolve, target_topic, AuditLog, RedriveTarget};
+use store::{AuditEntry, Coordinates, DeadLetter, DlqReader, Filter};
 
 /// Which DLQ and which records: the CLI's flags and the dashboard's form
 /// fields (empty fields count as absent).
@@ -147,7 +155,12 @@ fn pick(
             continue;
         }
         match by_at.remove(c) {
-            None => bail!("no dead letter at {c} in `{dlq}` (or it does not match the filters)"),
+            None => {
+                return Err(Problem::not_found(format!(
+                    "no dead letter at {c} in `{dlq}` (or it does not match the filters)"
+                ))
+                .into())
+            }
             // The audit entry is a record anyone with write access to the
             // audit topic chose; the message reaches terminals and pages.
             Some((_, Some(a))) => bail!(
@@ -164,14 +177,146 @@ fn pick(
 
 /// Dead letters passing `select`, each with its audit entry (unresolved
 /// only unless `all`): `kjob dlq list` and the dashboard's DLQ browser.
+/// An unknown `--class` is an error listing the known ones; a missing DLQ
+/// an error naming the command that creates it.
 pub async fn list(
     config: &KafkaConfig,
     select: &Select,
     all: bool,
 ) -> Result<Vec<(DeadLetter, Option<AuditEntry>)>> {
     let filter = select.filter()?;
-    let reader = DlqReader::new(config, &select.topic);
-    blocking(move || reader.list(&filter, all)).await
+    let rows = read_rows(config, &select.topic, true).await?;
+    check_class(select.class.as_deref(), &rows)?;
+    Ok(rows
+        .into_iter()
+        .filter(|(d, a)| filter.matches(d) && (all || a.is_none()))
+        .collect())
+}
+
+/// Every dead letter of the DLQ of `topic` with its audit entry (all of
+/// them with `include_audited`), or the error of a missing DLQ that says
+/// what to do (see [`missing_dlq`]).
+async fn read_rows(
+    config: &KafkaConfig,
+    topic: &str,
+    include_audited: bool,
+) -> Result<Vec<(DeadLetter, Option<AuditEntry>)>> {
+    let reader = DlqReader::new(config, topic);
+    let main = reader.main_topic().to_string();
+    match blocking(move || reader.list(&Filter::default(), include_audited)).await {
+        Err(e)
+            if matches!(
+                e.downcast_ref::<kjob::Error>(),
+                Some(kjob::Error::MissingTopic { .. })
+            ) =>
+        {
+            Err(missing_dlq(config, &main).await)
+        }
+        other => other,
+    }
+}
+
+/// The error for a route whose DLQ does not exist: when the main topic
+/// exists, the command that creates just the DLQ with the main topic's
+/// partition count (what a worker would create); when it does not either,
+/// the names near `main`.
+pub async fn missing_dlq(config: &KafkaConfig, main: &str) -> anyhow::Error {
+    let dlq = kjob::topics::dlq_topic(main);
+    let (cfg, m) = (config.clone(), main.to_string());
+    let looked =
+        tokio::task::spawn_blocking(move || -> kjob::Result<(Option<usize>, Vec<String>)> {
+            let parts = kjob::topics::partition_counts(&cfg, &[m])?.pop().flatten();
+            let all = if parts.is_none() {
+                kjob::topics::list_topics(&cfg)?
+            } else {
+                Vec::new()
+            };
+            Ok((parts, all))
+        })
+        .await;
+    let (parts, all) = match looked {
+        Ok(Ok(found)) => found,
+        Ok(Err(e)) => return e.into(),
+        Err(e) => return anyhow!("background task: {e}"),
+    };
+    match parts {
+        Some(n) => Problem::not_found(format!(
+            "`{dlq}` (the DLQ of `{main}`) does not exist on {}: nothing was dead-lettered there yet, or the route's workers may not create topics (a worker creates its DLQ at start); create it with `kjob topics create --topic {main} --partitions {n} --tiers none --execute` (the main topic is left alone)",
+            config.bootstrap_servers
+        ))
+        .into(),
+        None => {
+            let candidates = all
+                .iter()
+                .map(String::as_str)
+                .filter(|t| !t.starts_with("__") && kjob::topics::route_of(t) == *t);
+            Problem::not_found(format!(
+                "topic `{main}` does not exist on {} (nor its DLQ `{dlq}`){}; check --topic",
+                config.bootstrap_servers,
+                crate::suggest::did_you_mean(main, candidates)
+            ))
+            .into()
+        }
+    }
+}
+
+/// Every error class kjob writes, and their families (`permanent`,
+/// `decode`, ...): what `--class` may name, besides the classes found in
+/// the DLQ itself (another writer's).
+pub fn known_classes() -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for c in kjob::ErrorClass::ALL {
+        let name = c.as_str();
+        if let Some((family, _)) = name.split_once('.') {
+            out.push(family.to_string());
+        }
+        out.push(name.to_string());
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Refuses a `--class` that is neither a known class or family nor a class
+/// (or family) of a record in the DLQ, listing the known ones.
+fn check_class(class: Option<&str>, rows: &[(DeadLetter, Option<AuditEntry>)]) -> Result<()> {
+    let Some(wanted) = class else {
+        return Ok(());
+    };
+    let mut known = known_classes();
+    for (d, _) in rows {
+        if let Some(c) = d.headers.error_class.as_deref() {
+            let mut prefix = String::new();
+            for part in c.split('.') {
+                if !prefix.is_empty() {
+                    prefix.push('.');
+                }
+                prefix.push_str(part);
+                known.push(prefix.clone());
+            }
+        }
+    }
+    known.sort();
+    known.dedup();
+    if known.iter().any(|k| k == wanted) {
+        return Ok(());
+    }
+    let shown: Vec<String> = known.iter().map(|k| for_terminal(k, CELL_WIDTH)).collect();
+    let near: Vec<String> = crate::suggest::near(wanted, known.iter().map(String::as_str))
+        .iter()
+        .map(|n| format!("`{}`", for_terminal(n, CELL_WIDTH)))
+        .collect();
+    let hint = if near.is_empty() {
+        String::new()
+    } else {
+        format!(" (did you mean {}?)", near.join(" or "))
+    };
+    Err(Problem::usage(format!(
+        "unknown error class `{}`{hint}; known classes: {}",
+        for_terminal(wanted, CELL_WIDTH),
+        shown.join(", ")
+    ))
+    .into())
 }
 
 /// One dead letter in full, as `kjob dlq show` prints it: coordinates, key,
@@ -182,7 +327,7 @@ pub async fn show(config: &KafkaConfig, topic: &str, at: Coordinates) -> Result<
     let dlq = format!("{}.dlq", reader.main_topic());
     let (letters, audit) = blocking(move || Ok((reader.dead_letters()?, reader.audit()?))).await?;
     let Some(d) = letters.into_iter().find(|d| d.at == at) else {
-        bail!("no dead letter at {at} in `{dlq}`");
+        return Err(Problem::not_found(format!("no dead letter at {at} in `{dlq}`")).into());
     };
     let codec = Codec::from_config(config)?;
     let payload = match (&d.payload, omitted_payload(&d)) {
@@ -191,7 +336,7 @@ pub async fn show(config: &KafkaConfig, topic: &str, at: Coordinates) -> Result<
         }),
         // A job enqueued from SQL that did not fit its contract: the JSON as
         // the application wrote it (`kjob dlq retry` encodes it first).
-        (Some(bytes), None) if kjob::dlq::redrive::is_json(&d) => {
+        (Some(bytes), None) if redrive::is_json(&d) => {
             match serde_json::from_slice::<serde_json::Value>(bytes) {
                 Ok(v) => v,
                 Err(e) => undecodable(&format!("marked JSON but does not parse: {e}"), Some(bytes)),
@@ -219,7 +364,7 @@ pub async fn show(config: &KafkaConfig, topic: &str, at: Coordinates) -> Result<
         "key": d.key,
         "failed_at": format_ms(d.timestamp_ms),
         "headers": headers,
-        "payload_format": if kjob::dlq::redrive::is_json(&d) { "json" } else { "avro" },
+        "payload_format": if redrive::is_json(&d) { "json" } else { "avro" },
         "payload": payload,
         "audit": audit.get(&at),
     }))
@@ -245,10 +390,16 @@ pub async fn plan_redrive(
     to: Target,
 ) -> Result<RedrivePlan> {
     let filter = select.filter()?;
-    let reader = DlqReader::new(config, &select.topic);
-    let main = reader.main_topic().to_string();
+    let main = DlqReader::new(config, &select.topic)
+        .main_topic()
+        .to_string();
     let dlq = format!("{main}.dlq");
-    let rows = blocking(move || reader.list(&filter, true)).await?;
+    let rows = read_rows(config, &select.topic, true).await?;
+    check_class(select.class.as_deref(), &rows)?;
+    let rows = rows
+        .into_iter()
+        .filter(|(d, _)| filter.matches(d))
+        .collect();
     let picked = pick(rows, at, &dlq)?;
     let target = match to {
         Target::Retry => RedriveTarget::FirstTier,
@@ -294,9 +445,85 @@ pub async fn execute_redrive(
     Ok(done)
 }
 
+/// What a resolve would close: the dry run.
+#[derive(Debug, Clone)]
+pub struct ResolvePlan {
+    /// The route's main topic.
+    pub main: String,
+    /// The DLQ topic.
+    pub dlq: String,
+    /// The unresolved dead letters picked (at most the limit).
+    pub picked: Vec<DeadLetter>,
+    /// How many matched before the limit.
+    pub matched: usize,
+}
+
+/// Picks the unresolved records to resolve (`at`, or all passing `select`,
+/// which then must filter something), the first `limit` of them when
+/// given. Nothing is written.
+pub async fn plan_resolve(
+    config: &KafkaConfig,
+    select: &Select,
+    at: &[Coordinates],
+    limit: Option<usize>,
+) -> Result<ResolvePlan> {
+    let filter = select.filter()?;
+    let no_filter = select.job.is_none()
+        && select.class.is_none()
+        && select.since.is_none()
+        && select.until.is_none();
+    if at.is_empty() && no_filter {
+        return Err(Problem::usage(
+            "name the records (partition:offset) or give a filter (--job, --class, --since, --until)",
+        )
+        .into());
+    }
+    let main = DlqReader::new(config, &select.topic)
+        .main_topic()
+        .to_string();
+    let dlq = format!("{main}.dlq");
+    let rows = read_rows(config, &select.topic, true).await?;
+    check_class(select.class.as_deref(), &rows)?;
+    let rows = rows
+        .into_iter()
+        .filter(|(d, _)| filter.matches(d))
+        .collect();
+    let mut picked = pick(rows, at, &dlq)?;
+    let matched = picked.len();
+    if let Some(n) = limit {
+        picked.truncate(n);
+    }
+    Ok(ResolvePlan {
+        main,
+        dlq,
+        picked,
+        matched,
+    })
+}
+
+/// Resolves the plan's records with a required `reason`, audited as
+/// `resolved` by `by`. Returns the count.
+pub async fn execute_resolve(
+    config: &KafkaConfig,
+    plan: &ResolvePlan,
+    reason: &str,
+    by: &str,
+) -> Result<usize> {
+    if reason.trim().is_empty() {
+        return Err(Problem::usage("--reason must say why the records need no re-drive").into());
+    }
+    let producer = Producer::new(config)?;
+    let audit = AuditLog::open(config, producer, &plan.main).await?;
+    for d in &plan.picked {
+        resolve(&audit, d.at, by, reason).await?;
+    }
+    Ok(plan.picked.len())
+}
+
 /// Resolves the unresolved records (`at`, or all passing `select`, which
 /// then must filter something) with a required `reason`, audited as
-/// `resolved` by `by`. Returns the DLQ topic and the count.
+/// `resolved` by `by`: [`plan_resolve`] then [`execute_resolve`], as the
+/// dashboard's button does. Returns the DLQ topic and the count.
 pub async fn resolve_records(
     config: &KafkaConfig,
     select: &Select,
@@ -305,25 +532,9 @@ pub async fn resolve_records(
     by: &str,
 ) -> Result<(String, usize)> {
     if reason.trim().is_empty() {
-        bail!("--reason must say why the records need no re-drive");
+        return Err(Problem::usage("--reason must say why the records need no re-drive").into());
     }
-    let filter = select.filter()?;
-    let no_filter = select.job.is_none()
-        && select.class.is_none()
-        && select.since.is_none()
-        && select.until.is_none();
-    if at.is_empty() && no_filter {
-        bail!("name the records (partition:offset) or give a filter (--job, --class, --since, --until)");
-    }
-    let reader = DlqReader::new(config, &select.topic);
-    let main = reader.main_topic().to_string();
-    let dlq = format!("{main}.dlq");
-    let rows = blocking(move || reader.list(&filter, true)).await?;
-    let picked = pick(rows, at, &dlq)?;
-    let producer = Producer::new(config)?;
-    let audit = AuditLog::open(config, producer, &main).await?;
-    for d in &picked {
-        resolve(&audit, d.at, by, reason).await?;
-    }
-    Ok((dlq, picked.len()))
+    let plan = plan_resolve(config, select, at, None).await?;
+    let n = execute_resolve(config, &plan, reason, by).await?;
+    Ok((plan.dlq, n))
 }

@@ -21,18 +21,13 @@
 use rdkafka::message::OwnedHeaders;
 
 use super::store::{AuditEntry, Coordinates, DeadLetter};
-use crate::config::KafkaConfig;
-use crate::dlq::now_ms;
-use crate::error::{Error, Result};
-use crate::headers::{self, JobHeaders};
-use crate::producer::Producer;
-use crate::retry::discover_tiers;
-use crate::topics::{
-    create_topics_with, dlq_audit_topic, dlq_topic, list_topics, partition_counts,
-};
-
-/// Header naming the dead letter a re-driven record came from.
-pub const REDRIVEN_FROM: &str = "kjob-redriven-from";
+use kjob::config::KafkaConfig;
+use kjob::dlq::{now_ms, REDRIVEN_FROM};
+use kjob::error::{Error, Result};
+use kjob::headers::{self, JobHeaders};
+use kjob::producer::Producer;
+use kjob::retry::discover_tiers;
+use kjob::topics::{create_topics_with, dlq_audit_topic, dlq_topic, list_topics, partition_counts};
 
 /// Where a re-drive sends dead letters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

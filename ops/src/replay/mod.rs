@@ -19,15 +19,20 @@
 //! Everything here is blocking (admin round trips); call it from
 //! `spawn_blocking` in async code.
 
+pub mod offsets_file;
+mod target;
+
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::config::KafkaConfig;
-use crate::dlq::now_ms;
-use crate::error::{Error, Result};
 use crate::lag::{group_lag, PartitionLag};
+use kjob::clock::now_ms;
+use kjob::config::KafkaConfig;
+use kjob::error::{Error, Result};
+
+pub use target::{plan_rows, target_from, TargetSpec};
 
 /// Where to move the committed offsets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

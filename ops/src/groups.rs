@@ -19,8 +19,8 @@ use rdkafka::admin::AdminClient;
 use rdkafka::bindings as rd;
 use rdkafka::client::DefaultClientContext;
 
-use crate::config::KafkaConfig;
-use crate::error::{Error, Result};
+use kjob::config::KafkaConfig;
+use kjob::error::{Error, Result};
 
 /// One member of a consumer group.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -89,6 +89,92 @@ pub fn describe_groups(config: &KafkaConfig, only: Option<&str>) -> Result<Vec<G
         return Ok(Vec::new());
     }
     describe(&admin, &names)
+}
+
+/// The name of every consumer group the cluster knows, sorted: what a
+/// mistyped `--group` is compared with. Blocking.
+pub fn group_names(config: &KafkaConfig) -> Result<Vec<String>> {
+    let admin: AdminClient<DefaultClientContext> = config
+        .client_config(&[])
+        .create()
+        .map_err(|e| Error::kafka("creating the group reader", e))?;
+    let mut names = list_groups(&admin)?;
+    names.sort();
+    Ok(names)
+}
+
+/// The topics on which `group` has committed offsets (what
+/// `kafka-consumer-groups --describe` shows for a group without members),
+/// sorted. Blocking.
+pub fn committed_topics(config: &KafkaConfig, group: &str) -> Result<Vec<String>> {
+    let admin: AdminClient<DefaultClientContext> = config
+        .client_config(&[])
+        .create()
+        .map_err(|e| Error::kafka("creating the group reader", e))?;
+    let name = CString::new(group).map_err(|_| Error::InvalidSetting {
+        name: "group".into(),
+        value: group.to_string(),
+        reason: "a group id cannot contain a NUL byte".into(),
+    })?;
+    // SAFETY: `name` outlives the call (librdkafka copies it); a null
+    // partition list asks for every committed partition.
+    let request_ptr =
+        unsafe { rd::rd_kafka_ListConsumerGroupOffsets_new(name.as_ptr(), std::ptr::null()) };
+    let owned = Owned {
+        ptr: request_ptr,
+        free: rd::rd_kafka_ListConsumerGroupOffsets_destroy,
+    };
+    let mut requests = [owned.ptr];
+    let event = request(
+        &admin,
+        rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_LISTCONSUMERGROUPOFFSETS,
+        "listing a group's committed offsets",
+        // SAFETY: `requests` holds one live request, alive until this call
+        // returns (librdkafka copies it).
+        |rk, options, queue| unsafe {
+            rd::rd_kafka_ListConsumerGroupOffsets(rk, requests.as_mut_ptr(), 1, options, queue)
+        },
+    )?;
+    let mut topics = std::collections::BTreeSet::new();
+    // SAFETY: `event` is a ListConsumerGroupOffsets result; the group
+    // results, their partition lists and strings live as long as `event`.
+    unsafe {
+        let result = rd::rd_kafka_event_ListConsumerGroupOffsets_result(event.ptr);
+        if result.is_null() {
+            return Ok(Vec::new());
+        }
+        let mut n = 0usize;
+        let groups = rd::rd_kafka_ListConsumerGroupOffsets_result_groups(result, &mut n);
+        for i in 0..n {
+            let g = *groups.add(i);
+            let error = rd::rd_kafka_group_result_error(g);
+            if !error.is_null() {
+                let code = rd::rd_kafka_error_code(error);
+                if code == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_GROUP_ID_NOT_FOUND {
+                    continue;
+                }
+                return Err(admin_error(
+                    format!(
+                        "listing the committed offsets of group `{group}`: {}",
+                        text(rd::rd_kafka_error_string(error))
+                    ),
+                    code,
+                ));
+            }
+            let list = rd::rd_kafka_group_result_partitions(g);
+            if list.is_null() {
+                continue;
+            }
+            let cnt = usize::try_from((*list).cnt).unwrap_or(0);
+            for j in 0..cnt {
+                let tp = &*(*list).elems.add(j);
+                if tp.offset >= 0 {
+                    topics.insert(text(tp.topic));
+                }
+            }
+        }
+    }
+    Ok(topics.into_iter().collect())
 }
 
 /// Owns a librdkafka handle and frees it on drop.

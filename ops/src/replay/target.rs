@@ -1,11 +1,12 @@
 //! Replay plans as data: the target an operator asked for, checked, and
 //! the dry-run rows. `kjob replay` prints them; the dashboard renders them.
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::Result;
 
-use crate::time::parse_time;
+use super::{plan, ReplayRow, ReplayTarget};
+use crate::problem::Problem;
+use crate::time::{parse_datetime_flag, parse_duration_flag};
 use kjob::config::KafkaConfig;
-use kjob::replay::{plan, ReplayRow, ReplayTarget};
 use kjob::retry::discover_tiers;
 use kjob::topics::list_topics;
 
@@ -25,19 +26,35 @@ pub struct TargetSpec<'a> {
     pub to_earliest: bool,
 }
 
-/// Validates and converts a [`TargetSpec`]; errors name the flag.
+/// Validates and converts a [`TargetSpec`]; errors name the flag. The
+/// formats are Kafka's (see [`crate::time`]): `--by-duration PT2H`,
+/// `--to-datetime 2026-12-01T09:00:00+01:00`. A negative duration (Java's
+/// `Duration.parse` reads `-PT30M`) points into the future, where nothing
+/// was written yet; Kafka's tool resets to the log end there, kjob refuses
+/// and names `--to-latest`, which says so.
 pub fn target_from(spec: &TargetSpec<'_>) -> Result<ReplayTarget> {
     if let Some(t) = spec.to_datetime {
-        return Ok(ReplayTarget::ToDatetime(parse_absolute(t)?));
+        return Ok(ReplayTarget::ToDatetime(parse_datetime_flag(
+            "--to-datetime",
+            t,
+        )?));
     }
     if let Some(d) = spec.by_duration {
-        let d = humantime::parse_duration(d)
-            .map_err(|e| anyhow!("--by-duration `{d}` is not a duration like 2h or 30m: {e}"))?;
-        return Ok(ReplayTarget::ByDuration(d));
+        let ms = parse_duration_flag("--by-duration", d)?;
+        if ms < 0 {
+            return Err(Problem::usage(format!(
+                "--by-duration `{d}` is negative: it points {} into the future, where nothing was written yet; to skip everything pending use --to-latest",
+                humantime::format_duration(std::time::Duration::from_millis(ms.unsigned_abs()))
+            ))
+            .into());
+        }
+        return Ok(ReplayTarget::ByDuration(std::time::Duration::from_millis(
+            ms.unsigned_abs(),
+        )));
     }
     if let Some(o) = spec.to_offset {
         if o < 0 {
-            bail!("--to-offset must be 0 or more, got {o}");
+            return Err(Problem::usage(format!("--to-offset must be 0 or more, got {o}")).into());
         }
         return Ok(ReplayTarget::ToOffset(o));
     }
@@ -69,11 +86,4 @@ pub fn plan_rows(
         );
     }
     Ok(plan(config, group, &topics, partitions, target)?)
-}
-
-fn parse_absolute(s: &str) -> Result<i64> {
-    if humantime::parse_rfc3339_weak(s).is_err() {
-        bail!("--to-datetime `{s}` is not a date-time like 2026-11-29T10:00:00");
-    }
-    parse_time("--to-datetime", s)
 }

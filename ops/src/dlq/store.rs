@@ -9,17 +9,16 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::message::Message;
 use serde::{Deserialize, Serialize};
 
-use crate::config::KafkaConfig;
-use crate::error::{Error, Result};
-use crate::headers::JobHeaders;
-use crate::topics::{dlq_audit_topic, dlq_topic, partition_counts};
+use kjob::config::KafkaConfig;
+use kjob::error::{Error, Result};
+use kjob::headers::JobHeaders;
+use kjob::topics::{dlq_audit_topic, dlq_topic, partition_counts, read_topic, read_topic_tail};
 
 /// The coordinates of a dead letter inside its DLQ topic: `partition:offset`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -37,9 +36,9 @@ impl fmt::Display for Coordinates {
 }
 
 impl FromStr for Coordinates {
-    type Err = crate::Error;
-    fn from_str(s: &str) -> std::result::Result<Self, crate::Error> {
-        let invalid = |reason: String| crate::Error::InvalidSetting {
+    type Err = kjob::Error;
+    fn from_str(s: &str) -> std::result::Result<Self, kjob::Error> {
+        let invalid = |reason: String| kjob::Error::InvalidSetting {
             name: "dead-letter coordinates".into(),
             value: s.to_string(),
             reason,
@@ -127,6 +126,44 @@ impl Filter {
     }
 }
 
+/// What [`DlqReader::count`] counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DlqCount {
+    /// Dead letters stored.
+    pub stored: i64,
+    /// Stored dead letters without an audit entry.
+    pub unresolved: usize,
+    /// False when the audit trail holds more entries than were read, so
+    /// `unresolved` is an upper bound.
+    pub exact: bool,
+}
+
+/// `(partition, low, high)` of every partition of `topic`; `None` if it
+/// does not exist.
+fn watermarks(config: &KafkaConfig, topic: &str) -> Result<Option<Vec<(i32, i64, i64)>>> {
+    let Some(parts) = partition_counts(config, &[topic.to_string()])?
+        .pop()
+        .flatten()
+    else {
+        return Ok(None);
+    };
+    let consumer: BaseConsumer = config
+        .client_config(&[
+            ("group.id", "kjob-cli-reader"),
+            ("enable.auto.commit", "false"),
+        ])
+        .create()
+        .map_err(|e| Error::kafka("creating reader", e))?;
+    let mut out = Vec::with_capacity(parts);
+    for p in 0..parts as i32 {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .map_err(|e| Error::kafka(format!("watermarks of {topic}:{p}"), e))?;
+        out.push((p, low, high));
+    }
+    Ok(Some(out))
+}
+
 /// Reads the DLQ of one main topic and its audit trail. Blocking.
 pub struct DlqReader {
     config: KafkaConfig,
@@ -153,7 +190,7 @@ impl DlqReader {
     /// A missing DLQ topic is an error naming it.
     pub fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
         let topic = dlq_topic(&self.main);
-        let records = snapshot(&self.config, &topic)?.ok_or_else(|| Error::MissingTopic {
+        let records = read_topic(&self.config, &topic)?.ok_or_else(|| Error::MissingTopic {
             topic: topic.clone(),
             bootstrap: self.config.bootstrap_servers.clone(),
         })?;
@@ -176,7 +213,7 @@ impl DlqReader {
     /// re-driven or resolved).
     pub fn audit(&self) -> Result<HashMap<Coordinates, AuditEntry>> {
         let mut out = HashMap::new();
-        let Some(records) = snapshot(&self.config, &dlq_audit_topic(&self.main))? else {
+        let Some(records) = read_topic(&self.config, &dlq_audit_topic(&self.main))? else {
             return Ok(out);
         };
         for m in records {
@@ -190,6 +227,50 @@ impl DlqReader {
             }
         }
         Ok(out)
+    }
+
+    /// How many dead letters are stored and unresolved, without reading
+    /// them: the stored count from the DLQ's watermarks, the resolved ones
+    /// from at most the last `max_audit` audit entries per partition (a
+    /// bounded read for a view refreshed every second). `None` if the DLQ
+    /// does not exist. Blocking.
+    pub fn count(&self, max_audit: i64) -> Result<Option<DlqCount>> {
+        let Some(dlq) = watermarks(&self.config, &dlq_topic(&self.main))? else {
+            return Ok(None);
+        };
+        let stored = dlq.iter().map(|(_, low, high)| high - low).sum();
+        let audit_topic = dlq_audit_topic(&self.main);
+        let audit_stored: i64 = watermarks(&self.config, &audit_topic)?
+            .unwrap_or_default()
+            .iter()
+            .map(|(_, low, high)| high - low)
+            .max()
+            .unwrap_or(0);
+        let records =
+            read_topic_tail(&self.config, &audit_topic, Some(max_audit))?.unwrap_or_default();
+        let mut audited = std::collections::HashSet::new();
+        for m in &records {
+            let Some(c) = m
+                .key()
+                .and_then(|k| std::str::from_utf8(k).ok())
+                .and_then(|k| k.parse::<Coordinates>().ok())
+            else {
+                continue;
+            };
+            let stored_now = dlq
+                .iter()
+                .any(|(p, low, high)| *p == c.partition && (*low..*high).contains(&c.offset));
+            if stored_now {
+                audited.insert(c);
+            }
+        }
+        Ok(Some(DlqCount {
+            stored,
+            unresolved: usize::try_from(stored)
+                .unwrap_or(0)
+                .saturating_sub(audited.len()),
+            exact: audit_stored <= max_audit,
+        }))
     }
 
     /// Dead letters passing `filter`, each with its audit entry; unresolved
@@ -213,75 +294,6 @@ impl DlqReader {
     }
 }
 
-/// Reads every record currently in `topic` (up to the end offsets taken at
-/// the start). `None` if the topic does not exist.
-pub(crate) fn snapshot(config: &KafkaConfig, topic: &str) -> Result<Option<Vec<OwnedMessage>>> {
-    let Some(parts) = partition_counts(config, &[topic.to_string()])?
-        .pop()
-        .flatten()
-    else {
-        return Ok(None);
-    };
-    let consumer: BaseConsumer = config
-        .client_config(&[
-            ("group.id", "kjob-cli-reader"),
-            ("enable.auto.commit", "false"),
-            ("enable.partition.eof", "false"),
-        ])
-        .create()
-        .map_err(|e| Error::kafka("creating reader", e))?;
-    let timeout = Duration::from_secs(10);
-    let mut tpl = TopicPartitionList::new();
-    let mut remaining = 0usize;
-    let mut ends = HashMap::new();
-    for p in 0..parts as i32 {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, p, timeout)
-            .map_err(|e| Error::kafka(format!("watermarks of {topic}:{p}"), e))?;
-        if high > low {
-            tpl.add_partition_offset(topic, p, Offset::Offset(low))
-                .map_err(|e| Error::kafka("building assignment", e))?;
-            ends.insert(p, high);
-            remaining += 1;
-        }
-    }
-    let mut out = Vec::new();
-    if remaining == 0 {
-        return Ok(Some(out));
-    }
-    // Manual assignment: no group membership, no commits.
-    consumer
-        .assign(&tpl)
-        .map_err(|e| Error::kafka(format!("assigning {topic}"), e))?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while remaining > 0 {
-        if Instant::now() > deadline {
-            return Err(Error::ReadTimeout {
-                topic: topic.to_string(),
-                after: Duration::from_secs(60),
-            });
-        }
-        match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                let end = ends.get(&m.partition()).copied().unwrap_or(0);
-                if m.offset() < end {
-                    let last = m.offset() + 1 >= end;
-                    // Not `detach()`: see `Polled::to_owned_message`.
-                    let topic: std::sync::Arc<str> = std::sync::Arc::from(m.topic());
-                    out.push(crate::worker::polled::Polled::copy(&m, topic).to_owned_message());
-                    if last {
-                        remaining -= 1;
-                    }
-                }
-            }
-            Some(Err(e)) => return Err(Error::kafka(format!("reading {topic}"), e)),
-            None => {}
-        }
-    }
-    out.sort_by_key(|m| (m.partition(), m.offset()));
-    Ok(Some(out))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,7 +311,7 @@ mod tests {
             assert!(
                 matches!(
                     bad.parse::<Coordinates>(),
-                    Err(crate::Error::InvalidSetting { .. })
+                    Err(kjob::Error::InvalidSetting { .. })
                 ),
                 "{bad}"
             );

@@ -1,0 +1,340 @@
+//! A route's topics by role, as the worker names them, and the cluster's
+//! view of them: `kjob topics list | describe | create` and every topic
+//! `kjob status` shows.
+//!
+//! For a route with main topic `orders` the worker uses `orders`,
+//! `orders.retry.<delay>` per retry tier ([`kjob::retry::tier_topic`]),
+//! `orders.delay.<bucket>` for delayed jobs ([`kjob::delay::delay_topic`]),
+//! `orders.dlq` and its audit trail `orders.dlq.audit`
+//! ([`kjob::topics::dlq_topic`]), `orders.order` on a strict-order route
+//! ([`kjob::topics::order_topic`]) and, for a group with cron schedules,
+//! `<group>.schedules` and `<group>.schedules.state`
+//! ([`kjob::schedule::leader_topic`], [`kjob::schedule::state_topic`]).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{anyhow, Result};
+use rdkafka::admin::{AdminClient, AdminOptions, ConfigSource, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use serde::Serialize;
+
+use crate::problem::Problem;
+use kjob::config::KafkaConfig;
+use kjob::delay::delay_topics;
+use kjob::retry::{discover_tiers, format_delay};
+use kjob::schedule::{leader_topic, state_topic};
+use kjob::topics::{dlq_audit_topic, dlq_topic, order_topic};
+
+/// What a topic is to its route.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The route's main topic: where jobs are enqueued.
+    Main,
+    /// A retry tier: failed jobs wait there for their next attempt.
+    RetryTier,
+    /// A delay topic: delayed jobs wait there until their time.
+    Delay,
+    /// The dead-letter topic.
+    Dlq,
+    /// The audit trail of what operators did with dead letters.
+    DlqAudit,
+    /// The compacted order state of a strict-order route.
+    StrictOrder,
+    /// The group's cron leader topic (one partition).
+    CronLeader,
+    /// The group's cron state (last tick fired per schedule).
+    CronState,
+}
+
+impl Role {
+    /// How tables name it.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Role::Main => "main",
+            Role::RetryTier => "retry tier",
+            Role::Delay => "delay",
+            Role::Dlq => "dlq",
+            Role::DlqAudit => "dlq audit",
+            Role::StrictOrder => "strict order",
+            Role::CronLeader => "cron leader",
+            Role::CronState => "cron state",
+        }
+    }
+
+    /// Whether the route's consumer group reads it (so its lag means jobs
+    /// waiting): the main topic, the tiers, the delay topics and the cron
+    /// leader topic. The others are written and read by other means.
+    pub fn consumed(&self) -> bool {
+        matches!(
+            self,
+            Role::Main | Role::RetryTier | Role::Delay | Role::CronLeader
+        )
+    }
+}
+
+/// One topic of a route.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RouteTopic {
+    /// The topic.
+    pub topic: String,
+    /// Its role.
+    pub role: Role,
+    /// For a retry tier or delay topic, its delay (`30s`, `1d`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay: Option<String>,
+}
+
+/// Every topic of the route of `main` that exists among `all_topics`, by
+/// role: main, retry tiers (shortest first), delay topics (shortest first),
+/// DLQ, DLQ audit, strict order, and with `group` the group's cron topics.
+pub fn route_topics(main: &str, group: Option<&str>, all_topics: &[String]) -> Vec<RouteTopic> {
+    let exists = |t: &str| all_topics.iter().any(|a| a == t);
+    let one = |topic: String, role: Role| RouteTopic {
+        topic,
+        role,
+        delay: None,
+    };
+    let mut out = vec![one(main.to_string(), Role::Main)];
+    out.extend(
+        discover_tiers(main, all_topics)
+            .into_iter()
+            .map(|(d, topic)| RouteTopic {
+                topic,
+                role: Role::RetryTier,
+                delay: Some(format_delay(d)),
+            }),
+    );
+    let prefix = format!("{main}.delay.");
+    out.extend(
+        delay_topics(main)
+            .into_iter()
+            .filter(|t| exists(t))
+            .map(|topic| RouteTopic {
+                delay: topic.strip_prefix(&prefix).map(str::to_string),
+                topic,
+                role: Role::Delay,
+            }),
+    );
+    for (topic, role) in [
+        (dlq_topic(main), Role::Dlq),
+        (dlq_audit_topic(main), Role::DlqAudit),
+        (order_topic(main), Role::StrictOrder),
+    ] {
+        if exists(&topic) {
+            out.push(one(topic, role));
+        }
+    }
+    if let Some(g) = group {
+        for (topic, role) in [
+            (leader_topic(g), Role::CronLeader),
+            (state_topic(g), Role::CronState),
+        ] {
+            if exists(&topic) {
+                out.push(one(topic, role));
+            }
+        }
+    }
+    out
+}
+
+/// Every route in the cluster: each topic that has a DLQ, a retry tier, a
+/// delay topic or an order topic is a main topic, with its topics. Sorted
+/// by main topic.
+pub fn routes(all_topics: &[String]) -> Vec<(String, Vec<RouteTopic>)> {
+    let mut mains: Vec<&String> = all_topics
+        .iter()
+        .filter(|t| {
+            let belongs = |suffix: &str| all_topics.iter().any(|o| o == &format!("{t}{suffix}"));
+            belongs(".dlq")
+                || belongs(".order")
+                || !discover_tiers(t, all_topics).is_empty()
+                || delay_topics(t).iter().any(|d| all_topics.contains(d))
+        })
+        .collect();
+    mains.sort();
+    mains
+        .into_iter()
+        .map(|m| (m.clone(), route_topics(m, None, all_topics)))
+        .collect()
+}
+
+/// A topic as the cluster describes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TopicInfo {
+    /// The topic.
+    pub topic: String,
+    /// Partition count.
+    pub partitions: usize,
+    /// Replicas of its first partition.
+    pub replication_factor: usize,
+    /// Per partition: leader, replicas and in-sync replicas (broker ids).
+    pub partition_details: Vec<PartitionInfo>,
+    /// The configs set on the topic itself (`kafka-topics --describe`'s
+    /// `Configs:`), when they could be read.
+    pub configs: BTreeMap<String, String>,
+}
+
+/// One partition of a [`TopicInfo`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PartitionInfo {
+    /// Partition number.
+    pub partition: i32,
+    /// Broker id of its leader (-1: none).
+    pub leader: i32,
+    /// Broker ids of its replicas.
+    pub replicas: Vec<i32>,
+    /// Broker ids of its in-sync replicas.
+    pub isr: Vec<i32>,
+}
+
+/// Every topic name in the cluster with its partition count, from one
+/// metadata request. Blocking.
+pub fn topic_partitions(config: &KafkaConfig) -> Result<BTreeMap<String, TopicInfo>> {
+    let client: BaseConsumer = config
+        .client_config(&[])
+        .create()
+        .map_err(|e| kjob::Error::kafka("creating metadata client", e))?;
+    let md = client
+        .fetch_metadata(None, Duration::from_secs(10))
+        .map_err(|e| {
+            kjob::Error::kafka(
+                format!("fetching metadata from {}", config.bootstrap_servers),
+                e,
+            )
+        })?;
+    Ok(md
+        .topics()
+        .iter()
+        .filter(|t| t.error().is_none())
+        .map(|t| {
+            let parts: Vec<PartitionInfo> = t
+                .partitions()
+                .iter()
+                .map(|p| PartitionInfo {
+                    partition: p.id(),
+                    leader: p.leader(),
+                    replicas: p.replicas().to_vec(),
+                    isr: p.isr().to_vec(),
+                })
+                .collect();
+            let info = TopicInfo {
+                topic: t.name().to_string(),
+                partitions: parts.len(),
+                replication_factor: parts.first().map_or(0, |p| p.replicas.len()),
+                partition_details: parts,
+                configs: BTreeMap::new(),
+            };
+            (t.name().to_string(), info)
+        })
+        .collect())
+}
+
+/// The configs set on each topic itself, as `kafka-topics --describe`
+/// shows them (empty where they could not be read: no DescribeConfigs
+/// permission).
+pub async fn topic_configs(
+    config: &KafkaConfig,
+    topics: &[String],
+) -> Result<Vec<BTreeMap<String, String>>> {
+    let admin: AdminClient<DefaultClientContext> = config
+        .client_config(&[])
+        .create()
+        .map_err(|e| kjob::Error::kafka("creating admin client", e))?;
+    let specs: Vec<ResourceSpecifier<'_>> = topics
+        .iter()
+        .map(|t| ResourceSpecifier::Topic(t.as_str()))
+        .collect();
+    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
+    let results = admin
+        .describe_configs(&specs, &opts)
+        .await
+        .map_err(|e| kjob::Error::kafka("describing topic configs", e))?;
+    Ok(results
+        .into_iter()
+        .map(|r| match r {
+            Ok(resource) => resource
+                .entries
+                .into_iter()
+                .filter(|e| e.source == ConfigSource::DynamicTopic)
+                .filter_map(|e| {
+                    let value = if e.is_sensitive {
+                        "***".to_string()
+                    } else {
+                        e.value?
+                    };
+                    Some((e.name, value))
+                })
+                .collect(),
+            Err(_) => BTreeMap::new(),
+        })
+        .collect())
+}
+
+/// `k=v` of a `--config` flag.
+pub fn parse_config(arg: &str) -> Result<(String, String)> {
+    match arg.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(anyhow!(Problem::usage(format!(
+            "--config `{arg}` is not key=value (e.g. --config retention.ms=604800000)"
+        )))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn every_topic_of_a_route_by_role() {
+        let all = names(&[
+            "orders",
+            "orders.retry.30s",
+            "orders.retry.5s",
+            "orders.delay.1s",
+            "orders.delay.1d",
+            "orders.dlq",
+            "orders.dlq.audit",
+            "orders.order",
+            "g.schedules",
+            "g.schedules.state",
+            "ordersx.dlq",
+            "billing",
+        ]);
+        let got: Vec<(String, &str, Option<String>)> = route_topics("orders", Some("g"), &all)
+            .into_iter()
+            .map(|t| (t.topic, t.role.label(), t.delay))
+            .collect();
+        let want = vec![
+            ("orders".to_string(), "main", None),
+            (
+                "orders.retry.5s".into(),
+                "retry tier",
+                Some("5s".to_string()),
+            ),
+            ("orders.retry.30s".into(), "retry tier", Some("30s".into())),
+            ("orders.delay.1s".into(), "delay", Some("1s".into())),
+            ("orders.delay.1d".into(), "delay", Some("1d".into())),
+            ("orders.dlq".into(), "dlq", None),
+            ("orders.dlq.audit".into(), "dlq audit", None),
+            ("orders.order".into(), "strict order", None),
+            ("g.schedules".into(), "cron leader", None),
+            ("g.schedules.state".into(), "cron state", None),
+        ];
+        assert_eq!(got, want);
+        let mains: Vec<String> = routes(&all).into_iter().map(|(m, _)| m).collect();
+        assert_eq!(
+            mains,
+            names(&["orders"]),
+            "a DLQ without its main topic is no route"
+        );
+        assert!(parse_config("retention.ms=1").is_ok());
+        assert!(parse_config("nope").is_err());
+    }
+}
