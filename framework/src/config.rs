@@ -57,7 +57,6 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 
 use crate::error::{Error, Result};
-use crate::registry::{RegistryAuth, RegistryOptions};
 
 pub use properties::{parse as parse_properties, Property};
 
@@ -224,7 +223,7 @@ impl std::fmt::Debug for KafkaConfig {
             .field("bootstrap_servers", &self.bootstrap_servers)
             .field(
                 "schema_registry_url",
-                &crate::registry::redact_url(&self.schema_registry_url),
+                &redact_url(&self.schema_registry_url),
             )
             .field("registry", &self.registry)
             .field("security_protocol", &self.security_protocol)
@@ -239,6 +238,30 @@ impl std::fmt::Debug for KafkaConfig {
 }
 
 impl KafkaConfig {
+    /// [`Error::NotAuthorized`] for this configuration's principal, with the
+    /// `kafka-acls` command that grants `operation` on the resource that
+    /// `acl_args` names (e.g. `--topic orders`). Public so that tools built
+    /// on kjob (kjob-ops) name the grant the same way.
+    pub fn not_authorized(
+        &self,
+        operation: &str,
+        resource: String,
+        acl_args: &str,
+        message: String,
+    ) -> crate::Error {
+        let principal = self.principal();
+        crate::Error::NotAuthorized {
+            grant: format!(
+                "kafka-acls --bootstrap-server {} --add --allow-principal {principal} --operation {operation} {acl_args}",
+                self.bootstrap_servers
+            ),
+            principal,
+            operation: operation.to_string(),
+            resource,
+            message,
+        }
+    }
+
     /// Reads `KJOB_BOOTSTRAP_SERVERS` and `KJOB_SCHEMA_REGISTRY_URL`, falling
     /// back to the local stack's addresses, plus the security variables (see
     /// [`KafkaConfig::security_from_env`]), the properties file named by
@@ -786,5 +809,44 @@ mod tests {
         ] {
             assert!(!is_secret_property(k), "{k}");
         }
+    }
+}
+
+/// How kjob authenticates to the schema registry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegistryAuth {
+    /// HTTP basic auth (Confluent Cloud: the API key and secret).
+    Basic {
+        /// User name or API key.
+        user: String,
+        /// Password or API secret.
+        password: Secret,
+    },
+    /// `Authorization: Bearer <token>` (an OAuth access token).
+    Bearer(Secret),
+}
+
+/// Registry client settings kept on [`KafkaConfig`]. `None` fields fall back
+/// to the environment, then to the defaults (see the module docs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RegistryOptions {
+    /// TCP (and TLS) connect timeout.
+    pub connect_timeout: Option<Duration>,
+    /// Timeout for a whole request, connect included.
+    pub request_timeout: Option<Duration>,
+    /// Credentials.
+    pub auth: Option<RegistryAuth>,
+}
+
+/// `url` with any `user:password@` replaced by `***@`, for messages
+/// and logs. (A URL may carry credentials: reqwest sends them as basic auth.)
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((_, host)) => format!("{scheme}://***@{host}{path}"),
+        None => url.to_string(),
     }
 }

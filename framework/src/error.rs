@@ -371,7 +371,7 @@ pub enum Error {
     /// A worker limit fired and the worker stopped gracefully (drained,
     /// committed, left the group); a supervisor should start a new one.
     #[error("worker limit reached: {0}; stopped gracefully, restart the worker")]
-    LimitReached(crate::worker::Limit),
+    LimitReached(Limit),
 }
 
 /// The [`Error::MissingTopic`] message.
@@ -402,30 +402,6 @@ impl Error {
     /// broker.
     pub fn is_permanent(&self) -> bool {
         matches!(self, Error::Rejected { .. })
-    }
-
-    /// [`Error::NotAuthorized`] for `config`'s principal, with the
-    /// `kafka-acls` command that grants `operation` on the resource that
-    /// `acl_args` names (e.g. `--topic orders`). Public so that tools built
-    /// on kjob (kjob-ops) name the grant the same way.
-    pub fn not_authorized(
-        config: &crate::KafkaConfig,
-        operation: &str,
-        resource: String,
-        acl_args: &str,
-        message: String,
-    ) -> Self {
-        let principal = config.principal();
-        Error::NotAuthorized {
-            grant: format!(
-                "kafka-acls --bootstrap-server {} --add --allow-principal {principal} --operation {operation} {acl_args}",
-                config.bootstrap_servers
-            ),
-            principal,
-            operation: operation.to_string(),
-            resource,
-            message,
-        }
     }
 
     /// Wraps an rdkafka error with what kjob was trying to do (and, when
@@ -587,5 +563,37 @@ mod tests {
         };
         let copy = io.clone();
         assert!(std::error::Error::source(&copy).is_some());
+    }
+}
+
+/// Which limit ended a worker's run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    /// `stop_after_jobs(n)`: `n` jobs were handled.
+    Jobs(u64),
+    /// `stop_above_rss(bytes)`: the resident set grew above `bytes`.
+    Rss(u64),
+    /// `stop_after(d)`: the worker ran for `d`.
+    Time(Duration),
+}
+
+impl Limit {
+    /// The process exit status for this limit: 81 jobs, 82 memory, 83 time.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Limit::Jobs(_) => 81,
+            Limit::Rss(_) => 82,
+            Limit::Time(_) => 83,
+        }
+    }
+}
+
+impl std::fmt::Display for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Limit::Jobs(n) => write!(f, "stop_after_jobs={n} (KJOB_STOP_AFTER_JOBS)"),
+            Limit::Rss(b) => write!(f, "stop_above_rss={b} bytes (KJOB_STOP_ABOVE_RSS)"),
+            Limit::Time(d) => write!(f, "stop_after={d:?} (KJOB_STOP_AFTER)"),
+        }
     }
 }

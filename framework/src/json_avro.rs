@@ -2,7 +2,7 @@
 //!
 //! Used by `kjob enqueue`, where an operator types a job as JSON, and by the
 //! outbox relay for jobs enqueued from SQL (`kjob.enqueue`, see
-//! [`crate::json_encode`]): a mistake
+//! [`crate::codec::JsonContracts`]): a mistake
 //! must come back as "`order.items[2].qty`: expected an int, got the string
 //! \"two\"", not as the Avro library's "Invalid value ... for schema ...",
 //! which names neither the field nor the fix. The conversion walks the

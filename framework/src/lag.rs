@@ -140,8 +140,7 @@ impl LagReader {
             .and_then(|md| md.topics().first().and_then(|t| t.error()))
             .map(RDKafkaErrorCode::from);
         if code == Some(RDKafkaErrorCode::TopicAuthorizationFailed) {
-            return Error::not_authorized(
-                &self.config,
+            return self.config.not_authorized(
                 "Describe",
                 format!("topic `{topic}` (it may exist)"),
                 &format!("--topic {topic}"),

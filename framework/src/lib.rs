@@ -59,7 +59,6 @@ pub mod headers;
 pub mod idempotency;
 pub mod job;
 pub mod json_avro;
-pub mod json_encode;
 pub mod lag;
 pub mod layers;
 pub(crate) mod offsets;

@@ -22,99 +22,13 @@
 
 pub mod export;
 
-use std::fmt;
-use std::str::FromStr;
-
 use apache_avro::schema_compatibility::SchemaCompatibility;
 use apache_avro::Schema;
 
 use crate::error::{Error, Result};
 use crate::registry::RegistryClient;
 
-/// A subject's compatibility level, as the Confluent API names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Compatibility {
-    /// No checks.
-    None,
-    /// New reads the latest old.
-    Backward,
-    /// New reads every old.
-    BackwardTransitive,
-    /// Latest old reads new.
-    Forward,
-    /// Every old reads new.
-    ForwardTransitive,
-    /// Both directions, latest.
-    Full,
-    /// Both directions, all versions.
-    FullTransitive,
-}
-
-impl FromStr for Compatibility {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s.to_ascii_uppercase().replace('-', "_").as_str() {
-            "NONE" => Compatibility::None,
-            "BACKWARD" => Compatibility::Backward,
-            "BACKWARD_TRANSITIVE" => Compatibility::BackwardTransitive,
-            "FORWARD" => Compatibility::Forward,
-            "FORWARD_TRANSITIVE" => Compatibility::ForwardTransitive,
-            "FULL" => Compatibility::Full,
-            "FULL_TRANSITIVE" => Compatibility::FullTransitive,
-            _ => {
-                return Err(Error::InvalidSetting {
-                    name: "compatibility".into(),
-                    value: s.to_string(),
-                    reason: "use NONE, BACKWARD, BACKWARD_TRANSITIVE, FORWARD, FORWARD_TRANSITIVE, FULL or FULL_TRANSITIVE".into(),
-                })
-            }
-        })
-    }
-}
-
-impl fmt::Display for Compatibility {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = match self {
-            Compatibility::None => "NONE",
-            Compatibility::Backward => "BACKWARD",
-            Compatibility::BackwardTransitive => "BACKWARD_TRANSITIVE",
-            Compatibility::Forward => "FORWARD",
-            Compatibility::ForwardTransitive => "FORWARD_TRANSITIVE",
-            Compatibility::Full => "FULL",
-            Compatibility::FullTransitive => "FULL_TRANSITIVE",
-        };
-        f.write_str(s)
-    }
-}
-
-impl Compatibility {
-    fn transitive(self) -> bool {
-        matches!(
-            self,
-            Compatibility::BackwardTransitive
-                | Compatibility::ForwardTransitive
-                | Compatibility::FullTransitive
-        )
-    }
-    fn backward(self) -> bool {
-        matches!(
-            self,
-            Compatibility::Backward
-                | Compatibility::BackwardTransitive
-                | Compatibility::Full
-                | Compatibility::FullTransitive
-        )
-    }
-    fn forward(self) -> bool {
-        matches!(
-            self,
-            Compatibility::Forward
-                | Compatibility::ForwardTransitive
-                | Compatibility::Full
-                | Compatibility::FullTransitive
-        )
-    }
-}
+pub use crate::registry::Compatibility;
 
 /// One way a new schema breaks an existing version.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -202,8 +202,7 @@ pub fn partition_counts(config: &KafkaConfig, topics: &[String]) -> Result<Vec<O
         let entry = one.topics().iter().find(|m| m.name() == t);
         match entry.and_then(|m| m.error()) {
             Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::TopicAuthorizationFailed => {
-                return Err(Error::not_authorized(
-                    config,
+                return Err(config.not_authorized(
                     "Describe",
                     format!("topic `{t}` (it may exist)"),
                     &format!("--topic {t}"),

@@ -4,9 +4,9 @@
 //! letter (a JSON job that does not fit its contract).
 
 use crate::codec::Codec;
+use crate::codec::JsonEncodeError;
 use crate::delay;
 use crate::headers;
-use crate::json_encode::JsonEncodeError;
 use crate::producer::DelayTopicCheck;
 use crate::topics::dlq_topic;
 use crate::ErrorClass;

@@ -33,7 +33,7 @@
 //! * **JSON, encoded by the relay.** The row holds the job as `jsonb`
 //!   (`payload_json`); the relay encodes it to Confluent-framed Avro
 //!   against the schema registered under `<topic>-value`, the latest
-//!   version unless `version` pins one (see [`crate::json_encode`]). A row
+//!   version unless `version` pins one (see [`crate::codec::JsonContracts`]). A row
 //!   that does not fit (a missing field, a wrong type, no schema registered)
 //!   is dead-lettered to `<topic>.dlq` with class `outbox.encode`, the JSON
 //!   as its payload and the field named in `kjob-error`; it never holds its

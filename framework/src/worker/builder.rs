@@ -21,24 +21,8 @@ use super::handler::{Handler, StateMap};
 use super::membership::{self, GroupProtocol};
 use super::route::{Route, TypedRoute};
 use super::scheduler::Limits;
-use super::state::{RouteEntry, Settings, TopicRole};
-use super::{limits, strict, watchdog, Priority, Worker, WorkerStats};
-
-/// Which jobs of a partition may run at the same time.
-///
-/// Named `OrderingMode`, not `Ordering`, so a handler crate can import it
-/// next to `std::sync::atomic::Ordering` and `std::cmp::Ordering`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum OrderingMode {
-    /// Same key: one after another; different keys: in parallel, even within
-    /// one partition. The right default for entity-scoped jobs.
-    #[default]
-    PerKey,
-    /// One job at a time per partition (parallelism = partition count).
-    PerPartition,
-    /// No ordering: every record may run in parallel.
-    Unordered,
-}
+use super::state::{OrderingMode, RouteEntry, Settings, TopicRole};
+use super::{limits, strict, watchdog, Priority, WorkerStats};
 
 /// Builds a route once the codec, timeout, state and layers are known (at
 /// `build()`).
@@ -633,6 +617,34 @@ pub(crate) struct Routes {
     pub mains: Vec<String>,
     /// The handlers that run for long, across routes.
     pub watchdog: Arc<watchdog::Watchdog>,
+}
+
+/// A configured worker. [`Worker::run`] blocks until SIGTERM/SIGINT;
+/// [`Worker::run_until`] until a future of your choice completes.
+pub struct Worker {
+    pub(super) limits: Limits,
+    pub(super) priorities: HashMap<String, Priority>,
+    pub(super) run_limits: limits::Limits,
+    pub(super) config: KafkaConfig,
+    pub(super) settings: Settings,
+    pub(super) codec: Arc<Codec>,
+    pub(super) routes: HashMap<String, RouteEntry>,
+    pub(super) mains: Vec<String>,
+    pub(super) watchdog: Arc<watchdog::Watchdog>,
+    pub(super) park: bool,
+    pub(super) static_member: Option<String>,
+    pub(super) protocol: GroupProtocol,
+    pub(super) create_topics: bool,
+    pub(super) schedules: Vec<crate::schedule::Schedule>,
+    /// Main topics under strict order (`WorkerBuilder::strict_order`).
+    pub(super) strict: Vec<String>,
+    pub(super) stats: Arc<WorkerStats>,
+    pub(super) metrics: Metrics,
+    pub(super) endpoint: Option<SocketAddr>,
+    #[cfg(feature = "metrics-http")]
+    pub(super) http_routes: Option<axum::Router>,
+    #[cfg(feature = "postgres")]
+    pub(super) outbox_relay: Option<crate::outbox::Relay>,
 }
 
 impl Worker {

@@ -16,39 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::WorkerStats;
-use crate::error::{Error, Result};
-
-/// Which limit ended a worker's run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Limit {
-    /// `stop_after_jobs(n)`: `n` jobs were handled.
-    Jobs(u64),
-    /// `stop_above_rss(bytes)`: the resident set grew above `bytes`.
-    Rss(u64),
-    /// `stop_after(d)`: the worker ran for `d`.
-    Time(Duration),
-}
-
-impl Limit {
-    /// The process exit status for this limit: 81 jobs, 82 memory, 83 time.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            Limit::Jobs(_) => 81,
-            Limit::Rss(_) => 82,
-            Limit::Time(_) => 83,
-        }
-    }
-}
-
-impl std::fmt::Display for Limit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Limit::Jobs(n) => write!(f, "stop_after_jobs={n} (KJOB_STOP_AFTER_JOBS)"),
-            Limit::Rss(b) => write!(f, "stop_above_rss={b} bytes (KJOB_STOP_ABOVE_RSS)"),
-            Limit::Time(d) => write!(f, "stop_after={d:?} (KJOB_STOP_AFTER)"),
-        }
-    }
-}
+use crate::error::{Error, Limit, Result};
 
 /// The limits a worker runs under.
 #[derive(Clone, Copy, Debug, Default)]

@@ -65,11 +65,11 @@ pub(crate) mod state;
 pub(crate) mod strict;
 mod watchdog;
 
-pub use builder::{OrderingMode, WorkerBuilder};
+pub use crate::error::Limit;
+pub use builder::{Worker, WorkerBuilder};
 pub use handler::{Ext, FromParts, Handler, Parts, State};
-pub use limits::Limit;
 pub use membership::{GroupProtocol, GROUP_PROTOCOL_ENV, INSTANCE_ID_ENV};
 pub use priority::Priority;
 pub(crate) use route::Attempt;
-pub use run::{shutdown_signal, Worker};
-pub use state::WorkerStats;
+pub use run::shutdown_signal;
+pub use state::{OrderingMode, WorkerStats};

@@ -12,7 +12,7 @@ use rdkafka::message::{Message, OwnedMessage};
 use super::polled::Polled;
 
 use super::scheduler::{Incoming, LaneKey, Located};
-use super::OrderingMode as Ordering;
+use super::state::OrderingMode as Ordering;
 use crate::headers;
 
 impl Located for OwnedMessage {

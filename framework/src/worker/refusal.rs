@@ -72,6 +72,7 @@ impl Worker {
                 }
             }
         };
-        Error::not_authorized(&self.config, operation, resource, &acl_args, fatal.message)
+        self.config
+            .not_authorized(operation, resource, &acl_args, fatal.message)
     }
 }

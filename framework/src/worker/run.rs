@@ -2,9 +2,7 @@
 //! tasks, the poll thread and the background tasks (metrics endpoint, lag,
 //! schedules, outbox relay), and shuts them down in order.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,46 +12,14 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::codec::Codec;
-use crate::config::KafkaConfig;
 use crate::error::{Error, Result};
 use crate::producer::Producer;
 use crate::telemetry::http;
-use crate::telemetry::metrics::Metrics;
 
-use super::membership::{self, GroupProtocol};
+use super::membership::{self};
 use super::pipeline::Pipeline;
-use super::scheduler::{Limits, Scheduler};
-use super::state::{RouteEntry, Settings};
-use super::{dispatcher, hub, limits, poll, strict, watchdog, Priority, WorkerStats};
-
-/// A configured worker. [`Worker::run`] blocks until SIGTERM/SIGINT;
-/// [`Worker::run_until`] until a future of your choice completes.
-pub struct Worker {
-    pub(super) limits: Limits,
-    pub(super) priorities: HashMap<String, Priority>,
-    pub(super) run_limits: limits::Limits,
-    pub(super) config: KafkaConfig,
-    pub(super) settings: Settings,
-    pub(super) codec: Arc<Codec>,
-    pub(super) routes: HashMap<String, RouteEntry>,
-    pub(super) mains: Vec<String>,
-    pub(super) watchdog: Arc<watchdog::Watchdog>,
-    pub(super) park: bool,
-    pub(super) static_member: Option<String>,
-    pub(super) protocol: GroupProtocol,
-    pub(super) create_topics: bool,
-    pub(super) schedules: Vec<crate::schedule::Schedule>,
-    /// Main topics under strict order ([`WorkerBuilder::strict_order`]).
-    pub(super) strict: Vec<String>,
-    pub(super) stats: Arc<WorkerStats>,
-    pub(super) metrics: Metrics,
-    pub(super) endpoint: Option<SocketAddr>,
-    #[cfg(feature = "metrics-http")]
-    pub(super) http_routes: Option<axum::Router>,
-    #[cfg(feature = "postgres")]
-    pub(super) outbox_relay: Option<crate::outbox::Relay>,
-}
+use super::scheduler::Scheduler;
+use super::{dispatcher, hub, poll, strict, Worker, WorkerStats};
 
 impl Worker {
     /// Live counters, readable while the worker runs.
@@ -62,7 +28,7 @@ impl Worker {
     }
 
     /// Every route topic this worker consumes: main topics, their retry
-    /// tiers and (with [`WorkerBuilder::delayed_jobs`]) their delay topics.
+    /// tiers and (with `WorkerBuilder::delayed_jobs`) their delay topics.
     /// With schedules it also subscribes to `<group>.schedules`.
     pub fn topics(&self) -> Vec<String> {
         let mut t: Vec<String> = self.routes.keys().cloned().collect();

@@ -6,16 +6,31 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::route::Route;
-use super::OrderingMode as Ordering;
 use crate::retry::RetryPolicy;
 
 pub(crate) use super::scheduler::Tp;
+
+/// Which jobs of a partition may run at the same time.
+///
+/// Named `OrderingMode`, not `Ordering`, so a handler crate can import it
+/// next to `std::sync::atomic::Ordering` and `std::cmp::Ordering`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OrderingMode {
+    /// Same key: one after another; different keys: in parallel, even within
+    /// one partition. The right default for entity-scoped jobs.
+    #[default]
+    PerKey,
+    /// One job at a time per partition (parallelism = partition count).
+    PerPartition,
+    /// No ordering: every record may run in parallel.
+    Unordered,
+}
 
 /// Worker settings resolved at build time.
 #[derive(Clone, Debug)]
 pub(crate) struct Settings {
     pub group: String,
-    pub ordering: Ordering,
+    pub ordering: OrderingMode,
     pub max_in_flight_per_partition: usize,
     pub shutdown_grace: Duration,
     pub revoke_timeout: Duration,

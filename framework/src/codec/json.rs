@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use apache_avro::Schema;
 
-use crate::codec::{frame, subject_for_topic};
+use super::wire::{frame, subject_for_topic};
 use crate::json_avro::{Mismatch, PreparedSchema};
 use crate::registry::RegistryClient;
 

@@ -19,45 +19,29 @@
 //! reader schema compiled into the binary: fields added with defaults, fields
 //! removed, aliases, all work in both directions of a deploy.
 
+mod json;
+mod reader;
+mod wire;
+
+pub use json::{JsonContracts, JsonEncodeError, JsonEncoded};
+pub use reader::{
+    bound_decode_allocations, decode_body, decode_value, split_frame, DecodeError, ReaderSchema,
+    SchemaSource, WriterSchema, MAX_DECODE_ALLOCATION,
+};
+pub use wire::{frame, subject_for_topic, MAGIC_BYTE};
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
 use apache_avro::reader::datum::GenericDatumReader;
-use apache_avro::types::Value;
 use apache_avro::writer::datum::GenericDatumWriter;
-use apache_avro::{from_value, Schema};
+use apache_avro::Schema;
 
-use crate::classify::ErrorClass;
 use crate::config::KafkaConfig;
 use crate::error::{Error, Result};
 use crate::job::Job;
 use crate::registry::{Registration, RegistryClient, RegistrySettings};
 use crate::schema::Compatibility;
-
-/// The Confluent wire-format magic byte.
-pub const MAGIC_BYTE: u8 = 0;
-
-/// The most any single allocation may take while decoding an Avro body.
-///
-/// An Avro string, bytes, array or map starts with a length, and the Avro
-/// library allocates that length *before* reading the data. A hostile or
-/// corrupt record of ten bytes can therefore claim half a gigabyte (the
-/// library's default bound is 512 MiB), and with 64 jobs in flight a worker
-/// would reserve 32 GiB for nothing. Jobs carry references, not documents
-/// (and Kafka's default record limit is 1 MiB), so kjob bounds every such
-/// allocation at 4 MiB; a longer value fails as a corrupt body
-/// (`decode.body`, dead-lettered). A map's hash table may round up to about
-/// twice that (`benches/src/bin/fuzz_decoder.rs` measures it). The bound is apache-avro's
-/// process-wide, set-once setting: an application that calls
-/// `apache_avro::util::max_allocation_bytes` before creating any kjob codec
-/// keeps its own value.
-pub const MAX_DECODE_ALLOCATION: usize = 4 * 1024 * 1024;
-
-/// Applies [`MAX_DECODE_ALLOCATION`] unless the process chose a bound
-/// already. Cheap after the first call (a `OnceLock` read).
-pub fn bound_decode_allocations() -> usize {
-    apache_avro::util::max_allocation_bytes(MAX_DECODE_ALLOCATION)
-}
 
 /// A schema the registry assigned an id to, ready for encoding.
 #[derive(Clone, Debug)]
@@ -70,103 +54,12 @@ pub struct RegisteredContract {
     pub schema: Arc<Schema>,
 }
 
-/// Why a record could not be turned into a job. Each variant maps to an
-/// [`ErrorClass`] so poison records land in the DLQ with a specific reason.
-#[derive(Debug, thiserror::Error)]
-pub enum DecodeError {
-    /// Empty, shorter than the 5-byte header, or a wrong magic byte.
-    #[error("not Confluent-framed: {0}")]
-    NotFramed(String),
-    /// The registry does not know this schema id.
-    #[error("unknown schema id {id}: {message}")]
-    UnknownSchema {
-        /// The id from the record header.
-        id: u32,
-        /// The registry's answer.
-        message: String,
-    },
-    /// The registry could not be reached. Transient: the record is fine and
-    /// must be retried, never dead-lettered for this.
-    #[error("schema registry unavailable while fetching schema id {id}: {message}")]
-    RegistryUnavailable {
-        /// The id being fetched.
-        id: u32,
-        /// The transport error.
-        message: String,
-    },
-    /// The body is truncated or corrupt.
-    #[error("corrupt Avro body for schema id {id}: {message}")]
-    Body {
-        /// The writer schema id.
-        id: u32,
-        /// The Avro library's reason.
-        message: String,
-    },
-    /// The writer schema cannot be resolved to the reader schema, or the
-    /// resolved value does not fit the Rust type.
-    #[error("schema id {id} cannot be read as this binary's contract: {message}")]
-    Incompatible {
-        /// The writer schema id.
-        id: u32,
-        /// The reason.
-        message: String,
-    },
-}
-
-impl DecodeError {
-    /// The class recorded when this record is dead-lettered, or `None` if
-    /// the failure is transient and the record must be retried instead.
-    pub fn class(&self) -> Option<ErrorClass> {
-        match self {
-            DecodeError::NotFramed(_) => Some(ErrorClass::DecodeNotFramed),
-            DecodeError::UnknownSchema { .. } => Some(ErrorClass::DecodeUnknownSchema),
-            DecodeError::RegistryUnavailable { .. } => None,
-            DecodeError::Body { .. } => Some(ErrorClass::DecodeBody),
-            DecodeError::Incompatible { .. } => Some(ErrorClass::DecodeIncompatible),
-        }
-    }
-}
-
-/// Splits a Confluent-framed record into its schema id and body.
-pub fn split_frame(bytes: Option<&[u8]>) -> std::result::Result<(u32, &[u8]), DecodeError> {
-    bound_decode_allocations();
-    let bytes = bytes.ok_or_else(|| DecodeError::NotFramed("record has no value".into()))?;
-    if bytes.len() < 5 {
-        return Err(DecodeError::NotFramed(format!(
-            "{} bytes, the header alone needs 5",
-            bytes.len()
-        )));
-    }
-    if bytes[0] != MAGIC_BYTE {
-        return Err(DecodeError::NotFramed(format!(
-            "magic byte is {:#04x}, expected 0x00",
-            bytes[0]
-        )));
-    }
-    let id = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
-    Ok((id, &bytes[5..]))
-}
-
-/// Frames an Avro body with the magic byte and schema id.
-pub fn frame(id: u32, body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(body.len() + 5);
-    out.push(MAGIC_BYTE);
-    out.extend_from_slice(&id.to_be_bytes());
-    out.extend_from_slice(body);
-    out
-}
-
 /// Parses a job's compiled-in schema, with an error that names the contract.
 pub fn parse_contract<J: Job>() -> Result<Schema> {
     Schema::parse_str(J::SCHEMA).map_err(|e| Error::Contract {
         job: J::NAME.to_string(),
         message: format!("schema v{} does not parse: {e}", J::VERSION),
     })
-}
-
-/// The registry subject for a main topic (`TopicNameStrategy`, value side).
-pub fn subject_for_topic(topic: &str) -> String {
-    format!("{topic}-value")
 }
 
 /// topic -> (contract name, version) -> registered contract.
@@ -198,7 +91,7 @@ pub struct Codec {
     /// Whether writer-schema fetches are failing, and when to ask again.
     outage: Mutex<Outage>,
     /// Contracts JSON jobs are encoded against (the outbox's SQL enqueue).
-    json: crate::json_encode::JsonContracts,
+    json: crate::codec::JsonContracts,
 }
 
 /// Paces writer-schema fetches while the registry does not answer.
@@ -284,7 +177,7 @@ impl Codec {
     /// A codec over an existing client (sharing its connection pool).
     pub fn with_client(client: RegistryClient) -> Self {
         Self {
-            json: crate::json_encode::JsonContracts::new(client.clone()),
+            json: crate::codec::JsonContracts::new(client.clone()),
             client,
             writers: RwLock::new(HashMap::new()),
             registered: Mutex::new(HashMap::new()),
@@ -490,14 +383,13 @@ impl Codec {
 
     /// Encodes a JSON job for `topic` against the schema registered under
     /// its subject: `version`, or the latest when `None`. See
-    /// [`crate::json_encode`] for the cache and the errors.
+    /// [`crate::codec::JsonContracts`] for the cache and the errors.
     pub async fn encode_json(
         &self,
         topic: &str,
         version: Option<u32>,
         json: &serde_json::Value,
-    ) -> std::result::Result<crate::json_encode::JsonEncoded, crate::json_encode::JsonEncodeError>
-    {
+    ) -> std::result::Result<crate::codec::JsonEncoded, crate::codec::JsonEncodeError> {
         self.json.encode(topic, version, json).await
     }
 
@@ -545,36 +437,6 @@ impl Codec {
     }
 }
 
-/// A writer schema as a [`SchemaSource`] holds it (shared, never copied
-/// per record).
-#[derive(Clone)]
-pub enum WriterSchema {
-    /// From the registry client's cache.
-    Registry(Arc<Schema>),
-    /// From an in-memory store.
-    Owned(Arc<Schema>),
-}
-
-impl WriterSchema {
-    /// The parsed schema.
-    pub fn schema(&self) -> &Schema {
-        match self {
-            WriterSchema::Registry(s) | WriterSchema::Owned(s) => s,
-        }
-    }
-}
-
-/// Where writer schemas come from: the registry in production
-/// ([`Codec`]), an in-memory store in `kjob::testing` (feature `testing`). Decoding goes
-/// through this trait so both run the same resolution code.
-pub trait SchemaSource: Send + Sync {
-    /// The writer schema with this id.
-    fn writer(
-        &self,
-        id: u32,
-    ) -> futures::future::BoxFuture<'_, std::result::Result<WriterSchema, DecodeError>>;
-}
-
 /// A 404 for the id is [`DecodeError::UnknownSchema`] (the record is
 /// dead-lettered); anything else that goes wrong talking to the registry (a
 /// timeout, a 5xx, refused credentials) is
@@ -589,195 +451,10 @@ impl SchemaSource for Codec {
     }
 }
 
-/// A contract's reader schema plus what kjob learned about each writer
-/// schema it met: when a writer is identical to the reader (the steady
-/// state outside a deploy), records deserialize straight from the bytes into
-/// the Rust type, with no intermediate value tree and no resolution.
-pub struct ReaderSchema {
-    schema: Schema,
-    canonical: String,
-    identical: std::sync::RwLock<HashMap<u32, bool>>,
-    /// A datum reader over the reader schema, built once: building one
-    /// resolves every named type, which cost more than decoding a small
-    /// record. Used for writers identical to the reader (same canonical
-    /// form, so the same binary layout). `None` if it could not be built.
-    direct: Option<DirectReader>,
-}
-
-/// A [`GenericDatumReader`] together with the schema it borrows.
-#[ouroboros::self_referencing]
-struct DirectReader {
-    schema: Schema,
-    #[borrows(schema)]
-    #[covariant]
-    reader: GenericDatumReader<'this>,
-}
-
-impl DirectReader {
-    fn build(schema: &Schema) -> Option<Self> {
-        DirectReaderTryBuilder {
-            schema: schema.clone(),
-            reader_builder: |s: &Schema| GenericDatumReader::builder(s).build(),
-        }
-        .try_build()
-        .ok()
-    }
-}
-
-impl ReaderSchema {
-    /// Wraps a parsed reader schema.
-    pub fn new(schema: Schema) -> Self {
-        bound_decode_allocations();
-        Self {
-            canonical: schema.canonical_form(),
-            direct: DirectReader::build(&schema),
-            schema,
-            identical: std::sync::RwLock::new(HashMap::new()),
-        }
-    }
-
-    /// The schema.
-    pub fn schema(&self) -> &Schema {
-        &self.schema
-    }
-
-    fn is_identical(&self, id: u32, writer: &Schema) -> bool {
-        if let Some(known) = self
-            .identical
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&id)
-        {
-            return *known;
-        }
-        let same = writer.canonical_form() == self.canonical;
-        self.identical
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(id, same);
-        same
-    }
-
-    /// Decodes a framed record into `J`, fetching the writer schema from
-    /// `source`.
-    pub async fn decode<J: Job>(
-        &self,
-        source: &dyn SchemaSource,
-        bytes: Option<&[u8]>,
-    ) -> std::result::Result<J, DecodeError> {
-        let (id, body) = split_frame(bytes)?;
-        let writer = source.writer(id).await?;
-        let writer = writer.schema();
-        if self.is_identical(id, writer) {
-            let mut cursor = body;
-            let fast = match &self.direct {
-                Some(direct) => direct.borrow_reader().read_deser::<J>(&mut cursor),
-                None => GenericDatumReader::builder(writer)
-                    .build()
-                    .and_then(|r| r.read_deser::<J>(&mut cursor)),
-            };
-            match fast {
-                Ok(job) if cursor.is_empty() => return Ok(job),
-                Ok(_) => {
-                    return Err(DecodeError::Body {
-                        id,
-                        message: format!("{} trailing bytes after the record", cursor.len()),
-                    })
-                }
-                Err(_) => {
-                    // The direct path is stricter than value resolution
-                    // (e.g. about Rust type names). If the general path
-                    // reads this record, use it for this writer from now on.
-                    let slow = decode_body::<J>(id, writer, body, &self.schema);
-                    if slow.is_ok() {
-                        self.identical
-                            .write()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .insert(id, false);
-                    }
-                    return slow;
-                }
-            }
-        }
-        decode_body::<J>(id, writer, body, &self.schema)
-    }
-}
-
-/// Decodes an Avro body written with `writer` as `J` via `reader`. Pure and
-/// synchronous, so the in-memory test harness and the worker share it.
-pub fn decode_body<J: Job>(
-    id: u32,
-    writer: &Schema,
-    body: &[u8],
-    reader: &Schema,
-) -> std::result::Result<J, DecodeError> {
-    let value = decode_value(id, writer, body, reader)?;
-    from_value::<J>(&value).map_err(|e| DecodeError::Incompatible {
-        id,
-        message: e.to_string(),
-    })
-}
-
-/// Decodes an Avro body written with `writer` and resolves it to `reader`.
-pub fn decode_value(
-    id: u32,
-    writer: &Schema,
-    body: &[u8],
-    reader: &Schema,
-) -> std::result::Result<Value, DecodeError> {
-    bound_decode_allocations();
-    let mut cursor = body;
-    let written = GenericDatumReader::builder(writer)
-        .build()
-        .and_then(|r| r.read_value(&mut cursor))
-        .map_err(|e| DecodeError::Body {
-            id,
-            message: e.to_string(),
-        })?;
-    if !cursor.is_empty() {
-        return Err(DecodeError::Body {
-            id,
-            message: format!("{} trailing bytes after the record", cursor.len()),
-        });
-    }
-    // Avro resolution: a field renamed in the reader (with the old name as
-    // an alias) takes the writer's value; then defaults, promotions, unions.
-    rename_aliased(written, reader)
-        .resolve(reader)
-        .map_err(|e| DecodeError::Incompatible {
-            id,
-            message: e.to_string(),
-        })
-}
-
-/// Renames top-level record fields the writer named by one of the reader
-/// field's aliases (apache-avro's value resolution matches names only).
-fn rename_aliased(value: Value, reader: &Schema) -> Value {
-    let Schema::Record(rs) = reader else {
-        return value;
-    };
-    let Value::Record(fields) = value else {
-        return value;
-    };
-    let renamed = fields
-        .into_iter()
-        .map(|(name, v)| {
-            if rs.fields.iter().any(|f| f.name == name) {
-                return (name, v);
-            }
-            let target = rs.fields.iter().find(|f| f.aliases.contains(&name));
-            match target {
-                Some(f) => (f.name.clone(), v),
-                None => (name, v),
-            }
-        })
-        .collect();
-    Value::Record(renamed)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::classify::ErrorClass;
     use std::time::Duration;
 
     #[test]
