@@ -1,6 +1,7 @@
 //! The relay: publishes committed outbox rows in per-key commit order.
 //! The design (ordering, buckets, retention) is in the [module docs](super).
 
+use super::connection::{drive, pg_config, refresh_gauges, AbortOnDrop};
 use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -9,14 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use futures::StreamExt;
 use rand::seq::SliceRandom;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Notify;
-use tokio_postgres::{AsyncMessage, Client, Connection, NoTls};
+use tokio_postgres::{Client, NoTls};
 use tokio_util::sync::CancellationToken;
 
 use super::delivery::{collateral, plan, Outcome, Pending, Plan};
@@ -55,9 +54,6 @@ const STALL_WARNING: Duration = Duration::from_secs(10);
 
 /// How often buckets are rebalanced between relays.
 const REBALANCE_EVERY: Duration = Duration::from_secs(1);
-
-/// How often the lag gauges are refreshed.
-const GAUGES_EVERY: Duration = Duration::from_secs(1);
 
 /// How often sent rows past their retention are deleted.
 const CLEANUP_EVERY: Duration = Duration::from_secs(30);
@@ -627,108 +623,6 @@ impl Relay {
             tracing::debug!(rows = deleted_total, "outbox retention cleanup");
         }
         Ok(())
-    }
-}
-
-/// The connection settings, with `application_name` set (unless the URL
-/// sets one) to `kjob-relay <table>`, so relays are recognisable in
-/// `pg_stat_activity`.
-fn pg_config(url: &str, table: &OutboxTable) -> Result<tokio_postgres::Config, OutboxError> {
-    let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
-        // The error, not the URL: it may carry a password.
-        OutboxError::Config(format!("the database URL does not parse: {e}"))
-    })?;
-    if config.get_application_name().is_none() {
-        let mut name = format!("kjob-relay {}", table.name());
-        name.truncate(63);
-        config.application_name(&name);
-    }
-    Ok(config)
-}
-
-/// Drives the connection and turns notifications into wake-ups.
-async fn drive<S, T>(mut connection: Connection<S, T>, wake: Arc<Notify>)
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-    T: AsyncRead + AsyncWrite + Unpin,
-{
-    let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
-    while let Some(message) = messages.next().await {
-        match message {
-            Ok(AsyncMessage::Notification(_)) => wake.notify_one(),
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(error = %super::describe(&e), "outbox relay: database connection closed");
-                break;
-            }
-        }
-    }
-    // Wake the loop so its next query reports the broken connection.
-    wake.notify_one();
-}
-
-/// Refreshes lag and unsent on its own connection, so they keep moving
-/// while the publishing loop waits for a broker that is away.
-async fn refresh_gauges(
-    url: String,
-    table: OutboxTable,
-    metrics: OutboxMetrics,
-    cancel: CancellationToken,
-) {
-    let sql = format!(
-        "SELECT (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE sent_at IS NULL LIMIT 100000) u),
-                coalesce((SELECT extract(epoch FROM clock_timestamp() - created_at)::float8
-                          FROM {t} WHERE sent_at IS NULL ORDER BY id LIMIT 1), 0)",
-        t = table.name()
-    );
-    let Ok(url) = pg_config(&url, &table) else {
-        return; // the publishing session reports the bad URL
-    };
-    while !cancel.is_cancelled() {
-        tokio::select! {
-            r = gauge_session(&url, &sql, &metrics) => {
-                if let Err(e) = r {
-                    tracing::debug!(error = %super::describe(&e), "outbox gauges: database error; retrying");
-                }
-            }
-            () = cancel.cancelled() => return,
-        }
-        tokio::select! {
-            () = tokio::time::sleep(Duration::from_secs(1)) => {}
-            () = cancel.cancelled() => return,
-        }
-    }
-}
-
-async fn gauge_session(
-    url: &tokio_postgres::Config,
-    sql: &str,
-    metrics: &OutboxMetrics,
-) -> Result<(), tokio_postgres::Error> {
-    let (client, connection) = url.connect(NoTls).await?;
-    let _driver = AbortOnDrop(tokio::spawn(async move {
-        let _ = connection.await;
-    }));
-    let stmt = client.prepare(sql).await?;
-    loop {
-        let row = client.query_one(&stmt, &[]).await?;
-        let unsent: i64 = row.try_get(0)?;
-        let lag: f64 = row.try_get(1)?;
-        metrics.update(|s| {
-            s.unsent = unsent;
-            s.lag_seconds = lag;
-        });
-        tokio::time::sleep(GAUGES_EVERY).await;
-    }
-}
-
-/// Aborts a spawned task when dropped (a session's connection driver dies
-/// with the session, which releases its advisory locks).
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
