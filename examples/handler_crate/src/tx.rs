@@ -44,11 +44,10 @@
 //! ```
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use deadpool_postgres::{ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use futures::future::BoxFuture;
-use kjob::layers::{AttemptService, Request};
+use kjob::layers::{from_fn, AttemptService, FromFnService, Middleware, Next, Request};
 use kjob::{JobError, ResultExt};
 use tokio::sync::{Mutex, MutexGuard};
 use tokio_postgres::NoTls;
@@ -94,48 +93,20 @@ impl PgTransaction {
     }
 }
 
-impl tower::Layer<AttemptService> for PgTransaction {
-    type Service = InTransaction;
-    fn layer(&self, inner: AttemptService) -> InTransaction {
-        InTransaction {
-            inner,
-            pool: self.pool.clone(),
-        }
-    }
-}
-
-/// The service [`PgTransaction`] wraps around an attempt.
-#[derive(Clone)]
-pub struct InTransaction {
-    inner: AttemptService,
-    pool: Pool,
-}
-
-impl tower::Service<Request> for InTransaction {
-    type Response = ();
-    type Error = JobError;
-    type Future = BoxFuture<'static, Result<(), JobError>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), JobError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request) -> Self::Future {
-        // `call` must start the inner service's own clone: the one polled
-        // ready is `self.inner` (tower's contract).
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+impl Middleware for PgTransaction {
+    fn call(&self, mut req: Request, next: Next) -> BoxFuture<'static, Result<(), JobError>> {
         let pool = self.pool.clone();
         Box::pin(async move {
             // No connection means no transaction to run the job in: a
             // database that is down is worth a retry, not a dead letter.
-            let conn = pool.get().await.network()?;
+            // Waiting for a free connection holds no handler slot.
+            let conn = req.wait(pool.get()).await.network()?;
             conn.batch_execute("BEGIN").await?;
             let tx = Tx {
                 conn: Arc::new(Mutex::new(conn)),
             };
             req.extensions_mut().insert(tx.clone());
-            let result = tower::Service::call(&mut inner, req).await;
+            let result = next.run(req).await;
             let conn = tx.conn.lock().await;
             match result {
                 // A failed COMMIT is a failed attempt: nothing was written.
@@ -150,5 +121,13 @@ impl tower::Service<Request> for InTransaction {
                 }
             }
         })
+    }
+}
+
+/// The layer is the fn above, around every attempt of the routes it is on.
+impl tower::Layer<AttemptService> for PgTransaction {
+    type Service = FromFnService<PgTransaction>;
+    fn layer(&self, inner: AttemptService) -> Self::Service {
+        from_fn(self.clone()).layer(inner)
     }
 }

@@ -30,12 +30,20 @@
 //! *parked*), so one downstream that is down never takes the slots of the
 //! jobs that do not need it. The job keeps its place in its key's order.
 //!
-//! Shipped layers, one folder each: [`rate_limit`] (a token bucket shared
-//! by every route that uses it) and [`breaker`] (a circuit breaker per
-//! downstream that parks jobs while open instead of burning their attempts).
+//! A layer is one async fn with [`from_fn`] (as axum's
+//! `middleware::from_fn`): it gets the [`Request`] and the rest of the stack
+//! as [`Next`]. A layer with state implements [`Middleware`] on it.
+//!
+//! Shipped layers, one folder each, both [`Middleware`]s: [`rate_limit`] (a
+//! token bucket shared by every route that uses it) and [`breaker`] (a
+//! circuit breaker per downstream that parks jobs while open instead of
+//! burning their attempts).
 
 pub mod breaker;
+mod from_fn;
 pub mod rate_limit;
+
+pub use from_fn::{from_fn, FromFn, FromFnService, Middleware, Next};
 
 use std::any::Any;
 use std::future::Future;

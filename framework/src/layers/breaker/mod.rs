@@ -30,14 +30,13 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{AttemptService, Request};
+use super::{from_fn, AttemptService, FromFnService, Middleware, Next, Request};
 use crate::classify::JobError;
 
 /// The states, as exported.
@@ -211,41 +210,23 @@ impl Breaker {
     }
 }
 
-impl tower::Layer<AttemptService> for Breaker {
-    type Service = Guarded;
-    fn layer(&self, inner: AttemptService) -> Guarded {
-        Guarded {
-            breaker: self.clone(),
-            inner,
-        }
-    }
-}
-
-/// The service [`Breaker`] wraps around an attempt.
-#[derive(Clone)]
-pub struct Guarded {
-    breaker: Breaker,
-    inner: AttemptService,
-}
-
-impl tower::Service<Request> for Guarded {
-    type Response = ();
-    type Error = JobError;
-    type Future = BoxFuture<'static, Result<(), JobError>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), JobError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request) -> Self::Future {
-        let (breaker, inner) = (self.breaker.clone(), self.inner.clone());
+impl Middleware for Breaker {
+    fn call(&self, req: Request, next: Next) -> BoxFuture<'static, Result<(), JobError>> {
+        let breaker = self.clone();
         Box::pin(async move {
             // Parked while the breaker is open: its slot serves other jobs.
             let probe = req.wait(breaker.admit()).await;
-            let result = tower::ServiceExt::oneshot(inner, req).await;
+            let result = next.run(req).await;
             breaker.record(probe, &result);
             result
         })
+    }
+}
+
+impl tower::Layer<AttemptService> for Breaker {
+    type Service = FromFnService<Breaker>;
+    fn layer(&self, inner: AttemptService) -> Self::Service {
+        from_fn(self.clone()).layer(inner)
     }
 }
 

@@ -11,14 +11,13 @@
 //! one, so a burst costs time, not attempts.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use std::sync::{Mutex, PoisonError};
 use tokio::time::Instant;
 
-use super::{AttemptService, Request};
+use super::{from_fn, AttemptService, FromFnService, Middleware, Next, Request};
 use crate::classify::JobError;
 
 /// See the module docs. Cloning shares the bucket.
@@ -78,39 +77,21 @@ impl RateLimit {
     }
 }
 
-impl tower::Layer<AttemptService> for RateLimit {
-    type Service = RateLimited;
-    fn layer(&self, inner: AttemptService) -> RateLimited {
-        RateLimited {
-            limit: self.clone(),
-            inner,
-        }
-    }
-}
-
-/// The service [`RateLimit`] wraps around an attempt.
-#[derive(Clone)]
-pub struct RateLimited {
-    limit: RateLimit,
-    inner: AttemptService,
-}
-
-impl tower::Service<Request> for RateLimited {
-    type Response = ();
-    type Error = JobError;
-    type Future = BoxFuture<'static, Result<(), JobError>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), JobError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request) -> Self::Future {
-        let (limit, inner) = (self.limit.clone(), self.inner.clone());
+impl Middleware for RateLimit {
+    fn call(&self, req: Request, next: Next) -> BoxFuture<'static, Result<(), JobError>> {
+        let limit = self.clone();
         Box::pin(async move {
             // Parked while it waits for its token: no slot is held.
             req.wait(limit.acquire()).await;
-            tower::ServiceExt::oneshot(inner, req).await
+            next.run(req).await
         })
+    }
+}
+
+impl tower::Layer<AttemptService> for RateLimit {
+    type Service = FromFnService<RateLimit>;
+    fn layer(&self, inner: AttemptService) -> Self::Service {
+        from_fn(self.clone()).layer(inner)
     }
 }
 
