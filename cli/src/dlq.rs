@@ -28,7 +28,7 @@ use kjob_ops::terminal::{
 use kjob_ops::time::format_ms;
 
 #[derive(Subcommand, Debug)]
-pub enum DlqCommand {
+pub(crate) enum DlqCommand {
     /// Unresolved dead letters as a table (all with --all), oldest first.
     List {
         #[command(flatten)]
@@ -160,7 +160,7 @@ fn plain(rows: &[DeadLetter]) -> Vec<(DeadLetter, Option<AuditEntry>)> {
     rows.iter().cloned().map(|d| (d, None)).collect()
 }
 
-pub async fn run(ctx: &Ctx, cmd: DlqCommand) -> Result<()> {
+pub(crate) async fn run(ctx: &Ctx, cmd: DlqCommand) -> Result<()> {
     let config = &ctx.config;
     match cmd {
         DlqCommand::List { select, all, limit } => {

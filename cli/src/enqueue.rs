@@ -24,7 +24,7 @@ use kjob::producer::{new_job_id, Producer};
 use kjob::registry::Registration;
 
 #[derive(Args, Debug)]
-pub struct EnqueueArgs {
+pub(crate) struct EnqueueArgs {
     /// Main topic of the route (its subject `<topic>-value` has the schema).
     #[arg(long)]
     topic: String,
@@ -59,7 +59,7 @@ pub struct EnqueueArgs {
 impl EnqueueArgs {
     /// Whether Kafka is needed: to write, or to check the delay topics of
     /// `--in` (a plain `--dry-run` only asks the registry).
-    pub fn needs_kafka(&self) -> bool {
+    pub(crate) fn needs_kafka(&self) -> bool {
         !self.dry_run || self.delay.is_some()
     }
 }
@@ -101,7 +101,7 @@ fn read_lines(args: &EnqueueArgs) -> Result<Vec<(usize, String)>> {
     Ok(out)
 }
 
-pub async fn run(ctx: &Ctx, args: EnqueueArgs) -> Result<()> {
+pub(crate) async fn run(ctx: &Ctx, args: EnqueueArgs) -> Result<()> {
     let config = &ctx.config;
     if let Some(d) = args.delay {
         kjob::delay::check_delay(d)

@@ -9,16 +9,16 @@ use kjob_ops::problem::{kind_of, Kind};
 use kjob_ops::terminal::{for_terminal, LINE_WIDTH};
 
 /// Failed, or refused by Kafka or the registry.
-pub const FAILED: u8 = 1;
+pub(crate) const FAILED: u8 = 1;
 /// The flags or their values are wrong (clap's own code too).
-pub const USAGE: u8 = 2;
+pub(crate) const USAGE: u8 = 2;
 /// Something named does not exist.
-pub const NOT_FOUND: u8 = 3;
+pub(crate) const NOT_FOUND: u8 = 3;
 /// Kafka or the registry did not answer.
-pub const UNREACHABLE: u8 = 4;
+pub(crate) const UNREACHABLE: u8 = 4;
 
 /// The end of `kjob --help`: the exit codes, and where settings come from.
-pub const AFTER_HELP: &str = "\
+pub(crate) const AFTER_HELP: &str = "\
 EXIT CODES:
   0  success (a dry run included); also when stdout is closed early (| head)
   1  failed, or refused: an incompatible schema, an ACL, a group with live
@@ -34,7 +34,7 @@ variables (KJOB_KAFKA_CLIENT_RACK=r1 is client.rack=r1), which win over the
 --command-config file. See docs/src/cli.md.";
 
 /// The exit code of an error's kind.
-pub fn code(kind: Kind) -> u8 {
+pub(crate) fn code(kind: Kind) -> u8 {
     match kind {
         Kind::Usage => USAGE,
         Kind::NotFound => NOT_FOUND,
@@ -44,7 +44,7 @@ pub fn code(kind: Kind) -> u8 {
 }
 
 /// Whether `e` is stdout closing under kjob (a reader that stopped).
-pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+pub(crate) fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         c.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
@@ -52,7 +52,7 @@ pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 /// Prints `e` (unless it is a closed pipe) and returns its exit code.
-pub fn report(e: &anyhow::Error) -> ExitCode {
+pub(crate) fn report(e: &anyhow::Error) -> ExitCode {
     if is_broken_pipe(e) {
         return ExitCode::SUCCESS;
     }

@@ -17,7 +17,7 @@ use kjob_ops::suggest::did_you_mean;
 use kjob_ops::terminal::{for_terminal, CELL_WIDTH};
 
 #[derive(Subcommand, Debug)]
-pub enum GroupsCommand {
+pub(crate) enum GroupsCommand {
     /// Every consumer group: state, protocol, members and the topics assigned.
     List,
     /// One group: its members (client id, host, assignment) and the lag of each partition.
@@ -58,7 +58,7 @@ fn members_json(g: &Group) -> Vec<serde_json::Value> {
         .collect()
 }
 
-pub async fn run(ctx: &Ctx, cmd: GroupsCommand) -> Result<()> {
+pub(crate) async fn run(ctx: &Ctx, cmd: GroupsCommand) -> Result<()> {
     let config = ctx.config.clone();
     match cmd {
         GroupsCommand::List => {

@@ -10,7 +10,7 @@ use std::ffi::OsString;
 
 /// The arguments with the old `enqueue` forms rewritten, and a warning for
 /// each.
-pub fn rewrite(args: Vec<OsString>) -> (Vec<OsString>, Vec<String>) {
+pub(crate) fn rewrite(args: Vec<OsString>) -> (Vec<OsString>, Vec<String>) {
     // The subcommand is the first argument that names one.
     const VERBS: [&str; 10] = [
         "dlq",

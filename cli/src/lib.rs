@@ -10,6 +10,7 @@
 //! (several when they list things), with the exit codes `kjob --help` lists; a
 //! closed pipe ends the command quietly.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(unreachable_pub, missing_docs)]
 // Output goes through `output::outln!`, whose errors reach `main`, so a
 // closed pipe is handled in one place instead of panicking in `println!`.
 #![deny(clippy::print_stdout)]

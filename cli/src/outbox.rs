@@ -16,7 +16,7 @@ use kjob_ops::terminal::{for_terminal, LINE_WIDTH};
 
 /// Where the outbox lives.
 #[derive(Args, Debug, Clone)]
-pub struct Database {
+pub(crate) struct Database {
     /// PostgreSQL URL, e.g. postgres://user@host:5432/db.
     #[arg(long = "database-url", env = "KJOB_DATABASE_URL")]
     pub database_url: String,
@@ -26,7 +26,7 @@ pub struct Database {
 }
 
 #[derive(Subcommand, Debug)]
-pub enum OutboxCommand {
+pub(crate) enum OutboxCommand {
     /// Create the outbox table, its indexes and the SQL enqueue functions
     /// (kjob.enqueue, kjob.enqueue_many); idempotent.
     Migrate {
@@ -121,7 +121,7 @@ pub(crate) fn print_status(s: &OutboxStatus) -> Result<()> {
     Ok(())
 }
 
-pub async fn run(ctx: &Ctx, cmd: OutboxCommand) -> Result<()> {
+pub(crate) async fn run(ctx: &Ctx, cmd: OutboxCommand) -> Result<()> {
     let config = &ctx.config;
     match cmd {
         OutboxCommand::Migrate {

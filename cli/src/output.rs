@@ -38,7 +38,7 @@ pub(crate) use out;
 /// Prints `value` as one line of JSON, safe for a terminal (see
 /// [`json_for_terminal`]): values taken from records keep their exact
 /// content, escaped.
-pub fn json(value: &impl Serialize) -> Result<()> {
+pub(crate) fn json(value: &impl Serialize) -> Result<()> {
     outln!("{}", json_for_terminal(&serde_json::to_string(value)?))?;
     Ok(())
 }

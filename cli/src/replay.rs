@@ -20,7 +20,7 @@ use kjob_ops::time::format_ms_exact;
 
 #[derive(Args, Debug)]
 #[command(group(ArgGroup::new("target").required(true).args(["to_datetime", "by_duration", "to_offset", "shift_by", "to_earliest", "to_latest", "from_file"])))]
-pub struct ReplayArgs {
+pub(crate) struct ReplayArgs {
     /// Consumer group whose offsets move.
     #[arg(long)]
     group: String,
@@ -123,7 +123,7 @@ fn row_json(r: &ReplayRow) -> serde_json::Value {
     })
 }
 
-pub async fn run(ctx: &Ctx, args: ReplayArgs) -> Result<()> {
+pub(crate) async fn run(ctx: &Ctx, args: ReplayArgs) -> Result<()> {
     let config = ctx.config.clone();
     let json_out = ctx.json();
     let target = match &args.from_file {

@@ -14,13 +14,13 @@ use kjob_ops::terminal::{for_terminal, CELL_WIDTH};
 use kjob_ops::time::format_ms;
 
 #[derive(Args, Debug)]
-pub struct SchedulesArgs {
+pub(crate) struct SchedulesArgs {
     /// The consumer group whose workers run the schedules.
     #[arg(long)]
     group: String,
 }
 
-pub async fn run(ctx: &Ctx, args: SchedulesArgs) -> Result<()> {
+pub(crate) async fn run(ctx: &Ctx, args: SchedulesArgs) -> Result<()> {
     let (c, g) = (ctx.config.clone(), args.group.clone());
     let states = tokio::task::spawn_blocking(move || read_states(&c, &g)).await??;
     let now = kjob::dlq::now_ms();

@@ -22,7 +22,7 @@ use kjob_ops::contracts::{latest, load_dir, set_subject_compatibility, subject_c
 use kjob_ops::problem::Problem;
 
 #[derive(Subcommand, Debug)]
-pub enum SchemaCommand {
+pub(crate) enum SchemaCommand {
     /// Check the newest local version of each contract against what the registry holds
     /// (exit 1 on an incompatibility, 4 when the registry does not answer).
     Check {
@@ -70,7 +70,7 @@ pub enum SchemaCommand {
     },
 }
 
-pub async fn run(ctx: &Ctx, cmd: SchemaCommand) -> Result<()> {
+pub(crate) async fn run(ctx: &Ctx, cmd: SchemaCommand) -> Result<()> {
     let config = &ctx.config;
     // `export` needs no registry, so the client is made per command.
     let codec = || Codec::from_config(config);

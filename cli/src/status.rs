@@ -23,7 +23,7 @@ use kjob_ops::terminal::{for_terminal, LINE_WIDTH};
 use kjob_ops::time::format_ms;
 
 #[derive(Args, Debug)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     /// Consumer group of the workers (without it: records only, no lag).
     #[arg(long)]
     group: Option<String>,
@@ -137,7 +137,7 @@ async fn read_once(ctx: &Ctx, args: &StatusArgs, interval: Duration) -> Result<R
     Ok(status)
 }
 
-pub async fn run(ctx: &Ctx, args: StatusArgs) -> Result<()> {
+pub(crate) async fn run(ctx: &Ctx, args: StatusArgs) -> Result<()> {
     #[cfg(feature = "postgres")]
     let outbox = match &args.database_url {
         Some(url) => Some((

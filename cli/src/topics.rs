@@ -20,7 +20,7 @@ use kjob_ops::suggest::did_you_mean;
 use kjob_ops::topics::{parse_config, route_topics, routes, topic_configs, topic_partitions, Role};
 
 #[derive(Subcommand, Debug)]
-pub enum TopicsCommand {
+pub(crate) enum TopicsCommand {
     /// Every route (a main topic with its tiers, delay topics, DLQ, ...), one row per topic.
     List {
         /// Also topics that belong to no route (internal `__` topics stay hidden).
@@ -82,7 +82,7 @@ struct Wanted {
     configs: Vec<(String, String)>,
 }
 
-pub async fn run(ctx: &Ctx, cmd: TopicsCommand) -> Result<()> {
+pub(crate) async fn run(ctx: &Ctx, cmd: TopicsCommand) -> Result<()> {
     let config = ctx.config.clone();
     match cmd {
         TopicsCommand::List { all } => {

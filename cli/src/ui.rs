@@ -11,7 +11,7 @@ use kjob_ops::ui::{Dashboard, RouteKey};
 
 /// `kjob ui`'s flags.
 #[derive(Args, Debug)]
-pub struct UiArgs {
+pub(crate) struct UiArgs {
     /// Address to serve on. Anything but loopback needs --token.
     #[arg(long, default_value = "127.0.0.1:9470")]
     listen: SocketAddr,
@@ -40,7 +40,7 @@ pub struct UiArgs {
 }
 
 /// Serves the dashboard until interrupted.
-pub async fn run(ctx: &Ctx, args: UiArgs) -> Result<()> {
+pub(crate) async fn run(ctx: &Ctx, args: UiArgs) -> Result<()> {
     let mut dashboard = Dashboard::new(ctx.config.clone())
         .allow_actions(args.allow_actions)
         .token(args.token)

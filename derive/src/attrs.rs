@@ -10,7 +10,7 @@ use crate::json::Json;
 
 /// `#[job(...)]` on the struct.
 #[derive(Default)]
-pub struct Container {
+pub(crate) struct Container {
     pub name: Option<LitStr>,
     pub version: Option<LitInt>,
     pub key: Option<Ident>,
@@ -24,7 +24,7 @@ pub struct Container {
 const CONTAINER_KEYS: &str = "name, version, key, tenant, schema, namespace";
 
 impl Container {
-    pub fn parse(attrs: &[Attribute], errors: &mut Errors) -> Container {
+    pub(crate) fn parse(attrs: &[Attribute], errors: &mut Errors) -> Container {
         let mut c = Container::default();
         for attr in attrs.iter().filter(|a| a.path().is_ident("job")) {
             c.attr.get_or_insert_with(|| attr.clone());
@@ -65,7 +65,7 @@ fn set<T>(slot: &mut Option<T>, meta: &ParseNestedMeta<'_>, value: T) -> syn::Re
 
 /// `#[job(default = ...)]` on a field: the Avro default, for a field added
 /// to a contract that older records lack.
-pub fn field_default(attrs: &[Attribute], errors: &mut Errors) -> Option<(Json, Span)> {
+pub(crate) fn field_default(attrs: &[Attribute], errors: &mut Errors) -> Option<(Json, Span)> {
     let mut out = None;
     for attr in attrs.iter().filter(|a| a.path().is_ident("job")) {
         let result = attr.parse_nested_meta(|meta| {
@@ -117,7 +117,7 @@ pub fn field_default(attrs: &[Attribute], errors: &mut Errors) -> Option<(Json, 
 
 /// What `#[serde(...)]` does to a struct's wire form.
 #[derive(Default)]
-pub struct SerdeContainer {
+pub(crate) struct SerdeContainer {
     /// Attributes that change field names or the shape (`rename_all`,
     /// `transparent`, `from`, ...), which the derive does not model.
     pub reshaping: Vec<(String, Span)>,
@@ -134,7 +134,7 @@ const NEUTRAL_CONTAINER: [&str; 6] = [
 ];
 
 impl SerdeContainer {
-    pub fn parse(attrs: &[Attribute], errors: &mut Errors) -> SerdeContainer {
+    pub(crate) fn parse(attrs: &[Attribute], errors: &mut Errors) -> SerdeContainer {
         let mut out = SerdeContainer::default();
         for attr in attrs.iter().filter(|a| a.path().is_ident("serde")) {
             let result = attr.parse_nested_meta(|meta| {
@@ -154,7 +154,7 @@ impl SerdeContainer {
 
 /// What `#[serde(...)]` does to one field.
 #[derive(Default)]
-pub struct SerdeField {
+pub(crate) struct SerdeField {
     /// `rename = "..."`: the name on the wire.
     pub rename: Option<String>,
     /// `skip`: not on the wire at all.
@@ -170,7 +170,7 @@ pub struct SerdeField {
 const NEUTRAL_FIELD: [&str; 4] = ["default", "alias", "borrow", "bound"];
 
 impl SerdeField {
-    pub fn parse(attrs: &[Attribute], errors: &mut Errors) -> SerdeField {
+    pub(crate) fn parse(attrs: &[Attribute], errors: &mut Errors) -> SerdeField {
         let mut out = SerdeField::default();
         for attr in attrs.iter().filter(|a| a.path().is_ident("serde")) {
             let result = attr.parse_nested_meta(|meta| {
@@ -217,7 +217,7 @@ fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
 
 /// The text of `///` comments (`#[doc = "..."]`), lines joined by spaces:
 /// what goes into the schema's `doc`.
-pub fn doc(attrs: &[Attribute]) -> Option<String> {
+pub(crate) fn doc(attrs: &[Attribute]) -> Option<String> {
     let mut lines = Vec::new();
     for attr in attrs.iter().filter(|a| a.path().is_ident("doc")) {
         if let syn::Meta::NameValue(nv) = &attr.meta {
@@ -239,27 +239,31 @@ pub fn doc(attrs: &[Attribute]) -> Option<String> {
 
 /// Collected errors, reported together so one build shows them all.
 #[derive(Default)]
-pub struct Errors(Option<syn::Error>);
+pub(crate) struct Errors(Option<syn::Error>);
 
 impl Errors {
-    pub fn push(&mut self, e: syn::Error) {
+    pub(crate) fn push(&mut self, e: syn::Error) {
         match &mut self.0 {
             Some(all) => all.combine(e),
             None => self.0 = Some(e),
         }
     }
 
-    pub fn at(&mut self, span: Span, message: impl std::fmt::Display) {
+    pub(crate) fn at(&mut self, span: Span, message: impl std::fmt::Display) {
         self.push(syn::Error::new(span, message));
     }
 
     /// An error covering all of `tokens` (a whole attribute), where a
     /// [`Span`] alone would mark its first token only.
-    pub fn spanned(&mut self, tokens: impl quote::ToTokens, message: impl std::fmt::Display) {
+    pub(crate) fn spanned(
+        &mut self,
+        tokens: impl quote::ToTokens,
+        message: impl std::fmt::Display,
+    ) {
         self.push(syn::Error::new_spanned(tokens, message));
     }
 
-    pub fn finish(self) -> syn::Result<()> {
+    pub(crate) fn finish(self) -> syn::Result<()> {
         match self.0 {
             Some(e) => Err(e),
             None => Ok(()),

@@ -13,7 +13,7 @@ use crate::json::Json;
 
 /// The Avro form of a field type.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Avro {
+pub(crate) enum Avro {
     /// `int`, `long`, `string`, ...
     Prim(&'static str),
     /// `Option<T>`: the union `["null", T]`, default `null`.
@@ -30,7 +30,7 @@ pub enum Avro {
 
 impl Avro {
     /// The type's Avro form, or a reason it has none.
-    pub fn of(ty: &Type) -> Avro {
+    pub(crate) fn of(ty: &Type) -> Avro {
         match ty {
             Type::Paren(p) => Avro::of(&p.elem),
             Type::Group(g) => Avro::of(&g.elem),
@@ -74,7 +74,7 @@ impl Avro {
     }
 
     /// Why this type (or a type inside it) has no generated form, if so.
-    pub fn opaque(&self) -> Option<&str> {
+    pub(crate) fn opaque(&self) -> Option<&str> {
         match self {
             Avro::Prim(_) => None,
             Avro::Optional(t) | Avro::Array(t) | Avro::Map(t) => t.opaque(),
@@ -83,7 +83,7 @@ impl Avro {
     }
 
     /// The Avro type declaration (only for types without [`Avro::Opaque`]).
-    pub fn to_json(&self) -> Json {
+    pub(crate) fn to_json(&self) -> Json {
         match self {
             Avro::Prim(p) => Json::str(*p),
             Avro::Optional(t) => Json::Arr(vec![Json::str("null"), t.to_json()]),
@@ -94,7 +94,7 @@ impl Avro {
     }
 
     /// How a message names this type: `"long"`, `["null", "string"]`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self.opaque() {
             None => self.to_json().compact(),
             Some(_) => "a type kjob does not map".into(),
@@ -104,7 +104,7 @@ impl Avro {
     /// Whether `declared` (a field's `type` in a `.avsc` file) is what
     /// apache-avro writes and reads for this Rust type. Opaque parts match
     /// anything: the file is the authority there.
-    pub fn matches(&self, declared: &Value) -> bool {
+    pub(crate) fn matches(&self, declared: &Value) -> bool {
         match self {
             Avro::Opaque(_) => true,
             Avro::Prim(p) => primitive(declared) == Some(p),

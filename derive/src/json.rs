@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 /// A JSON value with ordered objects.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Json {
+pub(crate) enum Json {
     Null,
     Bool(bool),
     /// A number, already in JSON syntax.
@@ -22,18 +22,18 @@ pub enum Json {
 
 impl Json {
     /// An object from `(key, value)` pairs.
-    pub fn obj<const N: usize>(pairs: [(&str, Json); N]) -> Json {
+    pub(crate) fn obj<const N: usize>(pairs: [(&str, Json); N]) -> Json {
         Json::Obj(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
     }
 
     /// A string value.
-    pub fn str(s: impl Into<String>) -> Json {
+    pub(crate) fn str(s: impl Into<String>) -> Json {
         Json::Str(s.into())
     }
 
     /// One line, with a space after `:` and `,` like the `.avsc` files in
     /// kjob's repository.
-    pub fn compact(&self) -> String {
+    pub(crate) fn compact(&self) -> String {
         let mut out = String::new();
         self.write(&mut out);
         out

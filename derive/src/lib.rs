@@ -3,6 +3,8 @@
 //! trait and the derive); the settings, the Avro mapping and why the schema
 //! is written at compile time are documented on [`derive@Job`].
 
+#![warn(unreachable_pub, missing_docs)]
+
 mod attrs;
 mod avro;
 mod json;

@@ -45,6 +45,7 @@
 //! in the `kjob-ops` crate, which the `kjob` CLI and the dashboard are
 //! built on.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(unreachable_pub, missing_docs)]
 
 pub mod classify;
 pub mod clock;

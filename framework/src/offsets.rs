@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 
 /// Per-partition bookkeeping of started and finished offsets.
 #[derive(Debug, Default, Clone)]
-pub struct OffsetTracker {
+pub(crate) struct OffsetTracker {
     /// In-flight offsets and their record timestamps (epoch ms), if known.
     in_flight: BTreeMap<i64, Option<i64>>,
     highest_seen: Option<i64>,
@@ -47,20 +47,20 @@ const SENT_KEPT: usize = 64;
 
 impl OffsetTracker {
     /// A tracker for a freshly assigned partition.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Registers a record as dispatched. Must be called before the record can
     /// finish, in offset order per partition (the order Kafka delivers).
     #[cfg(test)]
-    pub fn start(&mut self, offset: i64) {
+    pub(crate) fn start(&mut self, offset: i64) {
         self.start_at(offset, None);
     }
 
     /// [`OffsetTracker::start`] with the record's timestamp, so the age of
     /// the oldest pending record can be reported.
-    pub fn start_at(&mut self, offset: i64, timestamp_ms: Option<i64>) {
+    pub(crate) fn start_at(&mut self, offset: i64, timestamp_ms: Option<i64>) {
         let entry = self.in_flight.entry(offset).or_insert(timestamp_ms);
         if entry.is_none() {
             *entry = timestamp_ms;
@@ -74,18 +74,18 @@ impl OffsetTracker {
     }
 
     /// The highest offset started.
-    pub fn highest_seen(&self) -> Option<i64> {
+    pub(crate) fn highest_seen(&self) -> Option<i64> {
         self.highest_seen
     }
 
     /// Whether `offset` is started and not finished.
-    pub fn is_in_flight(&self, offset: i64) -> bool {
+    pub(crate) fn is_in_flight(&self, offset: i64) -> bool {
         self.in_flight.contains_key(&offset)
     }
 
     /// Whether this tracker saw `offset` finish: at or below the highest
     /// offset seen, at or above the first, and no longer in flight.
-    pub fn finished_here(&self, offset: i64) -> bool {
+    pub(crate) fn finished_here(&self, offset: i64) -> bool {
         match (self.first_seen, self.highest_seen) {
             (Some(lo), Some(hi)) => offset >= lo && offset <= hi && !self.is_in_flight(offset),
             _ => false,
@@ -100,7 +100,7 @@ impl OffsetTracker {
     /// where this tracker itself began. Anything else means another member
     /// (or an operator's reset) moved it, so what this tracker finished says
     /// nothing about the partition any more.
-    pub fn position_unchanged(&self, fetched_from: i64) -> bool {
+    pub(crate) fn position_unchanged(&self, fetched_from: i64) -> bool {
         let begun = self.acked.is_none().then_some(self.first_seen).flatten();
         [self.acked, self.committed, begun].contains(&Some(fetched_from))
             || self.sent.contains(&fetched_from)
@@ -108,25 +108,25 @@ impl OffsetTracker {
 
     /// Marks a record done. Returns false if it was not in flight (a stale
     /// completion from before a rebalance), which callers may log.
-    pub fn finish(&mut self, offset: i64) -> bool {
+    pub(crate) fn finish(&mut self, offset: i64) -> bool {
         self.in_flight.remove(&offset).is_some()
     }
 
     /// Timestamp (epoch ms) of the oldest in-flight record, if known.
-    pub fn oldest_timestamp(&self) -> Option<i64> {
+    pub(crate) fn oldest_timestamp(&self) -> Option<i64> {
         self.in_flight.values().flatten().min().copied()
     }
 
     /// How many records are started but not finished. Records dropped
     /// without finishing (queued work on revoke) simply stay here, so the
     /// watermark never passes them and they are re-delivered.
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.in_flight.len()
     }
 
     /// The next offset to read, as Kafka wants it committed: the lowest
     /// in-flight offset, or highest seen + 1. `None` before the first record.
-    pub fn watermark(&self) -> Option<i64> {
+    pub(crate) fn watermark(&self) -> Option<i64> {
         match self.in_flight.keys().next() {
             Some(lowest) => Some(*lowest),
             None => self.highest_seen.map(|h| h + 1),
@@ -135,7 +135,7 @@ impl OffsetTracker {
 
     /// The watermark if it moved past what was last committed; the caller
     /// commits it and then calls [`OffsetTracker::mark_committed`].
-    pub fn committable(&self) -> Option<i64> {
+    pub(crate) fn committable(&self) -> Option<i64> {
         let w = self.watermark()?;
         if self.committed.is_none_or(|c| w > c) {
             Some(w)
@@ -145,7 +145,7 @@ impl OffsetTracker {
     }
 
     /// Records that `offset` (next-to-read form) was committed.
-    pub fn mark_committed(&mut self, offset: i64) {
+    pub(crate) fn mark_committed(&mut self, offset: i64) {
         if self.committed.is_none_or(|c| offset > c) {
             self.committed = Some(offset);
         }
@@ -158,7 +158,7 @@ impl OffsetTracker {
     }
 
     /// Records that the coordinator acknowledged `offset` (next-to-read form).
-    pub fn mark_acked(&mut self, offset: i64) {
+    pub(crate) fn mark_acked(&mut self, offset: i64) {
         if self.acked.is_none_or(|c| offset > c) {
             self.acked = Some(offset);
         }
@@ -166,13 +166,13 @@ impl OffsetTracker {
 
     /// Forgets the last commit so the next [`OffsetTracker::committable`]
     /// returns the watermark again; used when an async commit failed.
-    pub fn reset_committed(&mut self) {
+    pub(crate) fn reset_committed(&mut self) {
         self.committed = None;
     }
 
     /// The last committed position (next-to-read form).
     #[cfg(test)]
-    pub fn committed(&self) -> Option<i64> {
+    pub(crate) fn committed(&self) -> Option<i64> {
         self.committed
     }
 }

@@ -18,6 +18,7 @@
 //! [`suggest`] (near names), [`time`] (Kafka's duration and datetime
 //! formats) and [`terminal`] (record text made safe to print).
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(unreachable_pub, missing_docs)]
 
 pub mod connectivity;
 pub mod contracts;

@@ -36,14 +36,14 @@ use crate::registry::RegistryClient;
 
 /// How long the latest version of a subject is used before it is fetched
 /// again.
-pub const LATEST_TTL: Duration = Duration::from_secs(30);
+pub(super) const LATEST_TTL: Duration = Duration::from_secs(30);
 
 /// A job that does not fit the cached latest version fetches the latest
 /// again, but not more often than this per subject.
-pub const MISS_REFRESH: Duration = Duration::from_secs(1);
+pub(super) const MISS_REFRESH: Duration = Duration::from_secs(1);
 
 /// How long "not registered" and "registry unavailable" are remembered.
-pub const NEGATIVE_TTL: Duration = Duration::from_secs(1);
+pub(super) const NEGATIVE_TTL: Duration = Duration::from_secs(1);
 
 /// A JSON job encoded for Kafka.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -24,7 +24,7 @@ pub struct Property {
 
 /// A properties file's bytes as text: UTF-8, else ISO-8859-1 (what Java
 /// reads), so a file written by a Java tool never fails to load.
-pub fn decode(bytes: &[u8]) -> String {
+pub(super) fn decode(bytes: &[u8]) -> String {
     match std::str::from_utf8(bytes) {
         Ok(s) => s.to_string(),
         Err(_) => bytes.iter().map(|&b| char::from(b)).collect(),

@@ -21,18 +21,18 @@ pub(crate) fn enable() {
 }
 
 /// Whether job spans are being recorded.
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     ON.load(Ordering::Acquire)
 }
 
 /// A job span (or nothing, when tracing is off). Ends when dropped.
-pub struct JobSpan {
+pub(crate) struct JobSpan {
     cx: Option<Context>,
 }
 
 impl JobSpan {
     /// No span.
-    pub fn none() -> Self {
+    pub(crate) fn none() -> Self {
         Self { cx: None }
     }
 
@@ -54,7 +54,7 @@ impl JobSpan {
     }
 
     /// A producer span for an enqueue, child of the current context.
-    pub fn producer(attributes: impl FnOnce() -> Vec<KeyValue>) -> Self {
+    pub(crate) fn producer(attributes: impl FnOnce() -> Vec<KeyValue>) -> Self {
         if !enabled() {
             return Self::none();
         }
@@ -67,7 +67,10 @@ impl JobSpan {
     }
 
     /// A consumer span for one attempt, continuing the trace in `headers`.
-    pub fn consumer(headers: &JobHeaders, attributes: impl FnOnce() -> Vec<KeyValue>) -> Self {
+    pub(crate) fn consumer(
+        headers: &JobHeaders,
+        attributes: impl FnOnce() -> Vec<KeyValue>,
+    ) -> Self {
         if !enabled() {
             return Self::none();
         }
@@ -81,27 +84,27 @@ impl JobSpan {
 
     /// The span's context, to run the handler under (so spans the handler
     /// creates are its children).
-    pub fn context(&self) -> Option<&Context> {
+    pub(crate) fn context(&self) -> Option<&Context> {
         self.cx.as_ref()
     }
 
     /// Writes this span's trace context into forwarded headers, so the next
     /// hop continues the trace.
-    pub fn inject(&self, headers: &mut JobHeaders) {
+    pub(crate) fn inject(&self, headers: &mut JobHeaders) {
         if let Some(cx) = &self.cx {
             super::inject(cx, headers);
         }
     }
 
     /// Adds an attribute (e.g. the acknowledged offset).
-    pub fn set(&self, kv: KeyValue) {
+    pub(crate) fn set(&self, kv: KeyValue) {
         if let Some(cx) = &self.cx {
             cx.span().set_attribute(kv);
         }
     }
 
     /// Marks the span failed.
-    pub fn fail(&self, message: &str) {
+    pub(crate) fn fail(&self, message: &str) {
         if let Some(cx) = &self.cx {
             cx.span().set_status(Status::error(message.to_string()));
         }

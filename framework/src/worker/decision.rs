@@ -15,7 +15,7 @@ use crate::worker::Attempt;
 
 /// The decision for one attempt.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Next {
+pub(super) enum Next {
     /// Handled: mark the offset done.
     Done,
     /// Forward to a retry tier with these (rebuilt) headers, then mark done.
@@ -79,7 +79,7 @@ impl Outcome {
 /// jitter and `now_ms` the clock; both are parameters so the decision is
 /// deterministic under test.
 #[allow(clippy::too_many_arguments)]
-pub fn next_step<M: rdkafka::message::Message>(
+pub(super) fn next_step<M: rdkafka::message::Message>(
     outcome: &Attempt,
     source: &M,
     main: &str,

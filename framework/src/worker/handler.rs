@@ -14,7 +14,7 @@ use crate::job::JobContext;
 /// Values registered once on the builder ([`crate::WorkerBuilder::state`])
 /// and handed to every handler that asks for them with [`State`].
 #[derive(Clone, Default)]
-pub struct StateMap {
+pub(crate) struct StateMap {
     values: std::collections::HashMap<std::any::TypeId, Arc<dyn std::any::Any + Send + Sync>>,
 }
 

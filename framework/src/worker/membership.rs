@@ -115,7 +115,7 @@ impl GroupProtocol {
 }
 
 /// The static-member id from `KJOB_INSTANCE_ID`, if set.
-pub fn instance_id_from_env() -> Option<String> {
+pub(super) fn instance_id_from_env() -> Option<String> {
     std::env::var(INSTANCE_ID_ENV)
         .ok()
         .map(|v| v.trim().to_string())

@@ -26,7 +26,7 @@ use crate::layers::{AttemptService, LayerFn, Request};
 
 /// The result of one attempt at one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Attempt {
+pub(crate) enum Attempt {
     /// The handler returned `Ok`.
     Done,
     /// The attempt failed; `class` decides what happens next.

@@ -27,7 +27,7 @@ use crate::time::format_ms;
 const DEFAULT_RATE: u32 = 100;
 
 /// A re-drive running in the background.
-pub struct Task {
+pub(super) struct Task {
     /// What it does, for the page.
     what: String,
     /// The route's DLQ, for the link back.
@@ -51,7 +51,7 @@ fn hidden_select(select: &Select, at: Option<Coordinates>) -> Markup {
 }
 
 /// The re-drive form (a dry-run preview comes first).
-pub fn redrive_form(state: &AppState, select: &Select, at: Option<Coordinates>) -> Markup {
+pub(super) fn redrive_form(state: &AppState, select: &Select, at: Option<Coordinates>) -> Markup {
     html! {
         form.inline.redrive method="post" action="/dlq/redrive" {
             input type="hidden" name="csrf" value=(state.csrf);
@@ -67,7 +67,7 @@ pub fn redrive_form(state: &AppState, select: &Select, at: Option<Coordinates>) 
 }
 
 /// The resolve form; the browser and the server both require a reason.
-pub fn resolve_form(state: &AppState, select: &Select, at: Option<Coordinates>) -> Markup {
+pub(super) fn resolve_form(state: &AppState, select: &Select, at: Option<Coordinates>) -> Markup {
     html! {
         form.inline.resolve method="post" action="/dlq/resolve" {
             input type="hidden" name="csrf" value=(state.csrf);
@@ -80,7 +80,7 @@ pub fn resolve_form(state: &AppState, select: &Select, at: Option<Coordinates>) 
 
 /// The fields both actions post.
 #[derive(Deserialize)]
-pub struct ActionForm {
+pub(super) struct ActionForm {
     #[serde(default)]
     csrf: String,
     /// The DLQ and the filters, as `kjob dlq` takes them.
@@ -125,7 +125,7 @@ impl ActionForm {
 
 /// `POST /dlq/redrive`: without `execute` the dry-run preview, with it a
 /// background task and a redirect to its progress page.
-pub async fn redrive(State(state): State<Shared>, Form(f): Form<ActionForm>) -> Response {
+pub(super) async fn redrive(State(state): State<Shared>, Form(f): Form<ActionForm>) -> Response {
     if let Err(r) = check_csrf(&state, &f.csrf) {
         return r.into_response();
     }
@@ -226,7 +226,7 @@ pub async fn redrive(State(state): State<Shared>, Form(f): Form<ActionForm>) -> 
 }
 
 /// `POST /dlq/resolve`: resolves with the required reason, audited.
-pub async fn resolve(State(state): State<Shared>, Form(f): Form<ActionForm>) -> Response {
+pub(super) async fn resolve(State(state): State<Shared>, Form(f): Form<ActionForm>) -> Response {
     if let Err(r) = check_csrf(&state, &f.csrf) {
         return r.into_response();
     }
@@ -260,7 +260,7 @@ fn find(state: &AppState, id: u64) -> Option<Arc<Task>> {
 }
 
 /// `GET /tasks/{id}`: progress, outcome and a cancel button.
-pub async fn task_page(State(state): State<Shared>, Path(id): Path<u64>) -> Response {
+pub(super) async fn task_page(State(state): State<Shared>, Path(id): Path<u64>) -> Response {
     let Some(t) = find(&state, id) else {
         return error_page(
             StatusCode::NOT_FOUND,
@@ -292,13 +292,13 @@ pub async fn task_page(State(state): State<Shared>, Path(id): Path<u64>) -> Resp
 
 /// The cancel form's field.
 #[derive(Deserialize)]
-pub struct CsrfForm {
+pub(super) struct CsrfForm {
     #[serde(default)]
     csrf: String,
 }
 
 /// `POST /tasks/{id}/cancel`: stops before the next record.
-pub async fn cancel(
+pub(super) async fn cancel(
     State(state): State<Shared>,
     Path(id): Path<u64>,
     Form(f): Form<CsrfForm>,

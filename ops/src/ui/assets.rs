@@ -72,12 +72,12 @@ const JS: &str = r#"
 "#;
 
 /// `GET /assets/style.css`.
-pub async fn css() -> impl IntoResponse {
+pub(super) async fn css() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], CSS)
 }
 
 /// `GET /assets/app.js`.
-pub async fn js() -> impl IntoResponse {
+pub(super) async fn js() -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
         JS,
@@ -85,7 +85,7 @@ pub async fn js() -> impl IntoResponse {
 }
 
 /// The page shell: navigation, the read-only/actions badge, the body.
-pub fn layout(state: &AppState, title: &str, body: Markup) -> Markup {
+pub(super) fn layout(state: &AppState, title: &str, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {

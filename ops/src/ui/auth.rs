@@ -56,7 +56,7 @@ fn loopback_host(headers: &HeaderMap) -> bool {
 }
 
 /// Runs before every handler: token, Host and read-only checks.
-pub async fn guard(State(state): State<Shared>, req: Request, next: Next) -> Response {
+pub(super) async fn guard(State(state): State<Shared>, req: Request, next: Next) -> Response {
     match &state.token {
         Some(token) => {
             let bearer = req
@@ -108,7 +108,7 @@ pub async fn guard(State(state): State<Shared>, req: Request, next: Next) -> Res
 }
 
 /// Refuses a form whose anti-CSRF token is not this process's.
-pub fn check_csrf(state: &Shared, given: &str) -> Result<(), Refusal> {
+pub(super) fn check_csrf(state: &Shared, given: &str) -> Result<(), Refusal> {
     if same(given, &state.csrf) {
         Ok(())
     } else {

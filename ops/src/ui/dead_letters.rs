@@ -19,7 +19,7 @@ use crate::time::format_ms;
 
 /// The DLQ browser's query: the filters, plus `all` to include audited ones.
 #[derive(Deserialize, Default)]
-pub struct DlqQuery {
+pub(super) struct DlqQuery {
     /// The DLQ and the filters, as `kjob dlq list` takes them.
     #[serde(flatten)]
     select: Select,
@@ -28,7 +28,7 @@ pub struct DlqQuery {
 }
 
 /// `GET /dlq`: the DLQ of one route, filtered, with the actions.
-pub async fn dlq_list(State(state): State<Shared>, Query(q): Query<DlqQuery>) -> Response {
+pub(super) async fn dlq_list(State(state): State<Shared>, Query(q): Query<DlqQuery>) -> Response {
     let DlqQuery { select, all } = q;
     if select.topic.trim().is_empty() {
         let routes = state.routes.read().map(|r| r.clone()).unwrap_or_default();
@@ -93,13 +93,13 @@ pub async fn dlq_list(State(state): State<Shared>, Query(q): Query<DlqQuery>) ->
 
 /// `?topic=&at=partition:offset`.
 #[derive(Deserialize)]
-pub struct ShowQuery {
+pub(super) struct ShowQuery {
     topic: String,
     at: String,
 }
 
 /// `GET /dlq/show`: one dead letter as `kjob dlq show` prints it.
-pub async fn dlq_show(State(state): State<Shared>, Query(q): Query<ShowQuery>) -> Response {
+pub(super) async fn dlq_show(State(state): State<Shared>, Query(q): Query<ShowQuery>) -> Response {
     let at: Coordinates = match q.at.parse() {
         Ok(a) => a,
         Err(e) => return error_page(StatusCode::BAD_REQUEST, &e.to_string()),

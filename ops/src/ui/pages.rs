@@ -16,7 +16,7 @@ use super::Shared;
 use crate::time::format_ms;
 
 /// A page that says what went wrong (escaped), with the given status.
-pub fn error_page(status: StatusCode, message: &str) -> Response {
+pub(super) fn error_page(status: StatusCode, message: &str) -> Response {
     let body = html! {
         (DOCTYPE)
         html lang="en" {
@@ -29,7 +29,7 @@ pub fn error_page(status: StatusCode, message: &str) -> Response {
 
 /// A refused request: its status and the message the page shows.
 #[derive(Debug)]
-pub struct Refusal(pub StatusCode, pub String);
+pub(super) struct Refusal(pub StatusCode, pub String);
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
@@ -39,7 +39,7 @@ impl IntoResponse for Refusal {
 
 /// 502 when Kafka or the registry failed, else `status` (the request
 /// itself was wrong: an unknown record, group or target).
-pub fn upstream_or(e: &anyhow::Error, status: StatusCode) -> StatusCode {
+pub(super) fn upstream_or(e: &anyhow::Error, status: StatusCode) -> StatusCode {
     use kjob::Error as E;
     match e.downcast_ref::<E>() {
         Some(
@@ -59,12 +59,12 @@ pub fn upstream_or(e: &anyhow::Error, status: StatusCode) -> StatusCode {
     }
 }
 
-pub fn live_every(state: &Shared) -> u64 {
+pub(super) fn live_every(state: &Shared) -> u64 {
     state.sample_every.as_secs().max(1)
 }
 
 /// A small inline SVG line of the last values (the newest on the right).
-pub fn sparkline(values: &[f64], width: u32, height: u32) -> Markup {
+pub(super) fn sparkline(values: &[f64], width: u32, height: u32) -> Markup {
     // One sample draws as a flat line rather than nothing.
     let one;
     let values = match values {
@@ -107,7 +107,7 @@ fn metric(label: &str, value: String, spark: Option<Vec<f64>>) -> Markup {
     }
 }
 
-pub fn members_table(state_name: &str, members: &[GroupMember]) -> Markup {
+pub(super) fn members_table(state_name: &str, members: &[GroupMember]) -> Markup {
     html! {
         p.muted { "group state: " strong { (state_name) } ", " (members.len()) " member(s)" }
         @if !members.is_empty() {
@@ -182,7 +182,7 @@ fn route_card(v: &RouteView) -> Markup {
 }
 
 /// `GET /`: every route with lag, rates, DLQ and members.
-pub async fn overview(State(state): State<Shared>) -> Markup {
+pub(super) async fn overview(State(state): State<Shared>) -> Markup {
     let routes = state.routes.read().map(|r| r.clone()).unwrap_or_default();
     layout(
         &state,
@@ -204,7 +204,7 @@ pub async fn overview(State(state): State<Shared>) -> Markup {
 
 /// Percent-encodes a query value (topic and group names are plain, but a
 /// link must not break on an odd one).
-pub fn urlencode(s: &str) -> String {
+pub(super) fn urlencode(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 

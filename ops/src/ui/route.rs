@@ -16,7 +16,7 @@ use crate::time::format_ms;
 
 /// `?topic=&group=`.
 #[derive(Deserialize)]
-pub struct RouteQuery {
+pub(super) struct RouteQuery {
     topic: String,
     group: String,
 }
@@ -39,7 +39,7 @@ fn lag_chart(history: &[Point]) -> Markup {
 }
 
 /// `GET /route`: partitions, tiers, lag chart, members, replay form.
-pub async fn route(State(state): State<Shared>, Query(q): Query<RouteQuery>) -> Response {
+pub(super) async fn route(State(state): State<Shared>, Query(q): Query<RouteQuery>) -> Response {
     let Some(v) = state.route_view(&q.topic, &q.group) else {
         return error_page(
             StatusCode::NOT_FOUND,
@@ -115,7 +115,7 @@ pub async fn route(State(state): State<Shared>, Query(q): Query<RouteQuery>) -> 
 
 /// `GET /replay?topic&group&to&value&include_tiers`.
 #[derive(Deserialize)]
-pub struct ReplayQuery {
+pub(super) struct ReplayQuery {
     topic: String,
     group: String,
     to: String,
@@ -126,7 +126,7 @@ pub struct ReplayQuery {
 }
 
 /// `GET /replay`: the same dry-run table `kjob replay` prints.
-pub async fn replay(State(state): State<Shared>, Query(q): Query<ReplayQuery>) -> Response {
+pub(super) async fn replay(State(state): State<Shared>, Query(q): Query<ReplayQuery>) -> Response {
     let value = q.value.trim().to_string();
     let num = |flag: &str| -> Result<i64, String> {
         value

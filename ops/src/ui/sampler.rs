@@ -13,7 +13,7 @@ use super::Shared;
 use crate::status::{route_topics, sample, status_between, RouteSample, RouteStatus};
 
 /// Samples kept per route (at the default 5 s: ten minutes).
-pub const HISTORY: usize = 120;
+pub(super) const HISTORY: usize = 120;
 
 /// A route: a main topic and the group that consumes it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -59,7 +59,7 @@ pub struct RouteView {
 }
 
 /// Starts the sampling loop.
-pub fn spawn(state: Shared, fixed: Vec<RouteKey>, discover: bool) {
+pub(super) fn spawn(state: Shared, fixed: Vec<RouteKey>, discover: bool) {
     // Only a weak hold: once the server that owns the pages is gone (a
     // worker that stopped), sampling ends.
     let weak = Arc::downgrade(&state);
