@@ -387,7 +387,7 @@ fn missing_topic(topic: &str, bootstrap: &str) -> String {
 
 impl Error {
     /// A process exit status for this error: a worker limit's own code
-    /// (81 jobs, 82 memory, 83 time, see [`crate::worker::limits`]) so a
+    /// (81 jobs, 82 memory, 83 time, see `WorkerBuilder::stop_after_jobs`) so a
     /// supervisor and a human can tell a planned restart from a failure
     /// (1).
     pub fn exit_code(&self) -> u8 {

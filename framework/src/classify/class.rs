@@ -1,6 +1,8 @@
 //! The closed set of error classes a failure is recorded under
 //! (`kjob-error-class`), and what each one means for the job.
 
+#[cfg(doc)]
+use super::{JobError, PermanentReason, RetryReason};
 use std::fmt;
 
 /// Every way a job can fail, as recorded in the `kjob-error-class` header and

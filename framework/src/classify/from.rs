@@ -5,6 +5,8 @@
 use std::sync::Arc;
 
 use super::http::reqwest_class;
+#[cfg(doc)]
+use super::ResultExt;
 use super::{JobError, Make};
 
 /// I/O failures are transient by default: a reset connection or a full

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+#[cfg(doc)]
+use super::ResultExt;
 use super::{JobError, Make};
 
 /// Default wait for a 429 that says nothing about when to come back.

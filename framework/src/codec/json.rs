@@ -175,7 +175,7 @@ enum Entry {
 }
 
 /// The contracts JSON jobs are encoded against, cached per subject and
-/// version (see the [module docs](self)). Cheap to share; lives in the
+/// version. Cheap to share; lives in the
 /// [`Codec`](crate::codec::Codec).
 pub struct JsonContracts {
     client: RegistryClient,

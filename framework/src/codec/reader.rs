@@ -11,6 +11,8 @@ use apache_avro::types::Value;
 use apache_avro::{from_value, Schema};
 
 use super::wire::MAGIC_BYTE;
+#[cfg(doc)]
+use super::Codec;
 use crate::classify::ErrorClass;
 use crate::job::Job;
 

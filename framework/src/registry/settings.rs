@@ -4,6 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
+#[cfg(doc)]
+use super::RegistryClient;
 use crate::config::{redact_url, KafkaConfig, RegistryAuth, RegistryOptions, Secret};
 use crate::error::{Error, Result};
 

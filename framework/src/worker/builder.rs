@@ -23,6 +23,10 @@ use super::route::{Route, TypedRoute};
 use super::scheduler::Limits;
 use super::state::{OrderingMode, RouteEntry, Settings, TopicRole};
 use super::{limits, strict, watchdog, Priority, WorkerStats};
+#[cfg(doc)]
+use super::{Ext, State};
+#[cfg(doc)]
+use crate::producer::Producer;
 
 /// Builds a route once the codec, timeout, state and layers are known (at
 /// `build()`).
@@ -141,7 +145,7 @@ impl WorkerBuilder {
     /// against this worker's other routes (default [`Priority::Normal`]):
     /// free slots go to the most urgent active route first, and less urgent
     /// ones keep at most three quarters of them meanwhile. See
-    /// [`priority`].
+    /// [`Priority`](super::Priority).
     pub fn priority(mut self, topic: &str, priority: Priority) -> Self {
         self.priorities.insert(topic.to_string(), priority);
         self
@@ -278,27 +282,27 @@ impl WorkerBuilder {
     /// rebalance of the others, which suits rolling deploys and crash loops.
     /// Defaults to `KJOB_INSTANCE_ID` when that is set. Use a stable,
     /// per-replica name (a StatefulSet pod name); two live processes must
-    /// never share one. See [`membership`].
+    /// never share one. See the book's chapter on deploys and rebalances.
     pub fn static_member(mut self, instance_id: impl Into<String>) -> Self {
         self.static_member = Some(instance_id.into());
         self
     }
 
     /// Stops gracefully after `n` jobs were handled, for a supervisor to
-    /// restart (see [`limits`]; also `KJOB_STOP_AFTER_JOBS`).
+    /// restart (see the book's chapter on limits; also `KJOB_STOP_AFTER_JOBS`).
     pub fn stop_after_jobs(mut self, n: u64) -> Self {
         self.run_limits.jobs = Some(n);
         self
     }
 
     /// Stops gracefully once the process's resident memory exceeds `bytes`
-    /// (see [`limits`]; also `KJOB_STOP_ABOVE_RSS`).
+    /// (see the book's chapter on limits; also `KJOB_STOP_ABOVE_RSS`).
     pub fn stop_above_rss(mut self, bytes: u64) -> Self {
         self.run_limits.rss = Some(bytes);
         self
     }
 
-    /// Stops gracefully after running for `d` (see [`limits`]; also
+    /// Stops gracefully after running for `d` (see the book's chapter on limits; also
     /// `KJOB_STOP_AFTER`).
     pub fn stop_after(mut self, d: Duration) -> Self {
         self.run_limits.time = Some(d);
@@ -307,7 +311,7 @@ impl WorkerBuilder {
 
     /// The rebalance protocol (default: `KJOB_GROUP_PROTOCOL`, else
     /// [`GroupProtocol::Classic`]). A `group.protocol` set on the
-    /// [`KafkaConfig`] is honoured too. See [`membership`] for what each
+    /// [`KafkaConfig`] is honoured too. See the book's chapter on deploys and rebalances for what each
     /// costs on a deploy and on a crash.
     pub fn group_protocol(mut self, protocol: GroupProtocol) -> Self {
         self.protocol = Some(protocol);
