@@ -5,7 +5,7 @@
 //! guarantees a production team needs:
 //!
 //! * **Jobs are versioned Avro contracts** ([`Job`]) encoded in the Confluent
-//!   wire format against a schema registry ([`codec`]). Old and new binaries
+//!   wire format against a schema registry. Old and new binaries
 //!   can read each other's records during a rolling deploy because the worker
 //!   always resolves the *writer's* schema to its own compiled-in *reader*
 //!   schema.
@@ -19,7 +19,7 @@
 //!   loses.
 //! * **Failures are classified** ([`JobError`]) and poison records, permanent
 //!   errors and handler panics are forwarded to a dead-letter topic
-//!   ([`dlq`]) *before* their source offset is released.
+//!   (`<topic>.dlq`) *before* their source offset is released.
 //!
 //! **Cargo features.** `metrics-http` (the worker's `/metrics`, `/healthz`
 //! and `/readyz` endpoint: axum and the Prometheus exporter) and `otlp`
@@ -29,43 +29,48 @@
 //! classification, `testing` the in-memory harness, `tls` TLS for Kafka and
 //! the registry.
 //!
-//! Start with the `orders` example and the README's Quickstart. The commit
-//! path lives in `offsets.rs` (the watermark) and [`worker`] (when it is
-//! committed: periodically, on revoke and on shutdown); the retry and DLQ
-//! decision in `worker/decision.rs`, the forwards in [`retry`] and [`dlq`].
+//! Start with `examples/hello` and the book (`docs/`); `ARCHITECTURE.md`
+//! at the repository root follows one job through the code.
 //!
 //! **What is for whom.** Handler crates need the root re-exports (or
 //! [`prelude`]), [`retry`], [`layers`], [`idempotency`] and, for tests,
-//! `testing` (feature `testing`). Worker binaries add [`config`] and
-//! [`worker`]. [`dlq`] (writing dead letters), [`lag`] (the worker's lag
-//! reader), [`topics`], [`schema`] (compatibility rules and `schema export`),
-//! [`registry`], [`headers`] and [`codec`] are shared with the operator
-//! side. Operator-only code (reading and re-driving dead letters, replays,
-//! consumer groups, route status, contract files against the registry) is
-//! in the `kjob-ops` crate, which the `kjob` CLI and the dashboard are
-//! built on.
+//! `testing` (feature `testing`). Worker binaries add [`config`],
+//! [`worker`], [`telemetry`], [`schedule`] and [`outbox`]; [`topics`] and
+//! [`schema`] create a route's topics and export its contracts. The
+//! plumbing the operator side shares (`codec`, `registry`, `headers`,
+//! `dlq`, `lag`, `json_avro`) is public for the `kjob-ops` crate, which the
+//! `kjob` CLI and the dashboard are built on, and hidden from these docs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(unreachable_pub, missing_docs)]
 
+// `codec`, `registry`, `headers`, `json_avro`, `dlq` and `lag` are the
+// plumbing that `kjob-ops` (status, dead-letter review, replay, the
+// dashboard) builds on: public for that crate, hidden from the handler API.
 pub mod classify;
 pub mod clock;
+#[doc(hidden)]
 pub mod codec;
 pub mod config;
 #[cfg(feature = "postgres")]
 pub mod ddl;
 pub mod delay;
+#[doc(hidden)]
 pub mod dlq;
 pub mod error;
+#[doc(hidden)]
 pub mod headers;
 pub mod idempotency;
 pub mod job;
+#[doc(hidden)]
 pub mod json_avro;
+#[doc(hidden)]
 pub mod lag;
 pub mod layers;
 pub(crate) mod offsets;
 #[cfg(feature = "postgres")]
 pub mod outbox;
 pub mod producer;
+#[doc(hidden)]
 pub mod registry;
 pub mod retry;
 pub mod schedule;

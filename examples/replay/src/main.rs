@@ -75,7 +75,7 @@ async fn main() -> anyhow::Result<()> {
         producer.enqueue_to(&topic, &job(i)).await?;
     }
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let cut = kjob::dlq::now_ms();
+    let cut = kjob::clock::now_ms();
     tokio::time::sleep(Duration::from_millis(1200)).await;
     for i in 10..20 {
         producer.enqueue_to(&topic, &job(i)).await?;
