@@ -15,9 +15,22 @@
 //! shortest bucket is left it runs from the delay topic it is in (after
 //! waiting out the sub-second remainder in the worker, see below).
 //!
-//! Hop times are planned from the previous hop's *planned* release, not from
-//! the clock, so the small lateness of each hop does not add up: a job that
-//! hops nine times is no later than one that hops once.
+//! **Every record of a bucket is released in write order, by construction.**
+//! A record written to bucket `b` at time `w` is released at `w + b`: the
+//! producer and the worker both plan a hop from the clock when they write
+//! it, never from an earlier plan. So a record can never be due before
+//! the records ahead of it in its partition. (Planning from the previous
+//! hop's planned release, as kjob did before, broke this after a restart:
+//! catch-up hops written late were due before records already waiting, and
+//! waited behind them, late at every later hop.) Lateness does not add up
+//! either: each hop picks its bucket from what is left until the absolute
+//! run time, so a late hop is followed by a shorter one.
+//!
+//! **A job due now never enters a bucket.** A job with less than the
+//! shortest bucket plus [`LEAD`] left when it is enqueued (a short delay, or
+//! a time already passed) is written to the main topic with its run time,
+//! and the worker waits out the rest there, parked. In a bucket it would
+//! wait behind records due up to a bucket later.
 //!
 //! **The remainder.** Hops are planned towards `D` minus [`LEAD`] (250 ms),
 //! so what is left after the last hop is between `LEAD` and `LEAD` plus the
@@ -126,23 +139,19 @@ pub fn next_hop(from_ms: i64, run_at_ms: i64) -> Option<Hop> {
     })
 }
 
-/// The first hop of a job enqueued at `now_ms` to run at `run_at_ms`. A
-/// delay below the shortest bucket (or a time already passed) still goes
-/// through the shortest bucket's topic, released at once, so every delayed
-/// job takes the same path; the worker waits out the rest.
-pub fn first_hop(now_ms: i64, run_at_ms: i64) -> Hop {
-    next_hop(now_ms, run_at_ms).unwrap_or(Hop {
-        bucket: 0,
-        release_ms: now_ms,
-    })
+/// The first hop of a job enqueued at `now_ms` to run at `run_at_ms`, or
+/// `None` when it is due too soon for any bucket: it is then written to the
+/// main topic with its run time, and the worker waits out the rest.
+pub fn first_hop(now_ms: i64, run_at_ms: i64) -> Option<Hop> {
+    next_hop(now_ms, run_at_ms)
 }
 
 /// The buckets a job enqueued at `now_ms` for `run_at_ms` passes through
-/// (with repeats), for the retention check.
+/// (with repeats) if every hop is on time, for the retention check. Empty
+/// for a job due too soon for any bucket.
 pub fn path(now_ms: i64, run_at_ms: i64) -> Vec<usize> {
-    let first = first_hop(now_ms, run_at_ms);
-    let mut out = vec![first.bucket];
-    let mut at = first.release_ms;
+    let mut out = Vec::new();
+    let mut at = now_ms;
     while let Some(h) = next_hop(at, run_at_ms) {
         out.push(h.bucket);
         at = h.release_ms;
@@ -260,22 +269,39 @@ mod tests {
     }
 
     #[test]
-    fn short_and_past_delays_go_through_the_shortest_bucket_at_once() {
-        assert_eq!(
-            first_hop(5 * S, 5 * S + 1_200),
-            Hop {
-                bucket: 0,
-                release_ms: 5 * S
-            }
-        );
-        assert_eq!(
-            first_hop(5 * S, 0),
-            Hop {
-                bucket: 0,
-                release_ms: 5 * S
-            }
-        );
+    fn short_and_past_delays_enter_no_bucket() {
+        assert_eq!(first_hop(5 * S, 5 * S + 1_200), None);
+        assert_eq!(first_hop(5 * S, 0), None);
         assert_eq!(next_hop(5 * S, 5 * S + 1_249), None);
+        assert!(path(5 * S, 5 * S + 1_249).is_empty());
+        assert_eq!(
+            first_hop(5 * S, 5 * S + 1_250),
+            Some(Hop {
+                bucket: 0,
+                release_ms: 6 * S
+            })
+        );
+    }
+
+    proptest::proptest! {
+        /// Records written to a bucket in time order are released in that
+        /// order, whatever their run times and however late each writer is:
+        /// the FIFO premise of a held partition.
+        #[test]
+        fn a_bucket_releases_in_write_order(
+            writes in proptest::collection::vec((0i64..5_000, 0i64..200_000), 1..50)
+        ) {
+            let mut clock = 0i64;
+            let mut last_release = [i64::MIN; BUCKETS.len()];
+            for (gap, delay) in writes {
+                clock += gap;
+                if let Some(h) = next_hop(clock, clock + delay) {
+                    proptest::prop_assert!(h.release_ms >= last_release[h.bucket]);
+                    proptest::prop_assert!(h.release_ms + LEAD.as_millis() as i64 <= clock + delay);
+                    last_release[h.bucket] = h.release_ms;
+                }
+            }
+        }
     }
 
     #[test]

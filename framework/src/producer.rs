@@ -468,10 +468,17 @@ impl Producer {
         mut headers: JobHeaders,
         run_at_ms: i64,
     ) -> Result<(String, i32, i64)> {
-        let hop = delay::first_hop(now_ms, run_at_ms);
         headers.run_at_ms = Some(run_at_ms);
-        headers.due_at_ms = Some(hop.release_ms);
-        let target = delay::delay_topic(main, hop.bucket);
+        // Due too soon for any bucket: the main topic, where the worker
+        // waits out the rest (in a bucket it would wait behind records due
+        // up to a bucket later).
+        let target = match delay::first_hop(now_ms, run_at_ms) {
+            Some(hop) => {
+                headers.due_at_ms = Some(hop.release_ms);
+                delay::delay_topic(main, hop.bucket)
+            }
+            None => main.to_string(),
+        };
         let (partition, offset) = self
             .send_raw(&target, key, Some(payload), headers.to_owned_headers())
             .await?;

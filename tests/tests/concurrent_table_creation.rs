@@ -204,10 +204,13 @@ async fn concurrent_outbox_migrations_are_all_applied() {
                 }
             })
             .collect();
-        let names = [
-            format!("{schema}.outbox_{round}"),
-            format!("outbox_{round}"),
-        ];
+        // A table name of this run alone: the unqualified spelling's
+        // functions schema (`kjob_<table>`) is outside the test schema and
+        // would otherwise be bound to an earlier run's table.
+        let table = format!("ob_{}_{round}", schema.trim_start_matches("kjob_ddl_"));
+        let names = [format!("{schema}.{table}"), table.clone()];
+        scratch.schemas.push(format!("kjob_{table}"));
+        scratch.schemas.push(format!("kjob_{schema}_{table}"));
         failures.extend(
             race(urls, move |i, client| {
                 let name = names[i % 2].clone();

@@ -226,7 +226,7 @@ async fn two_members_export_each_partitions_lag_once() {
     let (addr_a, addr_b) = (*sa.endpoint.get().unwrap(), *sb.endpoint.get().unwrap());
     // Each member exports the partitions it owns, and together they cover
     // the topic once. Retried while the lag refresh (2 s) catches up.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let (pa, pb) = (
             main_partitions(&scrape(addr_a).await),
@@ -235,8 +235,9 @@ async fn two_members_export_each_partitions_lag_once() {
         let mut all = pa.clone();
         all.extend(pb.clone());
         all.sort();
-        if all == ["0", "1", "2", "3"] {
-            assert!(!pa.is_empty() && !pb.is_empty(), "{pa:?} {pb:?}");
+        // Both members own a share (a rebalance may briefly give one member
+        // everything), and together they export each partition once.
+        if all == ["0", "1", "2", "3"] && !pa.is_empty() && !pb.is_empty() {
             break;
         }
         assert!(

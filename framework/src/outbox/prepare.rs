@@ -69,10 +69,15 @@ pub(super) async fn prepare(
             if let Err(e) = delay_topics.check(&row.topic, now_ms, run_at_ms).await {
                 return Prepared::Defer(e.to_string());
             }
-            let hop = delay::first_hop(now_ms, run_at_ms);
             set(&mut headers, headers::RUN_AT, run_at_ms.to_string());
-            set(&mut headers, headers::DUE_AT, hop.release_ms.to_string());
-            delay::delay_topic(&row.topic, hop.bucket)
+            match delay::first_hop(now_ms, run_at_ms) {
+                Some(hop) => {
+                    set(&mut headers, headers::DUE_AT, hop.release_ms.to_string());
+                    delay::delay_topic(&row.topic, hop.bucket)
+                }
+                // Due too soon for a bucket: the worker waits out the rest.
+                None => row.topic.clone(),
+            }
         }
         _ => row.topic.clone(),
     };

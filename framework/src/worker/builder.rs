@@ -556,6 +556,7 @@ impl WorkerBuilder {
                     role: TopicRole::Tier(i),
                     retry: retry.clone(),
                     priority,
+                    delays: self.delayed_jobs,
                 };
                 if entries.insert(tier.clone(), entry).is_some() {
                     return Err(Error::DuplicateTopic { topic: tier });
@@ -569,6 +570,7 @@ impl WorkerBuilder {
                         role: TopicRole::Delay(i),
                         retry: retry.clone(),
                         priority,
+                        delays: self.delayed_jobs,
                     };
                     if entries.insert(delay.clone(), entry).is_some() {
                         return Err(Error::DuplicateTopic { topic: delay });
@@ -581,6 +583,7 @@ impl WorkerBuilder {
                 role: TopicRole::Main,
                 retry,
                 priority,
+                delays: self.delayed_jobs,
             };
             if entries.insert(topic.clone(), entry).is_some() {
                 return Err(Error::DuplicateTopic {

@@ -168,9 +168,18 @@ impl Pipeline {
         }
         // 3. The handler.
         let mut ctx = context_for(msg, &headers, &self.fw.group, job);
-        if let TopicRole::Delay(_) = entry.role {
+        match entry.role {
             // Its lateness is measured against the time it was asked for.
-            ctx.due_at_ms = headers.run_at_ms.or(ctx.due_at_ms);
+            TopicRole::Delay(_) => ctx.due_at_ms = headers.run_at_ms.or(ctx.due_at_ms),
+            // A job due too soon for a bucket, or at a time already passed
+            // when it was written: due at the later of the two.
+            TopicRole::Main => {
+                if let Some(run_at) = headers.run_at_ms {
+                    let written = msg.timestamp().to_millis().unwrap_or(run_at);
+                    ctx.due_at_ms = Some(run_at.max(written));
+                }
+            }
+            TopicRole::Tier(_) => {}
         }
         let (id, attempt) = (ctx.id.clone(), ctx.attempt);
         let span = handle_span(msg, &ctx, &headers, job);

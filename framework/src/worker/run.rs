@@ -276,21 +276,28 @@ impl Worker {
             };
             loop {
                 let (r, t) = (reader.clone(), topics.clone());
-                if let Ok(Ok(rows)) = tokio::task::spawn_blocking(move || r.read(&t)).await {
-                    let mut snap = snapshot
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    // Only the partitions this member owns: every replica
-                    // reads the whole group's lag, and `sum()` over the
-                    // replicas must count each partition once.
-                    let owned: std::collections::HashSet<(String, i32)> =
-                        stats.assignment().into_iter().collect();
-                    snap.lag = rows
-                        .iter()
-                        .map(|r| ((r.topic.clone(), r.partition), r.lag()))
-                        .filter(|(tp, _)| owned.contains(tp))
-                        .collect();
+                let read = tokio::task::spawn_blocking(move || r.read(&t)).await;
+                // Only the partitions this member owns: every replica reads
+                // the whole group's lag, and `sum()` over the replicas must
+                // count each partition once. A failed read (a timeout on a
+                // busy broker) keeps the last values of the partitions still
+                // owned, never those of partitions moved to another member.
+                let owned: std::collections::HashSet<(String, i32)> =
+                    stats.assignment().into_iter().collect();
+                let mut snap = snapshot
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                match read {
+                    Ok(Ok(rows)) => {
+                        snap.lag = rows
+                            .iter()
+                            .map(|r| ((r.topic.clone(), r.partition), r.lag()))
+                            .filter(|(tp, _)| owned.contains(tp))
+                            .collect();
+                    }
+                    _ => snap.lag.retain(|tp, _| owned.contains(tp)),
                 }
+                drop(snap);
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(Duration::from_secs(2)) => {}

@@ -1,6 +1,8 @@
 //! The stages a record may pass before its handler, chosen by its topic's
-//! role ([`TopicRole`]): a main-topic record goes straight to the handler;
-//! a delay-bucket record hops on to the next bucket until its run time is
+//! role ([`TopicRole`]): a main-topic record goes straight to the handler,
+//! unless it carries a run time still ahead (a job enqueued due too soon for
+//! any delay bucket, which the producer writes to the main topic); a
+//! delay-bucket record hops on to the next bucket until its run time is
 //! close ([`crate::delay`]); a retry-tier record that is not due yet (a
 //! `Retry-After` longer than the last tier) hops on through the tiers.
 //! Either way the remainder of less than one hop is waited out parked,
@@ -29,7 +31,10 @@ pub(super) async fn before<M: Message>(
     now_ms: i64,
 ) -> Option<Outcome> {
     match entry.role {
-        TopicRole::Main => None,
+        TopicRole::Main => match headers.run_at_ms.filter(|r| *r > now_ms) {
+            Some(run_at) => due_soon(fw, entry, msg, headers, waiter, now_ms, run_at).await,
+            None => None,
+        },
         TopicRole::Delay(_) => delayed(fw, entry, msg, headers, waiter, now_ms).await,
         TopicRole::Tier(_) => match headers.run_at_ms.filter(|r| *r > now_ms) {
             Some(run_at) => not_due(fw, entry, msg, headers, waiter, now_ms, run_at).await,
@@ -51,8 +56,10 @@ async fn delayed<M: Message>(
 ) -> Option<Outcome> {
     // Without a run time (a record written by hand) it is due now.
     let run_at = headers.run_at_ms?;
-    let released_ms = headers.due_at_ms.unwrap_or(now_ms);
-    let Some(hop) = crate::delay::next_hop(released_ms, run_at) else {
+    // Planned from the clock, not from this record's planned release: the
+    // next bucket then releases in write order (see `crate::delay`), and a
+    // hop released late (after a restart) is followed by a shorter one.
+    let Some(hop) = crate::delay::next_hop(now_ms, run_at) else {
         let left = run_at - crate::clock::now_ms();
         return wait_out(waiter, left).await;
     };
@@ -63,6 +70,33 @@ async fn delayed<M: Message>(
         fw.forward_as(&target, &entry.main, msg, &next, None, Outcome::Delayed)
             .await,
     )
+}
+
+/// A main-topic record whose run time is still ahead: what is left is
+/// waited out parked. A record that has more than a bucket left (written to
+/// the main topic by hand, or by a producer that does not hop) takes the
+/// delay buckets when its route has them, instead of holding its
+/// partition's commit that long.
+async fn due_soon<M: Message>(
+    fw: &Forwarder,
+    entry: &RouteEntry,
+    msg: &M,
+    headers: &JobHeaders,
+    waiter: &Waiter,
+    now_ms: i64,
+    run_at: i64,
+) -> Option<Outcome> {
+    match crate::delay::next_hop(now_ms, run_at).filter(|_| entry.delays) {
+        Some(hop) => {
+            let target = crate::delay::delay_topic(&entry.main, hop.bucket);
+            let next = hop_headers(fw, msg, headers, hop.release_ms);
+            Some(
+                fw.forward_as(&target, &entry.main, msg, &next, None, Outcome::Delayed)
+                    .await,
+            )
+        }
+        None => wait_out(waiter, run_at - now_ms).await,
+    }
 }
 
 /// A retry-tier record released before its run time (see

@@ -138,4 +138,6 @@ pub(crate) struct RouteEntry {
     pub retry: Arc<RetryPolicy>,
     /// The route's priority (its tiers share it).
     pub priority: super::Priority,
+    /// Whether the route has delay topics (`WorkerBuilder::delayed_jobs`).
+    pub delays: bool,
 }
