@@ -23,7 +23,7 @@ h1 { font-size:20px; margin:.2rem 0 1rem; } h2 { font-size:16px; margin:1.2rem 0
 .card h2 { margin-top:0; } .card h2 small { color:var(--muted); font-weight:400; }
 table { border-collapse:collapse; width:100%; background:#fff; }
 th, td { text-align:left; padding:.35rem .6rem; border-bottom:1px solid var(--line); vertical-align:top; }
-td { overflow-wrap:anywhere; }
+td.mono { overflow-wrap:anywhere; } td.num, td.nowrap { white-space:nowrap; }
 th { font-size:12px; text-transform:uppercase; letter-spacing:.03em; color:var(--muted); font-weight:600; }
 td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
 .metrics { display:flex; flex-wrap:wrap; gap:1rem; margin:.8rem 0; }
@@ -48,9 +48,9 @@ table.dlq td { white-space:nowrap; overflow:hidden; text-overflow:ellipsis; }
 table.dlq td.wrap { white-space:normal; overflow-wrap:anywhere; }
 table.dlq td.time { white-space:normal; }
 table.dlq th { overflow:hidden; text-overflow:ellipsis; white-space:nowrap; }
-table.dlq .c-at { width:9rem; } table.dlq .c-attempts { width:6.5rem; } table.dlq .c-class { width:9rem; }
-table.dlq .c-time { width:11rem; } table.dlq .c-status { width:8rem; }
-table.dlq .c-job, table.dlq .c-key { width:15%; }
+table.dlq .c-at { width:10rem; } table.dlq .c-attempts { width:6rem; } table.dlq .c-class { width:7.5rem; }
+table.dlq .c-time { width:10.5rem; } table.dlq .c-status { width:7rem; }
+table.dlq .c-job { width:12%; } table.dlq .c-key { width:16%; }
 time.when .age { color:var(--muted); white-space:nowrap; }
 table.dlq time.when .age { display:block; }
 .whole { max-height:14rem; overflow:auto; white-space:pre-wrap; overflow-wrap:anywhere; }

@@ -3,6 +3,8 @@
 //! escaping; nothing here writes to Kafka. The route and DLQ pages live in
 //! `route.rs` and `dead_letters.rs`.
 
+use std::borrow::Cow;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -124,9 +126,9 @@ pub(super) fn members_table(group: &str, state_name: &str, members: &[GroupMembe
                         @let process = kjob::config::host_and_pid(&m.client_id, group);
                         tr {
                             td.mono { (cut(&m.client_id, CELL_CHARS)) }
-                            td.host { (process.as_ref().map_or("-", |(h, _)| h.as_str())) }
+                            td.host { (process.as_ref().map_or(Cow::Borrowed("-"), |(h, _)| cut(h, CELL_CHARS))) }
                             td.num.pid { (process.as_ref().map_or("-".to_string(), |(_, p)| p.to_string())) }
-                            td.mono { (cut(&m.host, CELL_CHARS)) }
+                            td.mono.nowrap { (cut(&m.host, CELL_CHARS)) }
                             td.mono { (cut(&m.id, CELL_CHARS)) }
                             td.mono {
                                 @for (t, parts) in &m.assignment {

@@ -22,7 +22,7 @@ pub(super) const CELL_CHARS: usize = 80;
 
 /// Characters of an error message shown in the DLQ table (its column
 /// wraps); the detail page shows the whole header.
-pub(super) const ERROR_CHARS: usize = 240;
+pub(super) const ERROR_CHARS: usize = 160;
 
 /// `html` with every bidi control outside a tag written as a visible
 /// escape (`\u{202e}`, as `kjob dlq list` writes it), so it is shown
