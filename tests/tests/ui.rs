@@ -6,8 +6,13 @@
 //! worker, with the action in `<topic>.dlq.audit`; a resolve without a
 //! reason is refused; a long re-drive is cancelled; read-only mode has no
 //! action buttons and answers POSTs with 403; a hostile key and hostile
-//! headers render as text. The screenshots in docs/src/ (the book's dashboard
-//! chapter) are taken here.
+//! headers render as text. Over plain HTTP: the token redirect keeps its
+//! query and stays on this server, forged POSTs (a foreign `Origin` or
+//! `Sec-Fetch-Site`, another session's form token) are refused, and delay
+//! and cron topics are no routes of their own. In the browser again: long
+//! values stay in their columns, bidi controls show as escapes, times as
+//! dates. The screenshots in docs/src/ (the book's dashboard chapter) are
+//! taken here.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

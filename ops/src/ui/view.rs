@@ -137,7 +137,7 @@ pub(super) fn header_time(name: &str, value: &str) -> Option<i64> {
 /// that way). A message with an odd number of backticks is shown as it is.
 pub(super) fn prose(message: &str) -> Markup {
     let parts: Vec<&str> = message.split('`').collect();
-    if parts.len() % 2 == 0 {
+    if parts.len().is_multiple_of(2) {
         return html! { (message) };
     }
     html! {
