@@ -615,6 +615,71 @@ pub struct RegistryOptions {
     pub auth: Option<RegistryAuth>,
 }
 
+/// The `client.id` a worker's consumer gets unless the user set one (a
+/// `client.id` in the properties file, `KJOB_KAFKA_CLIENT_ID`, or
+/// [`KafkaConfig::set`]): `kjob-<group>-<host>-<pid>`.
+///
+/// librdkafka's default is `rdkafka` for every client, so neither
+/// `kafka-consumer-groups --describe --members` nor the dashboard's
+/// members table could tell one worker process from another; the host and
+/// the process id say which machine and which process to look at. Characters
+/// other than ASCII letters, digits, `.`, `_` and `-` become `_`, so the id
+/// reads the same in every tool and in the brokers' metrics.
+pub fn default_client_id(group: &str) -> String {
+    client_id_for(group, &hostname(), std::process::id())
+}
+
+fn client_id_for(group: &str, host: &str, pid: u32) -> String {
+    format!(
+        "kjob-{}-{}-{pid}",
+        client_id_safe(group),
+        client_id_safe(host)
+    )
+}
+
+/// The host and process id in a client id that [`default_client_id`] made
+/// for `group`; `None` for any other id (one the user chose). The group is
+/// needed because both it and the host may hold a `-`.
+pub fn host_and_pid(client_id: &str, group: &str) -> Option<(String, u32)> {
+    let rest = client_id
+        .strip_prefix("kjob-")?
+        .strip_prefix(client_id_safe(group).as_str())?
+        .strip_prefix('-')?;
+    let (host, pid) = rest.rsplit_once('-')?;
+    if host.is_empty() || pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((host.to_string(), pid.parse().ok()?))
+}
+
+fn client_id_safe(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// This machine's name: `HOSTNAME` (what containers set to the pod or
+/// container name), else the kernel's (Linux), else `unknown-host`.
+fn hostname() -> String {
+    let from_env = std::env::var("HOSTNAME").ok();
+    let from_kernel = || {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_string())
+    };
+    from_env
+        .filter(|h| !h.trim().is_empty())
+        .or_else(from_kernel)
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".to_string())
+}
+
 /// `url` with any `user:password@` replaced by `***@`, for messages
 /// and logs. (A URL may carry credentials: reqwest sends them as basic auth.)
 pub fn redact_url(url: &str) -> String {

@@ -260,7 +260,9 @@ pub fn status_between(
         .iter()
         .filter(|t| t.role == Role::RetryTier)
         .map(|t| rate(end_sum(&first.rows, &t.topic), end_sum(&now.rows, &t.topic)))
-        .sum();
+        // From +0.0: `sum()` of no floats (a route without tiers) is -0.0,
+        // which prints as `-0.0`.
+        .fold(0.0, |a, b| a + b);
     let dead_lettered_per_second = match (first.dlq_end, now.dlq_end) {
         (Some(a), Some(b)) => rate(a, b),
         _ => 0.0,

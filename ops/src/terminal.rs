@@ -24,11 +24,17 @@ pub const LINE_WIDTH: usize = 4096;
 /// around it (embeddings and overrides U+202A–U+202E, isolates
 /// U+2066–U+2069, the marks U+200E, U+200F and U+061C).
 pub fn is_unsafe(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
-        )
+    c.is_control() || is_bidi_control(c)
+}
+
+/// Whether `c` is a Unicode bidi control: it shows nothing itself but
+/// reorders the text around it, so `photo\u{202e}gnp.exe` reads as
+/// `photoexe.png`. The dashboard escapes these in what it shows too.
+pub fn is_bidi_control(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+    )
 }
 
 /// `value` as a terminal may show it: every [`is_unsafe`] character

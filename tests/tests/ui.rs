@@ -6,8 +6,13 @@
 //! worker, with the action in `<topic>.dlq.audit`; a resolve without a
 //! reason is refused; a long re-drive is cancelled; read-only mode has no
 //! action buttons and answers POSTs with 403; a hostile key and hostile
-//! headers render as text. The screenshots in docs/src/ (the book's dashboard
-//! chapter) are taken here.
+//! headers render as text. Over plain HTTP: the token redirect keeps its
+//! query and stays on this server, forged POSTs (a foreign `Origin` or
+//! `Sec-Fetch-Site`, another session's form token) are refused, and delay
+//! and cron topics are no routes of their own. In the browser again: long
+//! values stay in their columns, bidi controls show as escapes, times as
+//! dates. The screenshots in docs/src/ (the book's dashboard chapter) are
+//! taken here.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -421,6 +426,14 @@ async fn the_dashboard_in_a_real_browser() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert!(text(&c, ".outcome").await.contains("re-drove 10 record(s)"));
+    // The heading names the tier as code, not between literal backticks.
+    let heading = text(&c, "h1").await;
+    assert_eq!(
+        heading,
+        format!("Re-drive of 10 record(s) to {topic}.retry.1s"),
+        "{heading}"
+    );
+    assert_eq!(count(&c, "h1 code").await, 1);
     eventually(Duration::from_secs(90), "the worker handles all 13", || {
         let mut h = handled.lock().unwrap_or_else(|p| p.into_inner()).clone();
         h.sort_unstable();
@@ -609,10 +622,526 @@ async fn off_loopback_the_dashboard_needs_its_token() {
         cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
         "{cookie}"
     );
+    let cookie = cookie.split(';').next().unwrap_or_default().to_string();
     let by_cookie = get("/")
-        .header("cookie", cookie.split(';').next().unwrap_or_default())
+        .header("cookie", &cookie)
         .send()
         .await
         .expect("GET");
     assert_eq!(by_cookie.status().as_u16(), 200);
+
+    // A link to one dead letter keeps its query through the token redirect
+    // (it used to land on `/dlq/show` alone: a 400).
+    let topic = unique("uitok");
+    create_topic(&config, &topic, 1).await;
+    create_topic(&config, &format!("{topic}.dlq"), 1).await;
+    produce_raw(
+        &config,
+        &format!("{topic}.dlq"),
+        0,
+        "the-key-1",
+        b"not avro",
+    );
+    let link = get(&format!(
+        "/dlq/show?topic={topic}&at=0:0&token=s3cret-token"
+    ))
+    .send()
+    .await
+    .expect("GET");
+    assert_eq!(link.status().as_u16(), 303);
+    let kept = location(&link);
+    assert_eq!(kept, format!("/dlq/show?topic={topic}&at=0%3A0"));
+    let shown = get(&kept)
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(shown.status().as_u16(), 200, "{kept}");
+    assert!(shown.text().await.unwrap_or_default().contains("the-key-1"));
+
+    // No open redirect: a path that a browser would read as another host
+    // is folded into a path of this server.
+    let link = get("//evil.example/?token=s3cret-token")
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(link.status().as_u16(), 303);
+    assert_eq!(location(&link), "/evil.example/");
+    // Backslashes, which browsers read as slashes, sent raw (reqwest would
+    // normalise them): refused by the HTTP parser or folded the same way.
+    for target in [
+        "/\\evil.example/?token=s3cret-token",
+        "/\\/evil.example/?token=s3cret-token",
+    ] {
+        let head = raw_get(&base, target).await;
+        let to = head.lines().find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("location:")
+                .map(|v| v.trim().to_string())
+        });
+        if let Some(to) = to {
+            assert!(
+                to.starts_with('/') && !to.starts_with("//") && !to.starts_with("/\\"),
+                "{target} redirects to {to}"
+            );
+        }
+    }
+}
+
+fn location(resp: &reqwest::Response) -> String {
+    resp.headers()
+        .get("location")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The status line and headers of a GET of `target` sent byte for byte.
+async fn raw_get(base: &str, target: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = base.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(host).await.expect("connect");
+    s.write_all(
+        format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .expect("write");
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    text.split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The value of the first `name="csrf"` field of a page.
+fn form_token(page: &str) -> String {
+    let needle = "name=\"csrf\" value=\"";
+    let at = page.find(needle).expect("a form with a token") + needle.len();
+    page[at..].split('"').next().unwrap_or_default().to_string()
+}
+
+/// The `name=value` of the session cookie a response sets.
+fn session_cookie(resp: &reqwest::Response) -> String {
+    let set = resp
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| v.starts_with("kjob_ui_session="))
+        .expect("a session cookie")
+        .to_string();
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+        "{set}"
+    );
+    set.split(';').next().unwrap_or_default().to_string()
+}
+
+/// Forged POSTs: a foreign `Origin` or `Sec-Fetch-Site`, another session's
+/// form token, no session cookie, each refused with nothing audited, while
+/// the dashboard's own form (same origin, its session's token) still works
+/// and is audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_posts_are_refused_and_the_form_token_belongs_to_its_session() {
+    let config = ensure_stack();
+    let topic = unique("uicsrf");
+    create_topic(&config, &topic, 1).await;
+    create_topic(&config, &format!("{topic}.dlq"), 1).await;
+    produce_raw(&config, &format!("{topic}.dlq"), 0, "k", b"x");
+    let (_ui, base) = dashboard(&config, &["--allow-actions", "--no-discover"]).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let page = format!("{base}/dlq/show?topic={topic}&at=0:0");
+    let first = http.get(&page).send().await.expect("GET");
+    let session_a = session_cookie(&first);
+    let token_a = form_token(&first.text().await.unwrap_or_default());
+    let second = http.get(&page).send().await.expect("GET");
+    let session_b = session_cookie(&second);
+    let token_b = form_token(&second.text().await.unwrap_or_default());
+    assert_ne!(session_a, session_b);
+    assert_ne!(token_a, token_b, "one token per session, not per process");
+    // A page loaded with a session keeps it (no new cookie) and its token.
+    let again = http
+        .get(&page)
+        .header("cookie", &session_a)
+        .send()
+        .await
+        .expect("GET");
+    assert!(again.headers().get("set-cookie").is_none());
+    assert_eq!(form_token(&again.text().await.unwrap_or_default()), token_a);
+
+    let resolve = |cookie: Option<&str>, token: &str, headers: &[(&str, &str)], reason: &str| {
+        let mut req = http
+            .post(format!("{base}/dlq/resolve"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("csrf={token}&topic={topic}&at=0:0&reason={reason}"));
+        if let Some(c) = cookie {
+            req = req.header("cookie", c);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.send()
+    };
+    let own = base.as_str();
+    for (what, cookie, token, headers) in [
+        (
+            "a foreign Origin",
+            Some(&session_a),
+            &token_a,
+            vec![("origin", "http://evil.example")],
+        ),
+        (
+            "Origin: null",
+            Some(&session_a),
+            &token_a,
+            vec![("origin", "null")],
+        ),
+        (
+            "Sec-Fetch-Site: cross-site",
+            Some(&session_a),
+            &token_a,
+            vec![("sec-fetch-site", "cross-site"), ("origin", own)],
+        ),
+        (
+            "Sec-Fetch-Site: same-site",
+            Some(&session_a),
+            &token_a,
+            vec![("sec-fetch-site", "same-site")],
+        ),
+        (
+            "another session's token",
+            Some(&session_b),
+            &token_a,
+            vec![("origin", own)],
+        ),
+        ("no session cookie", None, &token_a, vec![("origin", own)]),
+    ] {
+        let r = resolve(cookie.map(String::as_str), token, &headers, "forged")
+            .await
+            .expect("POST");
+        assert_eq!(r.status().as_u16(), 403, "{what}");
+    }
+    assert!(audit_actions(&config, &topic).is_empty(), "nothing audited");
+    // The dashboard's own form passes both checks: without a reason it is
+    // refused by the handler (400), with one it is resolved and audited.
+    let same_origin = [("origin", own), ("sec-fetch-site", "same-origin")];
+    let r = resolve(Some(&session_a), &token_a, &same_origin, "")
+        .await
+        .expect("POST");
+    assert_eq!(r.status().as_u16(), 400);
+    let r = resolve(Some(&session_b), &token_b, &same_origin, "a+probe")
+        .await
+        .expect("POST");
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(r
+        .text()
+        .await
+        .unwrap_or_default()
+        .contains("resolved 1 record(s)"));
+    let audit = audit_actions(&config, &topic);
+    assert!(
+        audit.len() == 1 && audit[0]["reason"] == "a probe" && audit[0]["by"] == "ui-tester",
+        "{audit:?}"
+    );
+}
+
+/// The page's width against the window's: `(document, table, window)`.
+async fn widths(c: &Client, table: &str) -> (i64, i64, i64) {
+    let v = c
+        .execute(
+            "const t = document.querySelector(arguments[0]); \
+             return [document.documentElement.scrollWidth, t ? t.scrollWidth : 0, window.innerWidth];",
+            vec![serde_json::json!(table)],
+        )
+        .await
+        .expect("execute");
+    let n = |i: usize| v[i].as_i64().unwrap_or(i64::MAX);
+    (n(0), n(1), n(2))
+}
+
+const BIDI: [char; 12] = [
+    '\u{202a}', '\u{202b}', '\u{202c}', '\u{202d}', '\u{202e}', '\u{2066}', '\u{2067}', '\u{2068}',
+    '\u{2069}', '\u{200e}', '\u{200f}', '\u{061c}',
+];
+
+/// A 100 KB key, a 5 KB job name and a 1 KiB error without a space stay
+/// in their columns (the table is no wider than the window), cut with an
+/// ellipsis, whole on the detail page; a right-to-left override shows as
+/// an escape, never raw; times read as UTC dates with their age and the
+/// raw milliseconds on hover; no rate reads `-0.0`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_and_bidi_values_keep_the_layout_and_read_as_they_are() {
+    init_logging();
+    let (_driver, c) = browser().await;
+    let config = ensure_stack();
+    let topic = unique("uilong");
+    let group = unique("g");
+    let dlq = format!("{topic}.dlq");
+    create_topic(&config, &topic, 1).await;
+    create_topic(&config, &dlq, 1).await;
+    let producer = Producer::new(&config).expect("producer");
+    let key = "k".repeat(100_000);
+    let job = format!("kjob.{}", "very_long_job_name".repeat(300));
+    let error = "e".repeat(1024);
+    let failed_at = (kjob::dlq::now_ms() - 180_000).to_string();
+    let long_headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "kjob-job",
+            value: Some(job.as_str()),
+        })
+        .insert(Header {
+            key: "kjob-error-class",
+            value: Some("permanent"),
+        })
+        .insert(Header {
+            key: "kjob-error",
+            value: Some(error.as_str()),
+        })
+        .insert(Header {
+            key: "kjob-first-failed-at",
+            value: Some(failed_at.as_str()),
+        });
+    let (_, long_at) = producer
+        .send_raw_to(
+            &dlq,
+            Some(0),
+            Some(key.as_bytes()),
+            Some(b"x"),
+            long_headers,
+        )
+        .await
+        .expect("long record");
+    let bidi_headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "kjob-job",
+            value: Some("job\u{2066}x\u{2069}"),
+        })
+        .insert(Header {
+            key: "kjob-error",
+            value: Some("\u{202b}failed\u{200f}\u{061c}"),
+        });
+    let (_, bidi_at) = producer
+        .send_raw_to(
+            &dlq,
+            Some(0),
+            Some("photo\u{202e}gnp.exe".as_bytes()),
+            Some(b"x"),
+            bidi_headers,
+        )
+        .await
+        .expect("bidi record");
+    let (_ui, base) = dashboard(
+        &config,
+        &["--no-discover", "--route", &format!("{topic}={group}")],
+    )
+    .await;
+
+    // The DLQ list: no wider than the window; values cut, the key's cell
+    // small in the page too (not 100 KB per row).
+    c.goto(&format!("{base}/dlq?topic={topic}"))
+        .await
+        .expect("goto");
+    let row = |at: i64| format!("table.dlq tr[data-at='0:{at}']");
+    let shown_key = text(&c, &format!("{} td.key", row(long_at))).await;
+    assert!(
+        shown_key.chars().count() <= 81 && shown_key.ends_with('…'),
+        "{} characters: {shown_key:.100}",
+        shown_key.chars().count()
+    );
+    let (doc, table, window) = widths(&c, "table.dlq").await;
+    assert!(
+        doc <= window && table <= window,
+        "page {doc} px, table {table} px, window {window} px"
+    );
+    let source = c.source().await.expect("source");
+    assert!(
+        source.len() < 30_000,
+        "the list page weighs {} bytes",
+        source.len()
+    );
+    assert_eq!(
+        text(&c, &format!("{} td.key", row(bidi_at))).await,
+        "photo\\u{202e}gnp.exe"
+    );
+    save_screenshot(&c, "ui-dlq-long-values.png").await;
+    let body = c
+        .execute("return document.body.innerText;", vec![])
+        .await
+        .expect("execute");
+    let body = body.as_str().unwrap_or_default();
+    assert!(
+        !body.contains(&BIDI[..]),
+        "a bidi control shown raw: {body:.300}"
+    );
+    assert!(body.contains("job\\u{2066}x\\u{2069}"), "{body:.2000}");
+
+    // The detail page: the whole key, still no wider than the window; the
+    // failure time as a date and an age, the raw value on hover.
+    c.goto(&format!("{base}/dlq/show?topic={topic}&at=0:{long_at}"))
+        .await
+        .expect("goto");
+    assert_eq!(text(&c, "td.key").await.len(), 100_000, "the whole key");
+    let (doc, table, window) = widths(&c, "table.headers").await;
+    assert!(
+        doc <= window && table <= window,
+        "page {doc} px, headers {table} px, window {window} px"
+    );
+    let time = c
+        .find(Locator::Css("table.headers time.when"))
+        .await
+        .expect("a time in the headers");
+    assert_eq!(
+        time.attr("title").await.ok().flatten().as_deref(),
+        Some(failed_at.as_str())
+    );
+    let shown = time.text().await.expect("text");
+    assert!(
+        shown.ends_with("UTC (3 min ago)") && shown.starts_with("20"),
+        "{shown}"
+    );
+    let headers = text(&c, "table.headers").await;
+    assert!(
+        !headers.contains(&failed_at),
+        "raw epoch ms shown: {headers:.500}"
+    );
+    not_pwned(&c).await;
+    c.goto(&format!("{base}/dlq/show?topic={topic}&at=0:{bidi_at}"))
+        .await
+        .expect("goto");
+    let body = c
+        .execute("return document.body.innerText + document.title;", vec![])
+        .await
+        .expect("execute");
+    let body = body.as_str().unwrap_or_default();
+    assert!(
+        !body.contains(&BIDI[..]),
+        "a bidi control shown raw: {body:.300}"
+    );
+    assert!(
+        body.contains("\\u{202b}failed\\u{200f}\\u{61c}"),
+        "{body:.2000}"
+    );
+
+    // A route without retry tiers: its retried/s is 0.0, not -0.0.
+    eventually_text(
+        &c,
+        &format!("{base}/"),
+        &format!("section.route[data-topic='{topic}'] .metric:nth-child(3) .value"),
+        "0.0",
+    )
+    .await;
+    let overview = c.source().await.expect("source");
+    assert!(!overview.contains("-0.0"), "a minus zero on the overview");
+    let _ = c.close().await;
+}
+
+/// Every `(topic, group)` route section on an overview page.
+fn routes_on(page: &str) -> Vec<(String, String)> {
+    let attr = |s: &str, name: &str| -> Option<String> {
+        let at = s.find(&format!("{name}=\""))? + name.len() + 2;
+        Some(s[at..].split('"').next()?.to_string())
+    };
+    page.split("<section class=\"card route\" ")
+        .skip(1)
+        .filter_map(|s| {
+            let tag = s.split('>').next()?;
+            Some((attr(tag, "data-topic")?, attr(tag, "data-group")?))
+        })
+        .collect()
+}
+
+/// A worker with delayed jobs and a cron schedule consumes its main topic,
+/// seven `T.delay.*` topics and `<group>.schedules`: the overview (routes
+/// found from the live groups) shows one route, with the others among its
+/// topics, as the retry tiers are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delay_and_cron_topics_fold_into_their_route() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("uifold");
+    let group = unique("g");
+    create_topic(&config, &topic, 1).await;
+    let schedule = kjob::schedule::Schedule::new("yearly", "0 0 0 1 1 *", || TestJob::ok("k", 0))
+        .on(&topic, || TestJob::ok("k", 0));
+    let worker = kjob::Worker::builder(config.clone(), &group)
+        .handle_on(&topic, |_job: TestJob, _ctx: kjob::JobContext| async {
+            Ok::<(), kjob::JobError>(())
+        })
+        .retry(kjob::retry::RetryPolicy::tiers([Duration::from_secs(1)]))
+        .delayed_jobs(true)
+        .schedule_with(schedule)
+        .build()
+        .expect("worker builds");
+    let running = start(worker);
+    let assigned = |g: &kjob_ops::groups::Group| g.assigned_topics();
+    let mut topics = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        topics = kjob_ops::groups::describe_groups(&config, Some(&group))
+            .ok()
+            .and_then(|g| g.first().map(assigned))
+            .unwrap_or_default();
+        if topics.iter().any(|t| t.ends_with(".schedules")) && topics.len() >= 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(
+        topics.contains(&format!("{topic}.delay.1d"))
+            && topics.contains(&format!("{group}.schedules")),
+        "the worker consumes delay and cron topics: {topics:?}"
+    );
+
+    let (_ui, base) = dashboard(&config, &[]).await;
+    let http = reqwest::Client::new();
+    let mine = |page: &str| -> Vec<String> {
+        routes_on(page)
+            .into_iter()
+            .filter(|(_, g)| *g == group)
+            .map(|(t, _)| t)
+            .collect()
+    };
+    let start = Instant::now();
+    // Until the route is shown with its sampled topics, then one more round.
+    while start.elapsed() < Duration::from_secs(90) {
+        let page = http
+            .get(format!("{base}/"))
+            .send()
+            .await
+            .expect("GET /")
+            .text()
+            .await
+            .unwrap_or_default();
+        if !mine(&page).is_empty() && page.contains(&format!("{topic}.delay.1d")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let page = http
+        .get(format!("{base}/"))
+        .send()
+        .await
+        .expect("GET /")
+        .text()
+        .await
+        .unwrap_or_default();
+    assert_eq!(mine(&page), vec![topic.clone()], "one route for the group");
+    for (t, role) in [
+        (format!("{topic}.retry.1s"), "retry tier"),
+        (format!("{topic}.delay.1s"), "delay"),
+        (format!("{topic}.delay.1d"), "delay"),
+        (format!("{group}.schedules"), "cron leader"),
+    ] {
+        assert!(
+            page.contains(&format!("<td class=\"mono\">{t}</td><td>{role}</td>")),
+            "{t} shown as the route's {role}"
+        );
+    }
+    running.stop().await;
 }

@@ -98,6 +98,40 @@ async fn a_worker_serves_the_dashboard_beside_its_metrics() {
         .expect("GET /route");
     assert_eq!(route.status().as_u16(), 200);
 
+    // The worker's consumer names its group, host and process: the group
+    // description (what `kafka-consumer-groups --describe --members`
+    // shows) has that client id, not librdkafka's `rdkafka`, and the
+    // members table shows the host and pid.
+    let client_id = kjob::config::default_client_id(&group);
+    let (host, pid) = kjob::config::host_and_pid(&client_id, &group).expect("host and pid");
+    assert_eq!(pid, std::process::id());
+    let described = kjob_ops::groups::describe_groups(&config, Some(&group)).expect("describe");
+    let ids: Vec<&str> = described
+        .iter()
+        .flat_map(|g| g.members.iter().map(|m| m.client_id.as_str()))
+        .collect();
+    assert_eq!(ids, vec![client_id.as_str()], "{described:?}");
+    let mut members = String::new();
+    for _ in 0..40 {
+        members = http
+            .get(format!("{base}/route?topic={topic}&group={group}"))
+            .send()
+            .await
+            .expect("GET /route")
+            .text()
+            .await
+            .unwrap_or_default();
+        if members.contains(&client_id) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        members.contains(&format!("<td class=\"host\">{host}</td>"))
+            && members.contains(&format!("<td class=\"num pid\">{pid}</td>")),
+        "host {host} and pid {pid} in the members table: {members}"
+    );
+
     // Read-only by default: actions answer 403.
     let status = http
         .post(format!("{base}/dlq/resolve"))

@@ -219,3 +219,34 @@ fn secret_property_names() {
         assert!(!is_secret_property(k), "{k}");
     }
 }
+
+#[test]
+fn the_default_client_id_names_group_host_and_pid_and_yields_to_the_users() {
+    let id = client_id_for("billing-workers", "web-1.eu", 4242);
+    assert_eq!(id, "kjob-billing-workers-web-1.eu-4242");
+    assert_eq!(
+        host_and_pid(&id, "billing-workers"),
+        Some(("web-1.eu".to_string(), 4242))
+    );
+    // Odd characters are replaced, and the id still parses back.
+    let odd = client_id_for("g rp/1", "h\u{202e}x", 7);
+    assert_eq!(odd, "kjob-g_rp_1-h_x-7");
+    assert_eq!(host_and_pid(&odd, "g rp/1"), Some(("h_x".to_string(), 7)));
+    for other in [
+        "rdkafka",
+        "kjob-other-h-1",
+        "kjob-billing-workers-h-x1",
+        "kjob-billing-workers--1",
+    ] {
+        assert_eq!(host_and_pid(other, "billing-workers"), None, "{other}");
+    }
+    let mine = default_client_id("g");
+    assert!(mine.starts_with("kjob-g-") && mine.ends_with(&format!("-{}", std::process::id())));
+    // The worker passes it as a default: a client.id the user set wins.
+    let cfg = KafkaConfig::new("b:9092", "http://r")
+        .set("client.id", "billing-7")
+        .client_config(&[("client.id", mine.as_str())]);
+    assert_eq!(cfg.get("client.id"), Some("billing-7"));
+    let cfg = KafkaConfig::new("b:9092", "http://r").client_config(&[("client.id", mine.as_str())]);
+    assert_eq!(cfg.get("client.id"), Some(mine.as_str()));
+}

@@ -307,8 +307,12 @@ impl Worker {
     }
 
     fn consumer(&self, context: poll::WorkerContext) -> Result<BaseConsumer<poll::WorkerContext>> {
+        // A default only: a client.id the user configured wins (overrides
+        // are applied on top of the defaults).
+        let client_id = crate::config::default_client_id(&self.settings.group);
         let mut defaults = vec![
             ("group.id", self.settings.group.as_str()),
+            ("client.id", client_id.as_str()),
             ("enable.auto.commit", "false"),
             ("enable.auto.offset.store", "false"),
             ("auto.offset.reset", "earliest"),

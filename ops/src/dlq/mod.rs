@@ -363,6 +363,7 @@ pub async fn show(config: &KafkaConfig, topic: &str, at: Coordinates) -> Result<
         "at": d.at.to_string(),
         "key": d.key,
         "failed_at": format_ms(d.timestamp_ms),
+        "failed_at_ms": d.timestamp_ms,
         "headers": headers,
         "payload_format": if redrive::is_json(&d) { "json" } else { "avro" },
         "payload": payload,

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::Form;
@@ -17,19 +17,19 @@ use serde::Deserialize;
 use crate::dlq::store::Coordinates;
 
 use super::assets::layout;
-use super::auth::check_csrf;
+use super::auth::{check_csrf, FormToken};
 use super::pages::{error_page, upstream_or, urlencode, Refusal};
+use super::view::{cut, prose, when, CELL_CHARS};
 use super::{AppState, Shared};
 use crate::dlq::{empty_as_none, execute_redrive, plan_redrive, resolve_records, Select, Target};
-use crate::time::format_ms;
 
 /// Re-drives at most this many records per second unless the form says less.
 const DEFAULT_RATE: u32 = 100;
 
 /// A re-drive running in the background.
 pub(super) struct Task {
-    /// What it does, for the page.
-    what: String,
+    /// Where the records go, for the page's heading.
+    target: String,
     /// The route's DLQ, for the link back.
     topic: String,
     total: usize,
@@ -50,11 +50,12 @@ fn hidden_select(select: &Select, at: Option<Coordinates>) -> Markup {
     }
 }
 
-/// The re-drive form (a dry-run preview comes first).
-pub(super) fn redrive_form(state: &AppState, select: &Select, at: Option<Coordinates>) -> Markup {
+/// The re-drive form (a dry-run preview comes first), with the anti-CSRF
+/// token of the session that loads the page.
+pub(super) fn redrive_form(token: &FormToken, select: &Select, at: Option<Coordinates>) -> Markup {
     html! {
         form.inline.redrive method="post" action="/dlq/redrive" {
-            input type="hidden" name="csrf" value=(state.csrf);
+            input type="hidden" name="csrf" value=(token.0);
             (hidden_select(select, at))
             label { "to" select name="to" {
                 option value="retry" { "first retry tier" }
@@ -67,10 +68,10 @@ pub(super) fn redrive_form(state: &AppState, select: &Select, at: Option<Coordin
 }
 
 /// The resolve form; the browser and the server both require a reason.
-pub(super) fn resolve_form(state: &AppState, select: &Select, at: Option<Coordinates>) -> Markup {
+pub(super) fn resolve_form(token: &FormToken, select: &Select, at: Option<Coordinates>) -> Markup {
     html! {
         form.inline.resolve method="post" action="/dlq/resolve" {
-            input type="hidden" name="csrf" value=(state.csrf);
+            input type="hidden" name="csrf" value=(token.0);
             (hidden_select(select, at))
             label { "reason (required, audited)" input #reason name="reason" required size="40"; }
             button.danger #resolve type="submit" { "Resolve" }
@@ -125,8 +126,12 @@ impl ActionForm {
 
 /// `POST /dlq/redrive`: without `execute` the dry-run preview, with it a
 /// background task and a redirect to its progress page.
-pub(super) async fn redrive(State(state): State<Shared>, Form(f): Form<ActionForm>) -> Response {
-    if let Err(r) = check_csrf(&state, &f.csrf) {
+pub(super) async fn redrive(
+    State(state): State<Shared>,
+    Extension(token): Extension<FormToken>,
+    Form(f): Form<ActionForm>,
+) -> Response {
+    if let Err(r) = check_csrf(&token, &f.csrf) {
         return r.into_response();
     }
     let (at, rate) = match (f.at(), f.rate()) {
@@ -138,6 +143,7 @@ pub(super) async fn redrive(State(state): State<Shared>, Form(f): Form<ActionFor
         Ok(p) => p,
         Err(e) => return error_page(upstream_or(&e, StatusCode::BAD_REQUEST), &format!("{e:#}")),
     };
+    let now = kjob::dlq::now_ms();
     if f.execute.is_none() {
         let to = match f.to {
             Target::Retry => "retry",
@@ -150,17 +156,17 @@ pub(super) async fn redrive(State(state): State<Shared>, Form(f): Form<ActionFor
                 " at most " (rate) " per second."
             }
             table.dlq {
-                thead { tr { th { "partition:offset" } th { "job" } th { "key" } th { "error class" } th { "failed at" } } }
+                thead { tr { th.c-at { "partition:offset" } th.c-job { "job" } th.c-key { "key" } th.c-class { "error class" } th.c-time { "failed at" } } }
                 tbody { @for d in &plan.picked { tr {
-                    td.mono { (d.at) } td { (d.headers.job.clone().unwrap_or_default()) }
-                    td.mono { (d.key.clone().unwrap_or_default()) }
-                    td { (d.headers.error_class.clone().unwrap_or_default()) }
-                    td { (format_ms(d.timestamp_ms)) }
+                    td.mono { (d.at) } td { (cut(d.headers.job.as_deref().unwrap_or_default(), CELL_CHARS)) }
+                    td.mono.key { (cut(d.key.as_deref().unwrap_or_default(), CELL_CHARS)) }
+                    td { (cut(d.headers.error_class.as_deref().unwrap_or_default(), CELL_CHARS)) }
+                    td.time { (when(d.timestamp_ms, now)) }
                 } } }
             }
             @if !plan.picked.is_empty() {
                 form.inline method="post" action="/dlq/redrive" {
-                    input type="hidden" name="csrf" value=(state.csrf);
+                    input type="hidden" name="csrf" value=(token.0);
                     (hidden_select(&select, None))
                     @if let Some(a) = &f.at { input type="hidden" name="at" value=(a); }
                     input type="hidden" name="to" value=(to);
@@ -179,11 +185,7 @@ pub(super) async fn redrive(State(state): State<Shared>, Form(f): Form<ActionFor
         );
     }
     let task = Arc::new(Task {
-        what: format!(
-            "re-drive of {} record(s) to `{}`",
-            plan.picked.len(),
-            plan.target_topic
-        ),
+        target: plan.target_topic.clone(),
         topic: f.select.topic.clone(),
         total: plan.picked.len(),
         done: AtomicUsize::new(0),
@@ -226,8 +228,12 @@ pub(super) async fn redrive(State(state): State<Shared>, Form(f): Form<ActionFor
 }
 
 /// `POST /dlq/resolve`: resolves with the required reason, audited.
-pub(super) async fn resolve(State(state): State<Shared>, Form(f): Form<ActionForm>) -> Response {
-    if let Err(r) = check_csrf(&state, &f.csrf) {
+pub(super) async fn resolve(
+    State(state): State<Shared>,
+    Extension(token): Extension<FormToken>,
+    Form(f): Form<ActionForm>,
+) -> Response {
+    if let Err(r) = check_csrf(&token, &f.csrf) {
         return r.into_response();
     }
     if f.reason.trim().is_empty() {
@@ -260,7 +266,11 @@ fn find(state: &AppState, id: u64) -> Option<Arc<Task>> {
 }
 
 /// `GET /tasks/{id}`: progress, outcome and a cancel button.
-pub(super) async fn task_page(State(state): State<Shared>, Path(id): Path<u64>) -> Response {
+pub(super) async fn task_page(
+    State(state): State<Shared>,
+    Extension(token): Extension<FormToken>,
+    Path(id): Path<u64>,
+) -> Response {
     let Some(t) = find(&state, id) else {
         return error_page(
             StatusCode::NOT_FOUND,
@@ -270,7 +280,7 @@ pub(super) async fn task_page(State(state): State<Shared>, Path(id): Path<u64>) 
     let done = t.done.load(Ordering::SeqCst);
     let outcome = t.outcome.lock().ok().and_then(|o| o.clone());
     layout(&state, "Re-drive", html! {
-        h1 { (t.what) }
+        h1 { "Re-drive of " (t.total) " record(s) to " code { (t.target) } }
         div #task data-live="1" data-state=(match &outcome { None => "running", Some(Ok(_)) => "finished", Some(Err(_)) => "failed" }) {
             progress max=(t.total) value=(done) {}
             p.progress { span.done { (done) } " / " (t.total) " done" }
@@ -278,12 +288,12 @@ pub(super) async fn task_page(State(state): State<Shared>, Path(id): Path<u64>) 
                 None => {
                     @if t.cancel.load(Ordering::SeqCst) { p.muted { "cancelling…" } }
                     form method="post" action={"/tasks/" (id) "/cancel"} {
-                        input type="hidden" name="csrf" value=(state.csrf);
+                        input type="hidden" name="csrf" value=(token.0);
                         button.danger #cancel type="submit" { "Cancel" }
                     }
                 }
                 Some(Ok(msg)) => p.notice.outcome { (msg) },
-                Some(Err(msg)) => div.error.outcome { (msg) },
+                Some(Err(msg)) => div.error.outcome { (prose(msg)) },
             }
         }
         p { a href={"/dlq?topic=" (urlencode(&t.topic)) "&all=on"} { "Back to the dead letters" } }
@@ -300,10 +310,11 @@ pub(super) struct CsrfForm {
 /// `POST /tasks/{id}/cancel`: stops before the next record.
 pub(super) async fn cancel(
     State(state): State<Shared>,
+    Extension(token): Extension<FormToken>,
     Path(id): Path<u64>,
     Form(f): Form<CsrfForm>,
 ) -> Response {
-    if let Err(r) = check_csrf(&state, &f.csrf) {
+    if let Err(r) = check_csrf(&token, &f.csrf) {
         return r.into_response();
     }
     match find(&state, id) {

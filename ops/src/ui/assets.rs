@@ -5,6 +5,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use maud::{html, Markup, DOCTYPE};
 
+use super::view::neutralise_bidi;
 use super::AppState;
 
 const CSS: &str = r#"
@@ -22,6 +23,7 @@ h1 { font-size:20px; margin:.2rem 0 1rem; } h2 { font-size:16px; margin:1.2rem 0
 .card h2 { margin-top:0; } .card h2 small { color:var(--muted); font-weight:400; }
 table { border-collapse:collapse; width:100%; background:#fff; }
 th, td { text-align:left; padding:.35rem .6rem; border-bottom:1px solid var(--line); vertical-align:top; }
+td.mono { overflow-wrap:anywhere; } td.num, td.nowrap { white-space:nowrap; }
 th { font-size:12px; text-transform:uppercase; letter-spacing:.03em; color:var(--muted); font-weight:600; }
 td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
 .metrics { display:flex; flex-wrap:wrap; gap:1rem; margin:.8rem 0; }
@@ -41,10 +43,22 @@ button.secondary { background:#fff; color:var(--accent); } button.danger { backg
 progress { width:100%; height:1.1rem; }
 a { color:var(--accent); }
 .scroll { overflow-x:auto; }
-table.dlq td { white-space:nowrap; } table.dlq td.wrap { white-space:normal; min-width:16rem; }
+table.dlq { table-layout:fixed; }
+table.dlq td { white-space:nowrap; overflow:hidden; text-overflow:ellipsis; }
+table.dlq td.wrap { white-space:normal; overflow-wrap:anywhere; }
+table.dlq td.time { white-space:normal; }
+table.dlq th { overflow:hidden; text-overflow:ellipsis; white-space:nowrap; }
+table.dlq .c-at { width:10rem; } table.dlq .c-attempts { width:6rem; } table.dlq .c-class { width:7.5rem; }
+table.dlq .c-time { width:10.5rem; } table.dlq .c-status { width:7rem; }
+table.dlq .c-job { width:12%; } table.dlq .c-key { width:16%; }
+time.when .age { color:var(--muted); white-space:nowrap; }
+table.dlq time.when .age { display:block; }
+.whole { max-height:14rem; overflow:auto; white-space:pre-wrap; overflow-wrap:anywhere; }
 .columns { display:grid; grid-template-columns:minmax(0,1fr) minmax(0,1fr); gap:1rem; align-items:start; }
+.columns > * { min-width:0; }
+table.headers { table-layout:fixed; }
 table.headers td:first-child { width:40%; color:var(--muted); }
-table.headers td { word-break:break-all; }
+table.headers td { overflow-wrap:anywhere; }
 "#;
 
 const JS: &str = r#"
@@ -84,9 +98,11 @@ pub(super) async fn js() -> impl IntoResponse {
     )
 }
 
-/// The page shell: navigation, the read-only/actions badge, the body.
+/// The page shell: navigation, the read-only/actions badge, the body;
+/// bidi controls anywhere in its text are shown as escapes
+/// ([`neutralise_bidi`]).
 pub(super) fn layout(state: &AppState, title: &str, body: Markup) -> Markup {
-    html! {
+    neutralise_bidi(html! {
         (DOCTYPE)
         html lang="en" {
             head {
@@ -110,5 +126,5 @@ pub(super) fn layout(state: &AppState, title: &str, body: Markup) -> Markup {
                 script src="/assets/app.js" {}
             }
         }
-    }
+    })
 }

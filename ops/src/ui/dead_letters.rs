@@ -2,7 +2,7 @@
 //! as `kjob dlq list` and `kjob dlq show`; the action forms appear only
 //! with `--allow-actions`.
 
-use axum::extract::{Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use maud::html;
@@ -12,10 +12,11 @@ use crate::dlq::store::Coordinates;
 
 use super::actions::{redrive_form, resolve_form};
 use super::assets::layout;
+use super::auth::FormToken;
 use super::pages::{error_page, upstream_or, urlencode};
+use super::view::{cut, header_time, prose, when, CELL_CHARS, ERROR_CHARS};
 use super::Shared;
 use crate::dlq::Select;
-use crate::time::format_ms;
 
 /// The DLQ browser's query: the filters, plus `all` to include audited ones.
 #[derive(Deserialize, Default)]
@@ -27,8 +28,14 @@ pub(super) struct DlqQuery {
     all: Option<String>,
 }
 
-/// `GET /dlq`: the DLQ of one route, filtered, with the actions.
-pub(super) async fn dlq_list(State(state): State<Shared>, Query(q): Query<DlqQuery>) -> Response {
+/// `GET /dlq`: the DLQ of one route, filtered, with the actions. Values
+/// are cut to their column (the detail page has them whole), so one huge
+/// key cannot push the other columns off the screen.
+pub(super) async fn dlq_list(
+    State(state): State<Shared>,
+    Extension(token): Extension<FormToken>,
+    Query(q): Query<DlqQuery>,
+) -> Response {
     let DlqQuery { select, all } = q;
     if select.topic.trim().is_empty() {
         let routes = state.routes.read().map(|r| r.clone()).unwrap_or_default();
@@ -47,6 +54,11 @@ pub(super) async fn dlq_list(State(state): State<Shared>, Query(q): Query<DlqQue
     let all = all.is_some();
     let rows = crate::dlq::list(&state.config, &select, all).await;
     let topic = select.topic.clone();
+    let now = kjob::dlq::now_ms();
+    let dash = |v: &Option<String>, max: usize| match v {
+        Some(v) => cut(v, max).into_owned(),
+        None => "-".to_string(),
+    };
     layout(&state, "Dead letters", html! {
         h1 { "Dead letters of " code { (topic) } }
         form.inline method="get" action="/dlq" {
@@ -59,22 +71,22 @@ pub(super) async fn dlq_list(State(state): State<Shared>, Query(q): Query<DlqQue
             button.secondary type="submit" { "Filter" }
         }
         @match &rows {
-            Err(e) => div.error { (format!("{e:#}")) },
+            Err(e) => div.error { (prose(&format!("{e:#}"))) },
             Ok(rows) => {
                 p.muted.count { (rows.len()) " shown, " (rows.iter().filter(|(_, a)| a.is_none()).count()) " unresolved" }
                 div.scroll { table.dlq {
-                    thead { tr { th { "partition:offset" } th { "job" } th { "key" } th.num { "attempts" } th { "error class" } th { "error" } th { "failed at" } th { "status" } } }
+                    thead { tr { th.c-at { "partition:offset" } th.c-job { "job" } th.c-key { "key" } th.num.c-attempts { "attempts" } th.c-class { "error class" } th.c-error { "error" } th.c-time { "failed at" } th.c-status { "status" } } }
                     tbody {
                         @for (d, a) in rows {
                             tr data-at=(d.at.to_string()) {
                                 td.mono { a href={"/dlq/show?topic=" (urlencode(&topic)) "&at=" (d.at)} { (d.at) } }
-                                td { (d.headers.job.clone().unwrap_or_else(|| "-".into())) }
-                                td.mono.key { (d.key.clone().unwrap_or_else(|| "-".into())) }
+                                td { (dash(&d.headers.job, CELL_CHARS)) }
+                                td.mono.key { (dash(&d.key, CELL_CHARS)) }
                                 td.num { (d.headers.attempt.map_or("-".into(), |a| a.to_string())) }
-                                td { (d.headers.error_class.clone().unwrap_or_else(|| "-".into())) }
-                                td.wrap { (kjob::headers::truncate_utf8(d.headers.error.as_deref().unwrap_or("-"), 120)) }
-                                td { (format_ms(d.timestamp_ms)) }
-                                td.status { (a.as_ref().map_or("unresolved".to_string(), |a| format!("{} by {}", a.action, a.by))) }
+                                td { (dash(&d.headers.error_class, CELL_CHARS)) }
+                                td.wrap { (dash(&d.headers.error, ERROR_CHARS)) }
+                                td.time { (when(d.timestamp_ms, now)) }
+                                td.status { (a.as_ref().map_or("unresolved".to_string(), |a| cut(&format!("{} by {}", a.action, a.by), CELL_CHARS).into_owned())) }
                             }
                         }
                     }
@@ -84,8 +96,8 @@ pub(super) async fn dlq_list(State(state): State<Shared>, Query(q): Query<DlqQue
         @if state.allow_actions {
             section.card.actions {
                 h2 { "Re-drive or resolve everything shown (unresolved only)" }
-                (redrive_form(&state, &select, None))
-                (resolve_form(&state, &select, None))
+                (redrive_form(&token, &select, None))
+                (resolve_form(&token, &select, None))
             }
         }
     }).into_response()
@@ -98,8 +110,14 @@ pub(super) struct ShowQuery {
     at: String,
 }
 
-/// `GET /dlq/show`: one dead letter as `kjob dlq show` prints it.
-pub(super) async fn dlq_show(State(state): State<Shared>, Query(q): Query<ShowQuery>) -> Response {
+/// `GET /dlq/show`: one dead letter as `kjob dlq show` prints it, every
+/// value whole (long ones in a box of their own that wraps and scrolls),
+/// times as dates with the raw value on hover.
+pub(super) async fn dlq_show(
+    State(state): State<Shared>,
+    Extension(token): Extension<FormToken>,
+    Query(q): Query<ShowQuery>,
+) -> Response {
     let at: Coordinates = match q.at.parse() {
         Ok(a) => a,
         Err(e) => return error_page(StatusCode::BAD_REQUEST, &e.to_string()),
@@ -108,6 +126,7 @@ pub(super) async fn dlq_show(State(state): State<Shared>, Query(q): Query<ShowQu
         Ok(v) => v,
         Err(e) => return error_page(upstream_or(&e, StatusCode::NOT_FOUND), &format!("{e:#}")),
     };
+    let now = kjob::dlq::now_ms();
     let payload = serde_json::to_string_pretty(&shown["payload"]).unwrap_or_default();
     let headers = shown["headers"].as_object().cloned().unwrap_or_default();
     let audit = shown["audit"].as_object().cloned();
@@ -127,13 +146,22 @@ pub(super) async fn dlq_show(State(state): State<Shared>, Query(q): Query<ShowQu
             section.card {
                 table.fields {
                     tbody {
-                        tr { th { "key" } td.mono.key { (text(&shown["key"])) } }
-                        tr { th { "failed at" } td { (text(&shown["failed_at"])) } }
+                        tr { th { "key" } td.mono.key { div.whole { (text(&shown["key"])) } } }
+                        tr { th { "failed at" } td { (when(shown["failed_at_ms"].as_i64(), now)) } }
                     }
                 }
                 h2 { "Headers" }
                 table.headers {
-                    tbody { @for (k, v) in &headers { tr { td.mono { (k) } td.mono { (text(v)) } } } }
+                    tbody { @for (k, v) in &headers {
+                        @let value = text(v);
+                        tr {
+                            td.mono { (k) }
+                            @match header_time(k, &value) {
+                                Some(ms) => td.mono { (when(Some(ms), now)) },
+                                None => td.mono { div.whole { (value) } },
+                            }
+                        }
+                    } }
                 }
             }
             div {
@@ -145,7 +173,7 @@ pub(super) async fn dlq_show(State(state): State<Shared>, Query(q): Query<ShowQu
                     h2 { "Audit" }
                     @match &audit {
                         Some(a) => table { tbody {
-                            @for (k, v) in a { tr { th { (k) } td { (if k == "at_ms" { format_ms(v.as_i64()) } else { text(v) }) } } }
+                            @for (k, v) in a { tr { th { (k) } @if k == "at_ms" { td { (when(v.as_i64(), now)) } } @else { td { div.whole { (text(v)) } } } } }
                         } },
                         None => p.muted { "unresolved: no audit entry yet" },
                     }
@@ -153,8 +181,8 @@ pub(super) async fn dlq_show(State(state): State<Shared>, Query(q): Query<ShowQu
                 @if state.allow_actions && audit.is_none() {
                     section.card.actions {
                         h2 { "Actions" }
-                        (redrive_form(&state, &select, Some(at)))
-                        (resolve_form(&state, &select, Some(at)))
+                        (redrive_form(&token, &select, Some(at)))
+                        (resolve_form(&token, &select, Some(at)))
                     }
                 }
             }

@@ -15,6 +15,7 @@ mod dead_letters;
 mod pages;
 mod route;
 mod sampler;
+mod view;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -123,7 +124,7 @@ impl Dashboard {
             config: self.config,
             allow_actions: self.allow_actions,
             token: self.token,
-            csrf: uuid::Uuid::new_v4().simple().to_string(),
+            form_key: auth::new_form_key(),
             by: self.by,
             routes: RwLock::new(Vec::new()),
             problem: RwLock::new(None),
@@ -187,8 +188,9 @@ pub(crate) struct AppState {
     config: KafkaConfig,
     allow_actions: bool,
     token: Option<String>,
-    /// The anti-CSRF token every form carries (random per process).
-    csrf: String,
+    /// The key of the anti-CSRF form tokens (random per process; each
+    /// session's token is derived from it, see `auth`).
+    form_key: Vec<u8>,
     by: String,
     routes: RwLock<Vec<RouteView>>,
     /// Why the last sampling round could not list topics or groups.

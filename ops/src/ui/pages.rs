@@ -3,6 +3,8 @@
 //! escaping; nothing here writes to Kafka. The route and DLQ pages live in
 //! `route.rs` and `dead_letters.rs`.
 
+use std::borrow::Cow;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -12,19 +14,21 @@ use crate::groups::GroupMember;
 
 use super::assets::layout;
 use super::sampler::{Point, RouteView};
+use super::view::{cut, neutralise_bidi, prose, rate, CELL_CHARS};
 use super::Shared;
 use crate::time::format_ms;
 
-/// A page that says what went wrong (escaped), with the given status.
+/// A page that says what went wrong (escaped, bidi controls shown), with
+/// the given status.
 pub(super) fn error_page(status: StatusCode, message: &str) -> Response {
     let body = html! {
         (DOCTYPE)
         html lang="en" {
             head { meta charset="utf-8"; title { "kjob · " (status.as_u16()) } link rel="stylesheet" href="/assets/style.css"; }
-            body { main { h1 { (status) } div.error { (message) } p { a href="/" { "Back to the overview" } } } }
+            body { main { h1 { (status) } div.error { (prose(message)) } p { a href="/" { "Back to the overview" } } } }
         }
     };
-    (status, body).into_response()
+    (status, neutralise_bidi(body)).into_response()
 }
 
 /// A refused request: its status and the message the page shows.
@@ -107,16 +111,25 @@ fn metric(label: &str, value: String, spark: Option<Vec<f64>>) -> Markup {
     }
 }
 
-pub(super) fn members_table(state_name: &str, members: &[GroupMember]) -> Markup {
+/// The members of `group`: which process each is (host and pid, read
+/// from the `client.id` kjob workers set by default, see
+/// `kjob::config::default_client_id`), where it connects from (the address
+/// the coordinator reports) and what it was assigned.
+pub(super) fn members_table(group: &str, state_name: &str, members: &[GroupMember]) -> Markup {
     html! {
         p.muted { "group state: " strong { (state_name) } ", " (members.len()) " member(s)" }
         @if !members.is_empty() {
             table.members {
-                thead { tr { th { "client id" } th { "host" } th { "member id" } th { "assignment" } } }
+                thead { tr { th { "client id" } th { "host" } th.num { "pid" } th { "address" } th { "member id" } th { "assignment" } } }
                 tbody {
                     @for m in members {
+                        @let process = kjob::config::host_and_pid(&m.client_id, group);
                         tr {
-                            td.mono { (m.client_id) } td { (m.host) } td.mono { (m.id) }
+                            td.mono { (cut(&m.client_id, CELL_CHARS)) }
+                            td.host { (process.as_ref().map_or(Cow::Borrowed("-"), |(h, _)| cut(h, CELL_CHARS))) }
+                            td.num.pid { (process.as_ref().map_or("-".to_string(), |(_, p)| p.to_string())) }
+                            td.mono.nowrap { (cut(&m.host, CELL_CHARS)) }
+                            td.mono { (cut(&m.id, CELL_CHARS)) }
                             td.mono {
                                 @for (t, parts) in &m.assignment {
                                     div { (t) ": " (parts.iter().map(i32::to_string).collect::<Vec<_>>().join(", ")) }
@@ -144,13 +157,13 @@ fn route_card(v: &RouteView) -> Markup {
                 a href=(route_href) { (v.key.topic) } " " small { "group " (v.key.group) }
                 @if let Some(p) = hist.last() { " " small.sampled { "· sampled " (format_ms(Some(p.at_ms))) } }
             }
-            @if let Some(e) = &v.error { div.error { "sampling failed: " (e) } }
+            @if let Some(e) = &v.error { div.error { "sampling failed: " (prose(e)) } }
             @if let Some(s) = &v.status {
                 div.metrics {
                     (metric("lag (main + tiers)", last.lag.to_string(), Some(hist.iter().map(|p| p.lag as f64).collect())))
-                    (metric("handled/s", format!("{:.1}", last.handled), Some(series(&hist, |p| p.handled))))
-                    (metric("retried/s", format!("{:.1}", last.retried), Some(series(&hist, |p| p.retried))))
-                    (metric("dead-lettered/s", format!("{:.1}", last.dead_lettered), Some(series(&hist, |p| p.dead_lettered))))
+                    (metric("handled/s", rate(last.handled), Some(series(&hist, |p| p.handled))))
+                    (metric("retried/s", rate(last.retried), Some(series(&hist, |p| p.retried))))
+                    (metric("dead-lettered/s", rate(last.dead_lettered), Some(series(&hist, |p| p.dead_lettered))))
                     div.metric {
                         div.label { "DLQ unresolved" }
                         div.value.dlq-unresolved {
@@ -167,8 +180,8 @@ fn route_card(v: &RouteView) -> Markup {
                             tr {
                                 td.mono { (t.topic) } td { (t.role) } td.num { (t.partitions) }
                                 td.num.lag data-topic=(t.topic) { (t.lag.map_or("-".to_string(), |l| l.to_string())) }
-                                td.num { (t.oldest_pending_seconds.map_or("-".to_string(), |s| format!("{s:.1}s"))) }
-                                td.num { (t.handled_per_second.map_or("-".to_string(), |h| format!("{h:.1}"))) }
+                                td.num { (t.oldest_pending_seconds.map_or("-".to_string(), |s| format!("{:.1}s", s.max(0.0) + 0.0))) }
+                                td.num { (t.handled_per_second.map_or("-".to_string(), rate)) }
                             }
                         }
                     }
@@ -176,7 +189,7 @@ fn route_card(v: &RouteView) -> Markup {
             } @else if v.error.is_none() {
                 p.muted { "sampling…" }
             }
-            (members_table(&v.group_state, &v.members))
+            (members_table(&v.key.group, &v.group_state, &v.members))
         }
     }
 }
@@ -191,7 +204,7 @@ pub(super) async fn overview(State(state): State<Shared>) -> Markup {
             h1 { "Routes" }
             div #overview data-live=(live_every(&state)) {
                 @if let Some(p) = state.problem.read().ok().and_then(|p| p.clone()) {
-                    div.error { (p) }
+                    div.error { (prose(&p)) }
                 }
                 @if routes.is_empty() {
                     p.notice { "No routes yet: routes appear when a group with live members consumes them (the first round can take a few seconds on a cluster with many groups), or name them with --route TOPIC=GROUP." }
@@ -226,9 +239,29 @@ mod tests {
             host: "\"><img src=x>".into(),
             assignment: vec![("<t>".into(), vec![0])],
         };
-        let html = members_table("Stable", &[m]).into_string();
+        let html = members_table("g", "Stable", &[m]).into_string();
         assert!(!html.contains("<script>") && !html.contains("<img") && !html.contains("<t>"));
         assert!(html.contains("&lt;script&gt;x()&lt;/script&gt;"), "{html}");
+    }
+
+    #[test]
+    fn members_show_the_host_and_pid_of_kjob_client_ids() {
+        let member = |client_id: &str| GroupMember {
+            id: "m-1".into(),
+            client_id: client_id.into(),
+            host: "/127.0.0.1".into(),
+            assignment: Vec::new(),
+        };
+        let html = members_table(
+            "billing-workers",
+            "Stable",
+            &[member("kjob-billing-workers-web-1-4242"), member("rdkafka")],
+        )
+        .into_string();
+        assert!(html.contains("<td class=\"host\">web-1</td>"), "{html}");
+        assert!(html.contains("<td class=\"num pid\">4242</td>"), "{html}");
+        assert!(html.contains("<td class=\"host\">-</td>"), "{html}");
+        assert!(html.contains("/127.0.0.1"), "{html}");
     }
 
     #[test]

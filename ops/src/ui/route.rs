@@ -10,6 +10,7 @@ use serde::Deserialize;
 use super::assets::layout;
 use super::pages::{error_page, live_every, members_table, sparkline, upstream_or};
 use super::sampler::Point;
+use super::view::{prose, when};
 use super::Shared;
 use crate::replay::{plan_rows, target_from, TargetSpec};
 use crate::time::format_ms;
@@ -54,7 +55,7 @@ pub(super) async fn route(State(state): State<Shared>, Query(q): Query<RouteQuer
     layout(&state, &q.topic, html! {
         h1 { "Route " code { (q.topic) } " · group " code { (q.group) } }
         div #route data-live=(live_every(&state)) {
-            @if let Some(e) = &v.error { div.error { "sampling failed: " (e) } }
+            @if let Some(e) = &v.error { div.error { "sampling failed: " (prose(e)) } }
             section.card { h2 { "Lag" } (lag_chart(&hist)) }
             section.card {
                 h2 { "Partitions" }
@@ -80,17 +81,14 @@ pub(super) async fn route(State(state): State<Shared>, Query(q): Query<RouteQuer
                             @for t in s.topics.iter().filter(|t| t.role == "retry tier") {
                                 tr {
                                     td.mono { (t.topic) } td.num { (t.lag.unwrap_or(0)) }
-                                    td { @match t.next_due_ms {
-                                        Some(ms) => { (format_ms(Some(ms))) " (" (if ms > now { format!("in {:.0}s", (ms - now) as f64 / 1000.0) } else { "now".into() }) ")" }
-                                        None => { "-" }
-                                    } }
+                                    td { (when(t.next_due_ms, now)) }
                                 }
                             }
                         }
                     }
                 }
             }
-            section.card { h2 { "Members" } (members_table(&v.group_state, &v.members)) }
+            section.card { h2 { "Members" } (members_table(&q.group, &v.group_state, &v.members)) }
         }
         section.card {
             h2 { "Replay (dry run)" }

@@ -4,8 +4,8 @@
 
 use crate::groups::{describe_groups, Group, GroupMember};
 use crate::lag::PartitionLag;
-use kjob::retry::parse_delay;
-use kjob::topics::list_topics;
+use kjob::schedule::{leader_topic, state_topic};
+use kjob::topics::{dlq_audit_topic, dlq_topic, list_topics, route_of};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -80,15 +80,22 @@ pub(super) fn spawn(state: Shared, fixed: Vec<RouteKey>, discover: bool) {
     });
 }
 
-/// The main topic a consumed topic belongs to (`orders.retry.5s` -> `orders`).
-fn main_of(topic: &str) -> Option<&str> {
-    if topic.ends_with(".dlq") || topic.ends_with(".dlq.audit") {
+/// The route a topic assigned to `group` belongs to, named by its main
+/// topic: a retry tier or delay topic folds into its route through
+/// [`route_of`], as `kjob status` folds them, so `orders.delay.1m` is not a
+/// route of its own. The group's cron leader topic (and its state topic)
+/// belongs to every route of the group, and is shown on each (see
+/// `status::route_topics`): it is no route either. Nor is a DLQ (kjob
+/// workers never consume one; a group that does is some other program).
+fn route_for<'t>(topic: &'t str, group: &str) -> Option<&'t str> {
+    if topic == leader_topic(group) || topic == state_topic(group) {
         return None;
     }
-    match topic.rsplit_once(".retry.") {
-        Some((main, d)) if parse_delay(d).is_some() => Some(main),
-        _ => Some(topic),
+    let main = route_of(topic);
+    if main != topic && (topic == dlq_topic(main) || topic == dlq_audit_topic(main)) {
+        return None;
     }
+    Some(main)
 }
 
 type TickOut = (HashMap<RouteKey, RouteSample>, Vec<RouteKey>);
@@ -122,7 +129,7 @@ fn tick(
     if discover {
         for g in groups.iter().filter(|g| !g.members.is_empty()) {
             for t in g.assigned_topics() {
-                if let Some(main) = main_of(&t) {
+                if let Some(main) = route_for(&t, &g.name) {
                     let key = RouteKey {
                         topic: main.to_string(),
                         group: g.name.clone(),
@@ -172,11 +179,12 @@ fn tick(
                 view.history.push_back(Point {
                     at_ms: kjob::dlq::now_ms(),
                     lag: status.topics.iter().filter_map(|t| t.lag).sum(),
+                    // A fold from +0.0: `sum()` of no floats is -0.0.
                     handled: status
                         .topics
                         .iter()
                         .filter_map(|t| t.handled_per_second)
-                        .sum(),
+                        .fold(0.0, |a, b| a + b),
                     retried: status.retried_per_second,
                     dead_lettered: status.dead_lettered_per_second,
                 });
@@ -203,10 +211,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tiers_map_to_their_main_topic() {
-        assert_eq!(main_of("orders.retry.5s"), Some("orders"));
-        assert_eq!(main_of("orders.retry.later"), Some("orders.retry.later"));
-        assert_eq!(main_of("orders"), Some("orders"));
-        assert_eq!(main_of("orders.dlq"), None);
+    fn tiers_delay_topics_and_cron_topics_fold_into_their_routes() {
+        assert_eq!(route_for("orders.retry.5s", "g"), Some("orders"));
+        assert_eq!(
+            route_for("orders.retry.later", "g"),
+            Some("orders.retry.later")
+        );
+        assert_eq!(route_for("orders", "g"), Some("orders"));
+        for delay in kjob::delay::delay_topics("orders") {
+            assert_eq!(route_for(&delay, "g"), Some("orders"), "{delay}");
+        }
+        assert_eq!(route_for("g.schedules", "g"), None);
+        assert_eq!(route_for("g.schedules.state", "g"), None);
+        // Another group's topic of that name is a main topic like any.
+        assert_eq!(route_for("g.schedules", "h"), Some("g.schedules"));
+        assert_eq!(route_for("orders.dlq", "g"), None);
+        assert_eq!(route_for("orders.dlq.audit", "g"), None);
     }
 }
