@@ -303,6 +303,8 @@ mod tests {
             job: Some("orders.confirmation".into()),
             id: Some("j1".into()),
             attempt: Some(1),
+            baggage: Some("tenant=acme".into()),
+            trace_origin: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
             extra: vec![("x-app".into(), b"1".to_vec())],
             ..Default::default()
         };
@@ -318,6 +320,8 @@ mod tests {
             "first failure time is kept"
         );
         assert_eq!(parsed.error.as_deref(), Some("again"));
+        assert_eq!(parsed.baggage.as_deref(), Some("tenant=acme"));
+        assert_eq!(parsed.trace_origin, h.trace_origin, "trace headers travel");
         let attempts = owned.iter().filter(|x| x.key == ATTEMPT).count();
         assert_eq!(attempts, 1);
         // A second hop from the parsed form yields the same set.

@@ -386,4 +386,83 @@ mod tests {
             assert!(metric_reader_from(&e).unwrap().is_some(), "{protocol}");
         }
     }
+
+    /// The reader really pushes: over HTTP/protobuf to `/v1/metrics` of the
+    /// general endpoint, received here by a minimal HTTP/1.1 listener.
+    #[cfg(feature = "otlp")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_metric_reader_pushes_over_http_protobuf() {
+        use opentelemetry::metrics::MeterProvider as _;
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+        fn position(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+            haystack.windows(needle.len()).position(|w| w == needle)
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+        let server = tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let mut request = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let n = sock.read(&mut chunk).await.unwrap_or(0);
+                    request.extend_from_slice(&chunk[..n]);
+                    let Some(end) = position(&request, b"\r\n\r\n") else {
+                        if n == 0 {
+                            break;
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&request[..end]).to_ascii_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    if request.len() >= end + 4 + length || n == 0 {
+                        break;
+                    }
+                }
+                let _ = sock
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+                let _ = tx.send(request);
+            }
+        });
+        let e = env(&[
+            ("OTEL_METRICS_EXPORTER", "otlp"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ]);
+        let reader = metric_reader_from(&e).unwrap().expect("a reader");
+        let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+            .with_reader(reader)
+            .build();
+        let jobs = provider
+            .meter("kjob")
+            .u64_counter("kjob_jobs_total")
+            .build();
+        jobs.add(1, &[]);
+        // The reader exports from its own thread; flushing waits for it.
+        tokio::task::spawn_blocking(move || provider.force_flush())
+            .await
+            .unwrap()
+            .expect("flushed to the endpoint");
+        let request = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a request within 10 s")
+            .expect("a request");
+        server.abort();
+        let text = String::from_utf8_lossy(&request).to_ascii_lowercase();
+        assert!(text.starts_with("post /v1/metrics "), "{text}");
+        assert!(
+            text.contains("content-type: application/x-protobuf"),
+            "{text}"
+        );
+        assert!(
+            position(&request, b"kjob_jobs_total").is_some(),
+            "the counter is in the body"
+        );
+    }
 }
