@@ -28,6 +28,7 @@
 //! the functions here say that nothing is built, and a warning names the
 //! feature when the variables ask for export.
 
+use opentelemetry_sdk::metrics::MeterProviderBuilder;
 #[cfg(feature = "otlp")]
 use opentelemetry_sdk::Resource;
 
@@ -212,33 +213,25 @@ pub(crate) fn tracer_provider(
     ))
 }
 
-/// The metric reader [`metric_reader`] returns: a periodic OTLP export.
+/// The OTLP metric reader, as [`metric_reader`] builds it.
 #[cfg(feature = "otlp")]
-#[allow(dead_code)] // See `metric_reader`.
 pub(crate) type MetricReader =
     opentelemetry_sdk::metrics::PeriodicReader<opentelemetry_otlp::MetricExporter>;
-/// Without the `otlp` feature [`metric_reader`] never returns one; the type
-/// only lets the caller's code be the same either way.
-#[cfg(not(feature = "otlp"))]
-#[allow(dead_code)] // See `metric_reader`.
-pub(crate) type MetricReader = opentelemetry_sdk::metrics::ManualReader;
 
 /// A reader that pushes a meter provider's metrics over OTLP every
 /// `OTEL_METRIC_EXPORT_INTERVAL` ms (default 60 s), when
 /// `OTEL_METRICS_EXPORTER=otlp` and an endpoint is set; `Ok(None)`
-/// otherwise. Add it to the provider with `with_reader`, beside the
-/// Prometheus one. Needs a Tokio runtime for gRPC.
-// The worker's meter provider (`Metrics::prometheus` in `metrics.rs`) is
-// to add it with `with_reader`; until that line lands nothing calls it.
-#[allow(dead_code)]
+/// otherwise. Needs a Tokio runtime for gRPC. [`with_metric_reader`] adds
+/// it to a provider, and builds without the `otlp` feature too.
+#[cfg(feature = "otlp")]
+#[allow(dead_code)] // See `with_metric_reader`.
 pub(crate) fn metric_reader() -> Result<Option<MetricReader>> {
     metric_reader_from(&process_env)
 }
 
 /// [`metric_reader`] over the variables `env` gives.
 #[cfg(feature = "otlp")]
-#[allow(dead_code)] // See `metric_reader`.
-pub(crate) fn metric_reader_from(env: Env<'_>) -> Result<Option<MetricReader>> {
+fn metric_reader_from(env: Env<'_>) -> Result<Option<MetricReader>> {
     use opentelemetry_otlp::{MetricExporter, WithExportConfig as _};
     let Some(target) = target(Signal::Metrics, env)? else {
         return Ok(None);
@@ -261,17 +254,41 @@ pub(crate) fn metric_reader_from(env: Env<'_>) -> Result<Option<MetricReader>> {
     ))
 }
 
-/// Without the `otlp` feature: nothing, with a warning if the variables
+/// `builder` with the OTLP metric reader ([`metric_reader`]) and the
+/// service's resource added when the `OTEL_*` variables ask for OTLP
+/// metrics, unchanged otherwise: the worker's Prometheus `/metrics` stays
+/// as it is, and the same numbers are also pushed to the collector.
+/// Without the `otlp` feature, unchanged, with a warning if the variables
 /// ask for OTLP metrics.
-#[cfg(not(feature = "otlp"))]
-#[allow(dead_code)] // See `metric_reader`.
-pub(crate) fn metric_reader_from(env: Env<'_>) -> Result<Option<MetricReader>> {
-    if target(Signal::Metrics, env)?.is_some() {
-        tracing::warn!(
-            "OTEL_METRICS_EXPORTER=otlp, but kjob was built without its `otlp` feature; metrics are not exported over OTLP"
-        );
+// The worker's meter provider (`Metrics::prometheus` in `metrics.rs`) is
+// to call it; until that line lands nothing does.
+#[allow(dead_code)]
+pub(crate) fn with_metric_reader(builder: MeterProviderBuilder) -> Result<MeterProviderBuilder> {
+    with_metric_reader_from(builder, &process_env)
+}
+
+/// [`with_metric_reader`] over the variables `env` gives.
+#[allow(dead_code)] // See `with_metric_reader`.
+fn with_metric_reader_from(
+    builder: MeterProviderBuilder,
+    env: Env<'_>,
+) -> Result<MeterProviderBuilder> {
+    #[cfg(feature = "otlp")]
+    {
+        Ok(match metric_reader_from(env)? {
+            Some(reader) => builder.with_reader(reader).with_resource(resource()),
+            None => builder,
+        })
     }
-    Ok(None)
+    #[cfg(not(feature = "otlp"))]
+    {
+        if target(Signal::Metrics, env)?.is_some() {
+            tracing::warn!(
+                "OTEL_METRICS_EXPORTER=otlp, but kjob was built without its `otlp` feature; metrics are not exported over OTLP"
+            );
+        }
+        Ok(builder)
+    }
 }
 
 #[cfg(test)]
@@ -387,7 +404,7 @@ mod tests {
         }
     }
 
-    /// The reader really pushes: over HTTP/protobuf to `/v1/metrics` of the
+    /// The reader really pushes, added as the worker adds it: over HTTP/protobuf to `/v1/metrics` of the
     /// general endpoint, received here by a minimal HTTP/1.1 listener.
     #[cfg(feature = "otlp")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -435,10 +452,9 @@ mod tests {
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
         ]);
-        let reader = metric_reader_from(&e).unwrap().expect("a reader");
-        let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
-            .with_reader(reader)
-            .build();
+        // As the worker's meter provider adds it.
+        let builder = opentelemetry_sdk::metrics::SdkMeterProvider::builder();
+        let provider = with_metric_reader_from(builder, &e).unwrap().build();
         let jobs = provider
             .meter("kjob")
             .u64_counter("kjob_jobs_total")
