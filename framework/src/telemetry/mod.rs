@@ -4,17 +4,23 @@
 //!   `KJOB_LOG_FORMAT=json`, filtered by `RUST_LOG`. Every job log line
 //!   carries the job id, job type, attempt, `partition:offset` and duration;
 //!   payloads are never logged.
-//! * **Traces**: a span per enqueue (`kjob.enqueue`, kind producer) and per
-//!   attempt (`kjob.handle`, kind consumer) with OpenTelemetry messaging
-//!   attributes. W3C `traceparent`/`tracestate` travel in the record headers
-//!   on enqueue and on every retry and DLQ hop, so one trace shows
-//!   enqueue → handle → retry → handle. Export is OTLP/gRPC, configured by
-//!   the standard `OTEL_*` variables and **off unless
-//!   `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`) is set**; off,
-//!   no span is created (one atomic load per attempt). Job spans use the
-//!   OpenTelemetry API directly (`telemetry/spans.rs`); `tracing` spans your handlers
-//!   create are bridged and nest under the job's span.
-//!   The exporter is behind the `otlp` cargo feature (on by default).
+//! * **Traces**, after the OpenTelemetry semantic conventions for
+//!   messaging: a producer span `send <topic>` per enqueue and a consumer
+//!   span `process <main topic>` per attempt (`telemetry/spans.rs` says
+//!   which attributes, and how an attempt relates to the others: the first
+//!   continues its enqueue's trace; a retried or delayed one starts its own,
+//!   linked to the attempt that forwarded it and to the enqueue). The
+//!   context travels in the record headers on enqueue and on every retry,
+//!   delay and DLQ hop, through the propagators `OTEL_PROPAGATORS` names
+//!   (`telemetry/propagation.rs`: W3C trace context and baggage by default,
+//!   B3 with the `b3` feature). Export is OTLP over gRPC or HTTP/protobuf
+//!   (`telemetry/otlp.rs`), configured by the standard `OTEL_*` variables
+//!   and **off unless `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`)
+//!   is set**; off, no span is created (one atomic load per attempt). Job
+//!   spans use the OpenTelemetry API directly; `tracing` spans of any
+//!   target (a handler crate's own) are bridged and nest under the
+//!   attempt's span, filtered by `RUST_LOG` and `KJOB_TRACES_FILTER`. The
+//!   exporter is behind the `otlp` cargo feature (on by default).
 //! * **Metrics** (`telemetry/metrics.rs`: the names in the README's
 //!   Observability section) are served with `/healthz` and `/readyz` by
 //!   [`http`] when a worker is given an address.
