@@ -103,7 +103,7 @@ pub(crate) async fn prepare_job<J: Job>(
 /// A producer span's `error.type`: `permanent` when the broker refused the
 /// record for good (too large, not authorized, invalid), `transient`
 /// otherwise (a timeout, an unreachable broker).
-pub(crate) fn send_error_type(e: &Error) -> &'static str {
+fn send_error_type(e: &Error) -> &'static str {
     if e.is_permanent() {
         "permanent"
     } else {

@@ -53,6 +53,9 @@ impl TraceService for Receiver {
     }
 }
 
+/// (attempt, the `tenant` baggage entry it saw).
+type Seen = Arc<Mutex<Vec<(u32, Option<String>)>>>;
+
 /// The target of the handler's own span: not kjob's, as a handler crate's.
 const HANDLER_TARGET: &str = "acme_billing";
 
@@ -84,7 +87,7 @@ async fn a_jobs_spans_follow_the_messaging_conventions_and_link_across_a_retry()
     let group = unique("g");
     create_topic(&config, &topic, 1).await;
     // The baggage each attempt saw.
-    let seen: Arc<Mutex<Vec<(u32, Option<String>)>>> = Arc::default();
+    let seen: Seen = Arc::default();
     let seen_in_handler = seen.clone();
     let w = Worker::builder(config.clone(), &group)
         .handle_on(&topic, move |_j: TestJob, ctx: JobContext| {

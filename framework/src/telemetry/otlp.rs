@@ -282,7 +282,7 @@ fn with_metric_reader_from(
     }
     #[cfg(not(feature = "otlp"))]
     {
-        if target(Signal::Metrics, env)?.is_some() {
+        if !matches!(target(Signal::Metrics, env), Ok(None)) {
             tracing::warn!(
                 "OTEL_METRICS_EXPORTER=otlp, but kjob was built without its `otlp` feature; metrics are not exported over OTLP"
             );
