@@ -2,6 +2,9 @@
 //!
 //! Each row is what the last schedule leader recorded: the expression, the
 //! topic, the catch-up policy, the last tick fired and the next tick due.
+//! The leader is read from the group itself: the member that owns
+//! partition 0 of `<group>.schedules` fires, so with no such member the
+//! answer is "no leader", however recently the state was written.
 
 use anyhow::Result;
 use clap::Args;
@@ -23,6 +26,8 @@ pub(crate) struct SchedulesArgs {
 pub(crate) async fn run(ctx: &Ctx, args: SchedulesArgs) -> Result<()> {
     let (c, g) = (ctx.config.clone(), args.group.clone());
     let states = tokio::task::spawn_blocking(move || read_states(&c, &g)).await??;
+    let (c, g) = (ctx.config.clone(), args.group.clone());
+    let leader = tokio::task::spawn_blocking(move || current_leader(&c, &g)).await??;
     let now = kjob::dlq::now_ms();
     let mut rows: Vec<_> = states.into_values().collect();
     rows.sort_by(|a, b| a.schedule.cmp(&b.schedule));
@@ -42,7 +47,9 @@ pub(crate) async fn run(ctx: &Ctx, args: SchedulesArgs) -> Result<()> {
                 })
             })
             .collect();
-        return json(&serde_json::json!({ "group": args.group, "schedules": out }));
+        return json(
+            &serde_json::json!({ "group": args.group, "leader": leader, "schedules": out }),
+        );
     }
     if rows.is_empty() {
         outln!(
@@ -52,6 +59,13 @@ pub(crate) async fn run(ctx: &Ctx, args: SchedulesArgs) -> Result<()> {
         )?;
         return Ok(());
     }
+    outln!(
+        "leader: {}",
+        leader.as_deref().map_or(
+            "no leader (no member owns partition 0 of the schedules topic)".into(),
+            |l| for_terminal(l, CELL_WIDTH)
+        )
+    )?;
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED).set_header([
         "schedule",
@@ -60,7 +74,7 @@ pub(crate) async fn run(ctx: &Ctx, args: SchedulesArgs) -> Result<()> {
         "catch-up",
         "last fired tick",
         "next tick",
-        "recorded by",
+        "last recorded by",
     ]);
     // The rows come from records in the state topic: any producer to it
     // chose their text.
@@ -78,4 +92,21 @@ pub(crate) async fn run(ctx: &Ctx, args: SchedulesArgs) -> Result<()> {
     }
     outln!("{table}")?;
     Ok(())
+}
+
+/// The member that fires the group's schedules now: the owner of partition
+/// 0 of `<group>.schedules`, as `client.id@host`. `None` when no member owns
+/// it (the leader left or its session expired, and no one took over yet).
+fn current_leader(config: &kjob::KafkaConfig, group: &str) -> Result<Option<String>> {
+    let topic = kjob::schedule::leader_topic(group);
+    let groups = kjob_ops::groups::describe_groups(config, Some(group))?;
+    Ok(groups
+        .iter()
+        .flat_map(|g| g.members.iter())
+        .find(|m| {
+            m.assignment
+                .iter()
+                .any(|(t, ps)| *t == topic && ps.contains(&0))
+        })
+        .map(|m| format!("{}@{}", m.client_id, m.host.trim_start_matches('/'))))
 }

@@ -56,7 +56,7 @@ use crate::error::{Error, Result};
 use crate::headers::JobHeaders;
 use crate::job::Job;
 use crate::producer::{enqueue_headers, new_job_id};
-use crate::telemetry::metrics::Metrics;
+use crate::telemetry::metrics::{Metrics, MetricsExporter};
 use crate::worker::pipeline::{Outcome, Pipeline, Sink};
 use crate::worker::record::incoming;
 use crate::worker::scheduler::{Action, Job as SchedJob, Scheduler};
@@ -263,7 +263,7 @@ impl Harness {
                 logs: logs.clone(),
                 clock: clock.clone(),
             }),
-            Metrics::disabled(),
+            Metrics::on(&MetricsExporter::disabled(), "", Arc::default()),
             stats,
             cancel,
             strict,

@@ -198,4 +198,10 @@ async fn one_tick_once_across_three_workers_with_the_leader_killed_twice() {
                 || stdout.contains(&kjob::schedule::format_tick(hi - 1000))),
         "lists the schedule and its last fired tick: {stdout}"
     );
+    // Every worker has left the group: the state topic still names the
+    // last leader, but nobody fires now.
+    assert!(
+        stdout.contains("leader: no leader"),
+        "a vacant leadership shows as such: {stdout}"
+    );
 }

@@ -54,6 +54,7 @@ use tower::util::BoxCloneSyncService;
 
 use crate::classify::JobError;
 use crate::job::JobContext;
+use crate::telemetry::metrics::WorkerGauges;
 use crate::worker::park::Waiter;
 
 /// One attempt, as a layer sees it.
@@ -66,6 +67,9 @@ pub struct Request {
     started: Option<Arc<AtomicBool>>,
     /// How a wait gives the slot back (none outside a worker).
     waiter: Option<Waiter>,
+    /// The worker's gauges, where a breaker shows itself (none outside a
+    /// worker).
+    gauges: Option<Arc<WorkerGauges>>,
 }
 
 impl Request {
@@ -76,7 +80,18 @@ impl Request {
             extensions: http::Extensions::new(),
             started: None,
             waiter: None,
+            gauges: None,
         }
+    }
+
+    pub(crate) fn gauges(mut self, gauges: Arc<WorkerGauges>) -> Self {
+        self.gauges = Some(gauges);
+        self
+    }
+
+    /// The worker's gauges, for a layer that shows its state on `/metrics`.
+    pub(crate) fn worker_gauges(&self) -> Option<&Arc<WorkerGauges>> {
+        self.gauges.as_ref()
     }
 
     pub(crate) fn waiter(mut self, waiter: Waiter) -> Self {

@@ -1,6 +1,5 @@
-//! The relay's metrics, in the same shape as the worker's
-//! ([`crate::telemetry::metrics`]): OpenTelemetry instruments exported in
-//! Prometheus format.
+//! The relay's metrics: OpenTelemetry instruments recorded into a
+//! [`MetricsExporter`], the same kind of exporter the worker's use.
 //!
 //! | metric | type | labels | meaning |
 //! |---|---|---|---|
@@ -12,37 +11,20 @@
 //! | `kjob_outbox_relays` | gauge | `table` | relays connected to the table |
 //!
 //! Lag and unsent are read from the table, so every relay reports the
-//! table-wide value. The Prometheus exporter and `/metrics` endpoint need
-//! the `metrics-http` feature (on by default), as the worker's do.
+//! table-wide value. A relay run by a worker
+//! ([`WorkerBuilder::outbox_relay`](crate::WorkerBuilder::outbox_relay))
+//! records into the worker's exporter, so the worker's `/metrics` shows
+//! both; a relay of its own serves the same endpoint code
+//! ([`crate::telemetry::http::serve`]). Both need the `metrics-http`
+//! feature (on by default).
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-#[cfg(feature = "metrics-http")]
-use axum::{
-    extract::State,
-    http::{header, StatusCode},
-    response::IntoResponse,
-    routing::get,
-    Router,
-};
-#[cfg(feature = "metrics-http")]
-use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::metrics::{Counter, Meter};
 use opentelemetry::KeyValue;
-#[cfg(feature = "metrics-http")]
-use opentelemetry_sdk::metrics::SdkMeterProvider;
-#[cfg(feature = "metrics-http")]
-use prometheus::{Encoder, Registry, TextEncoder};
-#[cfg(feature = "metrics-http")]
-use tokio_util::sync::CancellationToken;
 
 use super::OutboxError;
-
-/// What keeps a Prometheus export alive (nothing without `metrics-http`).
-#[cfg(feature = "metrics-http")]
-type Exporter = Arc<(SdkMeterProvider, Registry)>;
-#[cfg(not(feature = "metrics-http"))]
-type Exporter = std::convert::Infallible;
+use crate::telemetry::metrics::MetricsExporter;
 
 /// Gauge values the relay refreshes; read when `/metrics` is scraped.
 #[derive(Clone, Debug, Default)]
@@ -65,13 +47,13 @@ pub struct OutboxMetrics {
     errors: Counter<u64>,
     /// Refreshed by the relay.
     pub snapshot: Arc<Mutex<OutboxSnapshot>>,
-    exporter: Option<Exporter>,
+    exporter: MetricsExporter,
 }
 
 impl std::fmt::Debug for OutboxMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OutboxMetrics")
-            .field("exported", &self.exporter.is_some())
+            .field("exported", &self.exporter.is_enabled())
             .finish()
     }
 }
@@ -80,40 +62,27 @@ impl OutboxMetrics {
     /// No-op instruments; the snapshot is still kept (for [`super::Relay`]
     /// callers and tests).
     pub fn disabled(table: &str) -> Self {
-        let meter = opentelemetry::global::meter_provider().meter("kjob-outbox-disabled");
-        Self::with_meter(&meter, table, None)
+        Self::on(&MetricsExporter::disabled(), table)
     }
 
-    /// Instruments exported to a fresh Prometheus registry.
-    #[cfg(feature = "metrics-http")]
+    /// Instruments exported to a fresh Prometheus registry of their own.
     pub fn prometheus(table: &str) -> Result<Self, OutboxError> {
-        let registry = Registry::new();
-        let exporter = opentelemetry_prometheus::exporter()
-            .with_registry(registry.clone())
-            .without_units()
-            .without_target_info()
-            .build()
-            .map_err(|e| OutboxError::Config(format!("building the Prometheus exporter: {e}")))?;
-        let provider = SdkMeterProvider::builder().with_reader(exporter).build();
-        let meter = provider.meter("kjob-outbox");
-        Ok(Self::with_meter(
-            &meter,
-            table,
-            Some(Arc::new((provider, registry))),
-        ))
+        Ok(Self::on(&MetricsExporter::prometheus()?, table))
     }
 
-    /// Without the `metrics-http` feature there is no exporter: an error
-    /// that says which feature to enable.
-    #[cfg(not(feature = "metrics-http"))]
-    pub fn prometheus(_table: &str) -> Result<Self, OutboxError> {
-        Err(OutboxError::Kjob(crate::Error::FeatureDisabled {
-            feature: "metrics-http",
-            what: "an outbox relay metrics endpoint",
-        }))
+    /// Instruments recorded into `exporter`, which a worker (or another
+    /// relay) of the process may share, so one `/metrics` serves them all.
+    pub fn on(exporter: &MetricsExporter, table: &str) -> Self {
+        let meter = exporter.meter("kjob-outbox");
+        Self::with_meter(&meter, table, exporter.clone())
     }
 
-    fn with_meter(meter: &Meter, table: &str, exporter: Option<Exporter>) -> Self {
+    /// What these instruments record into.
+    pub fn exporter(&self) -> &MetricsExporter {
+        &self.exporter
+    }
+
+    fn with_meter(meter: &Meter, table: &str, exporter: MetricsExporter) -> Self {
         let snapshot: Arc<Mutex<OutboxSnapshot>> = Arc::default();
         let label = KeyValue::new("table", table.to_string());
         let gauge = |name: &'static str, help: &'static str, read: fn(&OutboxSnapshot) -> f64| {
@@ -188,64 +157,7 @@ impl OutboxMetrics {
     }
 
     /// The Prometheus text exposition, or `None` when disabled.
-    #[cfg(not(feature = "metrics-http"))]
     pub fn render(&self) -> Option<String> {
-        None
+        self.exporter.render()
     }
-
-    /// The Prometheus text exposition, or `None` when disabled.
-    #[cfg(feature = "metrics-http")]
-    pub fn render(&self) -> Option<String> {
-        let (_, registry) = self.exporter.as_deref()?;
-        let mut out = Vec::new();
-        TextEncoder::new()
-            .encode(&registry.gather(), &mut out)
-            .ok()?;
-        String::from_utf8(out).ok()
-    }
-}
-
-#[cfg(feature = "metrics-http")]
-async fn metrics_page(State(m): State<OutboxMetrics>) -> impl IntoResponse {
-    match m.render() {
-        Some(text) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-            text,
-        ),
-        None => (
-            StatusCode::NOT_FOUND,
-            [(header::CONTENT_TYPE, "text/plain")],
-            "metrics are disabled\n".to_string(),
-        ),
-    }
-}
-
-/// Serves `/metrics` and `/healthz` on `addr` until `stop` is cancelled.
-/// Binds now, so a port conflict fails the relay's start.
-#[cfg(feature = "metrics-http")]
-pub(crate) async fn serve(
-    addr: std::net::SocketAddr,
-    metrics: OutboxMetrics,
-    stop: CancellationToken,
-) -> Result<std::net::SocketAddr, OutboxError> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| OutboxError::Config(format!("binding the metrics endpoint on {addr}: {e}")))?;
-    let bound = listener
-        .local_addr()
-        .map_err(|e| OutboxError::Config(format!("metrics endpoint address: {e}")))?;
-    let app = Router::new()
-        .route("/metrics", get(metrics_page))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .with_state(metrics);
-    tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-        if let Err(e) = served {
-            tracing::warn!(error = %e, "outbox metrics endpoint stopped");
-        }
-    });
-    Ok(bound)
 }

@@ -182,6 +182,21 @@ impl Relay {
         Ok(self)
     }
 
+    /// Records into `exporter`, shared with a worker or another relay of
+    /// the process, so one `/metrics` serves them all
+    /// ([`WorkerBuilder::metrics_exporter`](crate::WorkerBuilder::metrics_exporter)).
+    /// A relay run by a worker ([`WorkerBuilder::outbox_relay`](crate::WorkerBuilder::outbox_relay))
+    /// without an endpoint of its own does this by itself.
+    pub fn metrics_exporter(mut self, exporter: crate::telemetry::MetricsExporter) -> Self {
+        self.metrics = OutboxMetrics::on(&exporter, self.table.name());
+        self
+    }
+
+    /// Whether this relay serves a `/metrics` of its own.
+    pub fn has_metrics_endpoint(&self) -> bool {
+        self.metrics_addr.is_some()
+    }
+
     /// Records into `metrics` (for example one created with
     /// [`OutboxMetrics::prometheus`] and served by your own endpoint).
     pub fn with_metrics(mut self, metrics: OutboxMetrics) -> Self {
@@ -251,8 +266,14 @@ impl Relay {
         // the `metrics-http` feature.
         #[cfg(feature = "metrics-http")]
         if let Some(addr) = self.metrics_addr {
-            let bound =
-                super::metrics::serve(addr, self.metrics.clone(), cancel.child_token()).await?;
+            let bound = crate::telemetry::http::serve(
+                addr,
+                self.metrics.exporter().clone(),
+                std::sync::Arc::new(|| true),
+                None,
+                cancel.child_token(),
+            )
+            .await?;
             tracing::info!(%bound, "outbox relay metrics endpoint");
         }
         let gauges = tokio::spawn(refresh_gauges(

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use rdkafka::message::{Message, OwnedHeaders};
@@ -17,6 +17,7 @@ use crate::config::KafkaConfig;
 use crate::dlq::now_ms;
 use crate::error::{Error, Result};
 use crate::producer::Producer;
+use crate::telemetry::metrics::Metrics;
 use crate::worker::WorkerStats;
 
 /// The one-partition topic whose partition-0 owner fires the group's
@@ -96,6 +97,7 @@ struct Firing {
     group: String,
     producer: Producer,
     stats: Arc<WorkerStats>,
+    metrics: Metrics,
     schedules: Vec<Schedule>,
 }
 
@@ -188,6 +190,8 @@ impl Firing {
                     Ok(e) => {
                         info!(schedule = %s.name, job.id = %id, topic = %e.topic, late_ms = now_ms() - tick, "schedule fired");
                         WorkerStats::bump(&self.stats.schedule_fired);
+                        self.metrics
+                            .schedule_fired(&s.name, (now_ms() - tick) as f64 / 1000.0);
                     }
                     Err(e) => {
                         warn!(schedule = %s.name, job.id = %id, error = %e, "could not enqueue a scheduled job; trying again");
@@ -222,6 +226,7 @@ pub(crate) async fn run_schedules(
     group: String,
     producer: Producer,
     stats: Arc<WorkerStats>,
+    metrics: Metrics,
     schedules: Vec<Schedule>,
     stop: CancellationToken,
 ) {
@@ -230,6 +235,7 @@ pub(crate) async fn run_schedules(
         group,
         producer,
         stats,
+        metrics,
         schedules,
     };
     let mut states: Option<HashMap<String, ScheduleState>> = None;
@@ -243,6 +249,16 @@ pub(crate) async fn run_schedules(
             .stats
             .schedule_leader
             .store(leading, Ordering::Release);
+        firing
+            .metrics
+            .snapshot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .schedules = firing
+            .schedules
+            .iter()
+            .map(|s| (s.name.clone(), leading))
+            .collect();
         if !leading {
             if states.take().is_some() {
                 info!(group = %firing.group, "no longer the schedule leader");

@@ -1,21 +1,27 @@
-//! The worker's HTTP endpoint: `/metrics` (Prometheus text), `/healthz`
-//! (the process is alive) and `/readyz` (partitions assigned and consuming;
-//! not ready before the first assignment and from the moment shutdown
-//! begins, so a load balancer or orchestrator stops counting on it), plus
-//! any routes the application adds, such as the operator dashboard.
-
+//! The HTTP endpoint of a worker or an outbox relay: `/metrics`
+//! (Prometheus text), `/healthz` (the process is alive) and `/readyz`
+//! (for a worker: partitions assigned and consuming; not ready before the
+//! first assignment and from the moment shutdown begins, so a load balancer
+//! or orchestrator stops counting on it), plus any routes the application
+//! adds, such as the operator dashboard. One implementation for both, so a
+//! process that runs a worker and a relay serves one endpoint.
 //!
 //! Behind the `metrics-http` cargo feature (on by default), which brings in
 //! axum and the Prometheus exporter. Without it, [`serve`] fails with an
 //! error naming the feature, so a worker asked for an endpoint never runs
 //! silently without one.
 
+use std::sync::Arc;
+
+/// Whether the process is ready for work, asked on every `/readyz`.
+pub type Readiness = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// Without `metrics-http`: always an error saying which feature to enable.
 #[cfg(not(feature = "metrics-http"))]
 pub async fn serve(
     _addr: std::net::SocketAddr,
-    _metrics: super::metrics::Metrics,
-    _stats: std::sync::Arc<crate::worker::WorkerStats>,
+    _exporter: super::metrics::MetricsExporter,
+    _ready: Readiness,
     _extra: Option<std::convert::Infallible>,
     _stop: tokio_util::sync::CancellationToken,
 ) -> crate::error::Result<std::net::SocketAddr> {
@@ -31,7 +37,6 @@ pub use imp::serve;
 #[cfg(feature = "metrics-http")]
 mod imp {
     use std::net::SocketAddr;
-    use std::sync::atomic::Ordering;
     use std::sync::Arc;
 
     use axum::extract::State;
@@ -42,18 +47,18 @@ mod imp {
     use tokio::net::TcpListener;
     use tokio_util::sync::CancellationToken;
 
-    use super::super::metrics::Metrics;
+    use super::super::metrics::MetricsExporter;
+    use super::Readiness;
     use crate::error::{Error, Result};
-    use crate::worker::WorkerStats;
 
     #[derive(Clone)]
     struct AppState {
-        metrics: Metrics,
-        stats: Arc<WorkerStats>,
+        exporter: MetricsExporter,
+        ready: Readiness,
     }
 
     async fn render_metrics(State(s): State<AppState>) -> impl IntoResponse {
-        match s.metrics.render() {
+        match s.exporter.render() {
             Some(text) => (
                 StatusCode::OK,
                 [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -72,21 +77,21 @@ mod imp {
     }
 
     async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
-        if s.stats.ready.load(Ordering::Acquire) {
+        if (s.ready)() {
             (StatusCode::OK, "ready\n")
         } else {
             (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
         }
     }
 
-    /// Binds `addr` now (so a port conflict fails the worker's start) and
-    /// serves until `stop` is cancelled. Returns the bound address (useful with
-    /// port 0). `extra` answers every other path
+    /// Binds `addr` now (so a port conflict fails the start) and serves
+    /// `exporter` until `stop` is cancelled. Returns the bound address
+    /// (useful with port 0). `extra` answers every other path
     /// ([`WorkerBuilder::http_routes`](crate::WorkerBuilder::http_routes)).
     pub async fn serve(
         addr: SocketAddr,
-        metrics: Metrics,
-        stats: Arc<WorkerStats>,
+        exporter: MetricsExporter,
+        ready: Readiness,
         extra: Option<Router>,
         stop: CancellationToken,
     ) -> Result<SocketAddr> {
@@ -100,7 +105,7 @@ mod imp {
             .route("/metrics", get(render_metrics))
             .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
-            .with_state(AppState { metrics, stats });
+            .with_state(AppState { exporter, ready });
         if let Some(extra) = extra {
             // A fallback, not a merge: a path both define stays the worker's
             // instead of panicking at start.

@@ -1,97 +1,76 @@
 //! The worker's metrics, as OpenTelemetry instruments exported in Prometheus
-//! format (`/metrics`):
+//! format (`/metrics`). The names and labels are listed in the book
+//! (`docs/src/observability.md`), with PromQL for the usual alerts.
 //!
-//! | metric | type | labels |
-//! |---|---|---|
-//! | `kjob_jobs_total` | counter | `job`, `outcome` (ok, retried, dead_lettered, panicked, held) |
-//! | `kjob_handler_seconds` | histogram | `job` |
-//! | `kjob_in_flight` | gauge | `job` |
-//! | `kjob_consumer_lag` | gauge | `topic`, `partition` |
-//! | `kjob_oldest_pending_seconds` | gauge | `topic` |
-//! | `kjob_retry_due_lateness_seconds` | histogram | `topic` |
-//! | `kjob_rebalances_total` | counter | |
-//! | `kjob_parked` | gauge | | jobs waiting for a downstream without a handler slot |
-//! | `kjob_oldest_running_seconds` | gauge | `job`: age of the oldest handler running (0 under 1 s) |
-//! | `kjob_priority_waiting` | gauge | `priority` (high, normal, low): jobs ready, waiting for a slot |
-//! | `kjob_priority_in_flight` | gauge | `priority`: jobs running |
-//! | `kjob_priority_latency_seconds` | histogram | `priority`: record timestamp to the attempt's outcome |
+//! Conventions, after Prometheus' own: durations are seconds with explicit
+//! buckets from 1 ms to 5 min ([`DURATION_BUCKETS`]; OpenTelemetry's
+//! defaults, 0 to 10 000, make every quantile useless for seconds), counters
+//! end in `_total`, a state is a label (`kjob_breaker_state{state="open"} 1`)
+//! rather than a code, and no series carries `otel_scope_name`.
 //!
-//! Each worker owns its registry, so two workers in one process (tests, a
-//! multi-tenant binary) never mix their numbers. A worker without a metrics
-//! endpoint uses no-op instruments: recording costs nothing.
+//! Gauges describe one worker, so they carry its consumer `group`: two
+//! workers that share one [`MetricsExporter`] (or one process) never
+//! overwrite each other's values. The lag of a partition is exported only by
+//! the member that owns it, so `sum()` over the replicas of a group counts it
+//! once.
 //!
-//! The Prometheus exporter is behind the `metrics-http` cargo feature (on by
-//! default). Without it the instruments still exist, as no-ops, so the
-//! worker's code is the same; asking for an exporter is an error that names
-//! the feature.
+//! A worker without a metrics endpoint or exporter uses no-op instruments:
+//! recording costs nothing. The Prometheus exporter is behind the
+//! `metrics-http` cargo feature (on by default); asking for one without it
+//! is an error that names the feature.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-#[cfg(feature = "metrics-http")]
-use opentelemetry::metrics::MeterProvider as _;
-use opentelemetry::metrics::{Counter, Histogram, Meter, UpDownCounter};
+use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _, UpDownCounter};
 use opentelemetry::KeyValue;
-#[cfg(feature = "metrics-http")]
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 #[cfg(feature = "metrics-http")]
 use prometheus::{Encoder, Registry, TextEncoder};
 
-use crate::error::{Error, Result};
-
-/// What keeps a Prometheus export alive: the meter provider and the
-/// registry it writes into.
-#[cfg(feature = "metrics-http")]
-type Exporter = Arc<(SdkMeterProvider, Registry)>;
-/// Without `metrics-http` there is nothing to export to.
 #[cfg(not(feature = "metrics-http"))]
-type Exporter = std::convert::Infallible;
+use crate::error::Error;
+use crate::error::Result;
 
-/// Gauges the poll thread refreshes; read when `/metrics` is scraped.
-#[derive(Debug, Default)]
-pub struct Snapshot {
-    /// (topic, partition) -> records not yet committed.
-    pub lag: HashMap<(String, i32), i64>,
-    /// topic -> age in seconds of the oldest uncommitted record kjob holds.
-    pub oldest_pending_seconds: HashMap<String, f64>,
-    /// Per priority level (high, normal, low): (running, waiting).
-    pub priority: [(usize, usize); crate::worker::Priority::LEVELS],
-    /// Jobs parked: waiting for a downstream without a handler slot.
-    pub parked: usize,
-    /// Per job type: age of the oldest handler running for 1 s or more.
-    pub oldest_running_seconds: Vec<(&'static str, f64)>,
-}
+/// Bucket bounds, in seconds, of every duration histogram kjob exports:
+/// from a 1 ms handler to a 5 min one, dense where job latencies live, so
+/// `histogram_quantile(0.99, ...)` lands within a bucket's width of the truth.
+pub const DURATION_BUCKETS: [f64; 17] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
+];
 
-/// The instruments a worker records into.
+/// The process's metrics exposition: one OpenTelemetry meter provider and
+/// the Prometheus registry it writes into. Cloning shares it.
+///
+/// A worker creates one for its [`metrics_endpoint`](crate::WorkerBuilder::metrics_endpoint);
+/// give the same exporter to a second worker or to an outbox relay in the
+/// process ([`WorkerBuilder::metrics_exporter`](crate::WorkerBuilder::metrics_exporter))
+/// and one `/metrics` serves all of them, instead of one port each.
 #[derive(Clone)]
-pub struct Metrics {
-    jobs: Counter<u64>,
-    handler_seconds: Histogram<f64>,
-    in_flight: UpDownCounter<i64>,
-    lateness: Histogram<f64>,
-    rebalances: Counter<u64>,
-    priority_latency: Histogram<f64>,
-    /// Refreshed by the poll thread.
-    pub snapshot: Arc<Mutex<Snapshot>>,
-    exporter: Option<Exporter>,
+pub struct MetricsExporter {
+    inner: Option<Arc<Exporting>>,
 }
 
-impl std::fmt::Debug for Metrics {
+struct Exporting {
+    provider: SdkMeterProvider,
+    #[cfg(feature = "metrics-http")]
+    registry: Registry,
+}
+
+impl std::fmt::Debug for MetricsExporter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Metrics")
-            .field("exported", &self.exporter.is_some())
+        f.debug_struct("MetricsExporter")
+            .field("exporting", &self.inner.is_some())
             .finish()
     }
 }
 
-impl Metrics {
-    /// No-op instruments (no endpoint configured).
-    pub fn disabled() -> Self {
-        let meter = opentelemetry::global::meter_provider().meter("kjob-disabled");
-        Self::with_meter(&meter, Arc::default(), None)
-    }
-
-    /// Instruments exported to a fresh Prometheus registry.
+impl MetricsExporter {
+    /// Instruments exported in Prometheus format, to a fresh registry of
+    /// their own (never the process-global default registry, which other
+    /// libraries write into).
     #[cfg(feature = "metrics-http")]
     pub fn prometheus() -> Result<Self> {
         let registry = Registry::new();
@@ -99,18 +78,15 @@ impl Metrics {
             .with_registry(registry.clone())
             .without_units()
             .without_target_info()
+            .scope_info_enabled(false)
             .build()
-            .map_err(|e| Error::Metrics {
+            .map_err(|e| crate::error::Error::Metrics {
                 reason: format!("building the Prometheus exporter: {e}"),
             })?;
         let provider = SdkMeterProvider::builder().with_reader(exporter).build();
-        let meter = provider.meter("kjob");
-        let snapshot: Arc<Mutex<Snapshot>> = Arc::default();
-        Ok(Self::with_meter(
-            &meter,
-            snapshot,
-            Some(Arc::new((provider, registry))),
-        ))
+        Ok(Self {
+            inner: Some(Arc::new(Exporting { provider, registry })),
+        })
     }
 
     /// Without the `metrics-http` feature there is no exporter: an error
@@ -123,200 +99,31 @@ impl Metrics {
         })
     }
 
-    fn with_meter(
-        meter: &Meter,
-        snapshot: Arc<Mutex<Snapshot>>,
-        exporter: Option<Exporter>,
-    ) -> Self {
-        let lag_snapshot = snapshot.clone();
-        meter
-            .i64_observable_gauge("kjob_consumer_lag")
-            .with_description("Records in a partition not yet committed by the group")
-            .with_callback(move |obs| {
-                let snap = lag_snapshot.lock().unwrap_or_else(PoisonError::into_inner);
-                for ((topic, partition), lag) in &snap.lag {
-                    obs.observe(
-                        *lag,
-                        &[
-                            KeyValue::new("topic", topic.clone()),
-                            KeyValue::new("partition", i64::from(*partition)),
-                        ],
-                    );
-                }
-            })
-            .build();
-        let age_snapshot = snapshot.clone();
-        meter
-            .f64_observable_gauge("kjob_oldest_pending_seconds")
-            .with_description("Age of the oldest record the worker holds but has not committed")
-            .with_callback(move |obs| {
-                let snap = age_snapshot.lock().unwrap_or_else(PoisonError::into_inner);
-                for (topic, age) in &snap.oldest_pending_seconds {
-                    obs.observe(*age, &[KeyValue::new("topic", topic.clone())]);
-                }
-            })
-            .build();
-        for (name, description, running) in [
-            (
-                "kjob_priority_in_flight",
-                "Jobs running, per priority lane",
-                true,
-            ),
-            (
-                "kjob_priority_waiting",
-                "Jobs ready and waiting for a slot, per priority lane",
-                false,
-            ),
-        ] {
-            let snap = snapshot.clone();
-            meter
-                .i64_observable_gauge(name)
-                .with_description(description)
-                .with_callback(move |obs| {
-                    let snap = snap.lock().unwrap_or_else(PoisonError::into_inner);
-                    for (level, (run, wait)) in snap.priority.iter().enumerate() {
-                        let v = if running { *run } else { *wait };
-                        let p = crate::worker::Priority::at_level(level);
-                        obs.observe(
-                            i64::try_from(v).unwrap_or(i64::MAX),
-                            &[KeyValue::new("priority", p.as_str())],
-                        );
-                    }
-                })
-                .build();
-        }
-        let running_snapshot = snapshot.clone();
-        meter
-            .f64_observable_gauge("kjob_oldest_running_seconds")
-            .with_description(
-                "Age of the oldest handler still running, per job type (0 while all are under 1 s)",
-            )
-            .with_callback(move |obs| {
-                let snap = running_snapshot
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                for (job, age) in &snap.oldest_running_seconds {
-                    obs.observe(*age, &[KeyValue::new("job", *job)]);
-                }
-            })
-            .build();
-        let parked_snapshot = snapshot.clone();
-        meter
-            .i64_observable_gauge("kjob_parked")
-            .with_description(
-                "Jobs waiting for a downstream (registry, breaker, rate limit) without a handler slot",
-            )
-            .with_callback(move |obs| {
-                let snap = parked_snapshot
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                obs.observe(i64::try_from(snap.parked).unwrap_or(i64::MAX), &[]);
-            })
-            .build();
-        meter
-            .i64_observable_gauge("kjob_breaker_state")
-            .with_description("Circuit breaker state per downstream: 0 closed, 1 half-open, 2 open")
-            .with_callback(|obs| {
-                for (name, state, _) in crate::layers::breaker::snapshot() {
-                    let v = match state {
-                        crate::layers::breaker::BreakerState::Closed => 0,
-                        crate::layers::breaker::BreakerState::HalfOpen => 1,
-                        crate::layers::breaker::BreakerState::Open => 2,
-                    };
-                    obs.observe(v, &[KeyValue::new("breaker", name)]);
-                }
-            })
-            .build();
-        meter
-            .i64_observable_gauge("kjob_registry_waiting")
-            .with_description(
-                "Jobs waiting for the schema registry to serve their writer schema (not failed, not retried)",
-            )
-            .with_callback(|obs| obs.observe(crate::worker::route::registry_waiting(), &[]))
-            .build();
-        meter
-            .i64_observable_gauge("kjob_breaker_parked")
-            .with_description("Jobs waiting for a circuit breaker to close")
-            .with_callback(|obs| {
-                for (name, _, parked) in crate::layers::breaker::snapshot() {
-                    obs.observe(parked, &[KeyValue::new("breaker", name)]);
-                }
-            })
-            .build();
-        Self {
-            jobs: meter
-                .u64_counter("kjob_jobs")
-                .with_description("Attempts by job type and outcome")
-                .build(),
-            handler_seconds: meter
-                .f64_histogram("kjob_handler_seconds")
-                .with_description("Handler duration per attempt")
-                .build(),
-            in_flight: meter
-                .i64_up_down_counter("kjob_in_flight")
-                .with_description("Attempts running now")
-                .build(),
-            lateness: meter
-                .f64_histogram("kjob_retry_due_lateness_seconds")
-                .with_description("How long after its due time a retry ran")
-                .build(),
-            rebalances: meter
-                .u64_counter("kjob_rebalances")
-                .with_description("Partition assignments and revocations")
-                .build(),
-            priority_latency: meter
-                .f64_histogram("kjob_priority_latency_seconds")
-                .with_description("Record timestamp to the attempt's outcome, per priority lane")
-                .build(),
-            snapshot,
-            exporter,
+    /// No exporter: instruments are no-ops.
+    pub fn disabled() -> Self {
+        Self { inner: None }
+    }
+
+    /// Whether anything is exported.
+    pub fn is_enabled(&self) -> bool {
+        self.inner.is_some()
+    }
+
+    /// A meter for `scope` (no-op when disabled).
+    pub(crate) fn meter(&self, scope: &'static str) -> Meter {
+        match &self.inner {
+            Some(e) => e.provider.meter(scope),
+            None => opentelemetry::global::meter_provider().meter("kjob-disabled"),
         }
     }
 
-    /// Counts one final outcome of an attempt.
-    pub fn outcome(&self, job: &'static str, outcome: &'static str) {
-        self.jobs.add(
-            1,
-            &[KeyValue::new("job", job), KeyValue::new("outcome", outcome)],
-        );
-    }
-
-    /// Records a handler's duration.
-    pub fn handler_seconds(&self, job: &'static str, seconds: f64) {
-        self.handler_seconds
-            .record(seconds, &[KeyValue::new("job", job)]);
-    }
-
-    /// One more (or one less) attempt running.
-    pub fn in_flight(&self, job: &'static str, delta: i64) {
-        self.in_flight.add(delta, &[KeyValue::new("job", job)]);
-    }
-
-    /// A retry ran `seconds` after its due time.
-    pub fn lateness(&self, topic: &str, seconds: f64) {
-        self.lateness
-            .record(seconds, &[KeyValue::new("topic", topic.to_string())]);
-    }
-
-    /// An attempt of a `priority` lane ended `seconds` after its record's
-    /// timestamp.
-    pub fn priority_latency(&self, priority: crate::worker::Priority, seconds: f64) {
-        self.priority_latency
-            .record(seconds, &[KeyValue::new("priority", priority.as_str())]);
-    }
-
-    /// A rebalance happened.
-    pub fn rebalance(&self) {
-        self.rebalances.add(1, &[]);
-    }
-
-    /// The Prometheus text exposition, or `None` when metrics are disabled.
+    /// The Prometheus text exposition, or `None` when disabled.
     #[cfg(feature = "metrics-http")]
     pub fn render(&self) -> Option<String> {
-        let (_, registry) = self.exporter.as_deref()?;
+        let e = self.inner.as_deref()?;
         let mut out = Vec::new();
         TextEncoder::new()
-            .encode(&registry.gather(), &mut out)
+            .encode(&e.registry.gather(), &mut out)
             .ok()?;
         String::from_utf8(out).ok()
     }
@@ -325,5 +132,361 @@ impl Metrics {
     #[cfg(not(feature = "metrics-http"))]
     pub fn render(&self) -> Option<String> {
         None
+    }
+}
+
+/// Gauges the poll thread refreshes; read when `/metrics` is scraped.
+#[derive(Debug, Default)]
+pub(crate) struct Snapshot {
+    /// (topic, partition) -> records not yet committed, for the partitions
+    /// this worker owns.
+    pub(crate) lag: HashMap<(String, i32), i64>,
+    /// topic -> age in seconds of the oldest uncommitted record kjob holds.
+    pub(crate) oldest_pending_seconds: HashMap<String, f64>,
+    /// Per priority level (high, normal, low): (running, waiting).
+    pub(crate) priority: [(usize, usize); crate::worker::Priority::LEVELS],
+    /// Jobs parked: waiting for a downstream without a handler slot.
+    pub(crate) parked: usize,
+    /// Per job type: age of the oldest handler running for 1 s or more.
+    pub(crate) oldest_running_seconds: Vec<(&'static str, f64)>,
+    /// Per schedule: whether this worker fires it now.
+    pub(crate) schedules: Vec<(String, bool)>,
+}
+
+/// What a downstream guard (a circuit breaker) shows on `/metrics`.
+pub(crate) trait GuardGauge: Send + Sync {
+    /// The guard's name, its state (`closed`, `half_open`, `open`) and the
+    /// jobs it holds.
+    fn read(&self) -> (String, &'static str, i64);
+    /// Whether `other` is the same guard (clones share state).
+    fn same(&self, other: &dyn GuardGauge) -> bool;
+    /// An identity for [`GuardGauge::same`].
+    fn id(&self) -> usize;
+}
+
+/// Per-worker counts that layers and routes update while they wait: the
+/// jobs waiting for the registry, and the breakers this worker's jobs went
+/// through. Process-global counters would show every worker of a process
+/// the sum of all of them.
+#[derive(Default)]
+pub(crate) struct WorkerGauges {
+    /// Jobs waiting for the schema registry to serve their writer schema.
+    pub(crate) registry_waiting: AtomicI64,
+    guards: Mutex<Vec<Box<dyn GuardGauge>>>,
+}
+
+impl WorkerGauges {
+    /// Shows `guard` on this worker's `/metrics` from now on.
+    pub(crate) fn note_guard(&self, guard: Box<dyn GuardGauge>) {
+        let mut guards = self.guards.lock().unwrap_or_else(PoisonError::into_inner);
+        if !guards.iter().any(|g| g.same(guard.as_ref())) {
+            guards.push(guard);
+        }
+    }
+
+    fn guards(&self) -> Vec<(String, &'static str, i64)> {
+        self.guards
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|g| g.read())
+            .collect()
+    }
+}
+
+/// Counts one job in [`WorkerGauges::registry_waiting`] for as long as it
+/// lives, however the wait ends (the registry answers, a revoke, a dropped
+/// attempt).
+pub(crate) struct RegistryWait(Arc<WorkerGauges>);
+
+impl RegistryWait {
+    pub(crate) fn begin(gauges: &Arc<WorkerGauges>) -> Self {
+        gauges.registry_waiting.fetch_add(1, Ordering::Relaxed);
+        RegistryWait(gauges.clone())
+    }
+}
+
+impl Drop for RegistryWait {
+    fn drop(&mut self) {
+        self.0.registry_waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Reads one gauge's points out of the snapshot: `(snapshot, group label,
+/// emit(value, labels))`.
+type ReadSnapshot = fn(&Snapshot, &KeyValue, &mut dyn FnMut(f64, Vec<KeyValue>));
+
+/// The instruments a worker records into.
+#[derive(Clone)]
+pub(crate) struct Metrics {
+    jobs: Counter<u64>,
+    handler_duration: Histogram<f64>,
+    /// The name before `kjob_handler_duration_seconds`, kept for one release.
+    handler_seconds_deprecated: Histogram<f64>,
+    in_flight: UpDownCounter<i64>,
+    lateness: Histogram<f64>,
+    rebalances: Counter<u64>,
+    priority_latency: Histogram<f64>,
+    schedule_fired: Counter<u64>,
+    schedule_lateness: Histogram<f64>,
+    /// Refreshed by the poll thread.
+    pub(crate) snapshot: Arc<Mutex<Snapshot>>,
+    exporter: MetricsExporter,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("exported", &self.exporter.is_enabled())
+            .finish()
+    }
+}
+
+impl Metrics {
+    /// The instruments of the worker of consumer group `group`, recorded
+    /// into `exporter`; `gauges` are the ones its routes update.
+    pub(crate) fn on(exporter: &MetricsExporter, group: &str, gauges: Arc<WorkerGauges>) -> Self {
+        let meter = exporter.meter("kjob");
+        Self::with_meter(&meter, group, Arc::default(), gauges, exporter.clone())
+    }
+
+    fn with_meter(
+        meter: &Meter,
+        group: &str,
+        snapshot: Arc<Mutex<Snapshot>>,
+        gauges: Arc<WorkerGauges>,
+        exporter: MetricsExporter,
+    ) -> Self {
+        let group = KeyValue::new("group", group.to_string());
+        // One observable gauge read from the snapshot under its lock.
+        let from_snapshot = |name: &'static str, description: &'static str, read: ReadSnapshot| {
+            let (snap, group) = (snapshot.clone(), group.clone());
+            meter
+                .f64_observable_gauge(name)
+                .with_description(description)
+                .with_callback(move |obs| {
+                    let s = snap.lock().unwrap_or_else(PoisonError::into_inner);
+                    read(&s, &group, &mut |v, labels| obs.observe(v, &labels));
+                })
+                .build();
+        };
+        from_snapshot(
+            "kjob_consumer_lag",
+            "Records in a partition not yet committed by the group (exported by the partition's owner)",
+            |s, g, out| {
+                for ((topic, partition), lag) in &s.lag {
+                    out(
+                        *lag as f64,
+                        vec![
+                            g.clone(),
+                            KeyValue::new("topic", topic.clone()),
+                            KeyValue::new("partition", i64::from(*partition)),
+                        ],
+                    );
+                }
+            },
+        );
+        from_snapshot(
+            "kjob_oldest_pending_seconds",
+            "Age of the oldest record the worker holds but has not committed",
+            |s, g, out| {
+                for (topic, age) in &s.oldest_pending_seconds {
+                    out(*age, vec![g.clone(), KeyValue::new("topic", topic.clone())]);
+                }
+            },
+        );
+        from_snapshot(
+            "kjob_priority_in_flight",
+            "Jobs running, per priority lane",
+            |s, g, out| {
+                for (level, (run, _)) in s.priority.iter().enumerate() {
+                    let p = crate::worker::Priority::at_level(level);
+                    out(
+                        *run as f64,
+                        vec![g.clone(), KeyValue::new("priority", p.as_str())],
+                    );
+                }
+            },
+        );
+        from_snapshot(
+            "kjob_priority_waiting",
+            "Jobs ready and waiting for a slot, per priority lane",
+            |s, g, out| {
+                for (level, (_, wait)) in s.priority.iter().enumerate() {
+                    let p = crate::worker::Priority::at_level(level);
+                    out(
+                        *wait as f64,
+                        vec![g.clone(), KeyValue::new("priority", p.as_str())],
+                    );
+                }
+            },
+        );
+        from_snapshot(
+            "kjob_oldest_running_seconds",
+            "Age of the oldest handler still running, per job type (0 while all are under 1 s)",
+            |s, g, out| {
+                for (job, age) in &s.oldest_running_seconds {
+                    out(*age, vec![g.clone(), KeyValue::new("job", *job)]);
+                }
+            },
+        );
+        from_snapshot(
+            "kjob_parked",
+            "Jobs waiting for a downstream (registry, breaker, rate limit) without a handler slot",
+            |s, g, out| out(s.parked as f64, vec![g.clone()]),
+        );
+        from_snapshot(
+            "kjob_schedule_leader",
+            "1 on the worker that fires the schedule now, 0 on the others",
+            |s, g, out| {
+                for (name, leading) in &s.schedules {
+                    let v = if *leading { 1.0 } else { 0.0 };
+                    out(v, vec![g.clone(), KeyValue::new("schedule", name.clone())]);
+                }
+            },
+        );
+        let (g, l) = (gauges.clone(), group.clone());
+        meter
+            .i64_observable_gauge("kjob_registry_waiting")
+            .with_description(
+                "Jobs waiting for the schema registry to serve their writer schema (not failed, not retried)",
+            )
+            .with_callback(move |obs| {
+                obs.observe(
+                    g.registry_waiting.load(Ordering::Relaxed),
+                    std::slice::from_ref(&l),
+                )
+            })
+            .build();
+        let (g, l) = (gauges.clone(), group.clone());
+        meter
+            .i64_observable_gauge("kjob_breaker_state")
+            .with_description(
+                "Circuit breaker state per downstream: 1 for the state it is in, 0 for the others",
+            )
+            .with_callback(move |obs| {
+                for (name, state, _) in g.guards() {
+                    for s in ["closed", "half_open", "open"] {
+                        obs.observe(
+                            i64::from(s == state),
+                            &[
+                                l.clone(),
+                                KeyValue::new("breaker", name.clone()),
+                                KeyValue::new("state", s),
+                            ],
+                        );
+                    }
+                }
+            })
+            .build();
+        let (g, l) = (gauges.clone(), group.clone());
+        meter
+            .i64_observable_gauge("kjob_breaker_parked")
+            .with_description("Jobs waiting for a circuit breaker to close")
+            .with_callback(move |obs| {
+                for (name, _, parked) in g.guards() {
+                    obs.observe(parked, &[l.clone(), KeyValue::new("breaker", name)]);
+                }
+            })
+            .build();
+        let seconds = |name: &'static str, description: &'static str| {
+            meter
+                .f64_histogram(name)
+                .with_description(description)
+                .with_boundaries(DURATION_BUCKETS.to_vec())
+                .build()
+        };
+        Self {
+            jobs: meter
+                .u64_counter("kjob_jobs")
+                .with_description("Attempts by job type and outcome")
+                .build(),
+            handler_duration: seconds(
+                "kjob_handler_duration_seconds",
+                "Handler duration per attempt",
+            ),
+            handler_seconds_deprecated: seconds(
+                "kjob_handler_seconds",
+                "Deprecated: kjob_handler_duration_seconds (removed in the next release)",
+            ),
+            in_flight: meter
+                .i64_up_down_counter("kjob_in_flight")
+                .with_description("Attempts running now")
+                .build(),
+            lateness: seconds(
+                "kjob_retry_due_lateness_seconds",
+                "How long after its due time a retry ran",
+            ),
+            rebalances: meter
+                .u64_counter("kjob_rebalances")
+                .with_description("Partition assignments, revocations and losses (kind)")
+                .build(),
+            priority_latency: seconds(
+                "kjob_priority_latency_seconds",
+                "Record timestamp to the attempt's outcome, per priority lane",
+            ),
+            schedule_fired: meter
+                .u64_counter("kjob_schedule_fired")
+                .with_description("Ticks of a cron schedule enqueued by this worker")
+                .build(),
+            schedule_lateness: seconds(
+                "kjob_schedule_lateness_seconds",
+                "How long after its tick a scheduled job was enqueued",
+            ),
+            snapshot,
+            exporter,
+        }
+    }
+
+    /// Counts one final outcome of an attempt.
+    pub(crate) fn outcome(&self, job: &'static str, outcome: &'static str) {
+        self.jobs.add(
+            1,
+            &[KeyValue::new("job", job), KeyValue::new("outcome", outcome)],
+        );
+    }
+
+    /// Records a handler's duration.
+    pub(crate) fn handler_seconds(&self, job: &'static str, seconds: f64) {
+        let labels = [KeyValue::new("job", job)];
+        self.handler_duration.record(seconds, &labels);
+        self.handler_seconds_deprecated.record(seconds, &labels);
+    }
+
+    /// One more (or one less) attempt running.
+    pub(crate) fn in_flight(&self, job: &'static str, delta: i64) {
+        self.in_flight.add(delta, &[KeyValue::new("job", job)]);
+    }
+
+    /// A retry ran `seconds` after its due time.
+    pub(crate) fn lateness(&self, topic: &str, seconds: f64) {
+        self.lateness
+            .record(seconds, &[KeyValue::new("topic", topic.to_string())]);
+    }
+
+    /// An attempt of a `priority` lane ended `seconds` after its record's
+    /// timestamp.
+    pub(crate) fn priority_latency(&self, priority: crate::worker::Priority, seconds: f64) {
+        self.priority_latency
+            .record(seconds, &[KeyValue::new("priority", priority.as_str())]);
+    }
+
+    /// A rebalance of `kind`: `assigned`, `revoked` or `lost` (the session
+    /// expired, so nothing could be committed for the partitions).
+    pub(crate) fn rebalance(&self, kind: &'static str) {
+        self.rebalances.add(1, &[KeyValue::new("kind", kind)]);
+    }
+
+    /// Schedule `name` fired a tick `late_seconds` after it was due.
+    pub(crate) fn schedule_fired(&self, name: &str, late_seconds: f64) {
+        let labels = [KeyValue::new("schedule", name.to_string())];
+        self.schedule_fired.add(1, &labels);
+        self.schedule_lateness
+            .record(late_seconds.max(0.0), &labels);
+    }
+
+    /// What this worker records into.
+    pub(crate) fn exporter(&self) -> &MetricsExporter {
+        &self.exporter
     }
 }

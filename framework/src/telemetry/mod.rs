@@ -21,15 +21,19 @@
 //!   target (a handler crate's own) are bridged and nest under the
 //!   attempt's span, filtered by `RUST_LOG` and `KJOB_TRACES_FILTER`. The
 //!   exporter is behind the `otlp` cargo feature (on by default).
-//! * **Metrics** (`telemetry/metrics.rs`: the names in the README's
-//!   Observability section) are served with `/healthz` and `/readyz` by
-//!   [`http`] when a worker is given an address.
+//! * **Metrics** (`telemetry/metrics.rs`; the names are in the book's
+//!   observability chapter) are recorded into a [`MetricsExporter`] and
+//!   served with `/healthz` and `/readyz` by [`http`] when a worker (or an
+//!   outbox relay) is given an address. Workers and relays of one process
+//!   can share one exporter, and so one endpoint.
 
 pub mod http;
 pub(crate) mod metrics;
 pub(crate) mod otlp;
 pub(crate) mod propagation;
 pub(crate) mod spans;
+
+pub use metrics::{MetricsExporter, DURATION_BUCKETS};
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;

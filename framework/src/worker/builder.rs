@@ -15,11 +15,11 @@ use crate::error::{Error, Result};
 use crate::job::Job;
 use crate::layers::{AttemptLayer, LayerFn};
 use crate::retry::RetryPolicy;
-use crate::telemetry::metrics::Metrics;
+use crate::telemetry::metrics::{Metrics, MetricsExporter, WorkerGauges};
 
 use super::handler::{Handler, StateMap};
 use super::membership::{self, GroupProtocol};
-use super::route::{Route, TypedRoute};
+use super::route::{Route, RouteShared, TypedRoute};
 use super::scheduler::Limits;
 use super::state::{OrderingMode, RouteEntry, Settings, TopicRole};
 use super::{limits, strict, watchdog, Priority, WorkerStats};
@@ -36,7 +36,7 @@ type RouteFactory = Box<
             Option<Duration>,
             Arc<StateMap>,
             &[LayerFn],
-            Arc<watchdog::Watchdog>,
+            RouteShared,
         ) -> Result<Arc<dyn Route>>
         + Send
         + Sync,
@@ -74,6 +74,7 @@ pub struct WorkerBuilder {
     priorities: HashMap<String, Priority>,
     strict: std::collections::BTreeSet<String>,
     endpoint: Option<SocketAddr>,
+    exporter: Option<MetricsExporter>,
     #[cfg(feature = "metrics-http")]
     http_routes: Option<axum::Router>,
     #[cfg(feature = "postgres")]
@@ -98,7 +99,7 @@ impl WorkerBuilder {
         let handler = Arc::new(handler);
         self.routes.push(Registration {
             topic: topic.to_string(),
-            make: Box::new(move |schemas, timeout, states, layers, watchdog| {
+            make: Box::new(move |schemas, timeout, states, layers, shared| {
                 let reader = ReaderSchema::new(parse_contract::<J>()?);
                 Ok(Arc::new(TypedRoute::<J, _, M>::new(
                     handler.clone(),
@@ -107,7 +108,7 @@ impl WorkerBuilder {
                     timeout,
                     states,
                     layers,
-                    watchdog,
+                    shared,
                 )) as Arc<dyn Route>)
             }),
             needs,
@@ -366,6 +367,18 @@ impl WorkerBuilder {
         self
     }
 
+    /// Records this worker's metrics into `exporter`, shared with other
+    /// workers or an outbox relay of the process
+    /// ([`Relay::metrics_exporter`](crate::outbox::Relay::metrics_exporter)),
+    /// so one `/metrics` shows them all: the one with a
+    /// [`metrics_endpoint`](Self::metrics_endpoint) serves it, or your own
+    /// server does ([`MetricsExporter::render`]). The worker's gauges carry
+    /// its `group`, so two workers' values stay apart.
+    pub fn metrics_exporter(mut self, exporter: MetricsExporter) -> Self {
+        self.exporter = Some(exporter);
+        self
+    }
+
     /// Serves `routes` on the [`metrics_endpoint`](Self::metrics_endpoint)
     /// too, for any path other than `/metrics`, `/healthz` and `/readyz`
     /// (which keep answering as before). Meant for the operator dashboard
@@ -404,10 +417,12 @@ impl WorkerBuilder {
         }
         let strict_topics: Vec<String> = self.strict.iter().cloned().collect();
         strict::check_assignment(&self.config, protocol, &strict_topics)?;
-        let metrics = match self.endpoint {
-            Some(_) => Metrics::prometheus()?,
-            None => Metrics::disabled(),
+        let exporter = match (&self.exporter, self.endpoint) {
+            (Some(e), _) => e.clone(),
+            (None, Some(_)) => MetricsExporter::prometheus()?,
+            (None, None) => MetricsExporter::disabled(),
         };
+        let metrics = Metrics::on(&exporter, &self.settings.group, routes.gauges.clone());
         #[cfg(feature = "metrics-http")]
         if self.http_routes.is_some() && self.endpoint.is_none() {
             return Err(Error::InvalidSetting {
@@ -498,6 +513,7 @@ impl WorkerBuilder {
         let mut mains = Vec::new();
         let states = Arc::new(self.states.clone());
         let watchdog = Arc::new(watchdog::Watchdog::new(self.slow_attempt_warning));
+        let gauges = Arc::new(WorkerGauges::default());
         for Registration { topic, make, needs } in &self.routes {
             if let Some((_, name)) = needs.iter().find(|(id, _)| !states.contains(*id)) {
                 return Err(Error::MissingState {
@@ -528,7 +544,10 @@ impl WorkerBuilder {
                 self.handler_timeout,
                 states.clone(),
                 &layers,
-                watchdog.clone(),
+                RouteShared {
+                    watchdog: watchdog.clone(),
+                    gauges: gauges.clone(),
+                },
             )?;
             for (i, tier) in retry.tier_topics(topic).into_iter().enumerate() {
                 let entry = RouteEntry {
@@ -611,6 +630,7 @@ impl WorkerBuilder {
             entries,
             mains,
             watchdog,
+            gauges,
         })
     }
 }
@@ -621,6 +641,8 @@ pub(crate) struct Routes {
     pub mains: Vec<String>,
     /// The handlers that run for long, across routes.
     pub watchdog: Arc<watchdog::Watchdog>,
+    /// What the routes' waits count (registry, breakers), for `/metrics`.
+    pub gauges: Arc<WorkerGauges>,
 }
 
 /// A configured worker. [`Worker::run`] blocks until SIGTERM/SIGINT;
@@ -686,6 +708,7 @@ impl Worker {
             priorities: HashMap::new(),
             strict: Default::default(),
             endpoint: None,
+            exporter: None,
             #[cfg(feature = "metrics-http")]
             http_routes: None,
             #[cfg(feature = "postgres")]

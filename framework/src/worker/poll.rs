@@ -142,7 +142,12 @@ fn fatal_consumer_error(
 impl ConsumerContext for WorkerContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         WorkerStats::bump(&self.stats.rebalances);
-        self.metrics.rebalance();
+        self.metrics.rebalance(match rebalance {
+            Rebalance::Assign(_) => "assigned",
+            Rebalance::Revoke(_) if consumer.assignment_lost() => "lost",
+            Rebalance::Revoke(_) => "revoked",
+            Rebalance::Error(_) => "error",
+        });
         match rebalance {
             Rebalance::Revoke(tpl) => self.on_revoke(consumer, tpl),
             Rebalance::Assign(tpl) => self.on_assign(tpl),

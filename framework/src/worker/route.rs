@@ -23,6 +23,7 @@ use crate::classify::{ErrorClass, JobError};
 use crate::codec::{ReaderSchema, SchemaSource};
 use crate::job::{Job, JobContext};
 use crate::layers::{AttemptService, LayerFn, Request};
+use crate::telemetry::metrics::{RegistryWait, WorkerGauges};
 
 /// The result of one attempt at one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,31 +69,12 @@ pub(crate) trait Route: Send + Sync {
 const REGISTRY_WAIT_MAX: Duration = Duration::from_secs(1);
 const REGISTRY_WAIT_FIRST: Duration = Duration::from_millis(100);
 
-/// Jobs of this process waiting for the schema registry right now (the
-/// `kjob_registry_waiting` gauge): during an outage the one number that
-/// says why work stands still, since these jobs neither fail nor retry.
-static REGISTRY_WAITING: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
-
-/// See [`REGISTRY_WAITING`].
-pub(crate) fn registry_waiting() -> i64 {
-    REGISTRY_WAITING.load(AtomicOrdering::Relaxed)
-}
-
-/// Counts one job in [`REGISTRY_WAITING`] for as long as it lives, however
-/// the wait ends (the registry answers, a revoke, a dropped attempt).
-struct RegistryWait;
-
-impl RegistryWait {
-    fn begin() -> Self {
-        REGISTRY_WAITING.fetch_add(1, AtomicOrdering::Relaxed);
-        RegistryWait
-    }
-}
-
-impl Drop for RegistryWait {
-    fn drop(&mut self) {
-        REGISTRY_WAITING.fetch_sub(1, AtomicOrdering::Relaxed);
-    }
+/// What every route of one worker shares: the watch on long handlers and
+/// the gauges its waits count.
+#[derive(Clone)]
+pub(crate) struct RouteShared {
+    pub watchdog: Arc<Watchdog>,
+    pub gauges: Arc<WorkerGauges>,
 }
 
 pub(crate) struct TypedRoute<J, H, M> {
@@ -106,6 +88,8 @@ pub(crate) struct TypedRoute<J, H, M> {
     pub stack: Option<AttemptService>,
     /// Tracks handlers that run for long.
     pub watchdog: Arc<Watchdog>,
+    /// The worker's gauges: jobs waiting for the registry, breakers seen.
+    pub gauges: Arc<WorkerGauges>,
     pub _job: PhantomData<fn() -> (J, M)>,
 }
 
@@ -118,8 +102,9 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> TypedRoute<J, H, M> {
         timeout: Option<Duration>,
         states: Arc<StateMap>,
         layers: &[LayerFn],
-        watchdog: Arc<Watchdog>,
+        shared: RouteShared,
     ) -> Self {
+        let RouteShared { watchdog, gauges } = shared;
         let stack = (!layers.is_empty()).then(|| {
             let inner = AttemptService::new(HandlerService::<J, H, M> {
                 handler: handler.clone(),
@@ -137,6 +122,7 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> TypedRoute<J, H, M> {
             states,
             stack,
             watchdog,
+            gauges,
             _job: PhantomData,
         }
     }
@@ -171,7 +157,7 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
                         // its slot) instead of walking the retry tiers.
                         Err(e) if e.class().is_none() => {
                             tracing::debug!(job.id = %ctx.id, error = %e, "waiting for the schema registry");
-                            waiting.get_or_insert_with(RegistryWait::begin);
+                            waiting.get_or_insert_with(|| RegistryWait::begin(&self.gauges));
                             tokio::time::sleep(wait).await;
                             wait = (wait * 2).min(REGISTRY_WAIT_MAX);
                         }
@@ -204,7 +190,8 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
                     let started = Arc::new(AtomicBool::new(false));
                     let req = Request::new(job, ctx)
                         .started_flag(started.clone())
-                        .waiter(waiter.clone());
+                        .waiter(waiter.clone())
+                        .gauges(self.gauges.clone());
                     let released = waiter.released();
                     // The timeout is the innermost layer; panics are caught
                     // here, around every layer.
@@ -443,7 +430,10 @@ mod tests {
             None,
             Arc::new(StateMap::default()),
             layers,
-            Arc::new(Watchdog::new(Duration::from_secs(300))),
+            RouteShared {
+                watchdog: Arc::new(Watchdog::new(Duration::from_secs(300))),
+                gauges: Arc::default(),
+            },
         )
     }
 

@@ -84,7 +84,12 @@ impl Worker {
         let background = CancellationToken::new();
         let _stop_background = background.clone().drop_guard();
         #[cfg(feature = "postgres")]
-        if let Some(relay) = self.outbox_relay.take() {
+        if let Some(mut relay) = self.outbox_relay.take() {
+            // One endpoint per process: a relay without its own records
+            // into the worker's exporter.
+            if self.metrics.exporter().is_enabled() && !relay.has_metrics_endpoint() {
+                relay = relay.metrics_exporter(self.metrics.exporter().clone());
+            }
             let stop = background.clone().cancelled_owned();
             tokio::spawn(async move {
                 if let Err(e) = relay.run_until(stop).await {
@@ -100,6 +105,7 @@ impl Worker {
                 self.settings.group.clone(),
                 producer,
                 self.stats.clone(),
+                self.metrics.clone(),
                 self.schedules.clone(),
                 background.clone(),
             ));
@@ -109,10 +115,11 @@ impl Worker {
             let extra = self.http_routes.take();
             #[cfg(not(feature = "metrics-http"))]
             let extra = None;
+            let stats = self.stats.clone();
             let bound = http::serve(
                 addr,
-                self.metrics.clone(),
-                self.stats.clone(),
+                self.metrics.exporter().clone(),
+                Arc::new(move || stats.ready.load(AtomicOrdering::Acquire)),
                 extra,
                 background.clone(),
             )
@@ -246,7 +253,7 @@ impl Worker {
     }
 
     /// Refreshes `kjob_consumer_lag` from Kafka (committed vs end offsets of
-    /// every consumed topic) every two seconds, off the async threads, with
+    /// the partitions this member owns) every two seconds, off the async threads, with
     /// one long-lived client.
     fn spawn_lag_refresh(&self, stop: CancellationToken) {
         let (config, group, topics) = (
@@ -255,6 +262,7 @@ impl Worker {
             self.topics(),
         );
         let snapshot = self.metrics.snapshot.clone();
+        let stats = self.stats.clone();
         tokio::spawn(async move {
             let reader = match tokio::task::spawn_blocking(move || {
                 crate::lag::LagReader::new(&config, &group)
@@ -274,9 +282,15 @@ impl Worker {
                     let mut snap = snapshot
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    // Only the partitions this member owns: every replica
+                    // reads the whole group's lag, and `sum()` over the
+                    // replicas must count each partition once.
+                    let owned: std::collections::HashSet<(String, i32)> =
+                        stats.assignment().into_iter().collect();
                     snap.lag = rows
                         .iter()
                         .map(|r| ((r.topic.clone(), r.partition), r.lag()))
+                        .filter(|(tp, _)| owned.contains(tp))
                         .collect();
                 }
                 tokio::select! {

@@ -18,8 +18,10 @@
 //! the grace period for a breaker that stays open.
 //!
 //! Share one [`Breaker`] value between every route that calls the same
-//! downstream. Its state is exported as `kjob_breaker_state{breaker}` (0
-//! closed, 1 half-open, 2 open) and `kjob_breaker_parked{breaker}`.
+//! downstream. Each worker whose jobs went through it exports its state as
+//! `kjob_breaker_state{breaker, state}` (1 for the state it is in: `closed`,
+//! `half_open` or `open`) and the jobs it holds as
+//! `kjob_breaker_parked{breaker}`.
 //!
 //! ```
 //! # use kjob::layers::breaker::Breaker;
@@ -28,7 +30,7 @@
 //! // builder.layer_for("payments.capture", payments.clone())
 //! ```
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -38,6 +40,7 @@ use tokio::time::Instant;
 
 use super::{from_fn, AttemptService, FromFnService, Middleware, Next, Request};
 use crate::classify::JobError;
+use crate::telemetry::metrics::GuardGauge;
 
 /// The states, as exported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +65,9 @@ struct Inner {
     phase: Mutex<Phase>,
     changed: Notify,
     parked: AtomicI64,
+    /// The worker gauges it last showed itself in (an address; 0: none), so
+    /// the common case costs one atomic load per call.
+    noted_by: AtomicUsize,
     threshold: u32,
     open_for: Duration,
 }
@@ -72,19 +78,40 @@ pub struct Breaker {
     inner: Arc<Inner>,
 }
 
-static REGISTRY: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
+/// How a breaker shows on the `/metrics` of each worker whose jobs go
+/// through it (`kjob_breaker_state`, `kjob_breaker_parked`).
+struct Gauge(Weak<Inner>);
 
-/// `(name, state, parked)` of every live breaker, for the metrics.
-pub(crate) fn snapshot() -> Vec<(String, BreakerState, i64)> {
-    let mut reg = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
-    reg.retain(|w| w.strong_count() > 0);
-    reg.iter()
-        .filter_map(Weak::upgrade)
-        .map(|b| {
-            let state = Breaker { inner: b.clone() }.state();
-            (b.name.clone(), state, b.parked.load(Ordering::Relaxed))
-        })
-        .collect()
+impl GuardGauge for Gauge {
+    fn read(&self) -> (String, &'static str, i64) {
+        match self.0.upgrade() {
+            Some(inner) => {
+                let state = match (Breaker {
+                    inner: inner.clone(),
+                })
+                .state()
+                {
+                    BreakerState::Closed => "closed",
+                    BreakerState::HalfOpen => "half_open",
+                    BreakerState::Open => "open",
+                };
+                (
+                    inner.name.clone(),
+                    state,
+                    inner.parked.load(Ordering::Relaxed),
+                )
+            }
+            None => (String::new(), "closed", 0),
+        }
+    }
+
+    fn same(&self, other: &dyn GuardGauge) -> bool {
+        self.id() == other.id()
+    }
+
+    fn id(&self) -> usize {
+        self.0.as_ptr() as usize
+    }
 }
 
 impl Breaker {
@@ -99,13 +126,10 @@ impl Breaker {
             phase: Mutex::new(Phase::Closed { failures: 0 }),
             changed: Notify::new(),
             parked: AtomicI64::new(0),
+            noted_by: AtomicUsize::new(0),
             threshold: threshold.max(1),
             open_for,
         });
-        REGISTRY
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Arc::downgrade(&inner));
         Self { inner }
     }
 
@@ -213,6 +237,12 @@ impl Breaker {
 impl Middleware for Breaker {
     fn call(&self, req: Request, next: Next) -> BoxFuture<'static, Result<(), JobError>> {
         let breaker = self.clone();
+        if let Some(g) = req.worker_gauges() {
+            let at = Arc::as_ptr(g) as usize;
+            if self.inner.noted_by.swap(at, Ordering::Relaxed) != at {
+                g.note_guard(Box::new(Gauge(Arc::downgrade(&self.inner))));
+            }
+        }
         Box::pin(async move {
             // Parked while the breaker is open: its slot serves other jobs.
             let probe = req.wait(breaker.admit()).await;
