@@ -47,6 +47,16 @@ pub const FOLLOWS: &str = "kjob-follows";
 pub const TRACEPARENT: &str = "traceparent";
 /// W3C trace state.
 pub const TRACESTATE: &str = "tracestate";
+/// W3C baggage: the key-value pairs the enqueuing code put in its
+/// OpenTelemetry context (with `OTEL_PROPAGATORS` naming `baggage`, as it
+/// does by default). Other propagators' headers (B3's `b3`, `x-b3-*`) are
+/// kept in [`JobHeaders::extra`].
+pub const BAGGAGE: &str = "baggage";
+/// The span that created the job (its enqueue), as a W3C `traceparent`
+/// value, whatever `OTEL_PROPAGATORS` says: written on the first forward
+/// (retry tier, DLQ) and kept on every later hop, so an attempt that starts
+/// a trace of its own can still link to the job's first trace.
+pub const TRACE_ORIGIN: &str = "kjob-trace-origin";
 
 /// On a dead letter of a job enqueued from SQL (`kjob.enqueue`) that could
 /// not be encoded: `json`, because the payload is the job as the
@@ -104,6 +114,10 @@ pub struct JobHeaders {
     pub traceparent: Option<String>,
     /// `tracestate`.
     pub tracestate: Option<String>,
+    /// `baggage`.
+    pub baggage: Option<String>,
+    /// `kjob-trace-origin`.
+    pub trace_origin: Option<String>,
     /// Any other headers, in their original order (last value per name wins).
     pub extra: Vec<(String, Vec<u8>)>,
 }
@@ -140,6 +154,8 @@ impl JobHeaders {
                 TENANT => out.tenant = s(),
                 TRACEPARENT => out.traceparent = s(),
                 TRACESTATE => out.tracestate = s(),
+                BAGGAGE => out.baggage = s(),
+                TRACE_ORIGIN => out.trace_origin = s(),
                 other => {
                     let value = h.value.map(<[u8]>::to_vec).unwrap_or_default();
                     out.extra.retain(|(k, _)| k != other);
@@ -187,7 +203,7 @@ impl JobHeaders {
     /// Builds a fresh header set: one header per field that is set, then the
     /// extras. Never appends to an existing set, so hops cannot duplicate.
     pub fn to_owned_headers(&self) -> OwnedHeaders {
-        let mut out = OwnedHeaders::new_with_capacity(16);
+        let mut out = OwnedHeaders::new_with_capacity(20);
         let mut put = |key: &str, value: Option<String>| {
             if let Some(v) = value {
                 out = std::mem::take(&mut out).insert(Header {
@@ -222,6 +238,8 @@ impl JobHeaders {
         put(TENANT, self.tenant.clone());
         put(TRACEPARENT, self.traceparent.clone());
         put(TRACESTATE, self.tracestate.clone());
+        put(BAGGAGE, self.baggage.clone());
+        put(TRACE_ORIGIN, self.trace_origin.clone());
         for (k, v) in &self.extra {
             out = std::mem::take(&mut out).insert(Header {
                 key: k.as_str(),
@@ -285,6 +303,8 @@ mod tests {
             job: Some("orders.confirmation".into()),
             id: Some("j1".into()),
             attempt: Some(1),
+            baggage: Some("tenant=acme".into()),
+            trace_origin: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
             extra: vec![("x-app".into(), b"1".to_vec())],
             ..Default::default()
         };
@@ -300,6 +320,8 @@ mod tests {
             "first failure time is kept"
         );
         assert_eq!(parsed.error.as_deref(), Some("again"));
+        assert_eq!(parsed.baggage.as_deref(), Some("tenant=acme"));
+        assert_eq!(parsed.trace_origin, h.trace_origin, "trace headers travel");
         let attempts = owned.iter().filter(|x| x.key == ATTEMPT).count();
         assert_eq!(attempts, 1);
         // A second hop from the parsed form yields the same set.

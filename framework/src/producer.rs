@@ -18,7 +18,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
 
-use crate::telemetry::spans::JobSpan;
+use crate::telemetry::spans::{self, JobSpan};
 
 use crate::codec::Codec;
 use crate::config::KafkaConfig;
@@ -59,26 +59,34 @@ pub(crate) struct PreparedJob {
 /// builds its headers and producer span, with a fresh id unless `id` gives
 /// one (a cron tick's deterministic id). The one enqueue preparation,
 /// shared by [`Producer::enqueue_to`] and the outbox.
+///
+/// `operation` is the messaging operation, `send` (to Kafka) or `create`
+/// (an outbox row, sent later), and names the span with `topic`;
+/// `bootstrap`, the servers written to, gives `server.address`.
 pub(crate) async fn prepare_job<J: Job>(
     codec: &Codec,
     topic: &str,
     job: &J,
     operation: &'static str,
+    bootstrap: Option<&str>,
     extra: Option<KeyValue>,
     id: Option<String>,
 ) -> Result<PreparedJob> {
     let contract = codec.register::<J>(topic).await?;
     let payload = Codec::encode(&contract, job)?;
     let id = id.unwrap_or_else(new_job_id);
-    let span = JobSpan::producer(|| {
+    let span = JobSpan::producer(operation, topic, || {
         let mut attrs = vec![
             KeyValue::new("messaging.system", "kafka"),
+            KeyValue::new("messaging.operation.name", operation),
             KeyValue::new("messaging.operation.type", operation),
             KeyValue::new("messaging.destination.name", topic.to_string()),
+            KeyValue::new("messaging.kafka.message.key", job.key()),
             KeyValue::new("messaging.message.id", id.clone()),
             KeyValue::new("kjob.job", J::NAME),
             KeyValue::new("kjob.version", i64::from(J::VERSION)),
         ];
+        attrs.extend(bootstrap.map(spans::server_attributes).unwrap_or_default());
         attrs.extend(extra);
         attrs
     });
@@ -90,6 +98,17 @@ pub(crate) async fn prepare_job<J: Job>(
         headers,
         span,
     })
+}
+
+/// A producer span's `error.type`: `permanent` when the broker refused the
+/// record for good (too large, not authorized, invalid), `transient`
+/// otherwise (a timeout, an unreachable broker).
+fn send_error_type(e: &Error) -> &'static str {
+    if e.is_permanent() {
+        "permanent"
+    } else {
+        "transient"
+    }
 }
 
 /// Whether a delayed job's delay topics exist and keep records long
@@ -314,7 +333,16 @@ impl Producer {
             id,
             headers,
             span,
-        } = prepare_job(&self.codec, topic, job, "send", None, id).await?;
+        } = prepare_job(
+            &self.codec,
+            topic,
+            job,
+            "send",
+            Some(&self.bootstrap),
+            None,
+            id,
+        )
+        .await?;
         let key = job.key();
         let sent = self
             .send_raw(
@@ -327,13 +355,13 @@ impl Producer {
         let (partition, offset) = match sent {
             Ok(at) => at,
             Err(e) => {
-                span.fail(&e.to_string());
+                span.fail(send_error_type(&e), &e.to_string());
                 return Err(e);
             }
         };
         span.set(KeyValue::new(
             "messaging.destination.partition.id",
-            i64::from(partition),
+            partition.to_string(),
         ));
         span.set(KeyValue::new("messaging.kafka.offset", offset));
         Ok(Enqueued {
@@ -413,6 +441,7 @@ impl Producer {
             topic,
             job,
             "send",
+            Some(&self.bootstrap),
             Some(KeyValue::new("kjob.run_at_ms", run_at_ms)),
             None,
         )
@@ -429,14 +458,24 @@ impl Producer {
             )
             .await
         {
-            Ok((delay_topic, partition, offset)) => Ok(Enqueued {
-                id,
-                topic: delay_topic,
-                partition,
-                offset,
-            }),
+            Ok((delay_topic, partition, offset)) => {
+                // The span names the main topic; the record is in the
+                // first delay topic on the way.
+                span.set(KeyValue::new("kjob.topic", delay_topic.clone()));
+                span.set(KeyValue::new(
+                    "messaging.destination.partition.id",
+                    partition.to_string(),
+                ));
+                span.set(KeyValue::new("messaging.kafka.offset", offset));
+                Ok(Enqueued {
+                    id,
+                    topic: delay_topic,
+                    partition,
+                    offset,
+                })
+            }
             Err(e) => {
-                span.fail(&e.to_string());
+                span.fail(send_error_type(&e), &e.to_string());
                 Err(e)
             }
         }

@@ -1,7 +1,16 @@
-//! One trace across enqueue → handle → retry → handle, exported over
-//! OTLP/gRPC (configured by the standard `OTEL_*` variables) and received
-//! by a real OTLP receiver: a gRPC server decoding the protobuf, here in the
-//! test. Its own test binary, because the tracing subscriber is global.
+//! A job's spans after the OpenTelemetry messaging conventions, exported
+//! over OTLP/gRPC (configured by the standard `OTEL_*` variables) and
+//! received by a real OTLP receiver: a gRPC server decoding the protobuf,
+//! here in the test. enqueue → handle (fails) → retry tier → handle: the
+//! first attempt continues the enqueue's trace, the retried one starts its
+//! own, linked to the failed attempt and to the enqueue; a handler's own
+//! `tracing` span (another crate's target) nests under its attempt; W3C
+//! baggage (`OTEL_PROPAGATORS=tracecontext,baggage`) reaches both attempts.
+//! Its own test binary, because the tracing subscriber and the variables
+//! are process-wide.
+
+#[path = "support/otlp.rs"]
+mod otlp;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,14 +18,18 @@ use std::time::Duration;
 use kjob::retry::RetryPolicy;
 use kjob::{JobContext, JobError, Producer, Worker, WorkerStats};
 use kjob_integration_tests::*;
+use opentelemetry::baggage::BaggageExt as _;
+use opentelemetry::trace::FutureExt as _;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use opentelemetry_proto::tonic::trace::v1::Span;
+use otlp::{attr, link_attr, names, spans_of, string_attr};
 use tokio::sync::oneshot;
 
 #[derive(Clone, Default)]
@@ -30,32 +43,24 @@ impl TraceService for Receiver {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut spans = self.spans.lock().unwrap();
-        for rs in request.into_inner().resource_spans {
-            for ss in rs.scope_spans {
-                spans.extend(ss.spans);
-            }
-        }
+        self.spans
+            .lock()
+            .unwrap()
+            .extend(spans_of(request.into_inner()));
         Ok(tonic::Response::new(ExportTraceServiceResponse {
             partial_success: None,
         }))
     }
 }
 
-fn attr(span: &Span, key: &str) -> Option<String> {
-    span.attributes.iter().find(|a| a.key == key).and_then(|a| {
-        match a.value.as_ref()?.value.as_ref()? {
-            Value::StringValue(s) => Some(s.clone()),
-            Value::IntValue(i) => Some(i.to_string()),
-            Value::BoolValue(b) => Some(b.to_string()),
-            Value::DoubleValue(d) => Some(d.to_string()),
-            _ => None,
-        }
-    })
-}
+/// (attempt, the `tenant` baggage entry it saw).
+type Seen = Arc<Mutex<Vec<(u32, Option<String>)>>>;
+
+/// The target of the handler's own span: not kjob's, as a handler crate's.
+const HANDLER_TARGET: &str = "acme_billing";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_trace_connects_enqueue_handle_retry_handle() {
+async fn a_jobs_spans_follow_the_messaging_conventions_and_link_across_a_retry() {
     let config = ensure_stack();
     // The OTLP receiver.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -72,19 +77,36 @@ async fn one_trace_connects_enqueue_handle_retry_handle() {
     // SAFETY of set_var: this test binary has one test, set before any thread reads the env.
     std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}"));
     std::env::set_var("OTEL_SERVICE_NAME", "kjob-tracing-test");
-    std::env::set_var("RUST_LOG", "warn");
+    std::env::set_var("OTEL_PROPAGATORS", "tracecontext,baggage");
+    // kjob's own logs at warn; the handler crate's spans pass.
+    std::env::set_var("RUST_LOG", format!("warn,{HANDLER_TARGET}=info"));
     let guard = kjob::telemetry::init().expect("telemetry init");
     assert!(guard.exporting());
 
     let topic = unique("trace");
     let group = unique("g");
     create_topic(&config, &topic, 1).await;
+    // The baggage each attempt saw.
+    let seen: Seen = Arc::default();
+    let seen_in_handler = seen.clone();
     let w = Worker::builder(config.clone(), &group)
-        .handle_on(&topic, |_j: TestJob, ctx: JobContext| async move {
-            if ctx.attempt == 1 {
-                Err(JobError::server("503 on the first attempt"))
-            } else {
-                Ok(())
+        .handle_on(&topic, move |_j: TestJob, ctx: JobContext| {
+            let seen = seen_in_handler.clone();
+            async move {
+                let tenant = opentelemetry::Context::current()
+                    .baggage()
+                    .get("tenant")
+                    .map(|v| v.to_string());
+                seen.lock().unwrap().push((ctx.attempt, tenant));
+                // The handler crate's own span, as `#[instrument]` makes.
+                let _charge =
+                    tracing::info_span!(target: HANDLER_TARGET, "charge card", attempt = ctx.attempt)
+                        .entered();
+                if ctx.attempt == 1 {
+                    Err(JobError::server("503 on the first attempt"))
+                } else {
+                    Ok(())
+                }
             }
         })
         .retry(RetryPolicy::tiers([Duration::from_secs(1)]))
@@ -96,8 +118,11 @@ async fn one_trace_connects_enqueue_handle_retry_handle() {
         let _ = rx.await;
     }));
     let producer = Producer::new(&config).unwrap();
+    let with_baggage = opentelemetry::Context::new()
+        .with_baggage(vec![opentelemetry::KeyValue::new("tenant", "acme")]);
     let enqueued = producer
         .enqueue_to(&topic, &TestJob::ok("k", 1))
+        .with_context(with_baggage)
         .await
         .unwrap();
     eventually(Duration::from_secs(30), "handled on the retry", || {
@@ -108,60 +133,153 @@ async fn one_trace_connects_enqueue_handle_retry_handle() {
     task.await.unwrap().unwrap();
     drop(guard); // flushes the batch exporter
 
+    // Baggage: enqueue → handle, and on through the retry tier's record.
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![(1, Some("acme".to_string())), (2, Some("acme".to_string()))]
+    );
+    let main_record = read_all(&config, &topic).remove(0);
+    let baggage = kjob::headers::JobHeaders::parse(rdkafka::Message::headers(&main_record)).baggage;
+    assert_eq!(baggage.as_deref(), Some("tenant=acme"));
+
     let spans = spans.lock().unwrap().clone();
+    let of_job =
+        |s: &&Span| attr(s, "messaging.message.id").as_deref() == Some(enqueued.id.as_str());
+    let send = format!("send {topic}");
     let enqueue = spans
         .iter()
-        .find(|s| {
-            s.name == "kjob.enqueue"
-                && attr(s, "messaging.message.id").as_deref() == Some(enqueued.id.as_str())
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "no enqueue span among {:?}",
-                spans.iter().map(|s| &s.name).collect::<Vec<_>>()
-            )
-        });
+        .filter(of_job)
+        .find(|s| s.name == send)
+        .unwrap_or_else(|| panic!("no `{send}` among {:?}", names(&spans)));
+    let process = format!("process {topic}");
     let handles: Vec<&Span> = spans
         .iter()
-        .filter(|s| {
-            s.name == "kjob.handle"
-                && attr(s, "messaging.message.id").as_deref() == Some(enqueued.id.as_str())
-        })
+        .filter(of_job)
+        .filter(|s| s.name == process)
         .collect();
-    assert_eq!(handles.len(), 2, "one span per attempt");
-    let first = handles
-        .iter()
-        .find(|s| attr(s, "kjob.attempt").as_deref() == Some("1"))
-        .expect("attempt 1");
-    let second = handles
-        .iter()
-        .find(|s| attr(s, "kjob.attempt").as_deref() == Some("2"))
-        .expect("attempt 2");
-    // One trace: enqueue → handle(1) → (retry tier) → handle(2).
-    assert_eq!(first.trace_id, enqueue.trace_id);
-    assert_eq!(second.trace_id, enqueue.trace_id);
     assert_eq!(
-        first.parent_span_id, enqueue.span_id,
-        "the first attempt continues the enqueue"
+        handles.len(),
+        2,
+        "one `{process}` per attempt: {:?}",
+        names(&spans)
     );
+    let attempt = |n: &str| {
+        *handles
+            .iter()
+            .find(|s| attr(s, "kjob.attempt").as_deref() == Some(n))
+            .unwrap_or_else(|| panic!("attempt {n}"))
+    };
+    let (first, second) = (attempt("1"), attempt("2"));
+
+    // The producer span.
+    assert_eq!(enqueue.kind, SpanKind::Producer as i32);
+    let server = config.bootstrap_servers.split(',').next().unwrap();
+    let (host, port) = server.rsplit_once(':').unwrap();
+    for (key, want) in [
+        ("messaging.system", "kafka"),
+        ("messaging.operation.name", "send"),
+        ("messaging.operation.type", "send"),
+        ("messaging.destination.name", topic.as_str()),
+        ("messaging.destination.partition.id", "0"),
+        ("messaging.kafka.message.key", "k"),
+        ("kjob.job", "kjob.test.job"),
+        ("server.address", host),
+    ] {
+        assert_eq!(
+            string_attr(enqueue, key).as_deref(),
+            Some(want),
+            "send: {key}"
+        );
+    }
+    assert_eq!(attr(enqueue, "server.port").as_deref(), Some(port));
     assert_eq!(
-        second.parent_span_id, first.span_id,
-        "the retry continues the failed attempt"
+        attr(enqueue, "messaging.kafka.offset").as_deref(),
+        Some("0")
     );
-    // Messaging attributes.
-    assert_eq!(attr(enqueue, "messaging.system").as_deref(), Some("kafka"));
-    assert_eq!(
-        attr(enqueue, "messaging.destination.name").as_deref(),
-        Some(topic.as_str())
-    );
-    assert_eq!(
-        attr(first, "messaging.consumer.group.name").as_deref(),
-        Some(group.as_str())
-    );
-    assert_eq!(
-        attr(second, "messaging.destination.name").as_deref(),
-        Some(format!("{topic}.retry.1s").as_str())
-    );
+
+    // Both consumer spans name the main topic and carry the conventions'
+    // attributes.
+    for span in [first, second] {
+        assert_eq!(span.kind, SpanKind::Consumer as i32);
+        for (key, want) in [
+            ("messaging.system", "kafka"),
+            ("messaging.operation.name", "process"),
+            ("messaging.operation.type", "process"),
+            ("messaging.destination.name", topic.as_str()),
+            ("messaging.destination.partition.id", "0"),
+            ("messaging.kafka.message.key", "k"),
+            ("messaging.consumer.group.name", group.as_str()),
+            ("server.address", host),
+        ] {
+            assert_eq!(
+                string_attr(span, key).as_deref(),
+                Some(want),
+                "{} attempt {:?}: {key}",
+                span.name,
+                attr(span, "kjob.attempt")
+            );
+        }
+    }
     assert_eq!(attr(first, "messaging.kafka.offset").as_deref(), Some("0"));
-    assert_eq!(attr(first, "kjob.job").as_deref(), Some("kjob.test.job"));
+    assert_eq!(attr(first, "kjob.topic"), None, "read from the main topic");
+    assert_eq!(
+        attr(second, "kjob.topic").as_deref(),
+        Some(format!("{topic}.retry.1s").as_str()),
+        "the topic actually read"
+    );
+
+    // The failed attempt: error.type and status Error; the retry succeeded.
+    assert_eq!(
+        attr(first, "error.type").as_deref(),
+        Some("retryable.server")
+    );
+    let code = |s: &Span| s.status.as_ref().map(|st| st.code).unwrap_or_default();
+    assert_eq!(code(first), StatusCode::Error as i32);
+    assert_ne!(code(second), StatusCode::Error as i32);
+    assert_eq!(attr(second, "error.type"), None);
+
+    // The first attempt continues the enqueue's trace (parent) and links to
+    // it, as the conventions ask.
+    assert_eq!(first.trace_id, enqueue.trace_id);
+    assert_eq!(first.parent_span_id, enqueue.span_id);
+    assert_eq!(first.links.len(), 1);
+    assert_eq!(first.links[0].span_id, enqueue.span_id);
+    assert_eq!(
+        link_attr(&first.links[0], "kjob.link").as_deref(),
+        Some("enqueue")
+    );
+
+    // The retried attempt is a trace of its own: linked, not parented, to
+    // the attempt that forwarded it, and linked to the enqueue.
+    assert_ne!(second.trace_id, enqueue.trace_id, "a new trace");
+    assert!(second.parent_span_id.is_empty(), "a root span");
+    let link_to = |target: &Span| {
+        second
+            .links
+            .iter()
+            .find(|l| l.trace_id == target.trace_id && l.span_id == target.span_id)
+            .unwrap_or_else(|| panic!("no link to `{}` in {:?}", target.name, second.links))
+    };
+    assert_eq!(
+        link_attr(link_to(first), "kjob.link").as_deref(),
+        Some("previous_attempt")
+    );
+    assert_eq!(
+        link_attr(link_to(enqueue), "kjob.link").as_deref(),
+        Some("enqueue")
+    );
+    assert_eq!(second.links.len(), 2);
+
+    // The handler's own span (target `acme_billing`) reached the receiver,
+    // a child of its attempt.
+    let charges: Vec<&Span> = spans.iter().filter(|s| s.name == "charge card").collect();
+    assert_eq!(charges.len(), 2, "one per attempt: {:?}", names(&spans));
+    for (n, attempt) in [("1", first), ("2", second)] {
+        let charge = charges
+            .iter()
+            .find(|s| attr(s, "attempt").as_deref() == Some(n))
+            .unwrap_or_else(|| panic!("no handler span for attempt {n}"));
+        assert_eq!(charge.trace_id, attempt.trace_id);
+        assert_eq!(charge.parent_span_id, attempt.span_id, "attempt {n}");
+    }
 }

@@ -479,6 +479,7 @@ impl Outbox {
             topic,
             job,
             "create",
+            None,
             Some(KeyValue::new("kjob.outbox", self.table.name.clone())),
             None,
         )
@@ -511,7 +512,7 @@ impl Outbox {
         let row = match row {
             Ok(row) => row,
             Err(e) => {
-                span.fail(&e.to_string());
+                span.fail("database", &e.to_string());
                 if e.code() == Some(&SqlState::UNDEFINED_TABLE) {
                     return Err(OutboxError::NotMigrated {
                         table: self.table.name.clone(),

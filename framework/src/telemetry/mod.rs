@@ -4,17 +4,23 @@
 //!   `KJOB_LOG_FORMAT=json`, filtered by `RUST_LOG`. Every job log line
 //!   carries the job id, job type, attempt, `partition:offset` and duration;
 //!   payloads are never logged.
-//! * **Traces**: a span per enqueue (`kjob.enqueue`, kind producer) and per
-//!   attempt (`kjob.handle`, kind consumer) with OpenTelemetry messaging
-//!   attributes. W3C `traceparent`/`tracestate` travel in the record headers
-//!   on enqueue and on every retry and DLQ hop, so one trace shows
-//!   enqueue → handle → retry → handle. Export is OTLP/gRPC, configured by
-//!   the standard `OTEL_*` variables and **off unless
-//!   `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`) is set**; off,
-//!   no span is created (one atomic load per attempt). Job spans use the
-//!   OpenTelemetry API directly (`telemetry/spans.rs`); `tracing` spans your handlers
-//!   create are bridged and nest under the job's span.
-//!   The exporter is behind the `otlp` cargo feature (on by default).
+//! * **Traces**, after the OpenTelemetry semantic conventions for
+//!   messaging: a producer span `send <topic>` per enqueue and a consumer
+//!   span `process <main topic>` per attempt (`telemetry/spans.rs` says
+//!   which attributes, and how an attempt relates to the others: the first
+//!   continues its enqueue's trace; a retried or delayed one starts its own,
+//!   linked to the attempt that forwarded it and to the enqueue). The
+//!   context travels in the record headers on enqueue and on every retry,
+//!   delay and DLQ hop, through the propagators `OTEL_PROPAGATORS` names
+//!   (`telemetry/propagation.rs`: W3C trace context and baggage by default,
+//!   B3 with the `b3` feature). Export is OTLP over gRPC or HTTP/protobuf
+//!   (`telemetry/otlp.rs`), configured by the standard `OTEL_*` variables
+//!   and **off unless `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`)
+//!   is set**; off, no span is created (one atomic load per attempt). Job
+//!   spans use the OpenTelemetry API directly; `tracing` spans of any
+//!   target (a handler crate's own) are bridged and nest under the
+//!   attempt's span, filtered by `RUST_LOG` and `KJOB_TRACES_FILTER`. The
+//!   exporter is behind the `otlp` cargo feature (on by default).
 //! * **Metrics** (`telemetry/metrics.rs`; the names are in the book's
 //!   observability chapter) are recorded into a [`MetricsExporter`] and
 //!   served with `/healthz` and `/readyz` by [`http`] when a worker (or an
@@ -23,18 +29,14 @@
 
 pub mod http;
 pub(crate) mod metrics;
+pub(crate) mod otlp;
+pub(crate) mod propagation;
 pub(crate) mod spans;
 
 pub use metrics::{MetricsExporter, DURATION_BUCKETS};
 
-use std::collections::HashMap;
-
-use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-#[cfg(feature = "otlp")]
-use opentelemetry_sdk::Resource;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -42,27 +44,18 @@ use tracing_subscriber::{EnvFilter, Layer};
 use crate::error::{Error, Result};
 use crate::headers::JobHeaders;
 
-/// Writes the OpenTelemetry context `cx` into the headers as W3C trace
-/// context. Writes nothing when `cx` carries no sampled span (tracing off).
+/// Writes the OpenTelemetry context `cx` (its span and its baggage) into
+/// the headers through the propagators `OTEL_PROPAGATORS` names (W3C trace
+/// context and baggage by default). Headers those propagators own are
+/// cleared first; a context without a span writes no trace header.
 pub fn inject(cx: &opentelemetry::Context, headers: &mut JobHeaders) {
-    let mut carrier: HashMap<String, String> = HashMap::new();
-    TraceContextPropagator::new().inject_context(cx, &mut carrier);
-    if let Some(tp) = carrier.remove("traceparent") {
-        headers.traceparent = Some(tp);
-        headers.tracestate = carrier.remove("tracestate").filter(|s| !s.is_empty());
-    }
+    propagation::inject_with(propagation::configured(), cx, headers);
 }
 
-/// Reads the W3C trace context from the headers (empty if absent).
+/// Reads the trace context and baggage from the headers through the
+/// propagators `OTEL_PROPAGATORS` names (an empty context if absent).
 pub fn extract(headers: &JobHeaders) -> opentelemetry::Context {
-    let mut carrier: HashMap<String, String> = HashMap::new();
-    if let Some(tp) = &headers.traceparent {
-        carrier.insert("traceparent".into(), tp.clone());
-    }
-    if let Some(ts) = &headers.tracestate {
-        carrier.insert("tracestate".into(), ts.clone());
-    }
-    TraceContextPropagator::new().extract(&carrier)
+    propagation::extract_with(propagation::configured(), headers)
 }
 
 /// Keeps the trace exporter alive; flushes pending spans when dropped.
@@ -88,17 +81,23 @@ impl Drop for TelemetryGuard {
     }
 }
 
-fn otlp_configured() -> bool {
-    let set = |k: &str| std::env::var(k).is_ok_and(|v| !v.trim().is_empty());
-    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"))
-        || std::env::var("OTEL_TRACES_EXPORTER").is_ok_and(|v| v.eq_ignore_ascii_case("none"));
-    !disabled && (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
-}
+/// The variable that chooses which `tracing` spans are exported (an
+/// `EnvFilter`, like `RUST_LOG`).
+const TRACES_FILTER: &str = "KJOB_TRACES_FILTER";
+
+/// What is exported without [`TRACES_FILTER`]: every target at `info`,
+/// except the crates that carry the export itself. Their spans would
+/// describe the exporter's own work, and exporting them makes more of it
+/// (each export's HTTP/2 spans exported by the next export, without end).
+const TRACES_FILTER_DEFAULT: &str = "info,h2=off,hyper=off,hyper_util=off,tonic=off,tower=off,\
+     reqwest=off,opentelemetry=off,opentelemetry_sdk=off,opentelemetry_otlp=off,opentelemetry_http=off";
 
 /// Installs the global `tracing` subscriber: logs (human, or JSON with
 /// `KJOB_LOG_FORMAT=json`; `RUST_LOG` filters, default `info`) and, when the
-/// `OTEL_*` variables ask for it, the OTLP trace exporter. Call once at the
-/// start of `main` and keep the guard until the end.
+/// `OTEL_*` variables ask for it, the OTLP trace exporter (gRPC or
+/// HTTP/protobuf, see `OTEL_EXPORTER_OTLP_PROTOCOL` in the book). Call once
+/// at the start of `main` (inside the Tokio runtime: the gRPC channel runs
+/// on it) and keep the guard until the end.
 ///
 /// Without the `otlp` cargo feature (on by default) no exporter is built:
 /// if the `OTEL_*` variables ask for one, a warning says so and logs work
@@ -106,16 +105,16 @@ fn otlp_configured() -> bool {
 /// whose authors chose to leave tracing out.
 pub fn init() -> Result<TelemetryGuard> {
     #[cfg(feature = "otlp")]
-    let provider = if otlp_configured() {
-        Some(otlp_provider()?)
-    } else {
-        None
-    };
+    let provider = otlp::tracer_provider(&otlp::process_env)?;
     #[cfg(not(feature = "otlp"))]
     let provider = None;
     let guard = install(provider)?;
     #[cfg(not(feature = "otlp"))]
-    if otlp_configured() {
+    // Even a value `init` would refuse with the feature only warns here.
+    if !matches!(
+        otlp::target(otlp::Signal::Traces, &otlp::process_env),
+        Ok(None)
+    ) {
         tracing::warn!(
             "OTEL_EXPORTER_OTLP_ENDPOINT is set but kjob was built without its `otlp` feature; traces are not exported"
         );
@@ -127,22 +126,6 @@ pub fn init() -> Result<TelemetryGuard> {
 /// sampler, or none at all to measure instrumentation overhead).
 pub fn init_with_provider(provider: SdkTracerProvider) -> Result<TelemetryGuard> {
     install(Some(provider))
-}
-
-#[cfg(feature = "otlp")]
-fn otlp_provider() -> Result<SdkTracerProvider> {
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_tonic()
-        .build()
-        .map_err(|e| Error::Telemetry {
-            what: "OTLP trace exporter",
-            reason: e.to_string(),
-        })?;
-    let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "kjob".into());
-    Ok(SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
-        .with_resource(Resource::builder().with_service_name(service).build())
-        .build())
 }
 
 fn install(provider: Option<SdkTracerProvider>) -> Result<TelemetryGuard> {
@@ -160,13 +143,28 @@ fn install(provider: Option<SdkTracerProvider>) -> Result<TelemetryGuard> {
     } else {
         tracing_subscriber::fmt::layer().boxed()
     };
-    let otel = provider.as_ref().map(|p| {
-        opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    // The bridge exports `tracing` spans of any target (a handler crate's
+    // own included) that pass both `RUST_LOG` and this filter. A per-layer
+    // filter, so the caveat above applies to it, but only to the bridge:
+    // at worst one event is missing from a span, never a log line.
+    let traces_filter = match provider {
+        Some(_) => Some(match otlp::process_env(TRACES_FILTER) {
+            Some(directives) => EnvFilter::try_new(&directives).map_err(|e| Error::Telemetry {
+                what: "trace filter",
+                reason: format!("{TRACES_FILTER}={directives}: {e}"),
+            })?,
+            None => EnvFilter::new(TRACES_FILTER_DEFAULT),
+        }),
+        None => None,
+    };
+    let propagators = propagation::from_env();
+    let otel = provider.as_ref().zip(traces_filter).map(|(p, f)| {
+        opentelemetry::global::set_text_map_propagator(propagators.build());
         opentelemetry::global::set_tracer_provider(p.clone());
         spans::enable();
         tracing_opentelemetry::layer()
             .with_tracer(p.tracer("kjob"))
-            .with_filter(EnvFilter::new("kjob=info"))
+            .with_filter(f)
     });
     tracing_subscriber::registry()
         .with(filter)
@@ -177,6 +175,9 @@ fn install(provider: Option<SdkTracerProvider>) -> Result<TelemetryGuard> {
             what: "tracing subscriber",
             reason: format!("one is already installed (call kjob::telemetry::init once): {e}"),
         })?;
+    // Now that the warnings can be seen; and fixes kjob's propagator.
+    propagators.warn();
+    let _ = propagation::configured();
     Ok(TelemetryGuard { provider })
 }
 

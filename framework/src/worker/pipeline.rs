@@ -74,6 +74,9 @@ pub(crate) struct Pipeline {
     /// Whether waiting jobs give their slot back ([`super::park`]); off
     /// only to measure what parking changes.
     pub(crate) park: bool,
+    /// `server.address` and `server.port` for the attempts' spans (the
+    /// first bootstrap server; none in the harness).
+    pub(crate) server: Vec<KeyValue>,
 }
 
 /// The context a handler sees for `msg`.
@@ -120,6 +123,7 @@ impl Pipeline {
             strict,
             clock,
             park: true,
+            server: Vec::new(),
         }
     }
 
@@ -182,7 +186,7 @@ impl Pipeline {
             TopicRole::Tier(_) => {}
         }
         let (id, attempt) = (ctx.id.clone(), ctx.attempt);
-        let span = handle_span(msg, &ctx, &headers, job);
+        let span = handle_span(msg, entry, &ctx, &headers, &self.server);
         let (result, duration_ms) = self
             .handle(entry, msg, ctx, &id, &span, waiter, now_ms)
             .await;
@@ -268,29 +272,46 @@ impl Pipeline {
     }
 }
 
-/// The consumer span of one attempt, with OpenTelemetry messaging attributes,
-/// continuing the trace carried in the record's `traceparent`.
+/// The consumer span `process <main topic>` of one attempt, with the
+/// OpenTelemetry messaging attributes. The first attempt of a record
+/// enqueued on the main topic continues its enqueue's trace; any other
+/// (read from a retry tier or delay bucket, or re-driven from the DLQ: it
+/// has been forwarded) starts its own, linked to the span that forwarded it
+/// and to the enqueue (see `telemetry/spans.rs`).
 fn handle_span<M: Message>(
     msg: &M,
+    entry: &RouteEntry,
     ctx: &JobContext,
     headers: &JobHeaders,
-    job: &'static str,
+    server: &[KeyValue],
 ) -> JobSpan {
-    JobSpan::consumer(headers, || {
-        vec![
+    let main = entry.main.as_str();
+    let continues = entry.role == TopicRole::Main && headers.original_topic.is_none();
+    JobSpan::consumer(headers, main, continues, || {
+        let mut attrs = Vec::with_capacity(16);
+        attrs.extend([
             KeyValue::new("messaging.system", "kafka"),
+            KeyValue::new("messaging.operation.name", "process"),
             KeyValue::new("messaging.operation.type", "process"),
-            KeyValue::new("messaging.destination.name", msg.topic().to_string()),
+            KeyValue::new("messaging.destination.name", main.to_string()),
             KeyValue::new(
                 "messaging.destination.partition.id",
-                i64::from(msg.partition()),
+                msg.partition().to_string(),
             ),
             KeyValue::new("messaging.kafka.offset", msg.offset()),
             KeyValue::new("messaging.consumer.group.name", ctx.group.clone()),
             KeyValue::new("messaging.message.id", ctx.id.clone()),
-            KeyValue::new("kjob.job", job),
+            KeyValue::new("kjob.job", entry.route.job_name()),
             KeyValue::new("kjob.version", i64::from(ctx.version.unwrap_or(0))),
             KeyValue::new("kjob.attempt", i64::from(ctx.attempt)),
-        ]
+        ]);
+        if let Some(key) = &ctx.key {
+            attrs.push(KeyValue::new("messaging.kafka.message.key", key.clone()));
+        }
+        if msg.topic() != main {
+            attrs.push(KeyValue::new("kjob.topic", msg.topic().to_string()));
+        }
+        attrs.extend(server.iter().cloned());
+        attrs
     })
 }

@@ -78,6 +78,8 @@ impl Worker {
             crate::clock::Clock::Wall,
         );
         pipeline.park = self.park;
+        pipeline.server =
+            crate::telemetry::spans::server_attributes(&self.config.bootstrap_servers);
         let pipeline = Arc::new(pipeline);
         let background = CancellationToken::new();
         let _stop_background = background.clone().drop_guard();

@@ -59,8 +59,10 @@ pub(super) async fn settle<M: Message>(
                 class = class.as_str(), error = headers.error.as_deref().unwrap_or(""), retry = %topic,
                 wait_ms = wait.as_millis() as u64, "attempt failed; scheduled a retry"
             );
-            a.span
-                .fail(headers.error.as_deref().unwrap_or("retryable failure"));
+            a.span.fail(
+                class.as_str(),
+                headers.error.as_deref().unwrap_or("retryable failure"),
+            );
             a.span.inject(&mut headers);
             if let Some(g) = gate {
                 // It heads its key's chain before it is in the tier.
@@ -99,7 +101,7 @@ pub(super) async fn settle<M: Message>(
                 job.id = %id, job.type = job, attempt, at = %at, duration_ms, outcome = label,
                 class = class.as_str(), error = %message, dlq = %topic, "dead-lettering"
             );
-            a.span.fail(&message);
+            a.span.fail(class.as_str(), &message);
             a.span.inject(&mut headers);
             if gate.is_some() {
                 // It no longer waits behind anything.
