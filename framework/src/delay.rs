@@ -245,7 +245,7 @@ mod tests {
     #[test]
     fn hops_take_the_longest_bucket_that_fits_and_never_pass_the_due_time() {
         let run_at = 25 * S + 800;
-        let first = first_hop(0, run_at);
+        let first = first_hop(0, run_at).expect("25 s fit a bucket");
         assert_eq!(
             first,
             Hop {

@@ -83,7 +83,10 @@ impl MetricsExporter {
             .map_err(|e| crate::error::Error::Metrics {
                 reason: format!("building the Prometheus exporter: {e}"),
             })?;
-        let provider = SdkMeterProvider::builder().with_reader(exporter).build();
+        // Also pushed over OTLP when `OTEL_METRICS_EXPORTER=otlp` asks.
+        let provider =
+            super::otlp::with_metric_reader(SdkMeterProvider::builder().with_reader(exporter))?
+                .build();
         Ok(Self {
             inner: Some(Arc::new(Exporting { provider, registry })),
         })

@@ -224,13 +224,6 @@ pub(crate) type MetricReader =
 /// otherwise. Needs a Tokio runtime for gRPC. [`with_metric_reader`] adds
 /// it to a provider, and builds without the `otlp` feature too.
 #[cfg(feature = "otlp")]
-#[allow(dead_code)] // See `with_metric_reader`.
-pub(crate) fn metric_reader() -> Result<Option<MetricReader>> {
-    metric_reader_from(&process_env)
-}
-
-/// [`metric_reader`] over the variables `env` gives.
-#[cfg(feature = "otlp")]
 fn metric_reader_from(env: Env<'_>) -> Result<Option<MetricReader>> {
     use opentelemetry_otlp::{MetricExporter, WithExportConfig as _};
     let Some(target) = target(Signal::Metrics, env)? else {
@@ -260,15 +253,21 @@ fn metric_reader_from(env: Env<'_>) -> Result<Option<MetricReader>> {
 /// as it is, and the same numbers are also pushed to the collector.
 /// Without the `otlp` feature, unchanged, with a warning if the variables
 /// ask for OTLP metrics.
-// The worker's meter provider (`Metrics::prometheus` in `metrics.rs`) is
-// to call it; until that line lands nothing does.
-#[allow(dead_code)]
+// The meter provider it extends is `MetricsExporter::prometheus`'s, which
+// exists only with `metrics-http`.
+#[cfg_attr(not(feature = "metrics-http"), allow(dead_code))]
 pub(crate) fn with_metric_reader(builder: MeterProviderBuilder) -> Result<MeterProviderBuilder> {
     with_metric_reader_from(builder, &process_env)
 }
 
+/// Whether the `OTEL_*` variables ask for OTLP metrics (a worker without a
+/// Prometheus endpoint then still builds an exporter, to push them).
+pub(crate) fn metrics_requested() -> bool {
+    matches!(target(Signal::Metrics, &process_env), Ok(Some(_)))
+}
+
 /// [`with_metric_reader`] over the variables `env` gives.
-#[allow(dead_code)] // See `with_metric_reader`.
+#[cfg_attr(not(feature = "metrics-http"), allow(dead_code))]
 fn with_metric_reader_from(
     builder: MeterProviderBuilder,
     env: Env<'_>,

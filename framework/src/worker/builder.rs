@@ -420,6 +420,13 @@ impl WorkerBuilder {
         let exporter = match (&self.exporter, self.endpoint) {
             (Some(e), _) => e.clone(),
             (None, Some(_)) => MetricsExporter::prometheus()?,
+            // No endpoint, but OTLP metrics asked for: push them anyway.
+            (None, None) if crate::telemetry::otlp::metrics_requested() => {
+                MetricsExporter::prometheus().unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "OTLP metrics asked for, but no exporter can be built; metrics are not exported");
+                    MetricsExporter::disabled()
+                })
+            }
             (None, None) => MetricsExporter::disabled(),
         };
         let metrics = Metrics::on(&exporter, &self.settings.group, routes.gauges.clone());

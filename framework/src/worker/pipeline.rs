@@ -155,7 +155,9 @@ impl Pipeline {
         // 1. The stages of the topic's role. Boxed, like every rare path:
         // their futures stay out of each attempt's state.
         let mut now_ms = now_ms;
-        if entry.role.holds() {
+        // A main-topic record carries a run time only when it was enqueued
+        // due too soon for a delay bucket.
+        if entry.role.holds() || headers.run_at_ms.is_some() {
             let before = stages::before(&self.fw, entry, msg, &headers, waiter, now_ms);
             if let Some(outcome) = Box::pin(before).await {
                 return ended(outcome);

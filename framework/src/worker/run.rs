@@ -286,20 +286,21 @@ impl Worker {
                 // owned, never those of partitions moved to another member.
                 let owned: std::collections::HashSet<(String, i32)> =
                     stats.assignment().into_iter().collect();
-                let mut snap = snapshot
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                match read {
-                    Ok(Ok(rows)) => {
-                        snap.lag = rows
-                            .iter()
-                            .map(|r| ((r.topic.clone(), r.partition), r.lag()))
-                            .filter(|(tp, _)| owned.contains(tp))
-                            .collect();
+                {
+                    let mut snap = snapshot
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    match read {
+                        Ok(Ok(rows)) => {
+                            snap.lag = rows
+                                .iter()
+                                .map(|r| ((r.topic.clone(), r.partition), r.lag()))
+                                .filter(|(tp, _)| owned.contains(tp))
+                                .collect();
+                        }
+                        _ => snap.lag.retain(|tp, _| owned.contains(tp)),
                     }
-                    _ => snap.lag.retain(|tp, _| owned.contains(tp)),
                 }
-                drop(snap);
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(Duration::from_secs(2)) => {}
