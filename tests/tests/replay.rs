@@ -124,7 +124,8 @@ async fn replay_by_datetime_dry_run_refusal_and_shadow_group() {
     );
     assert_eq!(code, 1, "{out}{err}");
     assert!(
-        err.contains("live member") && err.contains("rdkafka"),
+        // The member is named by its client id (kjob-<group>-<host>-<pid>).
+        err.contains("live member") && err.contains(&format!("kjob-{group}-")),
         "{err}"
     );
     live.stop().await;

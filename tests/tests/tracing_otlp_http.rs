@@ -106,7 +106,7 @@ async fn spans_go_out_over_http_protobuf_with_b3_in_the_headers() {
         .await
         .unwrap();
     let later = producer
-        .enqueue_in_to(&topic, &TestJob::ok("k", 2), Duration::from_secs(1))
+        .enqueue_in_to(&topic, &TestJob::ok("k", 2), Duration::from_secs(2))
         .await
         .unwrap();
     eventually(Duration::from_secs(60), "both handled", || {

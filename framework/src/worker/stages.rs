@@ -56,20 +56,7 @@ async fn delayed<M: Message>(
 ) -> Option<Outcome> {
     // Without a run time (a record written by hand) it is due now.
     let run_at = headers.run_at_ms?;
-    // Planned from the clock, not from this record's planned release: the
-    // next bucket then releases in write order (see `crate::delay`), and a
-    // hop released late (after a restart) is followed by a shorter one.
-    let Some(hop) = crate::delay::next_hop(now_ms, run_at) else {
-        let left = run_at - crate::clock::now_ms();
-        return wait_out(waiter, left).await;
-    };
-    let target = crate::delay::delay_topic(&entry.main, hop.bucket);
-    let next = hop_headers(fw, msg, headers, hop.release_ms);
-    debug!(job.id = next.id.as_deref().unwrap_or(""), at = %format_args!("{}:{}", msg.partition(), msg.offset()), next = %target, release_ms = hop.release_ms, run_at_ms = run_at, "delayed job hops on");
-    Some(
-        fw.forward_as(&target, &entry.main, msg, &next, None, Outcome::Delayed)
-            .await,
-    )
+    hop_or_wait(fw, entry, msg, headers, waiter, now_ms, run_at, true).await
 }
 
 /// A main-topic record whose run time is still ahead: what is left is
@@ -86,17 +73,46 @@ async fn due_soon<M: Message>(
     now_ms: i64,
     run_at: i64,
 ) -> Option<Outcome> {
-    match crate::delay::next_hop(now_ms, run_at).filter(|_| entry.delays) {
-        Some(hop) => {
-            let target = crate::delay::delay_topic(&entry.main, hop.bucket);
-            let next = hop_headers(fw, msg, headers, hop.release_ms);
-            Some(
-                fw.forward_as(&target, &entry.main, msg, &next, None, Outcome::Delayed)
-                    .await,
-            )
-        }
-        None => wait_out(waiter, run_at - now_ms).await,
-    }
+    hop_or_wait(
+        fw,
+        entry,
+        msg,
+        headers,
+        waiter,
+        now_ms,
+        run_at,
+        entry.delays,
+    )
+    .await
+}
+
+/// The next delay bucket for a job due at `run_at` (when `may_hop` and at
+/// least the shortest bucket is left), or the wait for the rest. The hop is
+/// planned from the clock, not from the record's planned release: the next
+/// bucket then releases in write order (see `crate::delay`), and a hop
+/// released late (after a restart) is followed by a shorter one.
+#[allow(clippy::too_many_arguments)] // the stages' common inputs, plus the two that differ
+async fn hop_or_wait<M: Message>(
+    fw: &Forwarder,
+    entry: &RouteEntry,
+    msg: &M,
+    headers: &JobHeaders,
+    waiter: &Waiter,
+    now_ms: i64,
+    run_at: i64,
+    may_hop: bool,
+) -> Option<Outcome> {
+    let Some(hop) = crate::delay::next_hop(now_ms, run_at).filter(|_| may_hop) else {
+        let left = run_at - crate::clock::now_ms();
+        return wait_out(waiter, left).await;
+    };
+    let target = crate::delay::delay_topic(&entry.main, hop.bucket);
+    let next = hop_headers(fw, msg, headers, hop.release_ms);
+    debug!(job.id = next.id.as_deref().unwrap_or(""), at = %format_args!("{}:{}", msg.partition(), msg.offset()), next = %target, release_ms = hop.release_ms, run_at_ms = run_at, "delayed job hops on");
+    Some(
+        fw.forward_as(&target, &entry.main, msg, &next, None, Outcome::Delayed)
+            .await,
+    )
 }
 
 /// A retry-tier record released before its run time (see
