@@ -159,8 +159,8 @@ pub(crate) struct Snapshot {
 /// What a downstream guard (a circuit breaker) shows on `/metrics`.
 pub(crate) trait GuardGauge: Send + Sync {
     /// The guard's name, its state (`closed`, `half_open`, `open`) and the
-    /// jobs it holds.
-    fn read(&self) -> (String, &'static str, i64);
+    /// jobs it holds; `None` once the guard is gone.
+    fn read(&self) -> Option<(String, &'static str, i64)>;
     /// Whether `other` is the same guard (clones share state).
     fn same(&self, other: &dyn GuardGauge) -> bool;
     /// An identity for [`GuardGauge::same`].
@@ -192,7 +192,7 @@ impl WorkerGauges {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .map(|g| g.read())
+            .filter_map(|g| g.read())
             .collect()
     }
 }

@@ -83,26 +83,21 @@ pub struct Breaker {
 struct Gauge(Weak<Inner>);
 
 impl GuardGauge for Gauge {
-    fn read(&self) -> (String, &'static str, i64) {
-        match self.0.upgrade() {
-            Some(inner) => {
-                let state = match (Breaker {
-                    inner: inner.clone(),
-                })
-                .state()
-                {
-                    BreakerState::Closed => "closed",
-                    BreakerState::HalfOpen => "half_open",
-                    BreakerState::Open => "open",
-                };
-                (
-                    inner.name.clone(),
-                    state,
-                    inner.parked.load(Ordering::Relaxed),
-                )
-            }
-            None => (String::new(), "closed", 0),
-        }
+    fn read(&self) -> Option<(String, &'static str, i64)> {
+        let inner = self.0.upgrade()?;
+        let breaker = Breaker {
+            inner: inner.clone(),
+        };
+        let state = match breaker.state() {
+            BreakerState::Closed => "closed",
+            BreakerState::HalfOpen => "half_open",
+            BreakerState::Open => "open",
+        };
+        Some((
+            inner.name.clone(),
+            state,
+            inner.parked.load(Ordering::Relaxed),
+        ))
     }
 
     fn same(&self, other: &dyn GuardGauge) -> bool {
