@@ -349,6 +349,58 @@ async fn a_job_due_now_does_not_wait_behind_a_later_one() {
     }
 }
 
+/// A producer outside kjob delays a job with `kjob-run-at` on the main
+/// topic: a short remainder is waited out there, a longer one goes through
+/// the route's delay buckets. Neither runs early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_main_topic_record_with_a_run_time_waits_for_it() {
+    let (config, topic, _group, record, child) = setup(1).await;
+    let codec = kjob::codec::Codec::from_config(&config).expect("codec");
+    let contract = codec
+        .register::<TestJob>(&topic)
+        .await
+        .expect("contract registered");
+    let producer = Producer::new(&config).expect("producer");
+    let mut asked = Vec::new();
+    for (seq, ahead_ms) in [(11i64, 600i64), (12, 3_000)] {
+        let payload = kjob::codec::Codec::encode(&contract, &TestJob::ok(format!("f{seq}"), seq))
+            .expect("encoded");
+        let run_at = kjob::dlq::now_ms() + ahead_ms;
+        let headers = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+            key: kjob::headers::RUN_AT,
+            value: Some(run_at.to_string().as_bytes()),
+        });
+        producer
+            .send_raw(&topic, Some(b"foreign"), Some(&payload), headers)
+            .await
+            .expect("written to the main topic");
+        asked.push((seq, run_at));
+    }
+    wait_all(&record, 2, Duration::from_secs(30)).await;
+    stop(child);
+    let ran = runs(&record);
+    for (seq, run_at) in &asked {
+        let r = ran
+            .get(seq)
+            .and_then(|r| r.first())
+            .unwrap_or_else(|| panic!("job {seq} ran"));
+        let late = r.at - run_at;
+        println!("foreign job {seq}: ran {late} ms after its kjob-run-at");
+        assert!(late >= 0, "job {seq} ran {} ms early", -late);
+        assert!(late < 1_000, "job {seq} ran {late} ms late");
+    }
+    // The 3 s one went through a bucket (the 1 s one: 3 s minus the lead).
+    let c = config.clone();
+    let bucket = kjob::delay::delay_topic(&topic, 0);
+    let ends = tokio::task::spawn_blocking(move || try_end_offsets(&c, &bucket, 1))
+        .await
+        .expect("task");
+    assert!(
+        ends.is_some_and(|e| e.iter().sum::<i64>() >= 1),
+        "the longer delay hopped through the delay buckets"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delays_are_refused_before_anything_is_written() {
     init_logging();
