@@ -170,7 +170,7 @@ pub enum DelayError {
         requested: Duration,
     },
     /// The delay topic does not exist.
-    #[error("delay topic `{topic}` does not exist: start the worker with `WorkerBuilder::delayed_jobs(true)` (it creates the route's delay topics) or run `kjob topics create --topic {main} --delays --execute`")]
+    #[error("delay topic `{topic}` does not exist: start the worker with `WorkerBuilder::delayed_jobs_on(\"{main}\")` or `delayed_jobs(true)` (it creates the route's delay topics) or run `kjob topics create --topic {main} --delays --execute`")]
     NoTopic {
         /// The missing topic.
         topic: String,

@@ -401,6 +401,80 @@ async fn a_main_topic_record_with_a_run_time_waits_for_it() {
     );
 }
 
+/// Only the routes declared to take delayed jobs get delay topics; a delay
+/// on another route is refused naming the setting, and an unknown route
+/// in the setting fails the build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delay_topics_only_for_the_routes_that_delay() {
+    init_logging();
+    let config = ensure_stack();
+    let (delaying, plain) = (unique("delaying"), unique("plain"));
+    create_topic(&config, &delaying, 2).await;
+    create_topic(&config, &plain, 2).await;
+    async fn ok(_: TestJob, _: kjob::JobContext) -> Result<(), kjob::JobError> {
+        Ok(())
+    }
+    let worker = kjob::Worker::builder(config.clone(), unique("g"))
+        .handle_on(&delaying, ok)
+        .handle_on(&plain, ok)
+        .delayed_jobs_on(&delaying)
+        .build()
+        .expect("worker builds");
+    let running = start(worker);
+    let (c, d) = (config.clone(), delay_topics(&delaying));
+    eventually(
+        Duration::from_secs(30),
+        "the delaying route's delay topics",
+        || kjob::topics::partition_counts(&c, &d).is_ok_and(|v| v.iter().all(Option::is_some)),
+    )
+    .await;
+    let (c, p) = (config.clone(), delay_topics(&plain));
+    let plain_counts = tokio::task::spawn_blocking(move || kjob::topics::partition_counts(&c, &p))
+        .await
+        .expect("task")
+        .expect("metadata");
+    assert!(
+        plain_counts.iter().all(Option::is_none),
+        "no delay topic for a route that does not delay: {plain_counts:?}"
+    );
+    let producer = Producer::new(&config).expect("producer");
+    match producer
+        .enqueue_in_to(&plain, &TestJob::ok("k", 1), Duration::from_secs(30))
+        .await
+    {
+        Err(Error::Delay {
+            reason: DelayError::NoTopic { .. },
+            ..
+        }) => {}
+        other => panic!("a delay on the plain route is refused: {other:?}"),
+    }
+    let e = producer
+        .enqueue_in_to(&plain, &TestJob::ok("k", 1), Duration::from_secs(30))
+        .await
+        .expect_err("refused");
+    assert!(e.to_string().contains("delayed_jobs_on"), "{e}");
+    producer
+        .enqueue_in_to(&delaying, &TestJob::ok("k", 2), Duration::from_secs(2))
+        .await
+        .expect("a delay on the delaying route");
+    running.stop().await;
+    let unknown = kjob::Worker::builder(config.clone(), unique("g"))
+        .handle_on(&plain, ok)
+        .delayed_jobs_on("no-such-route")
+        .build();
+    assert!(
+        matches!(
+            unknown,
+            Err(Error::NoSuchRoute {
+                setting: "delayed_jobs_on",
+                ..
+            })
+        ),
+        "{:?}",
+        unknown.err()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delays_are_refused_before_anything_is_written() {
     init_logging();

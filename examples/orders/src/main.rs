@@ -278,7 +278,8 @@ async fn main() -> anyhow::Result<()> {
         .retry(retry_policy())
         .priority(SendOrderConfirmation::NAME, Priority::High)
         .priority(SyncCustomerToCrm::NAME, Priority::Low)
-        .delayed_jobs(true)
+        // Only the follow-up mails are delayed: one route with delay topics.
+        .delayed_jobs_on(SendOrderConfirmation::NAME)
         .concurrency(256)
         .build()?;
     let stats = worker.stats();

@@ -68,6 +68,7 @@ pub struct WorkerBuilder {
     run_limits: limits::Limits,
     create_topics: bool,
     delayed_jobs: bool,
+    delayed_routes: std::collections::BTreeSet<String>,
     schedules: Vec<crate::schedule::Schedule>,
     retry: RetryPolicy,
     retry_overrides: HashMap<String, RetryPolicy>,
@@ -338,6 +339,15 @@ impl WorkerBuilder {
         self
     }
 
+    /// [`delayed_jobs`](Self::delayed_jobs) for the route on `topic` alone:
+    /// only the routes that delay jobs get the seven delay topics (times the
+    /// main topic's partitions), the others none. `build()` refuses a topic
+    /// that is not one of the worker's routes.
+    pub fn delayed_jobs_on(mut self, topic: &str) -> Self {
+        self.delayed_routes.insert(topic.to_string());
+        self
+    }
+
     /// Enqueues `make()` on `J`'s main topic at every tick of the cron
     /// expression `expr` (with seconds, UTC: `0 */5 * * * *` is every five
     /// minutes), once per tick across every worker of the group, whatever
@@ -544,6 +554,7 @@ impl WorkerBuilder {
             })?;
             let retry = Arc::new(retry);
             let priority = self.priorities.get(topic).copied().unwrap_or_default();
+            let delays = self.delayed_jobs || self.delayed_routes.contains(topic);
             let mut layers = self.layers.clone();
             layers.extend(self.route_layers.get(topic).into_iter().flatten().cloned());
             let route = make(
@@ -563,13 +574,13 @@ impl WorkerBuilder {
                     role: TopicRole::Tier(i),
                     retry: retry.clone(),
                     priority,
-                    delays: self.delayed_jobs,
+                    delays,
                 };
                 if entries.insert(tier.clone(), entry).is_some() {
                     return Err(Error::DuplicateTopic { topic: tier });
                 }
             }
-            if self.delayed_jobs {
+            if delays {
                 for (i, delay) in crate::delay::delay_topics(topic).into_iter().enumerate() {
                     let entry = RouteEntry {
                         route: route.clone(),
@@ -577,7 +588,7 @@ impl WorkerBuilder {
                         role: TopicRole::Delay(i),
                         retry: retry.clone(),
                         priority,
-                        delays: self.delayed_jobs,
+                        delays,
                     };
                     if entries.insert(delay.clone(), entry).is_some() {
                         return Err(Error::DuplicateTopic { topic: delay });
@@ -590,7 +601,7 @@ impl WorkerBuilder {
                 role: TopicRole::Main,
                 retry,
                 priority,
-                delays: self.delayed_jobs,
+                delays,
             };
             if entries.insert(topic.clone(), entry).is_some() {
                 return Err(Error::DuplicateTopic {
@@ -603,6 +614,12 @@ impl WorkerBuilder {
             return Err(Error::NoSuchRoute {
                 topic: unknown.clone(),
                 setting: "layer_for",
+            });
+        }
+        if let Some(unknown) = self.delayed_routes.iter().find(|t| !mains.contains(t)) {
+            return Err(Error::NoSuchRoute {
+                topic: unknown.clone(),
+                setting: "delayed_jobs_on",
             });
         }
         if let Some(unknown) = self.strict.iter().find(|t| !mains.contains(t)) {
@@ -712,6 +729,7 @@ impl Worker {
             run_limits: limits::Limits::default(),
             create_topics: true,
             delayed_jobs: false,
+            delayed_routes: Default::default(),
             schedules: Vec::new(),
             retry: RetryPolicy::default(),
             retry_overrides: HashMap::new(),
