@@ -208,6 +208,27 @@ pub fn committed_offsets(
         .collect()
 }
 
+/// Waits (at most 30 s) until every topic of `topics` exists, as a worker
+/// creates its tier and delay topics when it starts. A metadata timeout (a
+/// busy broker with many topics) is "not yet", not a failure.
+pub async fn wait_topics_exist(config: &KafkaConfig, topics: &[String], what: &str) {
+    let start = std::time::Instant::now();
+    loop {
+        let (c, t) = (config.clone(), topics.to_vec());
+        let counts = tokio::task::spawn_blocking(move || kjob::topics::partition_counts(&c, &t))
+            .await
+            .expect("metadata task");
+        if counts.is_ok_and(|c| c.iter().all(Option::is_some)) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what}: not all of {topics:?} exist after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Polls `cond` every 100 ms until it holds or `timeout` passes.
 pub async fn eventually<F: FnMut() -> bool>(timeout: Duration, what: &str, mut cond: F) {
     let start = Instant::now();

@@ -65,24 +65,7 @@ async fn setup(partitions: i32) -> (KafkaConfig, String, String, PathBuf, Child)
     std::fs::create_dir_all(&dir).expect("temp dir");
     let record = dir.join("record");
     let child = spawn_worker(&topic, &group, &record, &format!("{group}-w"));
-    let delays = delay_topics(&topic);
-    let start = Instant::now();
-    loop {
-        let (c, d) = (config.clone(), delays.clone());
-        let counts = tokio::task::spawn_blocking(move || kjob::topics::partition_counts(&c, &d))
-            .await
-            .expect("metadata task");
-        // A metadata timeout (a busy broker with many topics) is "not yet":
-        // the 30 s bound below still fails the test if it never answers.
-        if counts.is_ok_and(|c| c.iter().all(Option::is_some)) {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the worker did not create its delay topics"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_topics_exist(&config, &delay_topics(&topic), "the worker's delay topics").await;
     // Wait until the worker has joined its group and runs jobs (a new
     // group's first join waits group.initial.rebalance.delay.ms, 3 s by
     // default): a probe job on the main topic.
@@ -421,11 +404,10 @@ async fn delay_topics_only_for_the_routes_that_delay() {
         .build()
         .expect("worker builds");
     let running = start(worker);
-    let (c, d) = (config.clone(), delay_topics(&delaying));
-    eventually(
-        Duration::from_secs(30),
+    wait_topics_exist(
+        &config,
+        &delay_topics(&delaying),
         "the delaying route's delay topics",
-        || kjob::topics::partition_counts(&c, &d).is_ok_and(|v| v.iter().all(Option::is_some)),
     )
     .await;
     let (c, p) = (config.clone(), delay_topics(&plain));

@@ -11,7 +11,7 @@
 mod otlp;
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -84,21 +84,7 @@ async fn spans_go_out_over_http_protobuf_with_b3_in_the_headers() {
     }));
     // The worker creates the delay topics as it starts.
     let delays = delay_topics(&topic);
-    let start = Instant::now();
-    loop {
-        let (c, d) = (config.clone(), delays.clone());
-        let counts = tokio::task::spawn_blocking(move || kjob::topics::partition_counts(&c, &d))
-            .await
-            .expect("metadata task");
-        if counts.is_ok_and(|c| c.iter().all(Option::is_some)) {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the worker created no delay topics for {topic}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_topics_exist(&config, &delays, "the worker's delay topics").await;
 
     let producer = Producer::new(&config).unwrap();
     let now = producer
