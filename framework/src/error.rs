@@ -372,6 +372,15 @@ pub enum Error {
     /// committed, left the group); a supervisor should start a new one.
     #[error("worker limit reached: {0}; stopped gracefully, restart the worker")]
     LimitReached(Limit),
+    /// A batch call that cannot be done: an id that is empty or too long,
+    /// an enqueue after `seal()`, a callback no route handles.
+    #[error("batch `{batch}`: {reason}")]
+    Batch {
+        /// The batch id (cut to 200 bytes).
+        batch: String,
+        /// What is wrong and what to do.
+        reason: String,
+    },
 }
 
 /// The [`Error::MissingTopic`] message.

@@ -57,6 +57,11 @@ pub const BAGGAGE: &str = "baggage";
 /// (retry tier, DLQ) and kept on every later hop, so an attempt that starts
 /// a trace of its own can still link to the job's first trace.
 pub const TRACE_ORIGIN: &str = "kjob-trace-origin";
+/// The batch a job belongs to ([`crate::batch`]); its worker records the
+/// job's completion there.
+pub const BATCH: &str = "kjob-batch";
+/// On a batch's callback: its counts, as JSON ([`crate::batch::BatchReport`]).
+pub const BATCH_REPORT: &str = "kjob-batch-report";
 
 /// On a dead letter of a job enqueued from SQL (`kjob.enqueue`) that could
 /// not be encoded: `json`, because the payload is the job as the
@@ -118,6 +123,10 @@ pub struct JobHeaders {
     pub baggage: Option<String>,
     /// `kjob-trace-origin`.
     pub trace_origin: Option<String>,
+    /// `kjob-batch`.
+    pub batch: Option<String>,
+    /// `kjob-batch-report`.
+    pub batch_report: Option<String>,
     /// Any other headers, in their original order (last value per name wins).
     pub extra: Vec<(String, Vec<u8>)>,
 }
@@ -156,6 +165,8 @@ impl JobHeaders {
                 TRACESTATE => out.tracestate = s(),
                 BAGGAGE => out.baggage = s(),
                 TRACE_ORIGIN => out.trace_origin = s(),
+                BATCH => out.batch = s().filter(|v| !v.is_empty()),
+                BATCH_REPORT => out.batch_report = s(),
                 other => {
                     let value = h.value.map(<[u8]>::to_vec).unwrap_or_default();
                     out.extra.retain(|(k, _)| k != other);
@@ -240,6 +251,8 @@ impl JobHeaders {
         put(TRACESTATE, self.tracestate.clone());
         put(BAGGAGE, self.baggage.clone());
         put(TRACE_ORIGIN, self.trace_origin.clone());
+        put(BATCH, self.batch.clone());
+        put(BATCH_REPORT, self.batch_report.clone());
         for (k, v) in &self.extra {
             out = std::mem::take(&mut out).insert(Header {
                 key: k.as_str(),

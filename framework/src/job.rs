@@ -106,4 +106,9 @@ pub struct JobContext {
     /// delayed job: when it was asked to run (`kjob-run-at`). `now - due`
     /// is how late it ran.
     pub due_at_ms: Option<i64>,
+    /// The batch this job belongs to (`kjob-batch`), if it was enqueued
+    /// through [`crate::batch::Batch`].
+    pub batch: Option<String>,
+    /// On a batch's callback: the batch's counts when it fired.
+    pub batch_report: Option<crate::batch::BatchReport>,
 }

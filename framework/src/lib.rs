@@ -46,6 +46,7 @@
 // `codec`, `registry`, `headers`, `json_avro`, `dlq` and `lag` are the
 // plumbing that `kjob-ops` (status, dead-letter review, replay, the
 // dashboard) builds on: public for that crate, hidden from the handler API.
+pub mod batch;
 pub mod classify;
 pub mod clock;
 #[doc(hidden)]

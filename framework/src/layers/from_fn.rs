@@ -126,6 +126,8 @@ mod tests {
             tenant: None,
             group: "g".into(),
             due_at_ms: None,
+            batch: None,
+            batch_report: None,
         }
     }
 

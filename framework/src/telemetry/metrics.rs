@@ -154,6 +154,10 @@ pub(crate) struct Snapshot {
     pub(crate) oldest_running_seconds: Vec<(&'static str, f64)>,
     /// Per schedule: whether this worker fires it now.
     pub(crate) schedules: Vec<(String, bool)>,
+    /// The batches this worker coordinates (its partitions of the batch
+    /// topic): (open, age in seconds of the oldest open one); `None`
+    /// without batches.
+    pub(crate) batches: Option<(usize, f64)>,
 }
 
 /// What a downstream guard (a circuit breaker) shows on `/metrics`.
@@ -345,6 +349,24 @@ impl Metrics {
                 for (name, leading) in &s.schedules {
                     let v = if *leading { 1.0 } else { 0.0 };
                     out(v, vec![g.clone(), KeyValue::new("schedule", name.clone())]);
+                }
+            },
+        );
+        from_snapshot(
+            "kjob_batches_open",
+            "Batches not complete nor cancelled, among those this worker coordinates",
+            |s, g, out| {
+                if let Some((open, _)) = s.batches {
+                    out(open as f64, vec![g.clone()]);
+                }
+            },
+        );
+        from_snapshot(
+            "kjob_batch_oldest_open_seconds",
+            "Age of the oldest open batch this worker coordinates (0 with none)",
+            |s, g, out| {
+                if let Some((_, age)) = s.batches {
+                    out(age, vec![g.clone()]);
                 }
             },
         );

@@ -70,6 +70,8 @@ pub struct WorkerBuilder {
     delayed_jobs: bool,
     delayed_routes: std::collections::BTreeSet<String>,
     schedules: Vec<crate::schedule::Schedule>,
+    batches: Option<String>,
+    batch_callbacks: Vec<&'static str>,
     retry: RetryPolicy,
     retry_overrides: HashMap<String, RetryPolicy>,
     priorities: HashMap<String, Priority>,
@@ -348,6 +350,33 @@ impl WorkerBuilder {
         self
     }
 
+    /// Takes part in batches ([`crate::batch`]) on the batch topic
+    /// [`crate::batch::DEFAULT_TOPIC`]: a finished job of a batch is
+    /// recorded there before its offset is committed, and the worker joins
+    /// the coordinators that fold the batches and fire their callbacks.
+    /// Creates the batch topic and its state topic when missing (and
+    /// [`create_topics`](Self::create_topics) allows). Every worker that
+    /// runs jobs enqueued into a batch needs it: without it, a job's
+    /// completion is not counted and its batch never completes.
+    pub fn batches(self) -> Self {
+        self.batches_on(crate::batch::DEFAULT_TOPIC)
+    }
+
+    /// [`batches`](Self::batches) on another batch topic (a namespace of
+    /// its own; producers name it with [`crate::batch::Batch::topic`]).
+    pub fn batches_on(mut self, topic: &str) -> Self {
+        self.batches = Some(topic.to_string());
+        self
+    }
+
+    /// Declares `J` as a batch callback this worker runs: `build()` fails
+    /// if no route of the worker handles `J`, rather than callbacks
+    /// waiting on a topic nobody reads.
+    pub fn batch_callback<J: Job>(mut self) -> Self {
+        self.batch_callbacks.push(J::NAME);
+        self
+    }
+
     /// Enqueues `make()` on `J`'s main topic at every tick of the cron
     /// expression `expr` (with seconds, UTC: `0 */5 * * * *` is every five
     /// minutes), once per tick across every worker of the group, whatever
@@ -463,6 +492,24 @@ impl WorkerBuilder {
                 });
             }
         }
+        for name in &self.batch_callbacks {
+            if !routes.entries.values().any(|e| e.route.job_name() == *name) {
+                return Err(Error::InvalidSetting {
+                    name: "batch_callback".into(),
+                    value: (*name).to_string(),
+                    reason: format!("no route of this worker handles `{name}`, so its batch callbacks would wait on a topic nobody reads; register its handler (.handle(...)) on this worker"),
+                });
+            }
+        }
+        if let Some(topic) = &self.batches {
+            if topic.trim().is_empty() {
+                return Err(Error::InvalidSetting {
+                    name: "batches_on".into(),
+                    value: topic.clone(),
+                    reason: "the batch topic needs a name, e.g. kjob.batches".into(),
+                });
+            }
+        }
         Ok(Worker {
             limits,
             priorities,
@@ -482,6 +529,7 @@ impl WorkerBuilder {
             protocol,
             create_topics: self.create_topics,
             schedules: self.schedules,
+            batches: self.batches,
             strict: strict_topics,
             stats: Arc::new(WorkerStats::default()),
             #[cfg(feature = "postgres")]
@@ -689,6 +737,8 @@ pub struct Worker {
     pub(super) protocol: GroupProtocol,
     pub(super) create_topics: bool,
     pub(super) schedules: Vec<crate::schedule::Schedule>,
+    /// The batch topic, when the worker takes part in batches.
+    pub(super) batches: Option<String>,
     /// Main topics under strict order (`WorkerBuilder::strict_order`).
     pub(super) strict: Vec<String>,
     pub(super) stats: Arc<WorkerStats>,
@@ -731,6 +781,8 @@ impl Worker {
             delayed_jobs: false,
             delayed_routes: Default::default(),
             schedules: Vec::new(),
+            batches: None,
+            batch_callbacks: Vec::new(),
             retry: RetryPolicy::default(),
             retry_overrides: HashMap::new(),
             priorities: HashMap::new(),

@@ -77,6 +77,8 @@ pub(crate) struct Pipeline {
     /// `server.address` and `server.port` for the attempts' spans (the
     /// first bootstrap server; none in the harness).
     pub(crate) server: Vec<KeyValue>,
+    /// Where a finished job of a batch is recorded ([`crate::batch`]).
+    pub(crate) batches: Option<crate::batch::recorder::Recorder>,
 }
 
 /// The context a handler sees for `msg`.
@@ -99,6 +101,11 @@ pub(crate) fn context_for<M: Message>(
         tenant: headers.tenant.clone(),
         group: group.to_string(),
         due_at_ms: headers.due_at_ms,
+        batch: headers.batch.clone(),
+        batch_report: headers
+            .batch_report
+            .as_deref()
+            .and_then(crate::batch::BatchReport::parse),
     }
 }
 
@@ -124,6 +131,7 @@ impl Pipeline {
             clock,
             park: true,
             server: Vec::new(),
+            batches: None,
         }
     }
 
@@ -219,7 +227,20 @@ impl Pipeline {
             duration_ms,
             span: &span,
         };
-        let outcome = settle(&self.fw, entry, msg, next, gate, &settling).await;
+        let mut outcome = settle(&self.fw, entry, msg, next, gate, &settling).await;
+        // 6. A job of a batch: its completion is on the batch topic before
+        // its offset may be committed.
+        if let (Some(batch), Some(recorder)) = (&headers.batch, &self.batches) {
+            if matches!(outcome, Outcome::Handled | Outcome::DeadLettered) {
+                let ok = outcome == Outcome::Handled;
+                let recorded = waiter.wait_after(recorder.record(batch, &id, ok)).await;
+                if recorded != Some(true) {
+                    // Not recorded (the broker, or a revoke): run again by
+                    // the partition's next owner, and counted then.
+                    outcome = Outcome::Released;
+                }
+            }
+        }
         Attempted {
             outcome,
             id,

@@ -22,6 +22,9 @@ impl Worker {
         if !self.schedules.is_empty() {
             self.schedule_topics().await?;
         }
+        if let Some(topic) = &self.batches {
+            self.batch_topics(topic).await?;
+        }
         let mut wanted: Vec<(String, String)> = Vec::new(); // (topic, its main topic)
         for main in &self.mains {
             wanted.push((main.clone(), main.clone()));
@@ -176,6 +179,63 @@ impl Worker {
                         })
                     }
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// The batch topic and its compacted state topic (with the same
+    /// partition count: a batch's snapshot goes to its events' partition
+    /// number), created when missing and allowed. The state topic takes
+    /// records up to 64 MiB: an open batch's snapshot holds its finished
+    /// job ids (16 bytes each, 3.2 MB for 200 000).
+    async fn batch_topics(&self, topic: &str) -> Result<()> {
+        let state = crate::batch::state_topic(topic);
+        let names = vec![topic.to_string(), state.clone()];
+        let config = self.config.clone();
+        let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &names))
+            .await
+            .map_err(|e| Error::Task {
+                what: "a metadata lookup",
+                reason: e.to_string(),
+            })??;
+        let events = counts.first().copied().flatten();
+        let snapshots = counts.get(1).copied().flatten();
+        let partitions = events.map_or(crate::batch::DEFAULT_PARTITIONS, |n| n as i32);
+        for (name, count, cfg) in [
+            (
+                topic.to_string(),
+                events,
+                &[("retention.ms", "604800000")][..],
+            ),
+            (
+                state.clone(),
+                snapshots,
+                &[
+                    ("cleanup.policy", "compact"),
+                    ("max.message.bytes", crate::producer::MAX_MESSAGE_BYTES),
+                ][..],
+            ),
+        ] {
+            if count.is_some() {
+                continue;
+            }
+            if !self.create_topics {
+                return Err(Error::MissingTopic {
+                    topic: name,
+                    bootstrap: self.config.bootstrap_servers.clone(),
+                });
+            }
+            create_topics_with(&self.config, &[(name.clone(), partitions)], cfg).await?;
+            crate::topics::wait_visible(&self.config, &[name]).await?;
+        }
+        if let (Some(e), Some(s)) = (events, snapshots) {
+            if s < e {
+                return Err(Error::InvalidSetting {
+                    name: "batches_on".into(),
+                    value: topic.to_string(),
+                    reason: format!("`{state}` has {s} partitions, fewer than the {e} of `{topic}`; a batch's snapshot goes to its events' partition number: add partitions to `{state}`"),
+                });
             }
         }
         Ok(())

@@ -384,6 +384,8 @@ mod tests {
             tenant: None,
             group: "g".into(),
             due_at_ms: None,
+            batch: None,
+            batch_report: None,
         }
     }
 

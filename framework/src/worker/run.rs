@@ -80,9 +80,24 @@ impl Worker {
         pipeline.park = self.park;
         pipeline.server =
             crate::telemetry::spans::server_attributes(&self.config.bootstrap_servers);
-        let pipeline = Arc::new(pipeline);
         let background = CancellationToken::new();
         let _stop_background = background.clone().drop_guard();
+        if let Some(topic) = &self.batches {
+            let producer =
+                Producer::with_codec(&self.config, self.codec.clone(), Duration::from_secs(30))?;
+            pipeline.batches = Some(crate::batch::recorder::Recorder::start(
+                producer.clone(),
+                topic.clone(),
+            ));
+            tokio::spawn(crate::batch::coordinator::run(
+                self.config.clone(),
+                topic.clone(),
+                producer,
+                self.metrics.clone(),
+                background.clone(),
+            ));
+        }
+        let pipeline = Arc::new(pipeline);
         #[cfg(feature = "postgres")]
         if let Some(mut relay) = self.outbox_relay.take() {
             // One endpoint per process: a relay without its own records
