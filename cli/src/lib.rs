@@ -15,6 +15,7 @@
 // closed pipe is handled in one place instead of panicking in `println!`.
 #![deny(clippy::print_stdout)]
 
+mod batches;
 mod dlq;
 mod enqueue;
 mod exit;
@@ -110,6 +111,9 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Batches of jobs with a callback: list, show, cancel (dry run unless --execute).
+    #[command(subcommand)]
+    Batches(batches::BatchesCommand),
     /// Review dead letters: list, show, re-drive, resolve (dry run unless --execute).
     #[command(subcommand)]
     Dlq(dlq::DlqCommand),
@@ -276,6 +280,7 @@ pub fn main() -> ExitCode {
             Command::Outbox(cmd) => outbox::run(&ctx, cmd).await,
             Command::Replay(args) => replay::run(&ctx, args).await,
             Command::Schedules(args) => schedules::run(&ctx, args).await,
+            Command::Batches(cmd) => batches::run(&ctx, cmd).await,
             Command::Schema(cmd) => schema::run(&ctx, cmd).await,
             Command::Status(args) => status::run(&ctx, args).await,
             Command::Topics(cmd) => topics::run(&ctx, cmd).await,

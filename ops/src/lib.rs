@@ -9,7 +9,8 @@
 //! CLI's flags).
 //!
 //! This crate holds what only operators need, so that `kjob` stays what
-//! handler crates and worker binaries need: [`status`] (a route by role),
+//! handler crates and worker binaries need: [`batches`] (their state and
+//! cancellation), [`status`] (a route by role),
 //! [`topics`] (a route's topics, as the worker names them), [`groups`],
 //! [`lag`], [`dlq`] (reading, re-driving and resolving dead letters),
 //! [`replay`] (offset resets and their undo file), [`contracts`] (`schemas/`
@@ -20,6 +21,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(unreachable_pub, missing_docs)]
 
+pub mod batches;
 pub mod connectivity;
 pub mod contracts;
 pub mod dlq;

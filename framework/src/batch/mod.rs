@@ -3,11 +3,11 @@
 //!
 //! ```no_run
 //! # use kjob::prelude::*;
-//! # #[derive(Clone, Debug, serde::Serialize, serde::Deserialize, apache_avro::AvroSchema, Job)]
-//! # #[job(name = "mail.send", version = 1)]
+//! # #[derive(serde::Serialize, serde::Deserialize, Job)]
+//! # #[job(name = "mail.send", version = 1, key = to)]
 //! # struct SendMail { to: String }
-//! # #[derive(Clone, Debug, serde::Serialize, serde::Deserialize, apache_avro::AvroSchema, Job)]
-//! # #[job(name = "report.send", version = 1)]
+//! # #[derive(serde::Serialize, serde::Deserialize, Job)]
+//! # #[job(name = "report.send", version = 1, key = campaign)]
 //! # struct SendReport { campaign: String }
 //! # async fn f(producer: Producer) -> kjob::Result<()> {
 //! let batch = producer

@@ -13,6 +13,10 @@
 //! up to 1000), enqueueing `TestJob { seq: <fire time in s> }` on the topic, and
 //! appends `leader <pid> <ms>` whenever this process becomes the leader.
 //! `KJOB_TEST_TELEMETRY=1` logs through `kjob::telemetry::init`.
+//! `KJOB_TEST_BATCHES=<topic>` takes part in batches on that batch topic,
+//! and `KJOB_TEST_CALLBACK_TOPIC=<topic>` handles `TestJob` callbacks there,
+//! appending `callback <job id> <total> <succeeded> <dead-lettered>`.
+//! A job whose behaviour is `permanent` fails as invalid input (to the DLQ).
 //! A job whose behaviour is `fail-first`
 //! fails its first attempt with a retryable error, `fail-twice` its first
 //! two. `KJOB_TEST_STRICT=1` puts the route under strict ordered retries
@@ -79,6 +83,10 @@ async fn main() -> Result<(), String> {
             }
             append_line(&record, &format!("start {}", job.seq));
             tokio::time::sleep(delay).await;
+            if job.behaviour == "permanent" {
+                append_line(&record, &format!("dead {}", job.seq));
+                return Err(JobError::invalid_input("test: permanent failure"));
+            }
             if (job.behaviour == "fail-first" && ctx.attempt == 1)
                 || (job.behaviour == "fail-twice" && ctx.attempt <= 2)
             {
@@ -121,6 +129,28 @@ async fn main() -> Result<(), String> {
     }
     if strict {
         builder = builder.strict_order(&topic);
+    }
+    if let Ok(batches) = std::env::var("KJOB_TEST_BATCHES") {
+        builder = builder.batches_on(&batches);
+    }
+    if let Ok(callbacks) = std::env::var("KJOB_TEST_CALLBACK_TOPIC") {
+        let record = record_path.clone();
+        builder = builder.handle_on(&callbacks, move |_job: TestJob, ctx: JobContext| {
+            let record = record.clone();
+            async move {
+                let r = ctx
+                    .batch_report
+                    .ok_or_else(|| JobError::invalid_input("a callback without its report"))?;
+                append_line(
+                    &record,
+                    &format!(
+                        "callback {} {} {} {}",
+                        ctx.id, r.total, r.succeeded, r.dead_lettered
+                    ),
+                );
+                Ok::<(), JobError>(())
+            }
+        });
     }
     let leader_record = record_path.clone();
     let worker = builder

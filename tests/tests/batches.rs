@@ -1,0 +1,548 @@
+//! Batches against the real stack: exact counts with dead letters and a
+//! re-drive, a batch across two routes, exactly one callback under
+//! SIGKILLs of workers and of the batch's coordinator, cancellation, and
+//! the bad inputs.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kjob::batch::{state_topic, BatchReport, When};
+use kjob::retry::RetryPolicy;
+use kjob::{Error, JobContext, JobError, KafkaConfig, Producer, Worker};
+use kjob_integration_tests::*;
+use rdkafka::message::Message;
+
+const KJOB: &str = env!("CARGO_BIN_EXE_kjob-cli");
+
+type Reports = Arc<Mutex<Vec<(String, BatchReport)>>>;
+
+/// A worker on `routes` (jobs fail as invalid input while `broken` is set
+/// and their behaviour is `breakable`) and on the callback topic, whose
+/// reports go to `reports`.
+fn worker(
+    config: &KafkaConfig,
+    group: &str,
+    batches: &str,
+    routes: &[&str],
+    callbacks: &str,
+    broken: Arc<AtomicBool>,
+    reports: Reports,
+) -> Worker {
+    let mut b = Worker::builder(config.clone(), group)
+        .batches_on(batches)
+        .batch_callback::<TestJob>()
+        .retry(RetryPolicy::tiers([Duration::from_secs(1)]));
+    for r in routes {
+        let broken = broken.clone();
+        b = b.handle_on(r, move |job: TestJob, _ctx: JobContext| {
+            let broken = broken.clone();
+            async move {
+                if job.behaviour == "breakable" && broken.load(Ordering::SeqCst) {
+                    return Err(JobError::invalid_input("test: broken until fixed"));
+                }
+                Ok(())
+            }
+        });
+    }
+    b.handle_on(callbacks, move |_job: TestJob, ctx: JobContext| {
+        let reports = reports.clone();
+        async move {
+            let r = ctx
+                .batch_report
+                .ok_or_else(|| JobError::invalid_input("no report"))?;
+            reports.lock().unwrap().push((ctx.id, r));
+            Ok(())
+        }
+    })
+    .build()
+    .expect("worker builds")
+}
+
+struct Setup {
+    config: KafkaConfig,
+    batches: String,
+    a: String,
+    b: String,
+    callbacks: String,
+    group: String,
+    producer: Producer,
+}
+
+async fn setup() -> Setup {
+    init_logging();
+    let config = ensure_stack();
+    let (a, b, callbacks) = (unique("batch.a"), unique("batch.b"), unique("batch.cb"));
+    create_topic(&config, &a, 3).await;
+    create_topic(&config, &b, 2).await;
+    create_topic(&config, &callbacks, 1).await;
+    Setup {
+        producer: Producer::new(&config).unwrap(),
+        batches: unique("batches"),
+        group: unique("g"),
+        config,
+        a,
+        b,
+        callbacks,
+    }
+}
+
+fn reports_of(reports: &Reports, id: &str) -> Vec<BatchReport> {
+    reports
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(i, _)| i == id)
+        .map(|(_, r)| r.clone())
+        .collect()
+}
+
+/// `kjob batches show --json`; `Null` until the batch's first snapshot.
+fn try_show(config: &KafkaConfig, topic: &str, batch: &str) -> serde_json::Value {
+    let o = run_kjob(
+        KJOB,
+        config,
+        &[
+            "batches", "show", "--topic", topic, "--batch", batch, "--json",
+        ],
+    );
+    serde_json::from_str(&o.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+fn show(config: &KafkaConfig, topic: &str, batch: &str) -> serde_json::Value {
+    let out = kjob_ok(
+        KJOB,
+        config,
+        &[
+            "batches", "show", "--topic", topic, "--batch", batch, "--json",
+        ],
+    );
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_across_two_routes_counts_dead_letters_and_a_redrive_and_fires_once() {
+    let s = setup().await;
+    let (broken, reports) = (Arc::new(AtomicBool::new(true)), Reports::default());
+    let w = worker(
+        &s.config,
+        &s.group,
+        &s.batches,
+        &[&s.a, &s.b],
+        &s.callbacks,
+        broken.clone(),
+        reports.clone(),
+    );
+    let running = start(w);
+    wait_topics_exist(
+        &s.config,
+        &[s.batches.clone(), state_topic(&s.batches)],
+        "the batch topics",
+    )
+    .await;
+
+    let id = unique("newsletter");
+    let batch = s
+        .producer
+        .batch(&id)
+        .unwrap()
+        .topic(&s.batches)
+        .callback_to(When::Complete, &s.callbacks, TestJob::ok("report", 1))
+        .callback_to(When::Success, &s.callbacks, TestJob::ok("report", 2));
+    for i in 0..10 {
+        let behaviour = if i < 3 { "breakable" } else { "ok" };
+        batch
+            .enqueue_to(&s.a, &TestJob::with(format!("k{i}"), i, behaviour))
+            .await
+            .unwrap();
+        batch
+            .enqueue_to(&s.b, &TestJob::ok(format!("k{i}"), 100 + i))
+            .await
+            .unwrap();
+    }
+    batch.seal().await.unwrap();
+    let complete = kjob::batch::callback_id(&id, When::Complete);
+    let success = kjob::batch::callback_id(&id, When::Success);
+    eventually(Duration::from_secs(60), "the complete callback", || {
+        !reports_of(&reports, &complete).is_empty()
+    })
+    .await;
+    assert_eq!(
+        reports_of(&reports, &complete),
+        [BatchReport {
+            batch: id.clone(),
+            total: 20,
+            succeeded: 17,
+            dead_lettered: 3
+        }]
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        reports_of(&reports, &success).is_empty(),
+        "success waits while 3 are dead-lettered"
+    );
+    let v = show(&s.config, &s.batches, &id);
+    assert_eq!(v["status"], "complete", "{v}");
+    assert_eq!(
+        (v["succeeded"].as_u64(), v["dead_lettered"].as_u64()),
+        (Some(17), Some(3)),
+        "{v}"
+    );
+
+    // Fixed: re-drive one, and it counts as a success after the callback.
+    broken.store(false, Ordering::SeqCst);
+    let dlq = kjob::topics::dlq_topic(&s.a);
+    let letters: Vec<String> = kjob::topics::read_topic(&s.config, &dlq)
+        .unwrap()
+        .unwrap()
+        .iter()
+        .map(|m| format!("{}:{}", m.partition(), m.offset()))
+        .collect();
+    assert_eq!(letters.len(), 3, "{letters:?}");
+    kjob_ok(
+        KJOB,
+        &s.config,
+        &["dlq", "retry", "--topic", &s.a, &letters[0], "--execute"],
+    );
+    let others = &letters[1..];
+    eventually(Duration::from_secs(30), "the re-driven job counted", || {
+        show(&s.config, &s.batches, &id)["succeeded"] == 18
+    })
+    .await;
+    assert!(
+        reports_of(&reports, &success).is_empty(),
+        "2 still dead-lettered"
+    );
+    // The other two: now nothing is dead-lettered, and success fires.
+    let mut args = vec!["dlq", "retry", "--topic", s.a.as_str()];
+    args.extend(others.iter().map(String::as_str));
+    args.push("--execute");
+    kjob_ok(KJOB, &s.config, &args);
+    eventually(Duration::from_secs(30), "the success callback", || {
+        !reports_of(&reports, &success).is_empty()
+    })
+    .await;
+    assert_eq!(
+        reports_of(&reports, &success),
+        [BatchReport {
+            batch: id.clone(),
+            total: 20,
+            succeeded: 20,
+            dead_lettered: 0
+        }]
+    );
+    assert_eq!(
+        reports_of(&reports, &complete).len(),
+        1,
+        "complete fired once"
+    );
+    // The snapshot follows within half a second.
+    eventually(Duration::from_secs(10), "the snapshot", || {
+        show(&s.config, &s.batches, &id)["succeeded"] == 20
+    })
+    .await;
+    let v = show(&s.config, &s.batches, &id);
+    assert_eq!(
+        (v["succeeded"].as_u64(), v["dead_lettered"].as_u64()),
+        (Some(20), Some(0)),
+        "{v}"
+    );
+    let list = kjob_ok(KJOB, &s.config, &["batches", "list", "--topic", &s.batches]);
+    assert!(
+        list.contains(&id) && list.contains("20/20") && list.contains("complete"),
+        "{list}"
+    );
+    running.stop().await;
+}
+
+#[derive(serde::Serialize, serde::Deserialize, kjob::Job)]
+#[job(name = "kjob.test.batch_noroute", version = 1, key = id)]
+struct NoRoute {
+    id: String,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_batch_fires_at_its_seal_and_bad_input_is_refused() {
+    let s = setup().await;
+    let reports = Reports::default();
+    let w = worker(
+        &s.config,
+        &s.group,
+        &s.batches,
+        &[&s.a],
+        &s.callbacks,
+        Default::default(),
+        reports.clone(),
+    );
+    // A callback type no route of the worker handles fails build().
+    let e = Worker::builder(s.config.clone(), &s.group)
+        .handle_on(&s.a, |_: TestJob, _: JobContext| async {
+            Ok::<(), JobError>(())
+        })
+        .batches_on(&s.batches)
+        .batch_callback::<NoRoute>()
+        .build()
+        .err()
+        .expect("build refuses");
+    assert!(e.to_string().contains("kjob.test.batch_noroute"), "{e}");
+    // Ids.
+    for bad in ["", &"x".repeat(201)] {
+        let e = s.producer.batch(bad).err().expect("refused");
+        assert!(matches!(e, Error::Batch { .. }), "{e}");
+    }
+    // No batch topic yet: the first enqueue says what creates it.
+    let missing = s
+        .producer
+        .batch("early")
+        .unwrap()
+        .topic(&unique("nobatches"));
+    let e = missing
+        .enqueue_to(&s.a, &TestJob::ok("k", 1))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("does not exist") && e.contains("WorkerBuilder::batches()"),
+        "{e}"
+    );
+
+    let running = start(w);
+    wait_topics_exist(
+        &s.config,
+        &[s.batches.clone(), state_topic(&s.batches)],
+        "the batch topics",
+    )
+    .await;
+    let id = unique("empty");
+    let empty = s
+        .producer
+        .batch(&id)
+        .unwrap()
+        .topic(&s.batches)
+        .callback_to(When::Complete, &s.callbacks, TestJob::ok("report", 1));
+    empty.seal().await.unwrap();
+    let e = empty
+        .enqueue_to(&s.a, &TestJob::ok("k", 1))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("sealed"), "{e}");
+    let cb = kjob::batch::callback_id(&id, When::Complete);
+    eventually(
+        Duration::from_secs(30),
+        "the empty batch's callback",
+        || !reports_of(&reports, &cb).is_empty(),
+    )
+    .await;
+    assert_eq!(
+        reports_of(&reports, &cb),
+        [BatchReport {
+            batch: id.clone(),
+            total: 0,
+            succeeded: 0,
+            dead_lettered: 0
+        }]
+    );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_batch_fires_no_callback_and_keeps_its_finished_jobs() {
+    let s = setup().await;
+    let reports = Reports::default();
+    let w = worker(
+        &s.config,
+        &s.group,
+        &s.batches,
+        &[&s.a],
+        &s.callbacks,
+        Default::default(),
+        reports.clone(),
+    );
+    let running = start(w);
+    wait_topics_exist(
+        &s.config,
+        &[s.batches.clone(), state_topic(&s.batches)],
+        "the batch topics",
+    )
+    .await;
+    let id = unique("stuck");
+    let batch = s
+        .producer
+        .batch(&id)
+        .unwrap()
+        .topic(&s.batches)
+        .on_complete(TestJob::ok("report", 1));
+    for i in 0..3 {
+        batch
+            .enqueue_to(&s.a, &TestJob::ok(format!("k{i}"), i))
+            .await
+            .unwrap();
+    }
+    batch.flush().await.unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "three finished, not sealed",
+        || {
+            let v = try_show(&s.config, &s.batches, &id);
+            v["finished"] == 3 && v["status"] == "open"
+        },
+    )
+    .await;
+    let cancel = [
+        "batches",
+        "cancel",
+        "--topic",
+        &s.batches,
+        "--batch",
+        &id,
+        "--reason",
+        "never sealed",
+    ];
+    let dry = kjob_ok(KJOB, &s.config, &cancel);
+    assert!(
+        dry.contains("dry run") && dry.contains("--execute"),
+        "{dry}"
+    );
+    assert_eq!(show(&s.config, &s.batches, &id)["status"], "open");
+    let mut exec = cancel.to_vec();
+    exec.push("--execute");
+    let done = kjob_ok(KJOB, &s.config, &exec);
+    assert!(done.contains("cancelled batch"), "{done}");
+    eventually(Duration::from_secs(30), "cancelled", || {
+        show(&s.config, &s.batches, &id)["status"] == "cancelled"
+    })
+    .await;
+    let v = show(&s.config, &s.batches, &id);
+    assert_eq!(v["cancelled"]["by"], "ops-tester", "{v}");
+    assert_eq!(v["cancelled"]["reason"], "never sealed", "{v}");
+    assert_eq!(v["succeeded"], 3, "finished jobs stay finished: {v}");
+    // Sealing it now fires nothing; a second cancel is refused.
+    batch.seal().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        reports.lock().unwrap().is_empty(),
+        "no callback for a cancelled batch"
+    );
+    let again = run_kjob(KJOB, &s.config, &exec);
+    assert_ne!(again.code, 0, "{}{}", again.stdout, again.stderr);
+    assert!(again.stderr.contains("cancelled"), "{}", again.stderr);
+    let unknown = run_kjob(
+        KJOB,
+        &s.config,
+        &["batches", "show", "--topic", &s.batches, "--batch", "nope"],
+    );
+    assert_ne!(unknown.code, 0);
+    assert!(
+        unknown.stderr.contains("no batch `nope`"),
+        "{}",
+        unknown.stderr
+    );
+    running.stop().await;
+}
+
+fn spawn(s: &Setup, record: &std::path::Path) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_test-worker"))
+        .env("KJOB_TEST_TOPIC", &s.a)
+        .env("KJOB_TEST_GROUP", &s.group)
+        .env("KJOB_TEST_RECORD", record)
+        .env("KJOB_TEST_DELAY_MS", "5")
+        .env("KJOB_TEST_CONCURRENCY", "4")
+        .env("KJOB_TEST_BATCHES", &s.batches)
+        .env("KJOB_TEST_CALLBACK_TOPIC", &s.callbacks)
+        .spawn()
+        .expect("spawning test-worker")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_one_callback_with_exact_counts_under_sigkills_of_workers_and_coordinators() {
+    let s = setup().await;
+    let dir = std::env::temp_dir().join(unique("kjob-batch-kill"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let record = dir.join("record");
+    let mut workers = vec![spawn(&s, &record), spawn(&s, &record)];
+    wait_topics_exist(
+        &s.config,
+        &[s.batches.clone(), state_topic(&s.batches)],
+        "the batch topics",
+    )
+    .await;
+    let id = unique("newsletter");
+    let batch = s
+        .producer
+        .batch(&id)
+        .unwrap()
+        .topic(&s.batches)
+        .callback_to(When::Complete, &s.callbacks, TestJob::ok("report", 1));
+    let n = 6000i64;
+    let jobs: Vec<TestJob> = (0..n)
+        .map(|i| {
+            TestJob::with(
+                format!("k{}", i % 500),
+                i,
+                if i % 1000 == 7 { "permanent" } else { "ok" },
+            )
+        })
+        .collect();
+    futures::future::try_join_all(jobs.iter().map(|j| batch.enqueue_to(&s.a, j)))
+        .await
+        .unwrap();
+    batch.seal().await.unwrap();
+    // Kill one of the two every 1.5 s (each is a coordinator of some of
+    // the batch topic's partitions), and start a new one.
+    for k in 0..5 {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let finished = read_lines(&record)
+            .iter()
+            .filter(|l| l.starts_with("done ") || l.starts_with("dead "))
+            .count();
+        if k < 3 {
+            assert!(
+                finished < n as usize,
+                "kill {k} must land mid-run ({finished} finished)"
+            );
+        }
+        let mut victim = workers.remove(k % workers.len());
+        victim.kill().expect("SIGKILL");
+        victim.wait().unwrap();
+        workers.push(spawn(&s, &record));
+    }
+    let callbacks = |lines: &[String]| -> Vec<String> {
+        lines
+            .iter()
+            .filter(|l| l.starts_with("callback "))
+            .cloned()
+            .collect()
+    };
+    eventually(Duration::from_secs(120), "the callback", || {
+        !callbacks(&read_lines(&record)).is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for mut w in workers {
+        w.kill().unwrap();
+        w.wait().unwrap();
+    }
+    let lines = read_lines(&record);
+    let done: std::collections::HashSet<&str> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("done "))
+        .collect();
+    let dead: std::collections::HashSet<&str> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("dead "))
+        .collect();
+    assert_eq!(done.len() + dead.len(), n as usize, "every job ran");
+    let want = format!(
+        "callback {} {n} {} 6",
+        kjob::batch::callback_id(&id, When::Complete),
+        n - 6
+    );
+    let seen = callbacks(&lines);
+    assert!(
+        seen.iter().all(|l| *l == want),
+        "exact counts: {seen:?}, want {want}"
+    );
+    let written = read_all(&s.config, &s.callbacks);
+    assert_eq!(written.len(), 1, "the callback was written once");
+}
