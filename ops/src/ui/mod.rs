@@ -12,6 +12,7 @@ mod actions;
 mod assets;
 mod auth;
 mod dead_letters;
+mod indexes;
 mod pages;
 mod route;
 mod sampler;
@@ -130,6 +131,7 @@ impl Dashboard {
             problem: RwLock::new(None),
             sample_every: self.sample_every,
             tasks: Mutex::new(HashMap::new()),
+            indexes: Mutex::new(HashMap::new()),
         });
         sampler::spawn(state.clone(), self.routes, self.discover);
         Ok(router(state))
@@ -197,6 +199,8 @@ pub(crate) struct AppState {
     problem: RwLock<Option<String>>,
     sample_every: Duration,
     tasks: Mutex<HashMap<u64, Arc<actions::Task>>>,
+    /// The DLQ indexes by main topic, each followed by its own tailer.
+    indexes: Mutex<HashMap<String, Arc<crate::dlq::index::DlqIndex>>>,
 }
 
 type Shared = Arc<AppState>;
