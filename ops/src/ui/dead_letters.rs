@@ -394,7 +394,11 @@ pub(super) async fn dlq_show(
     };
     let now = kjob::dlq::now_ms();
     let payload = serde_json::to_string_pretty(&shown["payload"]).unwrap_or_default();
-    let headers = shown["headers"].as_object().cloned().unwrap_or_default();
+    let mut headers = shown["headers"].as_object().cloned().unwrap_or_default();
+    // A panic's backtrace is long and multi-line: a section of its own.
+    let backtrace = headers
+        .remove(kjob::dlq::BACKTRACE)
+        .and_then(|v| v.as_str().map(str::to_string));
     let audit = shown["audit"].as_object().cloned();
     let text = |v: &serde_json::Value| match v {
         serde_json::Value::String(s) => s.clone(),
@@ -434,6 +438,12 @@ pub(super) async fn dlq_show(
                 section.card {
                     h2 { "Payload" }
                     pre.payload { (payload) }
+                }
+                @if let Some(bt) = &backtrace {
+                    section.card.backtrace {
+                        h2 { "Backtrace " small { "(where the handler panicked; " code { (kjob::dlq::BACKTRACE) } ")" } }
+                        pre.backtrace { (bt) }
+                    }
                 }
                 section.card.audit {
                     h2 { "Audit" }
