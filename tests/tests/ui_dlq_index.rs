@@ -4,67 +4,17 @@
 //! everything matching (audited), and new dead letters and audit entries
 //! showing up without the DLQ being read again.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, ThreadedProducer};
-use rdkafka::Message;
 
 use kjob::KafkaConfig;
 use kjob_integration_tests::*;
 
-/// The dashboard process, killed when the test ends however it ends.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free local port")
-}
-
-async fn dashboard(config: &KafkaConfig, args: &[&str]) -> (Guard, String) {
-    let listen = format!("127.0.0.1:{}", free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_kjob-cli"))
-        .args([
-            "ui",
-            "--listen",
-            &listen,
-            "--sample-every",
-            "1s",
-            "--no-discover",
-        ])
-        .args(args)
-        .env("KJOB_BOOTSTRAP_SERVERS", &config.bootstrap_servers)
-        .env("KJOB_SCHEMA_REGISTRY_URL", &config.schema_registry_url)
-        .env("USER", "index-tester")
-        .env_remove("KJOB_UI_TOKEN")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("starting kjob ui");
-    let base = format!("http://{listen}");
-    let start = Instant::now();
-    while reqwest::get(format!("{base}/assets/style.css"))
-        .await
-        .is_err()
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "kjob ui did not answer"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    (Guard(child), base)
-}
+#[path = "support/dashboard.rs"]
+mod support;
+use support::{attr, audit, dashboard, session};
 
 const CLASSES: [&str; 3] = ["permanent.invalid", "retryable.timeout", "bug.panic"];
 const JOBS: [&str; 2] = ["mail", "pdf"];
@@ -119,17 +69,6 @@ fn at(i: usize) -> String {
     format!("{}:{}", i % 2, i / 2)
 }
 
-/// An attribute's value after the first `marker` on a page.
-fn attr(page: &str, marker: &str, name: &str) -> String {
-    let from = page
-        .find(marker)
-        .unwrap_or_else(|| panic!("no `{marker}` on\n{page}"));
-    let needle = format!("{name}=\"");
-    let rest = &page[from..];
-    let v = rest.find(&needle).expect("the attribute") + needle.len();
-    rest[v..].split('"').next().unwrap_or_default().to_string()
-}
-
 fn totals(page: &str, name: &str) -> usize {
     attr(page, "class=\"muted totals count\"", name)
         .parse()
@@ -155,94 +94,6 @@ fn facet(page: &str, marker: &str) -> usize {
         .unwrap_or_default()
         .parse()
         .expect("a number")
-}
-
-struct Session {
-    http: reqwest::Client,
-    base: String,
-    cookie: String,
-    csrf: String,
-}
-
-impl Session {
-    async fn get(&self, target: &str) -> String {
-        let r = self
-            .http
-            .get(format!("{}{target}", self.base))
-            .header("cookie", &self.cookie)
-            .send()
-            .await
-            .expect("GET");
-        assert_eq!(r.status().as_u16(), 200, "GET {target}");
-        r.text().await.expect("body")
-    }
-    async fn post(&self, path: &str, body: &str) -> (u16, String) {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header("cookie", &self.cookie)
-            .header("origin", &self.base)
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(format!("csrf={}&{body}", self.csrf))
-            .send()
-            .await
-            .expect("POST");
-        (r.status().as_u16(), r.text().await.unwrap_or_default())
-    }
-    /// The DLQ page once the index has caught up and `ready` holds.
-    async fn settled(&self, target: &str, ready: impl Fn(&str) -> bool) -> String {
-        let start = Instant::now();
-        loop {
-            let page = self.get(target).await;
-            if !page.contains("id=\"indexing\"") && ready(&page) {
-                return page;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "never settled:\n{page}"
-            );
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    }
-}
-
-async fn session(base: &str, topic: &str) -> Session {
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("client");
-    let r = http
-        .get(format!("{base}/dlq?topic={topic}"))
-        .send()
-        .await
-        .expect("GET");
-    let cookie = r
-        .headers()
-        .get_all("set-cookie")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .find(|v| v.starts_with("kjob_ui_session="))
-        .and_then(|v| v.split(';').next())
-        .expect("a session cookie")
-        .to_string();
-    let page = r.text().await.unwrap_or_default();
-    let csrf = attr(&page, "name=\"csrf\"", "value");
-    Session {
-        http,
-        base: base.to_string(),
-        cookie,
-        csrf,
-    }
-}
-
-fn audit(config: &KafkaConfig, topic: &str) -> Vec<(String, serde_json::Value)> {
-    read_all(config, &format!("{topic}.dlq.audit"))
-        .iter()
-        .filter_map(|m| {
-            let k = String::from_utf8_lossy(m.key()?).into_owned();
-            Some((k, serde_json::from_slice(m.payload()?).ok()?))
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,6 +16,7 @@ use serde::Deserialize;
 
 use crate::dlq::store::Coordinates;
 
+use super::actor::Actor;
 use super::assets::layout;
 use super::auth::{check_csrf, FormToken};
 use super::pages::{error_page, upstream_or, urlencode, Refusal};
@@ -232,6 +233,7 @@ const PREVIEW_ROWS: usize = 200;
 pub(super) async fn redrive(
     State(state): State<Shared>,
     Extension(token): Extension<FormToken>,
+    Extension(Actor(by)): Extension<Actor>,
     Form(pairs): Form<Vec<(String, String)>>,
 ) -> Response {
     let f = match ActionForm::parse(pairs) {
@@ -314,7 +316,7 @@ pub(super) async fn redrive(
         }
         Err(_) => return error_page(StatusCode::INTERNAL_SERVER_ERROR, "task registry poisoned"),
     };
-    let (config, by) = (state.config.clone(), state.by.clone());
+    let config = state.config.clone();
     let index = state.dlq_index(&f.select.topic).await.ok();
     tokio::spawn(async move {
         let t = task.clone();
@@ -363,6 +365,7 @@ pub(super) async fn redrive(
 pub(super) async fn resolve(
     State(state): State<Shared>,
     Extension(token): Extension<FormToken>,
+    Extension(Actor(by)): Extension<Actor>,
     Form(pairs): Form<Vec<(String, String)>>,
 ) -> Response {
     let f = match ActionForm::parse(pairs) {
@@ -399,14 +402,14 @@ pub(super) async fn resolve(
         matched: letters.len(),
         picked: letters,
     };
-    let done = execute_resolve(&state.config, &plan, &f.reason, &state.by).await;
+    let done = execute_resolve(&state.config, &plan, &f.reason, &by).await;
     if done.is_ok() {
         // The page after this one shows the resolve at once; the tailer
         // applies the same entries again when it reads them (idempotent).
         if let Ok(index) = state.dlq_index(&f.select.topic).await {
             let entry = AuditEntry {
                 action: "resolved".into(),
-                by: state.by.clone(),
+                by: by.clone(),
                 at_ms: kjob::dlq::now_ms(),
                 reason: Some(f.reason.clone()),
                 target: None,

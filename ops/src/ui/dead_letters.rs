@@ -11,6 +11,7 @@ use serde::Deserialize;
 use crate::dlq::store::Coordinates;
 
 use super::actions::{redrive_form, resolve_form};
+use super::actor::Actor;
 use super::assets::layout;
 use super::auth::FormToken;
 use super::pages::{error_page, upstream_or, urlencode};
@@ -163,6 +164,7 @@ impl DlqQuery {
 pub(super) async fn dlq_list(
     State(state): State<Shared>,
     Extension(token): Extension<FormToken>,
+    Extension(Actor(actor)): Extension<Actor>,
     Params(q): Params<DlqQuery>,
 ) -> Response {
     if q.select.topic.trim().is_empty() {
@@ -275,6 +277,7 @@ pub(super) async fn dlq_list(
         @if actions && page.is_ok() {
             section.card.actions {
                 h2 { "Re-drive or resolve everything matching the filter (unresolved only)" }
+                p.muted.actor { "Audited as " code { (actor) } }
                 (redrive_form(&token, select, q.q.as_deref(), None))
                 (resolve_form(&token, select, q.q.as_deref(), None))
             }
@@ -372,6 +375,7 @@ pub(super) struct ShowQuery {
 pub(super) async fn dlq_show(
     State(state): State<Shared>,
     Extension(token): Extension<FormToken>,
+    Extension(Actor(actor)): Extension<Actor>,
     Params(q): Params<ShowQuery>,
 ) -> Response {
     let at: Coordinates = match q.at.parse() {
@@ -457,6 +461,7 @@ pub(super) async fn dlq_show(
                 @if state.allow_actions && audit.is_none() {
                     section.card.actions {
                         h2 { "Actions" }
+                        p.muted.actor { "Audited as " code { (actor) } }
                         (redrive_form(&token, &select, None, Some(at)))
                         (resolve_form(&token, &select, None, Some(at)))
                     }
