@@ -12,8 +12,8 @@
 //! and cron topics are no routes of their own. In the browser again: long
 //! values stay in their columns, bidi controls show as escapes, times as
 //! dates. On the DLQ page: the counts, the pager, a sort by column, and
-//! two checked rows resolved. The screenshots in docs/src/ (the book's dashboard chapter) are
-//! taken here.
+//! two checked rows resolved. The screenshots in docs/src/ (the book's
+//! dashboard chapter) are taken here.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

@@ -13,6 +13,7 @@ mod actor;
 mod assets;
 mod auth;
 mod dead_letters;
+mod dlq_query;
 mod indexes;
 mod pages;
 mod route;

@@ -33,6 +33,7 @@
 //! record audited in that window may be re-driven twice (a duplicate, the
 //! same guarantee as the CLI's), never lost.
 
+mod entry;
 mod query;
 pub mod tail;
 
@@ -40,163 +41,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
-use kjob::headers::JobHeaders;
-
 use super::store::{AuditEntry, Coordinates};
+pub use entry::{
+    Entry, Incoming, Status, ERROR_BYTES, FIXED_BYTES_PER_ENTRY, ID_BYTES, KEY_BYTES,
+    MAX_TEXT_BYTES, PAYLOAD_BYTES,
+};
 pub use query::{Page, Query, Row, Sort, StatusFilter};
-
-/// Bytes of a record key kept for display, sorting and search.
-pub const KEY_BYTES: usize = 64;
-/// Bytes of a job id (`kjob-id`) kept.
-pub const ID_BYTES: usize = 40;
-/// Bytes of the error message (`kjob-error`) kept.
-pub const ERROR_BYTES: usize = 120;
-/// Bytes of the payload's start from which its printable text is kept
-/// (Avro writes strings as raw UTF-8, so ids and names in a payload are
-/// found by a search).
-pub const PAYLOAD_BYTES: usize = 96;
-/// The most text one entry holds: the four fields above and their
-/// separators.
-pub const MAX_TEXT_BYTES: usize = KEY_BYTES + ID_BYTES + ERROR_BYTES + PAYLOAD_BYTES + 3;
-/// What an entry costs besides its text: the entry itself (56 bytes), its
-/// slot in the coordinates map (about 32) and the text's allocation
-/// header (about 16).
-pub const FIXED_BYTES_PER_ENTRY: usize = 104;
-
-/// Separates the fields in an entry's text; removed from the values, so a
-/// search never matches across two fields.
-const SEP: char = '\u{1f}';
-
-/// What an operator did with a dead letter, as the index keeps it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Status {
-    /// No audit entry.
-    Unresolved,
-    /// Re-driven (`retried`).
-    Retried,
-    /// Resolved as handled.
-    Resolved,
-    /// An audit entry with another action (another tool's).
-    Other,
-}
-
-impl Status {
-    fn of(a: &AuditEntry) -> Self {
-        match a.action.as_str() {
-            "retried" => Status::Retried,
-            "resolved" => Status::Resolved,
-            _ => Status::Other,
-        }
-    }
-}
-
-/// Field cut flags in [`Entry::flags`].
-const KEY_CUT: u8 = 1;
-const ERROR_CUT: u8 = 2;
-const HAS_KEY: u8 = 4;
-
-/// One dead letter, in a fixed 56 bytes plus its short text.
-#[derive(Clone, Debug)]
-pub struct Entry {
-    /// Where it is in the DLQ.
-    pub at: Coordinates,
-    /// When it was dead-lettered (epoch ms; 0 when the record had none).
-    pub timestamp_ms: i64,
-    /// `kjob-attempt` (0 when absent).
-    pub attempt: u32,
-    job: u32,
-    class: u32,
-    status: Status,
-    flags: u8,
-    /// Byte lengths of key, id and error inside `text`.
-    lens: [u8; 3],
-    text: Box<str>,
-}
-
-/// The longest prefix of `s` of at most `max` bytes ending on a character
-/// boundary, and whether anything was cut.
-fn prefix(s: &str, max: usize) -> (&str, bool) {
-    if s.len() <= max {
-        return (s, false);
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    (&s[..end], true)
-}
-
-/// The printable text in the first [`PAYLOAD_BYTES`] of a payload (after a
-/// Confluent wire-format header): runs of at least three printable
-/// characters, separated by spaces.
-fn payload_text(payload: &[u8]) -> String {
-    let body = match payload {
-        [0, rest @ ..] if rest.len() >= 4 => &rest[4..],
-        other => other,
-    };
-    let head = &body[..body.len().min(PAYLOAD_BYTES)];
-    let lossy = String::from_utf8_lossy(head);
-    let mut out = String::new();
-    let mut run = String::new();
-    for c in lossy.chars() {
-        if !c.is_control() && c != '\u{fffd}' {
-            run.push(c);
-            continue;
-        }
-        if run.chars().count() >= 3 {
-            if !out.is_empty() {
-                out.push(' ');
-            }
-            out.push_str(&run);
-        }
-        run.clear();
-    }
-    if run.chars().count() >= 3 {
-        if !out.is_empty() {
-            out.push(' ');
-        }
-        out.push_str(&run);
-    }
-    out
-}
-
-impl Entry {
-    fn field(&self, i: usize) -> &str {
-        let start: usize = self.lens[..i].iter().map(|l| *l as usize + 1).sum();
-        let end = start + self.lens[i] as usize;
-        self.text.get(start..end).unwrap_or_default()
-    }
-    /// The key as kept (at most [`KEY_BYTES`]); `None` when the record had none.
-    pub fn key(&self) -> Option<&str> {
-        (self.flags & HAS_KEY != 0).then(|| self.field(0))
-    }
-    /// Whether the key was longer than what is kept.
-    pub fn key_cut(&self) -> bool {
-        self.flags & KEY_CUT != 0
-    }
-    /// The job id as kept (empty when absent).
-    pub fn id(&self) -> &str {
-        self.field(1)
-    }
-    /// The error message as kept (empty when absent).
-    pub fn error(&self) -> &str {
-        self.field(2)
-    }
-    /// Whether the error was longer than what is kept.
-    pub fn error_cut(&self) -> bool {
-        self.flags & ERROR_CUT != 0
-    }
-    /// Whether a search for `needle` finds it in the key, id, error or
-    /// payload text.
-    fn contains(&self, needle: &str) -> bool {
-        self.text.contains(needle)
-    }
-    /// The bytes this entry holds, its text included.
-    pub fn bytes(&self) -> usize {
-        FIXED_BYTES_PER_ENTRY + self.text.len()
-    }
-}
 
 /// Interned strings (job names, error classes): an id per distinct value,
 /// 0 for "none".
@@ -236,21 +86,6 @@ struct Inner {
     classes: Interner,
     audit: HashMap<Coordinates, AuditEntry>,
     text_bytes: usize,
-}
-
-/// The record fields the index takes from a dead letter: what the tailer
-/// hands it for each DLQ record.
-pub struct Incoming<'a> {
-    /// Coordinates.
-    pub at: Coordinates,
-    /// Record timestamp.
-    pub timestamp_ms: Option<i64>,
-    /// Record key.
-    pub key: Option<&'a [u8]>,
-    /// Parsed headers.
-    pub headers: JobHeaders,
-    /// Payload.
-    pub payload: Option<&'a [u8]>,
 }
 
 /// How far the index has read, for the page's "indexing" notice.
@@ -454,44 +289,10 @@ impl DlqIndex {
 
 impl Inner {
     fn entry(&mut self, r: Incoming<'_>) -> Entry {
-        let clean = |s: &str| -> String { s.replace(SEP, " ") };
-        let key = r.key.map(|k| clean(&String::from_utf8_lossy(k)));
-        let (k, key_cut) = prefix(key.as_deref().unwrap_or_default(), KEY_BYTES);
-        let id = clean(r.headers.id.as_deref().unwrap_or_default());
-        let (id, _) = prefix(&id, ID_BYTES);
-        let error = clean(r.headers.error.as_deref().unwrap_or_default());
-        let (error, error_cut) = prefix(&error, ERROR_BYTES);
-        let payload = clean(&payload_text(r.payload.unwrap_or_default()));
-        let mut text = String::with_capacity(k.len() + id.len() + error.len() + payload.len() + 3);
-        for (i, f) in [k, id, error, &payload].iter().enumerate() {
-            if i > 0 {
-                text.push(SEP);
-            }
-            text.push_str(f);
-        }
-        let mut flags = 0;
-        if key.is_some() {
-            flags |= HAS_KEY;
-        }
-        if key_cut {
-            flags |= KEY_CUT;
-        }
-        if error_cut {
-            flags |= ERROR_CUT;
-        }
+        let job = self.jobs.id(r.headers.job.as_deref());
+        let class = self.classes.id(r.headers.error_class.as_deref());
         let status = self.audit.get(&r.at).map_or(Status::Unresolved, Status::of);
-        Entry {
-            at: r.at,
-            timestamp_ms: r.timestamp_ms.unwrap_or(0),
-            attempt: r.headers.attempt.unwrap_or(0),
-            job: self.jobs.id(r.headers.job.as_deref()),
-            class: self.classes.id(r.headers.error_class.as_deref()),
-            status,
-            flags,
-            // Each cap is below 256.
-            lens: [k.len() as u8, id.len() as u8, error.len() as u8],
-            text: text.into_boxed_str(),
-        }
+        Entry::new(r, job, class, status)
     }
 }
 

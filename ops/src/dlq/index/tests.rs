@@ -1,5 +1,7 @@
+use super::entry::payload_text;
 use super::*;
 use crate::dlq::store::Filter;
+use kjob::headers::JobHeaders;
 
 fn at(partition: i32, offset: i64) -> Coordinates {
     Coordinates { partition, offset }
