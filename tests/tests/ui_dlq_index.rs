@@ -1,13 +1,17 @@
 //! The dashboard's DLQ index against the real broker, over HTTP: paging,
 //! sorting, the counts per error class and per job, search in key, job id,
 //! error and payload, re-drive and resolve of checked rows and of
-//! everything matching (audited), and new dead letters and audit entries
-//! showing up without the DLQ being read again.
+//! everything matching (audited), new dead letters and audit entries
+//! showing up without the DLQ being read again, and records deleted by
+//! retention (the low watermark moved) leaving the index.
 
 use std::time::Duration;
 
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
 
 use kjob::KafkaConfig;
 use kjob_integration_tests::*;
@@ -272,4 +276,32 @@ async fn the_dlq_index_pages_counts_searches_selects_and_follows_the_log() {
         })
         .await;
     assert_eq!(totals(&all, "data-matched"), 126);
+
+    // Retention: the first 10 records of partition 0 are deleted (the low
+    // watermark moves to 10); their entries go, nothing is read again.
+    let admin: AdminClient<DefaultClientContext> = config.rdkafka_config().create().expect("admin");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&dlq, 0, Offset::Offset(10))
+        .expect("offsets");
+    admin
+        .delete_records(&tpl, &AdminOptions::new())
+        .await
+        .expect("deleting records");
+    let page = s
+        .settled(&format!("{list}&all=on"), |p| {
+            totals(p, "data-stored") == 116
+        })
+        .await;
+    assert_eq!(
+        totals(&page, "data-read"),
+        126,
+        "no re-read after retention"
+    );
+    let gone = s.get(&format!("{list}&all=on&q=order-000")).await;
+    assert!(
+        rows(&gone).is_empty(),
+        "0:0 dropped with its partition's head"
+    );
+    let kept = s.get(&format!("{list}&all=on&q=order-020")).await;
+    assert_eq!(rows(&kept), vec![at(20)], "0:10 is kept");
 }
