@@ -252,11 +252,14 @@ impl DlqReader {
         consumer
             .assign(&tpl)
             .map_err(|e| Error::kafka("assigning partitions", e))?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while !ends.is_empty() && std::time::Instant::now() < deadline {
+        // Gives up only when nothing arrives for 30 s: a large selection
+        // may take longer than that to read, a stalled broker does not.
+        let mut last = std::time::Instant::now();
+        while !ends.is_empty() && last.elapsed() < Duration::from_secs(30) {
             let Some(m) = consumer.poll(Duration::from_millis(500)) else {
                 continue;
             };
+            last = std::time::Instant::now();
             let m = m.map_err(|e| Error::kafka(format!("reading {topic}"), e))?;
             let c = Coordinates {
                 partition: m.partition(),

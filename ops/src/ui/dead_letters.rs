@@ -1,6 +1,7 @@
-//! The DLQ browser and one dead letter in full, through the same functions
-//! as `kjob dlq list` and `kjob dlq show`; the action forms appear only
-//! with `--allow-actions`.
+//! The DLQ browser, paged from the dashboard's index of the DLQ (the
+//! filters of `kjob dlq list`, plus search, sort and counts), and one dead
+//! letter in full as `kjob dlq show` reads it (by its coordinates); the
+//! action forms appear only with `--allow-actions`.
 
 use axum::extract::{Extension, Query as Params, State};
 use axum::http::StatusCode;

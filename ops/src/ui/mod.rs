@@ -5,8 +5,12 @@
 //! lines of plain JavaScript that refresh the live parts of a page, and
 //! assets compiled into the binary. Every number comes from the same
 //! functions the terminal commands use (`status`, `dlq`, `replay`), so the
-//! page and `kjob status` cannot disagree. Read-only unless started with
-//! `--allow-actions`; an access token is required off loopback.
+//! page and `kjob status` cannot disagree; the DLQ pages page through an
+//! index of the DLQ kept by this process ([`crate::dlq::index`], with the
+//! CLI's filter semantics, checked against `Filter::matches` in its tests),
+//! and their actions run the CLI's re-drive and resolve. Read-only unless
+//! started with `--allow-actions`; an access token is required off
+//! loopback.
 
 mod actions;
 mod actor;

@@ -226,3 +226,66 @@ fn payload_text_keeps_printable_runs() {
     assert_eq!(payload_text(b""), "");
     assert_eq!(payload_text(b"{\"a\":1}"), "{\"a\":1}");
 }
+
+#[test]
+fn the_index_filters_as_the_cli_filter_does() {
+    use crate::dlq::store::DeadLetter;
+    let classes = [
+        "permanent",
+        "permanent.invalid",
+        "permanentx",
+        "retryable.timeout",
+    ];
+    let jobs = ["mail", "mail.x", "pdf"];
+    let idx = DlqIndex::new("orders");
+    let mut letters = Vec::new();
+    let mut batch = Vec::new();
+    for i in 0..60i64 {
+        let (class, job) = (classes[(i % 4) as usize], jobs[(i % 3) as usize]);
+        let c = at(0, i);
+        batch.push(letter(c, 1_000 + i * 10, job, class, "k"));
+        letters.push(DeadLetter {
+            at: c,
+            key: Some("k".into()),
+            headers: JobHeaders {
+                job: Some(job.into()),
+                error_class: Some(class.into()),
+                ..Default::default()
+            },
+            payload: None,
+            timestamp_ms: Some(1_000 + i * 10),
+        });
+    }
+    idx.add(batch);
+    for job in [None, Some("mail"), Some("mail.x")] {
+        for class in [
+            None,
+            Some("permanent"),
+            Some("retryable"),
+            Some("permanent.invalid"),
+        ] {
+            for (since, until) in [
+                (None, None),
+                (Some(1_100), None),
+                (Some(1_100), Some(1_300)),
+            ] {
+                let filter = Filter {
+                    job: job.map(str::to_string),
+                    class: class.map(str::to_string),
+                    since_ms: since,
+                    until_ms: until,
+                };
+                let want: Vec<Coordinates> = letters
+                    .iter()
+                    .filter(|d| filter.matches(d))
+                    .map(|d| d.at)
+                    .collect();
+                let got = idx.matching_unresolved(&Query {
+                    filter: filter.clone(),
+                    ..q()
+                });
+                assert_eq!(got, want, "{filter:?}");
+            }
+        }
+    }
+}
