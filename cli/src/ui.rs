@@ -7,7 +7,7 @@ use anyhow::Result;
 use clap::Args;
 
 use crate::Ctx;
-use kjob_ops::ui::{Dashboard, RouteKey};
+use kjob_ops::ui::{Dashboard, ProxyAddr, RouteKey};
 
 /// `kjob ui`'s flags.
 #[derive(Args, Debug)]
@@ -34,9 +34,21 @@ pub(crate) struct UiArgs {
     /// How often to sample lag and rates (the sparklines' resolution).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     sample_every: Duration,
-    /// Who the audit log names for actions taken on this dashboard.
+    /// Who the audit log names for actions taken on this dashboard (unless
+    /// --user-header names the user).
     #[arg(long, env = "USER", default_value = "unknown")]
     by: String,
+    /// A header in which an authenticating reverse proxy names the
+    /// signed-in user (e.g. X-Forwarded-User behind oauth2-proxy): that user
+    /// is recorded in the audit instead of --by. Off by default; believed
+    /// only from --trusted-proxy addresses.
+    #[arg(long, value_name = "HEADER")]
+    user_header: Option<String>,
+    /// An address or CIDR block the proxy connects from (repeatable), e.g.
+    /// 127.0.0.1 or 10.0.0.0/8. From any other peer the --user-header is
+    /// ignored and --by is recorded.
+    #[arg(long = "trusted-proxy", value_name = "ADDR[/PREFIX]")]
+    trusted_proxies: Vec<ProxyAddr>,
 }
 
 /// Serves the dashboard until interrupted.
@@ -46,7 +58,9 @@ pub(crate) async fn run(ctx: &Ctx, args: UiArgs) -> Result<()> {
         .token(args.token)
         .discover(!args.no_discover)
         .sample_every(args.sample_every)
-        .by(args.by);
+        .by(args.by)
+        .user_header(args.user_header)
+        .trusted_proxies(args.trusted_proxies);
     for r in args.routes {
         dashboard = dashboard.route(r);
     }

@@ -11,8 +11,9 @@
 //! `Sec-Fetch-Site`, another session's form token) are refused, and delay
 //! and cron topics are no routes of their own. In the browser again: long
 //! values stay in their columns, bidi controls show as escapes, times as
-//! dates. The screenshots in docs/src/ (the book's dashboard chapter) are
-//! taken here.
+//! dates. On the DLQ page: the counts, the pager, a sort by column, and
+//! two checked rows resolved. The screenshots in docs/src/ (the book's
+//! dashboard chapter) are taken here.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -1144,4 +1145,105 @@ async fn delay_and_cron_topics_fold_into_their_route() {
         );
     }
     running.stop().await;
+}
+
+/// The DLQ page in the browser: the counts first, the pager, a sort by
+/// clicking a column, and two rows checked and resolved with the "Resolve
+/// selected" button (the same audited action as the others). Takes the
+/// book's screenshot of the page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_rows_are_paged_sorted_checked_and_resolved_in_the_browser() {
+    init_logging();
+    let (_driver, c) = browser().await;
+    let config = ensure_stack();
+    let topic = unique("uisel");
+    let dlq = format!("{topic}.dlq");
+    create_topic(&config, &topic, 1).await;
+    create_topic(&config, &dlq, 1).await;
+    let producer = Producer::new(&config).expect("producer");
+    for i in 0..60 {
+        let class = ["permanent.invalid", "retryable.timeout", "bug.panic"][i % 3];
+        let job = ["mail.confirmation", "invoice.pdf"][i % 2];
+        let error = format!("downstream said no ({i})");
+        let id = format!("job-{i:02}");
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "kjob-job",
+                value: Some(job),
+            })
+            .insert(Header {
+                key: "kjob-error-class",
+                value: Some(class),
+            })
+            .insert(Header {
+                key: "kjob-id",
+                value: Some(&id),
+            })
+            .insert(Header {
+                key: "kjob-error",
+                value: Some(&error),
+            });
+        producer
+            .send_raw(
+                &dlq,
+                Some(format!("order-{:02}", 59 - i).as_bytes()),
+                Some(b"\0\0\0\0\x01\x0aEUR"),
+                headers,
+            )
+            .await
+            .expect("a dead letter");
+    }
+    let (_ui, base) = dashboard(&config, &["--allow-actions", "--no-discover"]).await;
+    c.goto(&format!("{base}/dlq?topic={topic}"))
+        .await
+        .expect("goto");
+    let classes = text(&c, "section.counts table.by-class").await;
+    for c in [
+        "permanent.invalid 20",
+        "retryable.timeout 20",
+        "bug.panic 20",
+    ] {
+        assert!(classes.contains(c), "{classes}");
+    }
+    assert!(text(&c, "section.counts table.by-job")
+        .await
+        .contains("invoice.pdf 30"));
+    assert_eq!(count(&c, "table.dlq tbody tr").await, 50);
+    click(&c, "nav.pager a.next").await;
+    text(&c, "nav.pager span.number").await;
+    assert_eq!(count(&c, "table.dlq tbody tr").await, 10, "the second page");
+    // Sorted by key (ascending): order-00 is the last record written.
+    c.goto(&format!("{base}/dlq?topic={topic}"))
+        .await
+        .expect("goto");
+    click(&c, "th a.sort[data-sort='key']").await;
+    let first = text(&c, "table.dlq tbody tr:first-child td.key").await;
+    assert_eq!(first, "order-00");
+    // Check two rows, give a reason, resolve just those.
+    for at in ["0:53", "0:57"] {
+        click(&c, &format!("table.dlq tr[data-at='{at}'] input.pick")).await;
+    }
+    c.find(Locator::Css("section.selection input[name=reason]"))
+        .await
+        .expect("the reason field")
+        .send_keys("duplicates of 0:52")
+        .await
+        .expect("typing");
+    c.execute("window.scrollTo(0, 0);", vec![])
+        .await
+        .expect("scroll");
+    save_screenshot(&c, "ui-dlq-index.png").await;
+    click(&c, "#resolve-selected").await;
+    let done = text(&c, "p.notice.resolved").await;
+    assert!(done.contains("resolved 2 record(s)"), "{done}");
+    let audit = audit_actions(&config, &topic);
+    assert_eq!(audit.len(), 2, "{audit:?}");
+    assert!(audit.iter().all(|a| a["action"] == "resolved"
+        && a["reason"] == "duplicates of 0:52"
+        && a["by"] == "ui-tester"));
+    c.goto(&format!("{base}/dlq?topic={topic}"))
+        .await
+        .expect("goto");
+    assert!(text(&c, "p.count").await.contains("58 unresolved"));
+    not_pwned(&c).await;
 }

@@ -50,6 +50,13 @@ pub fn forward_headers<M: Message>(
 /// (`<topic>.dlq:<partition>:<offset>`), written by `kjob dlq retry`.
 pub const REDRIVEN_FROM: &str = "kjob-redriven-from";
 
+/// Header on a dead letter of a handler panic: the panic's backtrace, cut
+/// to 8 KiB, with the panic machinery's own frames left out. Written only
+/// for a panic, and removed on the next hop, so it always describes the
+/// failure in `kjob-error`. Absent when the process's panic hook was
+/// replaced after the worker started.
+pub const BACKTRACE: &str = "kjob-backtrace";
+
 /// Header on a dead-letter envelope: the payload is not in this record,
 /// and where the original can still be read (`<size> bytes at
 /// <topic>:<partition>:<offset>`).

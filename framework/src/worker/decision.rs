@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::classify::ErrorClass;
-use crate::dlq::forward_headers;
+use crate::dlq::{forward_headers, BACKTRACE};
 use crate::headers::JobHeaders;
 use crate::retry::RetryPolicy;
 use crate::topics::dlq_topic;
@@ -89,20 +89,22 @@ pub(super) fn next_step<M: rdkafka::message::Message>(
     unit: f64,
     now_ms: i64,
 ) -> Next {
-    let (class, message, retry_after) = match outcome {
+    let (class, message, retry_after, backtrace) = match outcome {
         Attempt::Done => return Next::Done,
         Attempt::Released => return Next::Released,
         Attempt::Failed {
             class,
             message,
             retry_after,
-        } => (*class, message.as_str(), *retry_after),
+            backtrace,
+        } => (*class, message.as_str(), *retry_after, backtrace.as_deref()),
     };
     if class.is_retryable() {
         if let Some(plan) = policy.plan(attempt, retry_after, unit) {
             if let Some(topic) = policy.tier_topic(main, plan.tier) {
                 let mut headers =
                     forward_headers(source, group, attempt + 1, class.as_str(), message, now_ms);
+                set_backtrace(&mut headers, None);
                 headers.due_at_ms = Some(now_ms + plan.release.as_millis() as i64);
                 // Due later than its tier releases it: it hops on until then.
                 headers.run_at_ms =
@@ -124,11 +126,24 @@ pub(super) fn next_step<M: rdkafka::message::Message>(
     } else {
         (class, message.to_string())
     };
+    let mut headers = forward_headers(source, group, attempt, class.as_str(), &message, now_ms);
+    set_backtrace(&mut headers, backtrace);
     Next::DeadLetter {
         topic: dlq_topic(main),
-        headers: forward_headers(source, group, attempt, class.as_str(), &message, now_ms),
+        headers,
         class,
         message,
+    }
+}
+
+/// Sets the `kjob-backtrace` header to this failure's backtrace, or removes
+/// the one an earlier hop carried: it would describe another failure.
+fn set_backtrace(headers: &mut crate::headers::JobHeaders, backtrace: Option<&str>) {
+    headers.extra.retain(|(k, _)| k != BACKTRACE);
+    if let Some(b) = backtrace {
+        headers
+            .extra
+            .push((BACKTRACE.to_string(), b.as_bytes().to_vec()));
     }
 }
 
@@ -154,6 +169,7 @@ mod tests {
             class,
             message: "boom".into(),
             retry_after: None,
+            backtrace: None,
         }
     }
 

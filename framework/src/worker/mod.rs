@@ -40,6 +40,7 @@
 //!
 //! The watermark arithmetic is in `offsets.rs`, the clock in `clock.rs`.
 
+mod backtrace;
 mod builder;
 mod decision;
 mod dispatcher;

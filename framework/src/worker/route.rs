@@ -38,6 +38,9 @@ pub(crate) enum Attempt {
         message: String,
         /// A handler-requested minimum wait (`JobError::RetryAfter`).
         retry_after: Option<Duration>,
+        /// Where a panic happened (bounded; see `worker::backtrace`), for
+        /// the dead letter's `kjob-backtrace` header.
+        backtrace: Option<String>,
     },
     /// Not run: the attempt was still waiting (for the schema registry, or
     /// parked by a layer) when its partition was revoked or the worker
@@ -166,6 +169,7 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
                                 class: e.class().unwrap_or(ErrorClass::RetryableNetwork),
                                 message: e.to_string(),
                                 retry_after: None,
+                                backtrace: None,
                             });
                         }
                     }
@@ -292,7 +296,10 @@ async fn guarded(
 ) -> Attempt {
     // The async block makes a panic in the handler's synchronous prelude
     // (before its first await) land in catch_unwind as well.
-    let caught = AssertUnwindSafe(fut).catch_unwind();
+    // A panic's backtrace is taken by the hook on the panicking thread,
+    // inside this poll (see `backtrace`).
+    super::backtrace::install_hook();
+    let caught = AssertUnwindSafe(super::backtrace::traced(fut)).catch_unwind();
     let outcome = match timeout {
         Some(limit) => match tokio::time::timeout(limit, caught).await {
             Ok(outcome) => outcome,
@@ -301,6 +308,7 @@ async fn guarded(
                     class: ErrorClass::RetryableTimeout,
                     message: format!("handler exceeded its timeout of {limit:?} and was cancelled"),
                     retry_after: None,
+                    backtrace: None,
                 }
             }
         },
@@ -315,11 +323,13 @@ async fn guarded(
                 JobError::RetryAfter { after, .. } => Some(*after),
                 _ => None,
             },
+            backtrace: None,
         },
         Err(panic) => Attempt::Failed {
             class: ErrorClass::Panic,
             message: format!("handler panicked: {}", panic_message(panic.as_ref())),
             retry_after: None,
+            backtrace: super::backtrace::take(),
         },
     }
 }

@@ -6,6 +6,7 @@
 //! writes re-drives and audit entries. Writing dead letters is the
 //! worker's, in kjob ([`kjob::dlq`]).
 
+pub mod index;
 pub mod redrive;
 pub mod store;
 
@@ -325,10 +326,38 @@ fn check_class(class: Option<&str>, rows: &[(DeadLetter, Option<AuditEntry>)]) -
 pub async fn show(config: &KafkaConfig, topic: &str, at: Coordinates) -> Result<serde_json::Value> {
     let reader = DlqReader::new(config, topic);
     let dlq = format!("{}.dlq", reader.main_topic());
-    let (letters, audit) = blocking(move || Ok((reader.dead_letters()?, reader.audit()?))).await?;
+    let (letters, audit) = blocking(move || Ok((reader.fetch(&[at])?, reader.audit()?))).await?;
     let Some(d) = letters.into_iter().find(|d| d.at == at) else {
         return Err(Problem::not_found(format!("no dead letter at {at} in `{dlq}`")).into());
     };
+    describe(config, &dlq, d, audit.get(&at)).await
+}
+
+/// One dead letter in full, read by its coordinates, with the audit entry
+/// the caller already knows (the dashboard's index): the detail page reads
+/// one record, not the DLQ and its audit trail.
+pub async fn show_with_audit(
+    config: &KafkaConfig,
+    topic: &str,
+    at: Coordinates,
+    audit: Option<AuditEntry>,
+) -> Result<serde_json::Value> {
+    let reader = DlqReader::new(config, topic);
+    let dlq = format!("{}.dlq", reader.main_topic());
+    let letters = blocking(move || reader.fetch(&[at])).await?;
+    let Some(d) = letters.into_iter().find(|d| d.at == at) else {
+        return Err(Problem::not_found(format!("no dead letter at {at} in `{dlq}`")).into());
+    };
+    describe(config, &dlq, d, audit.as_ref()).await
+}
+
+/// The JSON of one dead letter (see [`show`]).
+async fn describe(
+    config: &KafkaConfig,
+    dlq: &str,
+    d: DeadLetter,
+    audit: Option<&AuditEntry>,
+) -> Result<serde_json::Value> {
     let codec = Codec::from_config(config)?;
     let payload = match (&d.payload, omitted_payload(&d)) {
         (None, Some(where_)) => serde_json::json!({
@@ -367,7 +396,7 @@ pub async fn show(config: &KafkaConfig, topic: &str, at: Coordinates) -> Result<
         "headers": headers,
         "payload_format": if redrive::is_json(&d) { "json" } else { "avro" },
         "payload": payload,
-        "audit": audit.get(&at),
+        "audit": audit,
     }))
 }
 
@@ -402,6 +431,35 @@ pub async fn plan_redrive(
         .filter(|(d, _)| filter.matches(d))
         .collect();
     let picked = pick(rows, at, &dlq)?;
+    plan_redrive_of(config, main, picked, to).await
+}
+
+/// The dead letters at `at`, read by their coordinates; an error names the
+/// first one that is not stored. Whether they are unresolved is the
+/// caller's to check (the dashboard asks its index).
+pub async fn fetch(
+    config: &KafkaConfig,
+    topic: &str,
+    at: &[Coordinates],
+) -> Result<Vec<DeadLetter>> {
+    let reader = DlqReader::new(config, topic);
+    let dlq = format!("{}.dlq", reader.main_topic());
+    let wanted = at.to_vec();
+    let found = blocking(move || reader.fetch(&wanted)).await?;
+    if let Some(c) = at.iter().find(|c| !found.iter().any(|d| d.at == **c)) {
+        return Err(Problem::not_found(format!("no dead letter at {c} in `{dlq}`")).into());
+    }
+    Ok(found)
+}
+
+/// A re-drive plan of dead letters already picked (the dashboard's
+/// selection): resolves the target topic. Nothing is written.
+pub async fn plan_redrive_of(
+    config: &KafkaConfig,
+    main: String,
+    picked: Vec<DeadLetter>,
+    to: Target,
+) -> Result<RedrivePlan> {
     let target = match to {
         Target::Retry => RedriveTarget::FirstTier,
         Target::Main => RedriveTarget::Main,

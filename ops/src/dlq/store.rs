@@ -209,6 +209,82 @@ impl DlqReader {
             .collect())
     }
 
+    /// The dead letters at `at` (those that exist; missing ones are left
+    /// out), read by coordinates: each partition from its lowest wanted
+    /// offset to its highest, never the whole topic for one record.
+    /// Blocking.
+    pub fn fetch(&self, at: &[Coordinates]) -> Result<Vec<DeadLetter>> {
+        let topic = dlq_topic(&self.main);
+        let mut span: HashMap<i32, (i64, i64)> = HashMap::new();
+        for c in at {
+            let s = span.entry(c.partition).or_insert((c.offset, c.offset));
+            s.0 = s.0.min(c.offset);
+            s.1 = s.1.max(c.offset);
+        }
+        let wanted: std::collections::HashSet<Coordinates> = at.iter().copied().collect();
+        let consumer: BaseConsumer = self
+            .config
+            .client_config(&[
+                ("group.id", "kjob-cli-reader"),
+                ("enable.auto.commit", "false"),
+                ("enable.partition.eof", "false"),
+            ])
+            .create()
+            .map_err(|e| Error::kafka("creating reader", e))?;
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        let mut ends = HashMap::new();
+        for (p, (first, last)) in &span {
+            let (low, high) = consumer
+                .fetch_watermarks(&topic, *p, Duration::from_secs(10))
+                .map_err(|e| Error::kafka(format!("watermarks of {topic}:{p}"), e))?;
+            let start = (*first).max(low);
+            let end = (*last + 1).min(high);
+            if start < end {
+                tpl.add_partition_offset(&topic, *p, rdkafka::Offset::Offset(start))
+                    .map_err(|e| Error::kafka("building assignment", e))?;
+                ends.insert(*p, end);
+            }
+        }
+        let mut out = Vec::new();
+        if ends.is_empty() {
+            return Ok(out);
+        }
+        consumer
+            .assign(&tpl)
+            .map_err(|e| Error::kafka("assigning partitions", e))?;
+        // Gives up only when nothing arrives for 30 s: a large selection
+        // may take longer than that to read, a stalled broker does not.
+        let mut last = std::time::Instant::now();
+        while !ends.is_empty() && last.elapsed() < Duration::from_secs(30) {
+            let Some(m) = consumer.poll(Duration::from_millis(500)) else {
+                continue;
+            };
+            last = std::time::Instant::now();
+            let m = m.map_err(|e| Error::kafka(format!("reading {topic}"), e))?;
+            let c = Coordinates {
+                partition: m.partition(),
+                offset: m.offset(),
+            };
+            if wanted.contains(&c) {
+                out.push(DeadLetter {
+                    at: c,
+                    key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+                    headers: JobHeaders::parse(m.headers()),
+                    payload: m.payload().map(<[u8]>::to_vec),
+                    timestamp_ms: m.timestamp().to_millis(),
+                });
+            }
+            if ends.get(&c.partition).is_some_and(|e| c.offset + 1 >= *e) {
+                ends.remove(&c.partition);
+                let mut done = rdkafka::TopicPartitionList::new();
+                let _ = done.add_partition(&topic, c.partition);
+                let _ = consumer.pause(&done);
+            }
+        }
+        out.sort_by_key(|d| d.at);
+        Ok(out)
+    }
+
     /// The latest audit entry per dead letter (empty if nothing was ever
     /// re-driven or resolved).
     pub fn audit(&self) -> Result<HashMap<Coordinates, AuditEntry>> {

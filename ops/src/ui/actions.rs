@@ -16,12 +16,18 @@ use serde::Deserialize;
 
 use crate::dlq::store::Coordinates;
 
+use super::actor::Actor;
 use super::assets::layout;
 use super::auth::{check_csrf, FormToken};
 use super::pages::{error_page, upstream_or, urlencode, Refusal};
 use super::view::{cut, prose, when, CELL_CHARS};
 use super::{AppState, Shared};
-use crate::dlq::{empty_as_none, execute_redrive, plan_redrive, resolve_records, Select, Target};
+use crate::dlq::index::Query;
+use crate::dlq::store::{AuditEntry, DeadLetter};
+use crate::dlq::{
+    empty_as_none, execute_redrive, execute_resolve, fetch, plan_redrive_of, ResolvePlan, Select,
+    Target,
+};
 
 /// Re-drives at most this many records per second unless the form says less.
 const DEFAULT_RATE: u32 = 100;
@@ -38,9 +44,10 @@ pub(super) struct Task {
     outcome: Mutex<Option<Result<String, String>>>,
 }
 
-fn hidden_select(select: &Select, at: Option<Coordinates>) -> Markup {
+fn hidden_select(select: &Select, search: Option<&str>, at: Option<Coordinates>) -> Markup {
     let opt = |v: &Option<String>| v.clone().unwrap_or_default();
     html! {
+        @if let Some(q) = search { input type="hidden" name="q" value=(q); }
         input type="hidden" name="topic" value=(select.topic);
         input type="hidden" name="job" value=(opt(&select.job));
         input type="hidden" name="class" value=(opt(&select.class));
@@ -52,11 +59,16 @@ fn hidden_select(select: &Select, at: Option<Coordinates>) -> Markup {
 
 /// The re-drive form (a dry-run preview comes first), with the anti-CSRF
 /// token of the session that loads the page.
-pub(super) fn redrive_form(token: &FormToken, select: &Select, at: Option<Coordinates>) -> Markup {
+pub(super) fn redrive_form(
+    token: &FormToken,
+    select: &Select,
+    search: Option<&str>,
+    at: Option<Coordinates>,
+) -> Markup {
     html! {
         form.inline.redrive method="post" action="/dlq/redrive" {
             input type="hidden" name="csrf" value=(token.0);
-            (hidden_select(select, at))
+            (hidden_select(select, search, at))
             label { "to" select name="to" {
                 option value="retry" { "first retry tier" }
                 option value="main" { "main topic" }
@@ -68,11 +80,16 @@ pub(super) fn redrive_form(token: &FormToken, select: &Select, at: Option<Coordi
 }
 
 /// The resolve form; the browser and the server both require a reason.
-pub(super) fn resolve_form(token: &FormToken, select: &Select, at: Option<Coordinates>) -> Markup {
+pub(super) fn resolve_form(
+    token: &FormToken,
+    select: &Select,
+    search: Option<&str>,
+    at: Option<Coordinates>,
+) -> Markup {
     html! {
         form.inline.resolve method="post" action="/dlq/resolve" {
             input type="hidden" name="csrf" value=(token.0);
-            (hidden_select(select, at))
+            (hidden_select(select, search, at))
             label { "reason (required, audited)" input #reason name="reason" required size="40"; }
             button.danger #resolve type="submit" { "Resolve" }
         }
@@ -87,8 +104,13 @@ pub(super) struct ActionForm {
     /// The DLQ and the filters, as `kjob dlq` takes them.
     #[serde(flatten)]
     select: Select,
+    /// Coordinates, comma-separated (the detail page's one record, or the
+    /// checked rows: the form's repeated `at` fields are joined).
     #[serde(default, deserialize_with = "empty_as_none")]
     at: Option<String>,
+    /// The DLQ page's search, for "everything matching".
+    #[serde(default, deserialize_with = "empty_as_none")]
+    q: Option<String>,
     #[serde(default)]
     to: Target,
     #[serde(default, deserialize_with = "empty_as_none")]
@@ -100,6 +122,46 @@ pub(super) struct ActionForm {
 }
 
 impl ActionForm {
+    /// The form from its fields, repeated `at` fields (one per checked row)
+    /// joined into one list; any other repeated field keeps its last value.
+    fn parse(pairs: Vec<(String, String)>) -> Result<Self, Refusal> {
+        let mut fields = serde_json::Map::new();
+        let mut at: Vec<String> = Vec::new();
+        for (k, v) in pairs {
+            if k == "at" {
+                at.extend(
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string),
+                );
+            } else {
+                fields.insert(k, serde_json::Value::String(v));
+            }
+        }
+        if !at.is_empty() {
+            fields.insert("at".into(), serde_json::Value::String(at.join(",")));
+        }
+        serde_json::from_value(serde_json::Value::Object(fields)).map_err(|e| {
+            Refusal(
+                StatusCode::BAD_REQUEST,
+                format!("the form does not parse: {e}"),
+            )
+        })
+    }
+    /// The index query of "everything matching": the form's filters and
+    /// search.
+    fn query(&self) -> Result<Query, Refusal> {
+        let filter = self
+            .select
+            .filter()
+            .map_err(|e| Refusal(StatusCode::BAD_REQUEST, format!("{e:#}")))?;
+        Ok(Query {
+            filter,
+            search: self.q.clone(),
+            ..Default::default()
+        })
+    }
     fn at(&self) -> Result<Vec<Coordinates>, Refusal> {
         self.at
             .iter()
@@ -124,22 +186,73 @@ impl ActionForm {
     }
 }
 
+/// The unresolved dead letters an action applies to, picked through the
+/// dashboard's index: the named coordinates (each must be held and
+/// unresolved), or everything matching the form's filters and search. The
+/// records themselves are then read by their coordinates. Refused while
+/// the index is still reading the DLQ, since "everything" would then be
+/// only part of it.
+async fn picked(state: &AppState, f: &ActionForm) -> Result<(String, Vec<DeadLetter>), Response> {
+    let index = state
+        .dlq_index(&f.select.topic)
+        .await
+        .map_err(|e| error_page(upstream_or(&e, StatusCode::NOT_FOUND), &format!("{e:#}")))?;
+    if !index
+        .wait_caught_up(super::dead_letters::FIRST_READ_WAIT)
+        .await
+    {
+        let progress = index.progress();
+        return Err(error_page(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!(
+                "the dashboard is still indexing this DLQ ({} of {} records read); try again in a moment",
+                progress.read, progress.stored
+            ),
+        ));
+    }
+    let mut at = f.at().map_err(IntoResponse::into_response)?;
+    if at.is_empty() {
+        at = index.matching_unresolved(&f.query().map_err(IntoResponse::into_response)?);
+    } else {
+        index
+            .check_unresolved(&at)
+            .map_err(|why| error_page(StatusCode::BAD_REQUEST, &why))?;
+    }
+    let main = index.main_topic().to_string();
+    let letters = fetch(&state.config, &main, &at)
+        .await
+        .map_err(|e| error_page(upstream_or(&e, StatusCode::NOT_FOUND), &format!("{e:#}")))?;
+    Ok((main, letters))
+}
+
+/// Rows a re-drive preview lists; the count covers all of them.
+const PREVIEW_ROWS: usize = 200;
+
 /// `POST /dlq/redrive`: without `execute` the dry-run preview, with it a
 /// background task and a redirect to its progress page.
 pub(super) async fn redrive(
     State(state): State<Shared>,
     Extension(token): Extension<FormToken>,
-    Form(f): Form<ActionForm>,
+    Extension(Actor(by)): Extension<Actor>,
+    Form(pairs): Form<Vec<(String, String)>>,
 ) -> Response {
+    let f = match ActionForm::parse(pairs) {
+        Ok(f) => f,
+        Err(r) => return r.into_response(),
+    };
     if let Err(r) = check_csrf(&token, &f.csrf) {
         return r.into_response();
     }
-    let (at, rate) = match (f.at(), f.rate()) {
-        (Ok(a), Ok(r)) => (a, r),
-        (Err(e), _) | (_, Err(e)) => return e.into_response(),
+    let rate = match f.rate() {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
     };
     let select = f.select.clone();
-    let plan = match plan_redrive(&state.config, &select, &at, f.to).await {
+    let (main, letters) = match picked(&state, &f).await {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let plan = match plan_redrive_of(&state.config, main, letters, f.to).await {
         Ok(p) => p,
         Err(e) => return error_page(upstream_or(&e, StatusCode::BAD_REQUEST), &format!("{e:#}")),
     };
@@ -157,17 +270,20 @@ pub(super) async fn redrive(
             }
             table.dlq {
                 thead { tr { th.c-at { "partition:offset" } th.c-job { "job" } th.c-key { "key" } th.c-class { "error class" } th.c-time { "failed at" } } }
-                tbody { @for d in &plan.picked { tr {
+                tbody { @for d in plan.picked.iter().take(PREVIEW_ROWS) { tr {
                     td.mono { (d.at) } td { (cut(d.headers.job.as_deref().unwrap_or_default(), CELL_CHARS)) }
                     td.mono.key { (cut(d.key.as_deref().unwrap_or_default(), CELL_CHARS)) }
                     td { (cut(d.headers.error_class.as_deref().unwrap_or_default(), CELL_CHARS)) }
                     td.time { (when(d.timestamp_ms, now)) }
                 } } }
             }
+            @if plan.picked.len() > PREVIEW_ROWS {
+                p.muted { "… and " (plan.picked.len() - PREVIEW_ROWS) " more" }
+            }
             @if !plan.picked.is_empty() {
                 form.inline method="post" action="/dlq/redrive" {
                     input type="hidden" name="csrf" value=(token.0);
-                    (hidden_select(&select, None))
+                    (hidden_select(&select, f.q.as_deref(), None))
                     @if let Some(a) = &f.at { input type="hidden" name="at" value=(a); }
                     input type="hidden" name="to" value=(to);
                     input type="hidden" name="rate" value=(rate);
@@ -200,7 +316,8 @@ pub(super) async fn redrive(
         }
         Err(_) => return error_page(StatusCode::INTERNAL_SERVER_ERROR, "task registry poisoned"),
     };
-    let (config, by) = (state.config.clone(), state.by.clone());
+    let config = state.config.clone();
+    let index = state.dlq_index(&f.select.topic).await.ok();
     tokio::spawn(async move {
         let t = task.clone();
         let result = execute_redrive(
@@ -212,6 +329,23 @@ pub(super) async fn redrive(
             &task.cancel,
         )
         .await;
+        // What was re-driven shows as such at once (see `resolve`).
+        if let (Ok(n), Some(index)) = (&result, &index) {
+            let entry = AuditEntry {
+                action: "retried".into(),
+                by: by.clone(),
+                at_ms: kjob::dlq::now_ms(),
+                reason: None,
+                target: Some(plan.target_topic.clone()),
+            };
+            index.audit(
+                plan.picked
+                    .iter()
+                    .take(*n)
+                    .map(|d| (d.at, Some(entry.clone())))
+                    .collect(),
+            );
+        }
         let outcome = match result {
             Ok(n) if n < plan.picked.len() => Ok(format!(
                 "cancelled after {n} of {} record(s)",
@@ -231,8 +365,13 @@ pub(super) async fn redrive(
 pub(super) async fn resolve(
     State(state): State<Shared>,
     Extension(token): Extension<FormToken>,
-    Form(f): Form<ActionForm>,
+    Extension(Actor(by)): Extension<Actor>,
+    Form(pairs): Form<Vec<(String, String)>>,
 ) -> Response {
+    let f = match ActionForm::parse(pairs) {
+        Ok(f) => f,
+        Err(r) => return r.into_response(),
+    };
     if let Err(r) = check_csrf(&token, &f.csrf) {
         return r.into_response();
     }
@@ -242,11 +381,48 @@ pub(super) async fn resolve(
             "a resolve needs a reason: say why the records need no re-drive (it is kept in the audit log)",
         );
     }
-    let at = match f.at() {
-        Ok(a) => a,
-        Err(e) => return e.into_response(),
+    let no_filter = f.select.job.is_none()
+        && f.select.class.is_none()
+        && f.select.since.is_none()
+        && f.select.until.is_none()
+        && f.q.is_none();
+    if f.at.is_none() && no_filter {
+        return error_page(
+            StatusCode::BAD_REQUEST,
+            "name the records (check their rows) or give a filter or a search: a resolve of a whole DLQ is not taken from the dashboard",
+        );
+    }
+    let (main, letters) = match picked(&state, &f).await {
+        Ok(p) => p,
+        Err(r) => return r,
     };
-    match resolve_records(&state.config, &f.select, &at, &f.reason, &state.by).await {
+    let plan = ResolvePlan {
+        dlq: kjob::topics::dlq_topic(&main),
+        main,
+        matched: letters.len(),
+        picked: letters,
+    };
+    let done = execute_resolve(&state.config, &plan, &f.reason, &by).await;
+    if done.is_ok() {
+        // The page after this one shows the resolve at once; the tailer
+        // applies the same entries again when it reads them (idempotent).
+        if let Ok(index) = state.dlq_index(&f.select.topic).await {
+            let entry = AuditEntry {
+                action: "resolved".into(),
+                by: by.clone(),
+                at_ms: kjob::dlq::now_ms(),
+                reason: Some(f.reason.clone()),
+                target: None,
+            };
+            index.audit(
+                plan.picked
+                    .iter()
+                    .map(|d| (d.at, Some(entry.clone())))
+                    .collect(),
+            );
+        }
+    }
+    match done.map(|n| (plan.dlq.clone(), n)) {
         Ok((dlq, n)) => layout(
             &state,
             "Resolved",

@@ -59,6 +59,13 @@ table.dlq time.when .age { display:block; }
 table.headers { table-layout:fixed; }
 table.headers td:first-child { width:40%; color:var(--muted); }
 table.headers td { overflow-wrap:anywhere; }
+table.dlq .c-pick { width:2rem; }
+th a.sort { color:inherit; text-decoration:none; } th a.sort:hover { text-decoration:underline; }
+nav.pager { margin:.5rem 0; color:var(--muted); }
+section.counts table { table-layout:fixed; } section.counts td { overflow-wrap:anywhere; }
+section.counts td.num { width:7rem; } section.counts h2 { margin-top:.2rem; }
+div.inline { display:flex; flex-wrap:wrap; gap:.5rem; align-items:end; }
+pre.backtrace { max-height:28rem; white-space:pre-wrap; overflow-wrap:anywhere; }
 "#;
 
 const JS: &str = r#"

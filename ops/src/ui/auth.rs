@@ -259,8 +259,14 @@ pub(super) async fn guard(State(state): State<Shared>, req: Request, next: Next)
     let session = known.unwrap_or_else(new_session_id);
     // An empty token matches no form (see `check_csrf`).
     let token = form_token(&state.form_key, &session).unwrap_or_default();
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0);
+    let actor = state.proxy.actor(req.headers(), peer, &state.by);
     let mut req = req;
     req.extensions_mut().insert(FormToken(token));
+    req.extensions_mut().insert(actor);
     let mut resp = next.run(req).await;
     if fresh {
         let cookie = format!("{SESSION_COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/");

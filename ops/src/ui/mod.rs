@@ -5,13 +5,20 @@
 //! lines of plain JavaScript that refresh the live parts of a page, and
 //! assets compiled into the binary. Every number comes from the same
 //! functions the terminal commands use (`status`, `dlq`, `replay`), so the
-//! page and `kjob status` cannot disagree. Read-only unless started with
-//! `--allow-actions`; an access token is required off loopback.
+//! page and `kjob status` cannot disagree; the DLQ pages page through an
+//! index of the DLQ kept by this process ([`crate::dlq::index`], with the
+//! CLI's filter semantics, checked against `Filter::matches` in its tests),
+//! and their actions run the CLI's re-drive and resolve. Read-only unless
+//! started with `--allow-actions`; an access token is required off
+//! loopback.
 
 mod actions;
+mod actor;
 mod assets;
 mod auth;
 mod dead_letters;
+mod dlq_query;
+mod indexes;
 mod pages;
 mod route;
 mod sampler;
@@ -28,6 +35,7 @@ use axum::Router;
 
 use kjob::config::KafkaConfig;
 
+pub use actor::ProxyAddr;
 pub use sampler::{RouteKey, RouteView};
 
 /// The dashboard's settings. Build one, then [`Dashboard::serve`] it on its
@@ -45,6 +53,7 @@ pub struct Dashboard {
     discover: bool,
     sample_every: Duration,
     by: String,
+    proxy: actor::ProxyAuth,
 }
 
 impl Dashboard {
@@ -58,6 +67,7 @@ impl Dashboard {
             discover: true,
             sample_every: Duration::from_secs(5),
             by: "unknown".into(),
+            proxy: actor::ProxyAuth::default(),
         }
     }
 
@@ -101,6 +111,26 @@ impl Dashboard {
         self
     }
 
+    /// The request header in which an authenticating reverse proxy names
+    /// the signed-in user (`X-Forwarded-User` behind oauth2-proxy), to be
+    /// recorded in the audit instead of [`by`](Self::by). Off by default;
+    /// it needs [`trusted_proxies`](Self::trusted_proxies), since anyone who
+    /// reaches the dashboard directly could send it.
+    pub fn user_header(mut self, name: Option<String>) -> Self {
+        self.proxy.header = name
+            .map(|n| n.trim().to_ascii_lowercase())
+            .filter(|n| !n.is_empty());
+        self
+    }
+
+    /// The addresses (or CIDR blocks) the proxy connects from: the user
+    /// header is believed only from these peers, and ignored (the actor is
+    /// then [`by`](Self::by)) from any other.
+    pub fn trusted_proxies(mut self, addrs: Vec<ProxyAddr>) -> Self {
+        self.proxy.trusted = addrs;
+        self
+    }
+
     /// The pages as an axum router for a server listening on `listen`,
     /// with the sampler started on the current runtime: for a worker's
     /// endpoint, `WorkerBuilder::http_routes(dashboard.router_on(addr)?)`
@@ -120,16 +150,26 @@ impl Dashboard {
         if self.sample_every < Duration::from_millis(200) {
             bail!("--sample-every must be at least 200ms");
         }
+        if let Some(h) = &self.proxy.header {
+            if self.proxy.trusted.is_empty() {
+                bail!("--user-header {h} needs --trusted-proxy: the addresses the authenticating proxy connects from (anyone else could send the header)");
+            }
+            if axum::http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+                bail!("--user-header `{h}` is not a header name");
+            }
+        }
         let state = Arc::new(AppState {
             config: self.config,
             allow_actions: self.allow_actions,
             token: self.token,
             form_key: auth::new_form_key(),
             by: self.by,
+            proxy: self.proxy,
             routes: RwLock::new(Vec::new()),
             problem: RwLock::new(None),
             sample_every: self.sample_every,
             tasks: Mutex::new(HashMap::new()),
+            indexes: Mutex::new(HashMap::new()),
         });
         sampler::spawn(state.clone(), self.routes, self.discover);
         Ok(router(state))
@@ -159,10 +199,14 @@ impl Dashboard {
             use std::io::Write as _;
             let _ = writeln!(std::io::stdout(), "kjob ui: http://{addr}/ ({mode})");
         }
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stop)
-            .await
-            .context("serving the dashboard")
+        // The peer address decides whether a proxy's user header counts.
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(stop)
+        .await
+        .context("serving the dashboard")
     }
 }
 
@@ -192,11 +236,15 @@ pub(crate) struct AppState {
     /// session's token is derived from it, see `auth`).
     form_key: Vec<u8>,
     by: String,
+    /// Whose user header to believe (see `actor`).
+    proxy: actor::ProxyAuth,
     routes: RwLock<Vec<RouteView>>,
     /// Why the last sampling round could not list topics or groups.
     problem: RwLock<Option<String>>,
     sample_every: Duration,
     tasks: Mutex<HashMap<u64, Arc<actions::Task>>>,
+    /// The DLQ indexes by main topic, each followed by its own tailer.
+    indexes: Mutex<HashMap<String, Arc<crate::dlq::index::DlqIndex>>>,
 }
 
 type Shared = Arc<AppState>;
