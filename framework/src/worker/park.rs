@@ -64,24 +64,6 @@ impl Waiter {
         &self.released
     }
 
-    /// Awaits `until` after the handler ran (a finished job's record),
-    /// parked if it is not ready at once, without asking for the slot
-    /// back: nothing runs after it. `None` if the job was released
-    /// meanwhile.
-    pub(crate) async fn wait_after<F: Future>(&self, until: F) -> Option<F::Output> {
-        let mut until = std::pin::pin!(until);
-        if let Poll::Ready(v) = futures::poll!(until.as_mut()) {
-            return Some(v);
-        }
-        if let Some((slots, ticket)) = &self.slots {
-            slots.park(*ticket);
-        }
-        tokio::select! {
-            v = until => Some(v),
-            _ = self.released.cancelled() => None,
-        }
-    }
-
     /// Awaits `until`, parked if it is not ready at once. `None` if the job
     /// was released meanwhile (it must end unfinished).
     pub(crate) async fn wait<F: Future>(&self, until: F) -> Option<F::Output> {

@@ -78,7 +78,7 @@ pub(crate) struct Pipeline {
     /// first bootstrap server; none in the harness).
     pub(crate) server: Vec<KeyValue>,
     /// Where a finished job of a batch is recorded ([`crate::batch`]).
-    pub(crate) batches: Option<crate::batch::recorder::Recorder>,
+    pub(crate) batches: Option<Arc<crate::batch::recorder::Recorder>>,
 }
 
 /// The context a handler sees for `msg`.
@@ -227,18 +227,13 @@ impl Pipeline {
             duration_ms,
             span: &span,
         };
-        let mut outcome = settle(&self.fw, entry, msg, next, gate, &settling).await;
-        // 6. A job of a batch: its completion is on the batch topic before
-        // its offset may be committed.
+        let outcome = settle(&self.fw, entry, msg, next, gate, &settling).await;
+        // 6. A job of a batch: its completion goes to the batch topic,
+        // acknowledged before its offset is committed (the recorder's
+        // barrier in the commit path).
         if let (Some(batch), Some(recorder)) = (&headers.batch, &self.batches) {
             if matches!(outcome, Outcome::Handled | Outcome::DeadLettered) {
-                let ok = outcome == Outcome::Handled;
-                let recorded = waiter.wait_after(recorder.record(batch, &id, ok)).await;
-                if recorded != Some(true) {
-                    // Not recorded (the broker, or a revoke): run again by
-                    // the partition's next owner, and counted then.
-                    outcome = Outcome::Released;
-                }
+                recorder.push(batch, &id, outcome == Outcome::Handled);
             }
         }
         Attempted {

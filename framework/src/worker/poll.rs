@@ -60,6 +60,12 @@ const MAX_BATCH: usize = 1024;
 /// records end the wait at once.
 const BUSY_WAIT: Duration = Duration::from_millis(2);
 
+/// How long an interval commit waits for finished batch jobs to be
+/// recorded; usually they are within a few milliseconds.
+const BATCH_BARRIER: Duration = Duration::from_millis(200);
+/// The same for a revoke's or the stop's synchronous commit.
+const BATCH_BARRIER_SYNC: Duration = Duration::from_secs(5);
+
 /// rdkafka context: rebalance and commit callbacks, and everything the poll
 /// thread needs.
 pub(crate) struct WorkerContext {
@@ -77,6 +83,9 @@ pub(crate) struct WorkerContext {
     pub last_error: Mutex<Option<String>>,
     /// Handlers running for long (`kjob_oldest_running_seconds`).
     pub watchdog: Arc<super::watchdog::Watchdog>,
+    /// Where finished batch jobs are recorded: every commit waits until
+    /// they are acknowledged ([`crate::batch`]).
+    pub batches: Option<Arc<crate::batch::recorder::Recorder>>,
 }
 
 impl ClientContext for WorkerContext {
@@ -308,6 +317,20 @@ impl WorkerContext {
                     }
                 }
                 Action::Commit(offsets) => {
+                    // Finished batch jobs below these offsets are on the
+                    // batch topic first; otherwise this commit waits for
+                    // the next round (a revoke's or the stop's waits
+                    // longer, and commits nothing if it must).
+                    let within = match mode {
+                        CommitMode::Sync => BATCH_BARRIER_SYNC,
+                        CommitMode::Async => BATCH_BARRIER,
+                    };
+                    if let Some(rec) = &self.batches {
+                        if !rec.barrier(within) {
+                            warn!(wait_ms = within.as_millis() as u64, "finished batch jobs not yet recorded on the batch topic; this commit waits for the next round");
+                            continue;
+                        }
+                    }
                     let mut tpl = TopicPartitionList::new();
                     for ((t, p), next) in &offsets {
                         let _ = tpl.add_partition_offset(t, *p, Offset::Offset(*next));

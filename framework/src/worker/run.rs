@@ -85,10 +85,10 @@ impl Worker {
         if let Some(topic) = &self.batches {
             let producer =
                 Producer::with_codec(&self.config, self.codec.clone(), Duration::from_secs(30))?;
-            pipeline.batches = Some(crate::batch::recorder::Recorder::start(
+            pipeline.batches = Some(Arc::new(crate::batch::recorder::Recorder::start(
                 producer.clone(),
                 topic.clone(),
-            ));
+            )));
             tokio::spawn(crate::batch::coordinator::run(
                 self.config.clone(),
                 topic.clone(),
@@ -182,6 +182,7 @@ impl Worker {
             close_gaps: AtomicBool::new(false),
             last_error: std::sync::Mutex::new(None),
             watchdog: self.watchdog.clone(),
+            batches: pipeline.batches.clone(),
         };
         let consumer = Arc::new(self.consumer(context)?);
         let mut topics = self.topics();
