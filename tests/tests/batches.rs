@@ -287,7 +287,7 @@ async fn an_empty_batch_fires_at_its_seal_and_bad_input_is_refused() {
     assert!(e.to_string().contains("kjob.test.batch_noroute"), "{e}");
     // Ids.
     for bad in ["", &"x".repeat(201)] {
-        let e = s.producer.batch(bad).err().expect("refused");
+        let e = s.producer.batch(bad).expect_err("refused");
         assert!(matches!(e, Error::Batch { .. }), "{e}");
     }
     // No batch topic yet: the first enqueue says what creates it.

@@ -17,8 +17,9 @@
 //!   per batch, the time from the end of its last job's handler to the
 //!   start of its callback's handler (target: p99 at most 1 s).
 //! * `newsletter`: `--jobs` jobs (2 ms handlers) in one batch, served by
-//!   `--workers` worker processes (this binary, `--mode worker`), one of
-//!   which is SIGKILLed and replaced every second, `--kills` times; reports
+//!   `--workers` worker processes (this binary, `--mode worker`, 16
+//!   concurrent handlers each), one of which is SIGKILLed and replaced
+//!   every `--kill-every-ms` (3000), `--kills` times; reports
 //!   how many times the callback ran and its counts (target: once, exact).
 
 use std::sync::{Arc, Mutex};
@@ -271,7 +272,7 @@ async fn worker_process() -> anyhow::Result<()> {
     let config = KafkaConfig::from_env().set("session.timeout.ms", "6000");
     Worker::builder(config, group)
         .batches_on(&batches)
-        .concurrency(64)
+        .concurrency(16)
         .handle_on(&topic, |_: BenchJob, _: JobContext| async {
             tokio::time::sleep(Duration::from_millis(2)).await;
             Ok::<(), JobError>(())
@@ -339,9 +340,14 @@ async fn newsletter(config: &KafkaConfig) -> anyhow::Result<()> {
     );
     let mut next = workers;
     for k in 0..kills {
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_millis(arg("kill-every-ms", 3000))).await;
+        let finished = finished_of(config, &batches, &id);
+        println!(
+            "SIGKILL {} at {finished} of {n} finished (last snapshot)",
+            k + 1
+        );
         let mut victim = running.remove(k % running.len());
-        victim.kill()?;
+        let _ = victim.kill();
         victim.wait()?;
         running.push(spawn(next)?);
         next += 1;
@@ -391,6 +397,23 @@ async fn newsletter(config: &KafkaConfig) -> anyhow::Result<()> {
         seen.iter().all(|l| *l == want)
     );
     Ok(())
+}
+
+/// The batch's finished count in its last snapshot (0 before the first).
+fn finished_of(config: &KafkaConfig, batches: &str, id: &str) -> u64 {
+    kjob::topics::read_topic(config, &kjob::batch::state_topic(batches))
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|m| {
+            use rdkafka::Message as _;
+            serde_json::from_slice::<kjob::batch::BatchState>(m.payload()?).ok()
+        })
+        .filter(|s| s.batch == id)
+        .map(|s| s.finished())
+        .next_back()
+        .unwrap_or(0)
 }
 
 #[tokio::main]
