@@ -137,6 +137,7 @@ mod book {
         Ordering = "ordering.md";
         DelayedJobs = "delayed-jobs.md";
         Cron = "cron.md";
+        Batches = "batches.md";
         Limits = "limits.md";
         #[cfg(feature = "postgres")]
         Outbox = "outbox.md";

@@ -1,6 +1,6 @@
 //! What the batch topic carries: one JSON event per record, keyed by the
 //! batch id, so every event of a batch lands in one partition and is folded
-//! in write order by that partition's owner ([`super::coordinator`]).
+//! in write order by that partition's owner (the coordinator).
 
 use serde::{Deserialize, Serialize};
 
