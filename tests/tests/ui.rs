@@ -1527,3 +1527,118 @@ async fn batches_show_their_progress_and_a_never_sealed_one_is_cancelled_from_th
     assert!(text(&c, "p.notice.empty").await.contains("No batches"));
     running.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_and_delayed_jobs_waiting_show_with_their_due_times() {
+    init_logging();
+    let (_driver, c) = browser().await;
+    let config = ensure_stack();
+    let topic = unique("ui.wait");
+    let group = unique("g");
+    create_topic(&config, &topic, 2).await;
+    let delays: Vec<(String, i32)> = kjob::delay::delay_topics(&topic)
+        .into_iter()
+        .map(|t| (t, 1))
+        .collect();
+    kjob::topics::create_topics(&config, &delays)
+        .await
+        .expect("delay topics");
+    // Every attempt fails retryably; the one tier waits an hour (jittered).
+    let w = kjob::Worker::builder(config.clone(), &group)
+        .handle_on(&topic, |_job: TestJob, _ctx: kjob::JobContext| async {
+            Err(kjob::JobError::retryable("test: downstream 503"))
+        })
+        .retry(kjob::retry::RetryPolicy::tiers([Duration::from_secs(3600)]))
+        .build()
+        .expect("worker builds");
+    let running = start(w);
+    let producer = Producer::new(&config).expect("producer");
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let e = producer
+            .enqueue_to(&topic, &TestJob::ok(format!("w{i}"), i))
+            .await
+            .expect("enqueue");
+        ids.push(e.id);
+    }
+    let before = kjob::dlq::now_ms();
+    let delayed = producer
+        .enqueue_in_to(&topic, &TestJob::ok("later", 9), Duration::from_secs(7200))
+        .await
+        .expect("enqueue_in");
+    let tier = kjob::retry::tier_topic(&topic, Duration::from_secs(3600));
+    wait_topics_exist(&config, std::slice::from_ref(&tier), "the retry tier").await;
+
+    let (_ui, base) = dashboard(
+        &config,
+        &["--no-discover", "--route", &format!("{topic}={group}")],
+    )
+    .await;
+    let url = format!("{base}/waiting?topic={topic}&group={group}");
+    // The three failed jobs wait in the tier, due an hour after they failed.
+    eventually_text(
+        &c,
+        &url,
+        &format!("section.waiting[data-topic='{tier}'] span.count"),
+        "3",
+    )
+    .await;
+    for id in &ids {
+        let due = c
+            .find(Locator::Css(&format!(
+                "section.waiting[data-topic='{tier}'] tr[data-id='{id}'] td.due time"
+            )))
+            .await
+            .unwrap_or_else(|e| panic!("job {id} in the tier: {e}"))
+            .attr("title")
+            .await
+            .expect("attr")
+            .and_then(|t| t.parse::<i64>().ok())
+            .expect("the due time in ms");
+        let ahead = due - kjob::dlq::now_ms();
+        // An hour, give or take the policy's jitter.
+        assert!(
+            (2_880_000..=4_320_000).contains(&ahead),
+            "due in about an hour, not {ahead} ms"
+        );
+    }
+    // The delayed job waits in a delay topic, due at its run time.
+    let row = format!("section.waiting tr[data-id='{}'] td.due time", delayed.id);
+    let run_at = c
+        .find(Locator::Css(&row))
+        .await
+        .unwrap_or_else(|e| panic!("the delayed job on the page: {e}"))
+        .attr("title")
+        .await
+        .expect("attr")
+        .and_then(|t| t.parse::<i64>().ok())
+        .expect("the run time in ms");
+    assert!(
+        (run_at - (before + 7_200_000)).abs() < 5_000,
+        "run at {run_at}, enqueued at {before} for two hours"
+    );
+    // A bound of one record per partition says there are more.
+    c.goto(&format!("{url}&limit=1")).await.expect("goto");
+    let rows = count(
+        &c,
+        &format!("section.waiting[data-topic='{tier}'] tbody tr"),
+    )
+    .await;
+    assert!(rows <= 2, "one per partition of the tier's two: {rows}");
+    assert!(
+        text(&c, &format!("section.waiting[data-topic='{tier}'] p.more"))
+            .await
+            .contains("of 3"),
+        "the rest is counted"
+    );
+    c.goto(&format!("{url}&limit=0")).await.expect("goto");
+    assert!(text(&c, "div.error").await.contains("limit 0 must be"));
+    // Linked from the route page.
+    c.goto(&format!("{base}/route?topic={topic}&group={group}"))
+        .await
+        .expect("goto");
+    click(&c, "#waiting-link").await;
+    text(&c, &format!("section.waiting[data-topic='{tier}']")).await;
+    save_screenshot(&c, "ui-waiting.png").await;
+    running.stop().await;
+}

@@ -26,6 +26,7 @@ mod pages;
 mod route;
 mod sampler;
 mod view;
+mod waiting;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -257,6 +258,7 @@ fn router(state: Shared) -> Router {
         .route("/", get(pages::overview))
         .route("/route", get(route::route))
         .route("/replay", get(route::replay))
+        .route("/waiting", get(waiting::waiting))
         .route("/dlq", get(dead_letters::dlq_list))
         .route("/dlq/show", get(dead_letters::dlq_show))
         .route("/dlq/redrive", post(actions::redrive))
