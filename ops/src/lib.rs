@@ -35,3 +35,4 @@ pub mod terminal;
 pub mod time;
 pub mod topics;
 pub mod ui;
+pub mod waiting;

@@ -12,7 +12,10 @@
 //! and cron topics are no routes of their own. In the browser again: long
 //! values stay in their columns, bidi controls show as escapes, times as
 //! dates. On the DLQ page: the counts, the pager, a sort by column, and
-//! two checked rows resolved. The screenshots in docs/src/ (the book's
+//! two checked rows resolved. On the batches page: progress, open batches
+//! first, callbacks fired or waiting, and a never-sealed batch cancelled
+//! with its reason and actor (refused without a reason, when read-only and
+//! a second time). The screenshots in docs/src/ (the book's
 //! dashboard chapter) are taken here.
 
 use std::net::TcpListener;
@@ -1246,4 +1249,396 @@ async fn dlq_rows_are_paged_sorted_checked_and_resolved_in_the_browser() {
         .expect("goto");
     assert!(text(&c, "p.count").await.contains("58 unresolved"));
     not_pwned(&c).await;
+}
+
+/// A worker on `route` and `callbacks` that keeps its batches on `batches`
+/// and records the callback job ids it handles.
+fn batch_worker(
+    config: &KafkaConfig,
+    group: &str,
+    batches: &str,
+    route: &str,
+    callbacks: &str,
+    fired: Arc<Mutex<Vec<String>>>,
+) -> kjob::Worker {
+    kjob::Worker::builder(config.clone(), group)
+        .batches_on(batches)
+        .batch_callback::<TestJob>()
+        .handle_on(route, |_job: TestJob, _ctx: kjob::JobContext| async {
+            Ok(())
+        })
+        .handle_on(callbacks, move |_job: TestJob, ctx: kjob::JobContext| {
+            let fired = fired.clone();
+            async move {
+                fired.lock().unwrap().push(ctx.id);
+                Ok(())
+            }
+        })
+        .build()
+        .expect("worker builds")
+}
+
+/// A POST of the cancel form from the browser's page (its session, its
+/// origin) with the session's form token and `reason`: the status code.
+async fn post_cancel_from_page(
+    c: &Client,
+    csrf: &str,
+    batches: &str,
+    batch: &str,
+    reason: &str,
+) -> u16 {
+    let v = c
+        .execute_async(
+            r#"const [csrf, topic, batch, reason, done] = arguments;
+               fetch('/batches/cancel', { method: 'POST', credentials: 'same-origin',
+                 body: new URLSearchParams({ csrf, topic, batch, reason }) })
+                 .then(r => done(r.status), () => done(0));"#,
+            vec![
+                serde_json::json!(csrf),
+                serde_json::json!(batches),
+                serde_json::json!(batch),
+                serde_json::json!(reason),
+            ],
+        )
+        .await
+        .expect("execute_async");
+    v.as_u64().unwrap_or(0) as u16
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_show_their_progress_and_a_never_sealed_one_is_cancelled_from_the_page() {
+    init_logging();
+    let (_driver, c) = browser().await;
+    let config = ensure_stack();
+    let (route, callbacks, batches) = (
+        unique("ui.batch"),
+        unique("ui.batch.cb"),
+        unique("ui.batches"),
+    );
+    let group = unique("g");
+    create_topic(&config, &route, 2).await;
+    create_topic(&config, &callbacks, 1).await;
+    let fired: Arc<Mutex<Vec<String>>> = Default::default();
+    let running = start(batch_worker(
+        &config,
+        &group,
+        &batches,
+        &route,
+        &callbacks,
+        fired.clone(),
+    ));
+    wait_topics_exist(
+        &config,
+        &[batches.clone(), kjob::batch::state_topic(&batches)],
+        "the batch topics",
+    )
+    .await;
+    let producer = Producer::new(&config).expect("producer");
+
+    // One batch sealed and complete, its callback fired.
+    let done = unique("newsletter");
+    let b = producer
+        .batch(&done)
+        .expect("batch id")
+        .topic(&batches)
+        .callback_to(
+            kjob::batch::When::Complete,
+            &callbacks,
+            TestJob::ok("report", 1),
+        );
+    for i in 0..4 {
+        b.enqueue_to(&route, &TestJob::ok(format!("k{i}"), i))
+            .await
+            .expect("enqueue");
+    }
+    b.seal().await.expect("seal");
+    let complete = kjob::batch::callback_id(&done, kjob::batch::When::Complete);
+    eventually(Duration::from_secs(60), "the callback", || {
+        fired.lock().unwrap().contains(&complete)
+    })
+    .await;
+    // One never sealed, with markup in its id: three finished, still open.
+    let stuck = format!("{}-<img src=x onerror=window.pwned=5>", unique("stuck"));
+    let s = producer
+        .batch(&stuck)
+        .expect("batch id")
+        .topic(&batches)
+        .callback_to(
+            kjob::batch::When::Complete,
+            &callbacks,
+            TestJob::ok("report", 2),
+        );
+    for i in 0..3 {
+        s.enqueue_to(&route, &TestJob::ok(format!("s{i}"), i))
+            .await
+            .expect("enqueue");
+    }
+    s.flush().await.expect("flush");
+
+    let (_ui, base) = dashboard(&config, &["--allow-actions", "--no-discover"]).await;
+    let (_ro, ro_base) = dashboard(&config, &["--no-discover"]).await;
+    let list = format!("{base}/batches?topic={batches}");
+    eventually_text(&c, &list, "tr[data-status='open'] span.finished", "3 / 3").await;
+    not_pwned(&c).await;
+    // Open batches first, then the complete one with its fired callback.
+    let statuses: Vec<String> = {
+        let mut out = Vec::new();
+        for row in c
+            .find_all(Locator::Css("table.batches tbody tr"))
+            .await
+            .expect("rows")
+        {
+            out.push(
+                row.attr("data-status")
+                    .await
+                    .expect("attr")
+                    .unwrap_or_default(),
+            );
+        }
+        out
+    };
+    assert_eq!(statuses, ["open", "complete"], "open first");
+    let id_cell = text(&c, "tr[data-status='open'] td.mono a").await;
+    assert_eq!(id_cell, stuck, "the id shows as text");
+    assert!(
+        text(&c, "tr[data-status='open'] span.counts")
+            .await
+            .contains("(so far)"),
+        "an unsealed batch's total is what was enqueued so far"
+    );
+    assert_eq!(
+        text(&c, "tr[data-status='complete'] span.finished").await,
+        "4 / 4"
+    );
+    let cb = text(&c, "tr[data-status='complete'] div.callback").await;
+    assert!(cb.contains("fired"), "{cb}");
+    assert!(
+        text(&c, "tr[data-status='open'] div.callback")
+            .await
+            .contains("waiting"),
+        "the open batch's callback waits"
+    );
+    save_screenshot(&c, "ui-batches.png").await;
+
+    // Read-only: the detail page has no cancel form, and a POST is 403.
+    let ro_url = reqwest::Url::parse_with_params(
+        &format!("{ro_base}/batches/show"),
+        &[("topic", batches.as_str()), ("batch", stuck.as_str())],
+    )
+    .expect("url");
+    let ro_page = reqwest::get(ro_url)
+        .await
+        .expect("GET")
+        .text()
+        .await
+        .expect("body");
+    assert!(
+        ro_page.contains("data-live"),
+        "the detail page renders: {ro_page}"
+    );
+    assert!(
+        !ro_page.contains("cancel-batch"),
+        "no cancel form when read-only"
+    );
+    let refused = reqwest::Client::new()
+        .post(format!("{ro_base}/batches/cancel"))
+        .header("origin", &ro_base)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("topic={batches}&batch=x&reason=x"))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(refused.status().as_u16(), 403);
+
+    // The detail page, then a cancel without a reason is refused.
+    click(&c, "tr[data-status='open'] td.mono a").await;
+    assert_eq!(text(&c, "#batch span.status").await, "open");
+    not_pwned(&c).await;
+    let csrf = c
+        .find(Locator::Css("form.cancel-batch input[name=csrf]"))
+        .await
+        .expect("the cancel form")
+        .attr("value")
+        .await
+        .expect("attr")
+        .unwrap_or_default();
+    assert_eq!(
+        post_cancel_from_page(&c, &csrf, &batches, &stuck, " ").await,
+        400
+    );
+    let still = kjob_ops::batches::show(&config, &batches, &stuck).expect("the batch");
+    assert!(
+        still.cancelled.is_none(),
+        "a cancel without a reason changed nothing"
+    );
+    // Cancelled from the page, with a reason.
+    c.find(Locator::Css("#cancel-reason"))
+        .await
+        .expect("the reason field")
+        .send_keys("never sealed: the export crashed")
+        .await
+        .expect("type");
+    click(&c, "#cancel-batch").await;
+    let notice = text(&c, "p.notice.cancelled").await;
+    assert!(notice.contains("ui-tester"), "{notice}");
+    eventually(
+        Duration::from_secs(30),
+        "cancelled on the state topic",
+        || kjob_ops::batches::show(&config, &batches, &stuck).is_ok_and(|b| b.cancelled.is_some()),
+    )
+    .await;
+    let b = kjob_ops::batches::show(&config, &batches, &stuck).expect("the batch");
+    let cancel = b.cancelled.expect("cancelled");
+    assert_eq!(cancel.by, "ui-tester", "the actor is recorded");
+    assert_eq!(cancel.reason, "never sealed: the export crashed");
+    assert_eq!(b.succeeded, 3, "finished jobs stay finished");
+    // The page shows it, offers no second cancel, and refuses one.
+    eventually_text(
+        &c,
+        &list,
+        "tr[data-status='cancelled'] span.status",
+        "cancelled",
+    )
+    .await;
+    click(&c, "tr[data-status='cancelled'] td.mono a").await;
+    assert_eq!(text(&c, "section.cancelled strong.by").await, "ui-tester");
+    assert_eq!(
+        count(&c, "#cancel-batch").await,
+        0,
+        "no cancel for a cancelled batch"
+    );
+    assert_eq!(
+        post_cancel_from_page(&c, &csrf, &batches, &stuck, "again").await,
+        409,
+        "a second cancel is refused"
+    );
+    // Sealing it now fires nothing.
+    s.seal().await.expect("seal");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stuck_cb = kjob::batch::callback_id(&stuck, kjob::batch::When::Complete);
+    assert!(
+        !fired.lock().unwrap().contains(&stuck_cb),
+        "no callback for a cancelled batch"
+    );
+    // Another topic through `?topic=`: none recorded there.
+    c.goto(&format!("{base}/batches?topic={}", unique("none")))
+        .await
+        .expect("goto");
+    assert!(text(&c, "p.notice.empty").await.contains("No batches"));
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_and_delayed_jobs_waiting_show_with_their_due_times() {
+    init_logging();
+    let (_driver, c) = browser().await;
+    let config = ensure_stack();
+    let topic = unique("ui.wait");
+    let group = unique("g");
+    create_topic(&config, &topic, 2).await;
+    let delays: Vec<(String, i32)> = kjob::delay::delay_topics(&topic)
+        .into_iter()
+        .map(|t| (t, 1))
+        .collect();
+    kjob::topics::create_topics(&config, &delays)
+        .await
+        .expect("delay topics");
+    // Every attempt fails retryably; the one tier waits an hour (jittered).
+    let w = kjob::Worker::builder(config.clone(), &group)
+        .handle_on(&topic, |_job: TestJob, _ctx: kjob::JobContext| async {
+            Err(kjob::JobError::retryable("test: downstream 503"))
+        })
+        .retry(kjob::retry::RetryPolicy::tiers([Duration::from_secs(3600)]))
+        .build()
+        .expect("worker builds");
+    let running = start(w);
+    let producer = Producer::new(&config).expect("producer");
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let e = producer
+            .enqueue_to(&topic, &TestJob::ok(format!("w{i}"), i))
+            .await
+            .expect("enqueue");
+        ids.push(e.id);
+    }
+    let before = kjob::dlq::now_ms();
+    let delayed = producer
+        .enqueue_in_to(&topic, &TestJob::ok("later", 9), Duration::from_secs(7200))
+        .await
+        .expect("enqueue_in");
+    let tier = kjob::retry::tier_topic(&topic, Duration::from_secs(3600));
+    wait_topics_exist(&config, std::slice::from_ref(&tier), "the retry tier").await;
+
+    let (_ui, base) = dashboard(
+        &config,
+        &["--no-discover", "--route", &format!("{topic}={group}")],
+    )
+    .await;
+    let url = format!("{base}/waiting?topic={topic}&group={group}");
+    // The three failed jobs wait in the tier, due an hour after they failed.
+    eventually_text(
+        &c,
+        &url,
+        &format!("section.waiting[data-topic='{tier}'] span.count"),
+        "3",
+    )
+    .await;
+    for id in &ids {
+        let due = c
+            .find(Locator::Css(&format!(
+                "section.waiting[data-topic='{tier}'] tr[data-id='{id}'] td.due time"
+            )))
+            .await
+            .unwrap_or_else(|e| panic!("job {id} in the tier: {e}"))
+            .attr("title")
+            .await
+            .expect("attr")
+            .and_then(|t| t.parse::<i64>().ok())
+            .expect("the due time in ms");
+        let ahead = due - kjob::dlq::now_ms();
+        // An hour, give or take the policy's jitter.
+        assert!(
+            (2_880_000..=4_320_000).contains(&ahead),
+            "due in about an hour, not {ahead} ms"
+        );
+    }
+    // The delayed job waits in a delay topic, due at its run time.
+    let row = format!("section.waiting tr[data-id='{}'] td.due time", delayed.id);
+    let run_at = c
+        .find(Locator::Css(&row))
+        .await
+        .unwrap_or_else(|e| panic!("the delayed job on the page: {e}"))
+        .attr("title")
+        .await
+        .expect("attr")
+        .and_then(|t| t.parse::<i64>().ok())
+        .expect("the run time in ms");
+    assert!(
+        (run_at - (before + 7_200_000)).abs() < 5_000,
+        "run at {run_at}, enqueued at {before} for two hours"
+    );
+    // A bound of one record per partition says there are more.
+    c.goto(&format!("{url}&limit=1")).await.expect("goto");
+    let rows = count(
+        &c,
+        &format!("section.waiting[data-topic='{tier}'] tbody tr"),
+    )
+    .await;
+    assert!(rows <= 2, "one per partition of the tier's two: {rows}");
+    assert!(
+        text(&c, &format!("section.waiting[data-topic='{tier}'] p.more"))
+            .await
+            .contains("of 3"),
+        "the rest is counted"
+    );
+    c.goto(&format!("{url}&limit=0")).await.expect("goto");
+    assert!(text(&c, "div.error").await.contains("limit 0 must be"));
+    // Linked from the route page.
+    c.goto(&format!("{base}/route?topic={topic}&group={group}"))
+        .await
+        .expect("goto");
+    click(&c, "#waiting-link").await;
+    text(&c, &format!("section.waiting[data-topic='{tier}']")).await;
+    save_screenshot(&c, "ui-waiting.png").await;
+    running.stop().await;
 }

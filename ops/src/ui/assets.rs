@@ -65,6 +65,14 @@ nav.pager { margin:.5rem 0; color:var(--muted); }
 section.counts table { table-layout:fixed; } section.counts td { overflow-wrap:anywhere; }
 section.counts td.num { width:7rem; } section.counts h2 { margin-top:.2rem; }
 div.inline { display:flex; flex-wrap:wrap; gap:.5rem; align-items:end; }
+.batch-progress { display:flex; align-items:center; gap:.6rem; min-width:16rem; }
+.batch-progress .bar { flex:0 0 10rem; display:flex; height:.8rem; background:var(--line); border-radius:4px; overflow:hidden; }
+.batch-progress .seg.succeeded { background:var(--ok); } .batch-progress .seg.dead { background:var(--bad); }
+.batch-progress .counts { white-space:nowrap; font-variant-numeric:tabular-nums; }
+span.status { font-size:12px; padding:.1rem .45rem; border-radius:999px; background:var(--line); }
+span.status.open, span.status.running { background:#dbeafe; } span.status.complete { background:#dcfce7; }
+span.status.cancelled { background:#fee2e2; }
+table.batches td.mono { max-width:22rem; }
 pre.backtrace { max-height:28rem; white-space:pre-wrap; overflow-wrap:anywhere; }
 "#;
 
@@ -123,6 +131,7 @@ pub(super) fn layout(state: &AppState, title: &str, body: Markup) -> Markup {
                     a.brand href="/" { "kjob" }
                     a href="/" { "Overview" }
                     a href="/dlq" { "Dead letters" }
+                    a href="/batches" { "Batches" }
                     @if state.allow_actions {
                         span.mode.rw { "actions allowed" }
                     } @else {

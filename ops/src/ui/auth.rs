@@ -244,7 +244,7 @@ pub(super) async fn guard(State(state): State<Shared>, req: Request, next: Next)
         if !state.allow_actions {
             return error_page(
                 StatusCode::FORBIDDEN,
-                "the dashboard is read-only; start it with --allow-actions to re-drive or resolve",
+                "the dashboard is read-only; start it with --allow-actions to re-drive, resolve or cancel",
             );
         }
         if let Some(why) = cross_site(req.headers()) {

@@ -8,7 +8,9 @@
 //! page and `kjob status` cannot disagree; the DLQ pages page through an
 //! index of the DLQ kept by this process ([`crate::dlq::index`], with the
 //! CLI's filter semantics, checked against `Filter::matches` in its tests),
-//! and their actions run the CLI's re-drive and resolve. Read-only unless
+//! and their actions run the CLI's re-drive and resolve. The batches page
+//! reads the batch state topic as `kjob batches` does, and cancels as
+//! `kjob batches cancel` does. Read-only unless
 //! started with `--allow-actions`; an access token is required off
 //! loopback.
 
@@ -16,6 +18,7 @@ mod actions;
 mod actor;
 mod assets;
 mod auth;
+mod batches;
 mod dead_letters;
 mod dlq_query;
 mod indexes;
@@ -23,6 +26,7 @@ mod pages;
 mod route;
 mod sampler;
 mod view;
+mod waiting;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -254,10 +258,14 @@ fn router(state: Shared) -> Router {
         .route("/", get(pages::overview))
         .route("/route", get(route::route))
         .route("/replay", get(route::replay))
+        .route("/waiting", get(waiting::waiting))
         .route("/dlq", get(dead_letters::dlq_list))
         .route("/dlq/show", get(dead_letters::dlq_show))
         .route("/dlq/redrive", post(actions::redrive))
         .route("/dlq/resolve", post(actions::resolve))
+        .route("/batches", get(batches::list))
+        .route("/batches/show", get(batches::show))
+        .route("/batches/cancel", post(batches::cancel))
         .route("/tasks/{id}", get(actions::task_page))
         .route("/tasks/{id}/cancel", post(actions::cancel))
         .route("/assets/style.css", get(assets::css))

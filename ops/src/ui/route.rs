@@ -8,7 +8,7 @@ use maud::{html, Markup};
 use serde::Deserialize;
 
 use super::assets::layout;
-use super::pages::{error_page, live_every, members_table, sparkline, upstream_or};
+use super::pages::{error_page, live_every, members_table, sparkline, upstream_or, urlencode};
 use super::sampler::Point;
 use super::view::{prose, when};
 use super::Shared;
@@ -74,7 +74,7 @@ pub(super) async fn route(State(state): State<Shared>, Query(q): Query<RouteQuer
             }
             @if let Some(s) = &v.status {
                 section.card {
-                    h2 { "Retry tiers" }
+                    h2 { "Retry tiers" " " small { a #waiting-link href={"/waiting?topic=" (urlencode(&q.topic)) "&group=" (urlencode(&q.group))} { "what is waiting, with due times" } } }
                     table {
                         thead { tr { th { "tier" } th.num { "jobs waiting" } th { "next due" } } }
                         tbody {
