@@ -30,6 +30,7 @@ fn worker(
     reports: Reports,
 ) -> Worker {
     let mut b = Worker::builder(config.clone(), group)
+        .metrics_endpoint("127.0.0.1:0".parse().unwrap())
         .batches_on(batches)
         .batch_callback::<TestJob>()
         .retry(RetryPolicy::tiers([Duration::from_secs(1)]));
@@ -389,6 +390,26 @@ async fn a_cancelled_batch_fires_no_callback_and_keeps_its_finished_jobs() {
         },
     )
     .await;
+    // The open batch shows on /metrics, with its age.
+    let addr = *running.stats.endpoint.get().expect("metrics endpoint");
+    let gauge = |text: &str, name: &str| -> Option<f64> {
+        text.lines()
+            .find(|l| l.starts_with(name) && l.contains(&s.group))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let text = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(gauge(&text, "kjob_batches_open{"), Some(1.0), "{text}");
+    assert!(
+        gauge(&text, "kjob_batch_oldest_open_seconds{").is_some_and(|a| a > 0.0),
+        "{text}"
+    );
     let cancel = [
         "batches",
         "cancel",
