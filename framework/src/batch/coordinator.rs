@@ -283,8 +283,12 @@ pub(crate) async fn run(
 ) {
     let revoked = Arc::new(Revoked::default());
     let group = coordinator_group(&topic);
+    // `kjob-<group>-<host>-<pid>`: which process coordinates which
+    // partitions shows in `kafka-consumer-groups --describe`.
+    let client_id = crate::config::default_client_id(&group);
     let consumer: StreamConsumer<Ctx> = match config
         .client_config(&[
+            ("client.id", client_id.as_str()),
             ("group.id", group.as_str()),
             ("enable.auto.commit", "false"),
             ("auto.offset.reset", "earliest"),
