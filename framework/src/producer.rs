@@ -159,16 +159,7 @@ impl DelayTopicCheck {
                 .collect()
         };
         if !unknown.is_empty() {
-            let config = self.config.clone();
-            let names = unknown.clone();
-            let counts = tokio::task::spawn_blocking(move || {
-                crate::topics::partition_counts(&config, &names)
-            })
-            .await
-            .map_err(|e| Error::Task {
-                what: "a metadata lookup",
-                reason: e.to_string(),
-            })??;
+            let counts = crate::topics::partition_counts_async(&self.config, &unknown).await?;
             if let Some((t, _)) = unknown.iter().zip(&counts).find(|(_, c)| c.is_none()) {
                 return Err(err(DelayError::NoTopic {
                     topic: t.clone(),
@@ -294,6 +285,11 @@ impl Producer {
         &self.codec
     }
 
+    /// The bootstrap servers, for spans' `server.address`.
+    pub(crate) fn bootstrap(&self) -> &str {
+        &self.bootstrap
+    }
+
     /// The connection settings it was made with.
     pub(crate) fn config(&self) -> &KafkaConfig {
         &self.delay_topics.config
@@ -339,12 +335,7 @@ impl Producer {
         job: &J,
         id: Option<String>,
     ) -> Result<Enqueued> {
-        let PreparedJob {
-            payload,
-            id,
-            headers,
-            span,
-        } = prepare_job(
+        let prepared = prepare_job(
             &self.codec,
             topic,
             job,
@@ -354,7 +345,23 @@ impl Producer {
             id,
         )
         .await?;
-        let key = job.key();
+        self.send_prepared(topic, &job.key(), prepared).await
+    }
+
+    /// Writes a prepared job with `key` and waits for the broker, closing
+    /// its producer span with where it landed (or why not).
+    pub(crate) async fn send_prepared(
+        &self,
+        topic: &str,
+        key: &str,
+        prepared: PreparedJob,
+    ) -> Result<Enqueued> {
+        let PreparedJob {
+            payload,
+            id,
+            headers,
+            span,
+        } = prepared;
         let sent = self
             .send_raw(
                 topic,

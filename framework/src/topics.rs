@@ -373,6 +373,21 @@ pub async fn retention_ms(
         .collect()
 }
 
+/// [`partition_counts`] off the async runtime's threads (it blocks on
+/// the metadata request).
+pub(crate) async fn partition_counts_async(
+    config: &KafkaConfig,
+    topics: &[String],
+) -> Result<Vec<Option<usize>>> {
+    let (config, topics) = (config.clone(), topics.to_vec());
+    tokio::task::spawn_blocking(move || partition_counts(&config, &topics))
+        .await
+        .map_err(|e| Error::Task {
+            what: "a metadata lookup",
+            reason: e.to_string(),
+        })?
+}
+
 /// Waits (10 s at most) until the cluster's metadata lists every topic of
 /// `topics`. A consumer that subscribes to a topic created a moment ago
 /// but not yet in the metadata it fetches is not assigned it until its next
@@ -380,13 +395,7 @@ pub async fn retention_ms(
 pub async fn wait_visible(config: &KafkaConfig, topics: &[String]) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (c, t) = (config.clone(), topics.to_vec());
-        let counts = tokio::task::spawn_blocking(move || partition_counts(&c, &t))
-            .await
-            .map_err(|e| Error::Task {
-                what: "a metadata lookup",
-                reason: e.to_string(),
-            })??;
+        let counts = partition_counts_async(config, topics).await?;
         if counts.iter().all(Option::is_some) || Instant::now() >= deadline {
             return Ok(());
         }

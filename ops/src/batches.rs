@@ -8,36 +8,16 @@
 //! still finish. The event itself is the audit record, shown by
 //! `kjob batches show`.
 
-use std::collections::HashMap;
-
 use kjob::batch::{state_topic, BatchState, Event};
 use kjob::{KafkaConfig, Producer};
-use rdkafka::message::{Message, OwnedHeaders};
+use rdkafka::message::OwnedHeaders;
 
 use crate::problem::Problem;
 
 /// Every batch recorded on the state topic of `topic`, the newest first.
 /// Empty when the state topic does not exist yet. Blocking.
 pub fn list(config: &KafkaConfig, topic: &str) -> anyhow::Result<Vec<BatchState>> {
-    let mut latest: HashMap<String, BatchState> = HashMap::new();
-    let Some(records) = kjob::topics::read_topic(config, &state_topic(topic))? else {
-        return Ok(Vec::new());
-    };
-    for m in records {
-        let Some(key) = m.key().map(|k| String::from_utf8_lossy(k).into_owned()) else {
-            continue;
-        };
-        match m.payload().map(serde_json::from_slice::<BatchState>) {
-            None => {
-                latest.remove(&key);
-            }
-            Some(Ok(s)) => {
-                latest.insert(key, s);
-            }
-            // Written by something else than a coordinator: not a batch.
-            Some(Err(_)) => {}
-        }
-    }
+    let latest = kjob::batch::read_states(config, topic, None)?;
     let mut out: Vec<BatchState> = latest.into_values().collect();
     out.sort_by(|a, b| {
         b.opened_ms

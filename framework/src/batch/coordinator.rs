@@ -67,41 +67,18 @@ struct Coordinator {
     parts: HashMap<i32, Part>,
 }
 
-/// Reads the snapshots in `partition` of the state topic. Blocking.
-fn load(config: &KafkaConfig, topic: &str, partition: i32) -> Result<HashMap<String, BatchState>> {
-    let mut out = HashMap::new();
-    let Some(records) = crate::topics::read_topic(config, &state_topic(topic))? else {
-        return Ok(out);
-    };
-    for m in records.iter().filter(|m| m.partition() == partition) {
-        let Some(key) = m.key().map(|k| String::from_utf8_lossy(k).into_owned()) else {
-            continue;
-        };
-        match m.payload().map(serde_json::from_slice::<BatchState>) {
-            None => {
-                out.remove(&key);
-            }
-            Some(Ok(s)) => {
-                out.insert(key, s);
-            }
-            Some(Err(e)) => {
-                warn!(topic = %state_topic(topic), batch = %key, error = %e, "unreadable batch snapshot; ignored")
-            }
-        }
-    }
-    Ok(out)
-}
-
 impl Coordinator {
     async fn part(&mut self, partition: i32) -> Result<&mut Part> {
         if !self.parts.contains_key(&partition) {
             let (config, topic) = (self.config.clone(), self.topic.clone());
-            let batches = tokio::task::spawn_blocking(move || load(&config, &topic, partition))
-                .await
-                .map_err(|e| Error::Task {
-                    what: "reading the batch snapshots",
-                    reason: e.to_string(),
-                })??;
+            let batches = tokio::task::spawn_blocking(move || {
+                super::read_states(&config, &topic, Some(partition))
+            })
+            .await
+            .map_err(|e| Error::Task {
+                what: "reading the batch snapshots",
+                reason: e.to_string(),
+            })??;
             info!(topic = %self.topic, partition, batches = batches.len(), "coordinating batches of this partition");
             self.parts.insert(
                 partition,

@@ -68,7 +68,7 @@ pub use fold::{BatchState, Cancel, Status};
 use crate::codec::Codec;
 use crate::error::{Error, Result};
 use crate::job::Job;
-use crate::producer::{prepare_job, Enqueued, PreparedJob, Producer};
+use crate::producer::{prepare_job, Enqueued, Producer};
 
 /// The batch topic when none is named: one per cluster, shared by every
 /// group that uses batches.
@@ -89,6 +89,43 @@ const ADDED_EVERY: u64 = 1000;
 /// The compacted topic holding one snapshot per batch of `topic`.
 pub fn state_topic(topic: &str) -> String {
     format!("{topic}.state")
+}
+
+/// Every batch's last snapshot on the state topic of `topic`, or only
+/// those of `partition` (a coordinator taking it over). Empty when the state
+/// topic does not exist; an unreadable record is skipped with a warning.
+/// Blocking.
+pub fn read_states(
+    config: &crate::KafkaConfig,
+    topic: &str,
+    partition: Option<i32>,
+) -> Result<std::collections::HashMap<String, BatchState>> {
+    use rdkafka::message::Message as _;
+    let mut out = std::collections::HashMap::new();
+    let state = state_topic(topic);
+    let Some(records) = crate::topics::read_topic(config, &state)? else {
+        return Ok(out);
+    };
+    for m in records
+        .iter()
+        .filter(|m| partition.is_none_or(|p| m.partition() == p))
+    {
+        let Some(key) = m.key().map(|k| String::from_utf8_lossy(k).into_owned()) else {
+            continue;
+        };
+        match m.payload().map(serde_json::from_slice::<BatchState>) {
+            None => {
+                out.remove(&key);
+            }
+            Some(Ok(s)) => {
+                out.insert(key, s);
+            }
+            Some(Err(e)) => {
+                tracing::warn!(topic = %state, batch = %key, error = %e, "unreadable batch snapshot; ignored")
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The consumer group whose members fold `topic`'s events.
@@ -275,15 +312,9 @@ impl Batch {
     async fn open(&self) -> Result<()> {
         self.opened
             .get_or_try_init(|| async {
-                let (config, names) = (self.producer.config().clone(), vec![self.topic.clone()]);
-                let counts = tokio::task::spawn_blocking(move || {
-                    crate::topics::partition_counts(&config, &names)
-                })
-                .await
-                .map_err(|e| Error::Task {
-                    what: "a metadata lookup",
-                    reason: e.to_string(),
-                })??;
+                let names = [self.topic.clone()];
+                let counts =
+                    crate::topics::partition_counts_async(self.producer.config(), &names).await?;
                 if counts.first().copied().flatten().is_none() {
                     return Err(self.missing_topic());
                 }
@@ -322,40 +353,25 @@ impl Batch {
     pub async fn enqueue_to<J: Job>(&self, topic: &str, job: &J) -> Result<Enqueued> {
         self.refuse_sealed()?;
         self.open().await?;
-        let PreparedJob {
-            payload,
-            id,
-            mut headers,
-            span,
-        } = prepare_job(self.producer.codec(), topic, job, "send", None, None, None).await?;
-        headers.batch = Some(self.id.clone());
-        let key = job.key();
-        let sent = self
+        let mut prepared = prepare_job(
+            self.producer.codec(),
+            topic,
+            job,
+            "send",
+            Some(self.producer.bootstrap()),
+            None,
+            None,
+        )
+        .await?;
+        prepared.headers.batch = Some(self.id.clone());
+        let enqueued = self
             .producer
-            .send_raw(
-                topic,
-                Some(key.as_bytes()),
-                Some(&payload),
-                headers.to_owned_headers(),
-            )
-            .await;
-        let (partition, offset) = match sent {
-            Ok(at) => at,
-            Err(e) => {
-                span.fail("transient", &e.to_string());
-                return Err(e);
-            }
-        };
-        drop(span);
+            .send_prepared(topic, &job.key(), prepared)
+            .await?;
         if self.unflushed.fetch_add(1, Ordering::AcqRel) + 1 >= ADDED_EVERY {
             self.flush().await?;
         }
-        Ok(Enqueued {
-            id,
-            topic: topic.to_string(),
-            partition,
-            offset,
-        })
+        Ok(enqueued)
     }
 
     /// Writes how many jobs this handle enqueued since its last flush. Call

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use tracing::warn;
 
 use crate::error::{Error, Result};
-use crate::topics::{create_topics, create_topics_with, dlq_topic, partition_counts};
+use crate::topics::{create_topics, create_topics_with, dlq_topic};
 
 use super::state::TopicRole;
 use super::{strict, Worker};
@@ -36,13 +36,7 @@ impl Worker {
             }
         }
         let names: Vec<String> = wanted.iter().map(|(t, _)| t.clone()).collect();
-        let config = self.config.clone();
-        let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &names))
-            .await
-            .map_err(|e| Error::Task {
-                what: "a metadata lookup",
-                reason: e.to_string(),
-            })??;
+        let counts = crate::topics::partition_counts_async(&self.config, &names).await?;
         let count_of: HashMap<&str, Option<usize>> = wanted
             .iter()
             .map(|(t, _)| t.as_str())
@@ -132,14 +126,7 @@ impl Worker {
                     .filter(|(_, e)| e.main == *main && matches!(e.role, TopicRole::Tier(_)))
                     .map(|(t, _)| t.clone()),
             );
-            let config = self.config.clone();
-            let query = names.clone();
-            let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &query))
-                .await
-                .map_err(|e| Error::Task {
-                    what: "a metadata lookup",
-                    reason: e.to_string(),
-                })??;
+            let counts = crate::topics::partition_counts_async(&self.config, &names).await?;
             let Some(Some(main_count)) = counts.first().copied() else {
                 return Err(Error::MissingTopic {
                     topic: main.clone(),
@@ -192,13 +179,7 @@ impl Worker {
     async fn batch_topics(&self, topic: &str) -> Result<()> {
         let state = crate::batch::state_topic(topic);
         let names = vec![topic.to_string(), state.clone()];
-        let config = self.config.clone();
-        let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &names))
-            .await
-            .map_err(|e| Error::Task {
-                what: "a metadata lookup",
-                reason: e.to_string(),
-            })??;
+        let counts = crate::topics::partition_counts_async(&self.config, &names).await?;
         let events = counts.first().copied().flatten();
         let snapshots = counts.get(1).copied().flatten();
         let partitions = events.map_or(crate::batch::DEFAULT_PARTITIONS, |n| n as i32);
@@ -248,13 +229,7 @@ impl Worker {
         let leader = crate::schedule::leader_topic(group);
         let state = crate::schedule::state_topic(group);
         let names = vec![leader.clone(), state.clone()];
-        let config = self.config.clone();
-        let counts = tokio::task::spawn_blocking(move || partition_counts(&config, &names))
-            .await
-            .map_err(|e| Error::Task {
-                what: "a metadata lookup",
-                reason: e.to_string(),
-            })??;
+        let counts = crate::topics::partition_counts_async(&self.config, &names).await?;
         for ((topic, count), compact) in [leader, state].into_iter().zip(counts).zip([false, true])
         {
             if count.is_some() {
