@@ -17,7 +17,9 @@ use kjob::retry::{parse_delay, RetryPolicy};
 use kjob::topics::{create_topics_replicated, dlq_topic, order_topic};
 use kjob_ops::problem::Problem;
 use kjob_ops::suggest::did_you_mean;
-use kjob_ops::topics::{parse_config, route_topics, routes, topic_configs, topic_partitions, Role};
+use kjob_ops::topics::{
+    parse_config, route_topics, routes, topic_configs, topic_partitions, PlanAction, Role,
+};
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum TopicsCommand {
@@ -32,6 +34,29 @@ pub(crate) enum TopicsCommand {
         /// The route's main topic.
         #[arg(long)]
         topic: String,
+    },
+    /// What a worker's routes need, topic by topic and partition by partition, today and
+    /// after: what to create, and what to delete once drained. Reads only.
+    Plan {
+        /// A route's main topic (repeatable: every route of the worker).
+        #[arg(long = "topic", required = true)]
+        topics: Vec<String>,
+        /// Retry tiers of every route, comma-separated, or `none`.
+        #[arg(long, default_value = "5s,30s,5m,30m")]
+        tiers: String,
+        /// A route that takes delayed jobs (`WorkerBuilder::delayed_jobs_on`; repeatable).
+        #[arg(long = "delays-on", value_name = "TOPIC")]
+        delays_on: Vec<String>,
+        /// A route under `WorkerBuilder::strict_order` (repeatable).
+        #[arg(long = "strict-order-on", value_name = "TOPIC")]
+        strict_on: Vec<String>,
+        /// Partitions of a route whose main topic does not exist yet.
+        #[arg(long, default_value_t = 6)]
+        partitions: i32,
+        /// The routes' consumer group: a topic to let go of is drained when the group has
+        /// handled everything in it (without: when it holds no records).
+        #[arg(long)]
+        group: Option<String>,
     },
     /// Create a route: `<topic>`, `<topic>.retry.<delay>` per tier and `<topic>.dlq`
     /// (existing ones are left alone). Dry run unless --execute.
@@ -67,6 +92,24 @@ pub(crate) enum TopicsCommand {
         #[arg(long)]
         execute: bool,
     },
+}
+
+/// `--tiers`: comma-separated delays, or `none`.
+fn parse_tiers(tiers: &str) -> Result<Vec<std::time::Duration>> {
+    if tiers.trim().eq_ignore_ascii_case("none") {
+        return Ok(Vec::new());
+    }
+    tiers
+        .split(',')
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| {
+            parse_delay(t.trim()).ok_or_else(|| {
+                anyhow!(Problem::usage(format!(
+                    "--tiers: `{t}` is not a delay like 5s, 30s, 5m or 1h (or `none`)"
+                )))
+            })
+        })
+        .collect()
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -234,6 +277,14 @@ pub(crate) async fn run(ctx: &Ctx, cmd: TopicsCommand) -> Result<()> {
             outln!("{parts}")?;
             Ok(())
         }
+        TopicsCommand::Plan {
+            topics,
+            tiers,
+            delays_on,
+            strict_on,
+            partitions,
+            group,
+        } => plan(ctx, topics, &tiers, delays_on, strict_on, partitions, group).await,
         TopicsCommand::Create {
             topic,
             partitions,
@@ -263,21 +314,7 @@ pub(crate) async fn run(ctx: &Ctx, cmd: TopicsCommand) -> Result<()> {
                 .iter()
                 .map(|c| parse_config(c))
                 .collect::<Result<Vec<_>>>()?;
-            let delays = if tiers.trim().eq_ignore_ascii_case("none") {
-                Vec::new()
-            } else {
-                tiers
-                    .split(',')
-                    .filter(|t| !t.trim().is_empty())
-                    .map(|t| {
-                        parse_delay(t.trim()).ok_or_else(|| {
-                            anyhow!(Problem::usage(format!(
-                                "--tiers: `{t}` is not a delay like 5s, 30s, 5m or 1h (or `none`)"
-                            )))
-                        })
-                    })
-                    .collect::<Result<Vec<_>>>()?
-            };
+            let delays = parse_tiers(&tiers)?;
             let with = |own: &[(&str, String)]| -> Vec<(String, String)> {
                 let mut all: BTreeMap<String, String> = own
                     .iter()
@@ -412,4 +449,152 @@ pub(crate) async fn run(ctx: &Ctx, cmd: TopicsCommand) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `kjob topics plan`: see [`kjob_ops::topics::plan`].
+async fn plan(
+    ctx: &Ctx,
+    mains: Vec<String>,
+    tiers: &str,
+    delays_on: Vec<String>,
+    strict_on: Vec<String>,
+    partitions: i32,
+    group: Option<String>,
+) -> Result<()> {
+    if partitions < 1 {
+        return Err(
+            Problem::usage(format!("--partitions must be at least 1, got {partitions}")).into(),
+        );
+    }
+    for (flag, named) in [
+        ("--delays-on", &delays_on),
+        ("--strict-order-on", &strict_on),
+    ] {
+        if let Some(t) = named.iter().find(|t| !mains.contains(t)) {
+            return Err(Problem::usage(format!(
+                "{flag} `{t}` is not one of the --topic routes{}",
+                did_you_mean(t, mains.iter().map(String::as_str))
+            ))
+            .into());
+        }
+    }
+    let delays = parse_tiers(tiers)?;
+    let config = ctx.config.clone();
+    let cluster = blocking(move || topic_partitions(&config)).await?;
+    let counts: BTreeMap<String, usize> = cluster
+        .iter()
+        .map(|(t, i)| (t.clone(), i.partitions))
+        .collect();
+    let replication = |t: &str| cluster.get(t).map_or(0, |i| i.replication_factor);
+    let mut rows = Vec::new();
+    for main in &mains {
+        let layout = kjob_ops::topics::RouteLayout {
+            main: main.clone(),
+            tiers: delays.clone(),
+            delays: delays_on.contains(main),
+            strict: strict_on.contains(main),
+        };
+        rows.extend(kjob_ops::topics::plan(
+            &layout,
+            &counts,
+            partitions as usize,
+        ));
+    }
+    // What is left in each topic to let go of: the group's lag, or the
+    // records stored.
+    let going: Vec<String> = rows
+        .iter()
+        .filter(|r| r.action == PlanAction::DeleteOnceDrained)
+        .map(|r| r.topic.clone())
+        .collect();
+    let left: BTreeMap<String, i64> = if going.is_empty() {
+        BTreeMap::new()
+    } else {
+        let (config, g) = (
+            ctx.config.clone(),
+            group.clone().unwrap_or_else(|| "kjob-cli-plan".into()),
+        );
+        let names = going.clone();
+        let lag = blocking(move || Ok(kjob_ops::lag::group_lag(&config, &g, &names)?)).await?;
+        let mut m = BTreeMap::new();
+        for p in lag {
+            let n = if group.is_some() {
+                p.lag()
+            } else {
+                p.end - p.start
+            };
+            *m.entry(p.topic).or_insert(0) += n.max(0);
+        }
+        m
+    };
+    let sum = |pick: &dyn Fn(&kjob_ops::topics::PlanRow) -> Option<usize>| -> (usize, usize) {
+        rows.iter()
+            .filter_map(pick)
+            .fold((0, 0), |(t, p), n| (t + 1, p + n))
+    };
+    let (today_topics, today_parts) = sum(&|r| r.today);
+    let (after_topics, after_parts) = sum(&|r| r.after);
+    let rf = rows
+        .iter()
+        .map(|r| replication(&r.topic))
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    if ctx.json() {
+        let out: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "topic": r.topic, "role": r.role, "today": r.today, "after": r.after,
+                    "action": r.action, "records_left": left.get(&r.topic),
+                })
+            })
+            .collect();
+        return json(&json!({
+            "topics": out,
+            "today": { "topics": today_topics, "partitions": today_parts },
+            "after": { "topics": after_topics, "partitions": after_parts },
+            "replication_factor": rf,
+        }));
+    }
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED).set_header([
+        "topic",
+        "role",
+        "partitions today",
+        "partitions after",
+        "action",
+    ]);
+    let dash = |n: Option<usize>| n.map_or("-".to_string(), |n| n.to_string());
+    for r in &rows {
+        let action = match (r.action, left.get(&r.topic)) {
+            (PlanAction::DeleteOnceDrained, Some(0)) => "delete: drained".to_string(),
+            (PlanAction::DeleteOnceDrained, Some(n)) => {
+                let what = if group.is_some() {
+                    "not yet handled"
+                } else {
+                    "records stored"
+                };
+                format!("delete once drained ({n} {what})")
+            }
+            (a, _) => a.label().to_string(),
+        };
+        table.add_row([
+            r.topic.clone(),
+            r.role.label().to_string(),
+            dash(r.today),
+            dash(r.after),
+            action,
+        ]);
+    }
+    outln!("{table}")?;
+    outln!(
+        "today: {today_topics} topics, {today_parts} partitions ({} replicas at RF {rf}); after: {after_topics} topics, {after_parts} partitions ({} replicas)",
+        today_parts * rf,
+        after_parts * rf
+    )?;
+    if !going.is_empty() {
+        outln!("a worker with this layout stops reading the topics to delete: run it only once they are drained (or keep the old worker until then)")?;
+    }
+    Ok(())
 }

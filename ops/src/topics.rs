@@ -338,3 +338,179 @@ mod tests {
         assert!(parse_config("nope").is_err());
     }
 }
+
+/// What `kjob topics plan` proposes for one topic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanAction {
+    /// Exists and is needed.
+    Keep,
+    /// Needed, missing: a worker creates it at start (or `kjob topics create`).
+    Create,
+    /// Exists, no longer needed: delete it once it is drained (no records
+    /// left unhandled by the route's group).
+    DeleteOnceDrained,
+}
+
+impl PlanAction {
+    /// How tables name it.
+    pub fn label(&self) -> &'static str {
+        match self {
+            PlanAction::Keep => "keep",
+            PlanAction::Create => "create",
+            PlanAction::DeleteOnceDrained => "delete once drained",
+        }
+    }
+}
+
+/// One row of a plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PlanRow {
+    /// The topic.
+    pub topic: String,
+    /// Its role.
+    pub role: Role,
+    /// Its partitions on the cluster now (`None`: it does not exist).
+    pub today: Option<usize>,
+    /// Its partitions in the planned layout (`None`: not needed).
+    pub after: Option<usize>,
+    /// What to do.
+    pub action: PlanAction,
+}
+
+/// What a route's layout needs: its retry tiers, whether it takes delayed
+/// jobs, whether it runs under strict order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteLayout {
+    /// The main topic.
+    pub main: String,
+    /// Retry tier delays, shortest first.
+    pub tiers: Vec<Duration>,
+    /// Delay topics (`WorkerBuilder::delayed_jobs_on`).
+    pub delays: bool,
+    /// The order topic (`WorkerBuilder::strict_order`).
+    pub strict: bool,
+}
+
+/// The topics `layout` needs and the route's topics it does not, against
+/// the cluster's `topics` (name -> partitions). A missing topic gets the
+/// main topic's partition count (`partitions` when the main topic is
+/// missing too), as a worker creates it. The DLQ audit topic and the
+/// group's cron topics are left out: nothing here changes them.
+pub fn plan(
+    layout: &RouteLayout,
+    topics: &BTreeMap<String, usize>,
+    partitions: usize,
+) -> Vec<PlanRow> {
+    let main_count = topics.get(&layout.main).copied().unwrap_or(partitions);
+    let mut wanted: Vec<(String, Role)> = vec![(layout.main.clone(), Role::Main)];
+    wanted.extend(
+        layout
+            .tiers
+            .iter()
+            .map(|d| (kjob::retry::tier_topic(&layout.main, *d), Role::RetryTier)),
+    );
+    if layout.delays {
+        wanted.extend(
+            delay_topics(&layout.main)
+                .into_iter()
+                .map(|t| (t, Role::Delay)),
+        );
+    }
+    wanted.push((dlq_topic(&layout.main), Role::Dlq));
+    if layout.strict {
+        wanted.push((order_topic(&layout.main), Role::StrictOrder));
+    }
+    let mut rows: Vec<PlanRow> = wanted
+        .iter()
+        .map(|(topic, role)| {
+            let today = topics.get(topic).copied();
+            PlanRow {
+                topic: topic.clone(),
+                role: role.clone(),
+                today,
+                after: Some(today.unwrap_or(main_count)),
+                action: if today.is_some() {
+                    PlanAction::Keep
+                } else {
+                    PlanAction::Create
+                },
+            }
+        })
+        .collect();
+    let names: Vec<String> = topics.keys().cloned().collect();
+    for t in route_topics(&layout.main, None, &names) {
+        let unused = matches!(t.role, Role::RetryTier | Role::Delay | Role::StrictOrder)
+            && !wanted.iter().any(|(w, _)| *w == t.topic);
+        if unused {
+            rows.push(PlanRow {
+                today: topics.get(&t.topic).copied(),
+                after: None,
+                action: PlanAction::DeleteOnceDrained,
+                topic: t.topic,
+                role: t.role,
+            });
+        }
+    }
+    rows
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_keeps_creates_and_lets_go_of_what_the_layout_no_longer_needs() {
+        let mut topics = BTreeMap::new();
+        topics.insert("orders".to_string(), 6);
+        topics.insert("orders.retry.5s".to_string(), 6);
+        topics.insert("orders.retry.30m".to_string(), 6);
+        topics.insert("orders.dlq".to_string(), 6);
+        for t in delay_topics("orders") {
+            topics.insert(t, 6);
+        }
+        topics.insert("other".to_string(), 3);
+        let layout = RouteLayout {
+            main: "orders".into(),
+            tiers: vec![Duration::from_secs(5), Duration::from_secs(30)],
+            delays: false,
+            strict: false,
+        };
+        let rows = plan(&layout, &topics, 12);
+        let of = |t: &str| {
+            rows.iter()
+                .find(|r| r.topic == t)
+                .map(|r| (r.action, r.today, r.after))
+        };
+        assert_eq!(of("orders"), Some((PlanAction::Keep, Some(6), Some(6))));
+        assert_eq!(
+            of("orders.retry.30s"),
+            Some((PlanAction::Create, None, Some(6)))
+        );
+        assert_eq!(
+            of("orders.retry.30m"),
+            Some((PlanAction::DeleteOnceDrained, Some(6), None))
+        );
+        assert_eq!(
+            of("orders.delay.1d"),
+            Some((PlanAction::DeleteOnceDrained, Some(6), None))
+        );
+        assert_eq!(of("orders.dlq"), Some((PlanAction::Keep, Some(6), Some(6))));
+        assert_eq!(of("other"), None, "another route is not touched");
+        assert_eq!(rows.len(), 1 + 2 + 1 + 1 + 7);
+        // A new route: everything created with --partitions.
+        let fresh = plan(
+            &RouteLayout {
+                main: "mail".into(),
+                delays: true,
+                ..layout
+            },
+            &topics,
+            12,
+        );
+        assert!(fresh
+            .iter()
+            .all(|r| r.action == PlanAction::Create && r.after == Some(12)));
+        assert_eq!(fresh.len(), 1 + 2 + 7 + 1);
+    }
+}

@@ -528,3 +528,83 @@ async fn groups_and_topics_are_listed_and_described_as_kafkas_tools_do() {
         o.stderr
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_plan_counts_today_and_after_and_names_what_to_delete_once_drained() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("plan");
+    let made = kjob(
+        &config,
+        &[
+            "topics",
+            "create",
+            "--topic",
+            &topic,
+            "--partitions",
+            "2",
+            "--tiers",
+            "5s,30s",
+            "--delays",
+            "--execute",
+        ],
+    );
+    assert_eq!(made.code, 0, "{}{}", made.stdout, made.stderr);
+    let delayed = format!("{topic}.delay.1m");
+    wait_topics_exist(&config, std::slice::from_ref(&delayed), "the delay topics").await;
+    produce_raw(&config, &delayed, 0, "k", b"left behind");
+    // The route no longer takes delayed jobs, and gets a third tier.
+    let o = kjob(
+        &config,
+        &["topics", "plan", "--topic", &topic, "--tiers", "5s,30s,5m"],
+    );
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    let line = |t: &str| {
+        o.stdout
+            .lines()
+            .find(|l| l.contains(&format!("{t} ")))
+            .unwrap_or_else(|| panic!("no row for {t}: {}", o.stdout))
+            .to_string()
+    };
+    assert!(
+        line(&format!("{topic}.retry.5m")).contains("create"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        line(&format!("{topic}.retry.30s")).contains("keep"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        line(&delayed).contains("delete once drained (1 records stored)"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        line(&format!("{topic}.delay.1d")).contains("delete: drained"),
+        "{}",
+        o.stdout
+    );
+    // main + 2 tiers + 7 delay + dlq today; main + 3 tiers + dlq after.
+    assert!(
+        o.stdout.contains("today: 11 topics, 22 partitions")
+            && o.stdout.contains("after: 5 topics, 10 partitions"),
+        "{}",
+        o.stdout
+    );
+    let j = kjob(&config, &["topics", "plan", "--topic", &topic, "--json"]);
+    let v = parse_json("kjob topics plan --json", &j.stdout);
+    assert_eq!(v["after"]["topics"], 6, "{v}");
+    let bad = kjob(
+        &config,
+        &["topics", "plan", "--topic", &topic, "--delays-on", "nope"],
+    );
+    assert_eq!(bad.code, 2, "{}{}", bad.stdout, bad.stderr);
+    assert!(
+        bad.stderr
+            .contains("`nope` is not one of the --topic routes"),
+        "{}",
+        bad.stderr
+    );
+}
