@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -522,4 +523,50 @@ async fn delays_are_refused_before_anything_is_written() {
         .await
         .expect("10 min fits");
     assert_eq!(ok.topic, format!("{short}.delay.10m"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_whose_delay_topics_exist_drains_them_though_it_no_longer_delays() {
+    init_logging();
+    let config = ensure_stack();
+    let route = unique("undelayed");
+    create_topic(&config, &route, 2).await;
+    // An earlier layout gave the route delay topics, and a job waits there.
+    let topics: Vec<(String, i32)> = delay_topics(&route).into_iter().map(|t| (t, 2)).collect();
+    kjob::topics::create_topics_with(&config, &topics, &[("retention.ms", "604800000")])
+        .await
+        .expect("delay topics");
+    wait_topics_exist(&config, &delay_topics(&route), "the delay topics").await;
+    let producer = Producer::new(&config).expect("producer");
+    let sent_at = kjob::dlq::now_ms();
+    producer
+        .enqueue_in_to(&route, &TestJob::ok("k", 7), Duration::from_secs(4))
+        .await
+        .expect("enqueued into the existing delay topics");
+    let ran: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
+    let log = ran.clone();
+    // The new worker does not declare delayed jobs for the route.
+    let worker = kjob::Worker::builder(config.clone(), unique("g"))
+        .handle_on(&route, move |job: TestJob, _ctx: kjob::JobContext| {
+            let log = log.clone();
+            async move {
+                log.lock().unwrap().push((job.seq, kjob::dlq::now_ms()));
+                Ok::<(), kjob::JobError>(())
+            }
+        })
+        .build()
+        .expect("worker builds");
+    let running = start(worker);
+    eventually(Duration::from_secs(30), "the waiting job ran", || {
+        !ran.lock().unwrap().is_empty()
+    })
+    .await;
+    running.stop().await;
+    let ran = ran.lock().unwrap().clone();
+    assert_eq!(ran.len(), 1, "{ran:?}");
+    assert!(
+        ran[0].1 >= sent_at + 4000,
+        "never early: ran {} ms after the enqueue",
+        ran[0].1 - sent_at
+    );
 }

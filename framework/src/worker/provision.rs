@@ -13,6 +13,55 @@ use super::state::TopicRole;
 use super::{strict, Worker};
 
 impl Worker {
+    /// A route not declared to take delayed jobs whose delay topics exist
+    /// (an earlier layout created them, or an operator did) is served as
+    /// one that does, with a warning: records still waiting there run at
+    /// their time instead of being stranded. `kjob topics plan` shows when
+    /// the topics are drained and can be deleted; after that the route
+    /// runs without them.
+    pub(super) async fn adopt_delay_topics(&mut self) -> Result<()> {
+        let plain: Vec<String> = self
+            .routes
+            .iter()
+            .filter(|(t, e)| e.role == TopicRole::Main && !e.delays && **t == e.main)
+            .map(|(t, _)| t.clone())
+            .collect();
+        if plain.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = plain
+            .iter()
+            .flat_map(|m| crate::delay::delay_topics(m))
+            .collect();
+        let counts = crate::topics::partition_counts_async(&self.config, &names).await?;
+        let per_route = crate::delay::delay_topics("x").len();
+        for (main, found) in plain.iter().zip(counts.chunks(per_route)) {
+            let existing = found.iter().filter(|c| c.is_some()).count();
+            if existing == 0 {
+                continue;
+            }
+            warn!(route = %main, delay_topics = existing, "the route is not declared to take delayed jobs (delayed_jobs_on), but its delay topics exist: serving them so that what waits there runs at its time; `kjob topics plan` shows when they are drained and can be deleted");
+            let Some(base) = self.routes.get(main).cloned() else {
+                continue;
+            };
+            for entry in self.routes.values_mut().filter(|e| e.main == *main) {
+                entry.delays = true;
+            }
+            for (i, topic) in crate::delay::delay_topics(main).into_iter().enumerate() {
+                self.priorities.insert(topic.clone(), base.priority);
+                self.routes.insert(
+                    topic,
+                    super::state::RouteEntry {
+                        role: TopicRole::Delay(i),
+                        delays: true,
+                        ..base.clone()
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Fails fast, with a clear message, if the registry is down or a main
     /// topic is missing; creates missing retry-tier and DLQ topics (with the
     /// main topic's partition count) when allowed, and warns about existing

@@ -44,10 +44,8 @@ impl Worker {
     /// Runs until `stop` completes, then shuts down gracefully: stop fetching,
     /// finish in-flight jobs within the grace period, cancel the rest,
     /// commit, leave the group.
-    pub async fn run_until<F: Future<Output = ()>>(
-        #[allow(unused_mut)] mut self,
-        stop: F,
-    ) -> Result<()> {
+    pub async fn run_until<F: Future<Output = ()>>(mut self, stop: F) -> Result<()> {
+        self.adopt_delay_topics().await?;
         self.preflight().await?;
         let producer =
             Producer::with_codec(&self.config, self.codec.clone(), Duration::from_secs(30))?;
