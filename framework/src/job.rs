@@ -78,30 +78,36 @@ pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
 ///
 /// It exists so handlers can make idempotency and logging decisions (the job
 /// id, the attempt) without parsing Kafka headers themselves.
+///
+/// The string fields are `Arc<str>`: the topic, group and contract name are
+/// shared by every job of a route, and the id is shared with the worker's
+/// own bookkeeping, so building a context costs no copy of them. They read
+/// as `&str` (`&ctx.id`, `ctx.id.as_ref()`); `ctx.id.to_string()` makes an
+/// owned `String` where one is needed.
 #[derive(Clone, Debug)]
 pub struct JobContext {
     /// Unique job id (`kjob-id`), the default idempotency key.
-    pub id: String,
+    pub id: std::sync::Arc<str>,
     /// Contract name from the record (`kjob-job`).
-    pub job: String,
+    pub job: std::sync::Arc<str>,
     /// Contract version the producer wrote (`kjob-version`), if present.
     pub version: Option<u32>,
     /// 1 for the first attempt; grows with each retry.
     pub attempt: u32,
     /// Topic the record was read from.
-    pub topic: String,
+    pub topic: std::sync::Arc<str>,
     /// Partition the record was read from.
     pub partition: i32,
     /// Offset of the record.
     pub offset: i64,
     /// The record key as UTF-8 (lossy), if any.
-    pub key: Option<String>,
+    pub key: Option<std::sync::Arc<str>>,
     /// Record timestamp in epoch milliseconds, if any.
     pub timestamp_ms: Option<i64>,
     /// The tenant header, if any.
     pub tenant: Option<String>,
     /// The consumer group running the job.
-    pub group: String,
+    pub group: std::sync::Arc<str>,
     /// For a retry: when it was due (`kjob-due-at`, epoch ms); for a
     /// delayed job: when it was asked to run (`kjob-run-at`). `now - due`
     /// is how late it ran.

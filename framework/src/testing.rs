@@ -477,7 +477,7 @@ impl Harness {
                 ran += 1;
                 if attempted.outcome == Outcome::Handled {
                     self.handled.push(Handled {
-                        id: attempted.id,
+                        id: attempted.id.to_string(),
                         job: attempted.job.to_string(),
                         attempt: attempted.attempt,
                         topic: job.item.topic().to_string(),

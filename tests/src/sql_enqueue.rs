@@ -88,7 +88,7 @@ impl SqlFixture {
                 async move {
                     h.lock().unwrap_or_else(|p| p.into_inner()).push(Handled {
                         seq: job.seq,
-                        id: ctx.id.clone(),
+                        id: ctx.id.to_string(),
                         behaviour: job.behaviour.clone(),
                         at_ms: kjob::dlq::now_ms(),
                         attempt: ctx.attempt,

@@ -52,7 +52,7 @@ fn worker(
             let r = ctx
                 .batch_report
                 .ok_or_else(|| JobError::invalid_input("no report"))?;
-            reports.lock().unwrap().push((ctx.id, r));
+            reports.lock().unwrap().push((ctx.id.to_string(), r));
             Ok(())
         }
     })

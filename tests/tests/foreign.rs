@@ -117,7 +117,7 @@ async fn a_thousand_headerless_jobs_from_a_foreign_producer_have_a_thousand_effe
                 if mark == Mark::First {
                     tx.execute(
                         &format!("INSERT INTO {effects} (seq, job_id) VALUES ($1, $2)"),
-                        &[&job.seq, &ctx.id],
+                        &[&job.seq, &ctx.id.to_string()],
                     )
                     .await
                     .map_err(|e| JobError::network(e.to_string()))?;

@@ -26,7 +26,7 @@ fn scripted(builder: WorkerBuilder, topic: &str, calls: Calls) -> WorkerBuilder 
             calls
                 .lock()
                 .unwrap()
-                .push((job.key.clone(), ctx.attempt, ctx.topic.clone()));
+                .push((job.key.clone(), ctx.attempt, ctx.topic.to_string()));
             async move {
                 match (job.key.as_str(), ctx.attempt) {
                     ("flaky", 1 | 2) => Err(JobError::server("503")),

@@ -1270,7 +1270,7 @@ fn batch_worker(
         .handle_on(callbacks, move |_job: TestJob, ctx: kjob::JobContext| {
             let fired = fired.clone();
             async move {
-                fired.lock().unwrap().push(ctx.id);
+                fired.lock().unwrap().push(ctx.id.to_string());
                 Ok(())
             }
         })

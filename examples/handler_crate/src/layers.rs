@@ -50,8 +50,8 @@ impl tower::Service<Request> for Logged {
             let result = fut.await;
             let ms = started.elapsed().as_millis() as u64;
             match &result {
-                Ok(()) => tracing::info!(job, id, attempt, ms, "attempt ok"),
-                Err(e) => tracing::info!(job, id, attempt, ms, error = %e, "attempt failed"),
+                Ok(()) => tracing::info!(%job, %id, attempt, ms, "attempt ok"),
+                Err(e) => tracing::info!(%job, %id, attempt, ms, error = %e, "attempt failed"),
             }
             result
         })

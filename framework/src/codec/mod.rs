@@ -449,6 +449,15 @@ impl SchemaSource for Codec {
     ) -> futures::future::BoxFuture<'_, std::result::Result<WriterSchema, DecodeError>> {
         Box::pin(async move { self.fetch_writer(id).await.map(WriterSchema::Registry) })
     }
+
+    fn cached(&self, id: u32) -> Option<WriterSchema> {
+        let writers = self
+            .writers
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let schema = writers.get(&id)?.get()?.clone();
+        Some(WriterSchema::Registry(schema))
+    }
 }
 
 #[cfg(test)]

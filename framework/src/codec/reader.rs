@@ -123,6 +123,14 @@ pub trait SchemaSource: Send + Sync {
         &self,
         id: u32,
     ) -> futures::future::BoxFuture<'_, std::result::Result<WriterSchema, DecodeError>>;
+
+    /// The writer schema with this id if it is at hand without waiting:
+    /// decoding then needs no future of its own (the steady state, where
+    /// every id was fetched before). `None` sends the caller to
+    /// [`SchemaSource::writer`].
+    fn cached(&self, _id: u32) -> Option<WriterSchema> {
+        None
+    }
 }
 /// A contract's reader schema plus what kjob learned about each writer
 /// schema it met: when a writer is identical to the reader (the steady
@@ -201,7 +209,10 @@ impl ReaderSchema {
         bytes: Option<&[u8]>,
     ) -> std::result::Result<J, DecodeError> {
         let (id, body) = split_frame(bytes)?;
-        let writer = source.writer(id).await?;
+        let writer = match source.cached(id) {
+            Some(w) => w,
+            None => source.writer(id).await?,
+        };
         let writer = writer.schema();
         if self.is_identical(id, writer) {
             let mut cursor = body;

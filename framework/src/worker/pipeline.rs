@@ -44,7 +44,7 @@ use crate::telemetry::spans::JobSpan;
 pub(crate) struct Attempted {
     pub outcome: Outcome,
     /// The job id the handler saw.
-    pub id: String,
+    pub id: Arc<str>,
     /// The contract name.
     pub job: &'static str,
     /// The attempt number.
@@ -52,7 +52,7 @@ pub(crate) struct Attempted {
 }
 
 impl Attempted {
-    fn released(id: String, job: &'static str, attempt: u32) -> Self {
+    fn released(id: Arc<str>, job: &'static str, attempt: u32) -> Self {
         Self {
             outcome: Outcome::Released,
             id,
@@ -79,27 +79,52 @@ pub(crate) struct Pipeline {
     pub(crate) server: Vec<KeyValue>,
     /// Where a finished job of a batch is recorded ([`crate::batch`]).
     pub(crate) batches: Option<Arc<crate::batch::recorder::Recorder>>,
+    /// The group, shared by every job's context.
+    group: Arc<str>,
+    /// Per route topic: its name and its contract's, shared by every
+    /// job's context (no copy per attempt).
+    names: rustc_hash::FxHashMap<String, Names>,
 }
 
-/// The context a handler sees for `msg`.
+/// The shared strings of one route topic's contexts.
+pub(crate) struct Names {
+    topic: Arc<str>,
+    job: Arc<str>,
+}
+
+/// The context a handler sees for `msg`, with the job id `id`. The topic's
+/// and contract's names come from `names` when the record's match them
+/// (always, but for a record whose `kjob-job` names another contract).
 pub(crate) fn context_for<M: Message>(
     msg: &M,
     headers: &JobHeaders,
-    group: &str,
+    id: Arc<str>,
+    group: &Arc<str>,
+    names: Option<&Names>,
     job: &str,
 ) -> JobContext {
+    let job = headers.job.as_deref().unwrap_or(job);
     JobContext {
-        id: headers.job_id(msg.topic(), msg.partition(), msg.offset()),
-        job: headers.job.clone().unwrap_or_else(|| job.to_string()),
+        id,
+        job: match names {
+            Some(n) if *n.job == *job => n.job.clone(),
+            _ => Arc::from(job),
+        },
         version: headers.version,
         attempt: headers.attempt.unwrap_or(1).max(1),
-        topic: msg.topic().to_string(),
+        topic: match names {
+            Some(n) if *n.topic == *msg.topic() => n.topic.clone(),
+            _ => Arc::from(msg.topic()),
+        },
         partition: msg.partition(),
         offset: msg.offset(),
-        key: msg.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+        key: msg.key().map(|k| match std::str::from_utf8(k) {
+            Ok(k) => Arc::from(k),
+            Err(_) => Arc::from(String::from_utf8_lossy(k)),
+        }),
         timestamp_ms: msg.timestamp().to_millis(),
         tenant: headers.tenant.clone(),
-        group: group.to_string(),
+        group: group.clone(),
         due_at_ms: headers.due_at_ms,
         batch: headers.batch.clone(),
         batch_report: headers
@@ -123,8 +148,21 @@ impl Pipeline {
         strict: Option<Arc<super::strict::Strict>>,
         clock: crate::clock::Clock,
     ) -> Self {
+        let names = routes
+            .iter()
+            .map(|(topic, e)| {
+                let names = Names {
+                    topic: Arc::from(topic.as_str()),
+                    job: Arc::from(e.route.job_name()),
+                };
+                (topic.clone(), names)
+            })
+            .collect();
+        let shared_group = Arc::from(group.as_str());
         let fw = Forwarder::new(sink, group, stats, metrics, cancel, &routes);
         Self {
+            group: shared_group,
+            names,
             routes,
             fw,
             strict,
@@ -150,13 +188,13 @@ impl Pipeline {
             // Unreachable: the consumer subscribes to route topics only. Not
             // marked done, so it is never lost.
             error!(topic = msg.topic(), "record from a topic without a route");
-            return Attempted::released(String::new(), "", 0);
+            return Attempted::released(Arc::from(""), "", 0);
         };
         let headers = JobHeaders::parse(msg.headers());
         let job = entry.route.job_name();
         let ended = |outcome| Attempted {
             outcome,
-            id: headers.job_id(msg.topic(), msg.partition(), msg.offset()),
+            id: Arc::from(headers.job_id(msg.topic(), msg.partition(), msg.offset())),
             job,
             attempt: headers.attempt.unwrap_or(1).max(1),
         };
@@ -181,7 +219,12 @@ impl Pipeline {
             }
         }
         // 3. The handler.
-        let mut ctx = context_for(msg, &headers, &self.fw.group, job);
+        let id: Arc<str> = match &headers.id {
+            Some(id) => Arc::from(id.as_str()),
+            None => Arc::from(headers.job_id(msg.topic(), msg.partition(), msg.offset())),
+        };
+        let names = self.names.get(msg.topic());
+        let mut ctx = context_for(msg, &headers, id, &self.group, names, job);
         match entry.role {
             // Its lateness is measured against the time it was asked for.
             TopicRole::Delay(_) => ctx.due_at_ms = headers.run_at_ms.or(ctx.due_at_ms),
@@ -317,14 +360,17 @@ fn handle_span<M: Message>(
                 msg.partition().to_string(),
             ),
             KeyValue::new("messaging.kafka.offset", msg.offset()),
-            KeyValue::new("messaging.consumer.group.name", ctx.group.clone()),
-            KeyValue::new("messaging.message.id", ctx.id.clone()),
+            KeyValue::new("messaging.consumer.group.name", ctx.group.to_string()),
+            KeyValue::new("messaging.message.id", ctx.id.to_string()),
             KeyValue::new("kjob.job", entry.route.job_name()),
             KeyValue::new("kjob.version", i64::from(ctx.version.unwrap_or(0))),
             KeyValue::new("kjob.attempt", i64::from(ctx.attempt)),
         ]);
         if let Some(key) = &ctx.key {
-            attrs.push(KeyValue::new("messaging.kafka.message.key", key.clone()));
+            attrs.push(KeyValue::new(
+                "messaging.kafka.message.key",
+                key.to_string(),
+            ));
         }
         if msg.topic() != main {
             attrs.push(KeyValue::new("kjob.topic", msg.topic().to_string()));

@@ -5,8 +5,9 @@
 //! rdkafka's `detach` does so field by field: the topic name, key, payload,
 //! and a C-side copy of the header list with one allocation per header. On
 //! the poll thread, the one serial stage of the worker, that copy was the
-//! largest cost per record. [`Polled`] keeps key, payload and every header
-//! in one byte buffer plus one small index, and shares the topic name.
+//! largest cost per record. [`Polled`] keeps key, payload, every header
+//! and the headers' index in one byte buffer (one allocation per record),
+//! and shares the topic name.
 //! A record's parts are at most `i32::MAX` bytes in Kafka, so `u32`
 //! offsets into the buffer suffice.
 //!
@@ -55,8 +56,20 @@ impl Span {
 /// not it has headers; [`Message::headers`] hands it out only if it does.
 pub(crate) struct PolledHeaders {
     bytes: Vec<u8>,
-    /// Name and value (absent: a null header value) of each header.
-    index: Vec<(Span, Option<Span>)>,
+    /// Where the index starts in `bytes`: per header, four little-endian
+    /// `u32`s (name at, name length, value at, value length), a value at
+    /// of `u32::MAX` for a null value.
+    index_at: u32,
+    count: u32,
+}
+
+/// Bytes per header in the index.
+const ENTRY: usize = 16;
+const NULL: u32 = u32::MAX;
+
+fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
+    let b: [u8; 4] = bytes.get(at..at.checked_add(4)?)?.try_into().ok()?;
+    Some(u32::from_le_bytes(b))
 }
 
 impl Polled {
@@ -73,18 +86,46 @@ impl Polled {
             }
         };
         let (key, payload) = (msg.key(), msg.payload());
-        bytes.reserve(key.map_or(0, <[u8]>::len) + payload.map_or(0, <[u8]>::len) + 256);
+        // Room for a typical kjob header set and its index, so the buffer
+        // is allocated once.
+        bytes.reserve(key.map_or(0, <[u8]>::len) + payload.map_or(0, <[u8]>::len) + 512);
         let key = key.map(|k| push(&mut bytes, k));
         let payload = payload.map(|p| push(&mut bytes, p));
-        let mut index = Vec::with_capacity(8);
+        // The spans go into a small stack buffer first and after the
+        // header bytes at the end (spilling to the heap past 16 headers).
+        let mut index: Vec<(Span, Option<Span>)> = Vec::new();
+        let mut inline = [(Span { at: 0, len: 0 }, None); 16];
+        let mut count = 0usize;
         let has_headers = copy_headers(msg, |name, value| {
             let name = match std::str::from_utf8(name) {
                 Ok(n) => push(&mut bytes, n.as_bytes()),
                 Err(_) => push(&mut bytes, String::from_utf8_lossy(name).as_bytes()),
             };
             let value = value.map(|v| push(&mut bytes, v));
-            index.push((name, value));
+            match inline.get_mut(count) {
+                Some(slot) if index.is_empty() => *slot = (name, value),
+                _ => {
+                    if index.is_empty() {
+                        index.extend_from_slice(&inline);
+                    }
+                    index.push((name, value));
+                }
+            }
+            count += 1;
         });
+        let index_at = bytes.len() as u32;
+        let spans = if index.is_empty() {
+            &inline[..count.min(inline.len())]
+        } else {
+            &index[..]
+        };
+        bytes.reserve(spans.len() * ENTRY);
+        for (name, value) in spans {
+            let (v_at, v_len) = value.map_or((NULL, 0), |v| (v.at, v.len));
+            for n in [name.at, name.len, v_at, v_len] {
+                bytes.extend_from_slice(&n.to_le_bytes());
+            }
+        }
         Self {
             topic,
             partition: msg.partition(),
@@ -92,7 +133,11 @@ impl Polled {
             timestamp: msg.timestamp(),
             key,
             payload,
-            data: PolledHeaders { bytes, index },
+            data: PolledHeaders {
+                bytes,
+                index_at,
+                count: count as u32,
+            },
             has_headers,
         }
     }
@@ -162,13 +207,28 @@ fn copy_headers(msg: &BorrowedMessage<'_>, mut each: impl FnMut(&[u8], Option<&[
 
 impl Headers for PolledHeaders {
     fn count(&self) -> usize {
-        self.index.len()
+        self.count as usize
     }
 
     fn try_get(&self, idx: usize) -> Option<Header<'_, &[u8]>> {
-        let (name, value) = self.index.get(idx)?;
+        if idx >= self.count as usize {
+            return None;
+        }
+        let at = (self.index_at as usize).checked_add(idx.checked_mul(ENTRY)?)?;
+        let field = |i: usize| u32_at(&self.bytes, at + 4 * i);
+        let name = Span {
+            at: field(0)?,
+            len: field(1)?,
+        };
+        let value = match field(2)? {
+            NULL => None,
+            v_at => Some(Span {
+                at: v_at,
+                len: field(3)?,
+            }),
+        };
         // Always UTF-8: `Polled::copy` stored it so.
-        let key = std::str::from_utf8(Span::of(&self.bytes, *name)?).ok()?;
+        let key = std::str::from_utf8(Span::of(&self.bytes, name)?).ok()?;
         Some(Header {
             key,
             value: value.and_then(|v| Span::of(&self.bytes, v)),
