@@ -15,7 +15,9 @@
 //! two checked rows resolved. On the batches page: progress, open batches
 //! first, callbacks fired or waiting, and a never-sealed batch cancelled
 //! with its reason and actor (refused without a reason, when read-only and
-//! a second time). The screenshots in docs/src/ (the book's
+//! a second time). On the schedules page: a pause (banner on every page, no tick while
+//! paused), a trigger with a manual id, a resume that does not catch up, the CLI
+//! on the same state, and the audit. The screenshots in docs/src/ (the book's
 //! dashboard chapter) are taken here.
 
 use std::net::TcpListener;
@@ -1640,5 +1642,288 @@ async fn retries_and_delayed_jobs_waiting_show_with_their_due_times() {
     click(&c, "#waiting-link").await;
     text(&c, &format!("section.waiting[data-topic='{tier}']")).await;
     save_screenshot(&c, "ui-waiting.png").await;
+    running.stop().await;
+}
+
+/// The ticks (epoch ms) among `ids` of schedule `name`, and its manual
+/// triggers' ids.
+fn ticks_and_manual(ids: &[String], name: &str) -> (Vec<i64>, Vec<String>) {
+    let prefix = format!("cron:{name}:");
+    let (mut ticks, mut manual) = (Vec::new(), Vec::new());
+    for id in ids {
+        let Some(rest) = id.strip_prefix(&prefix) else {
+            continue;
+        };
+        if rest.starts_with("manual:") {
+            manual.push(id.clone());
+        } else if let Ok(t) = humantime::parse_rfc3339(rest) {
+            let ms = t
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0);
+            ticks.push(ms);
+        }
+    }
+    (ticks, manual)
+}
+
+/// A POST of a schedules form from the browser's page: the status code.
+async fn post_schedule_from_page(
+    c: &Client,
+    action: &str,
+    csrf: &str,
+    group: &str,
+    schedule: &str,
+    reason: &str,
+) -> u16 {
+    let v = c
+        .execute_async(
+            r#"const [action, csrf, group, schedule, reason, done] = arguments;
+               fetch('/schedules/' + action, { method: 'POST', credentials: 'same-origin',
+                 body: new URLSearchParams({ csrf, group, schedule, reason }) })
+                 .then(r => done(r.status), () => done(0));"#,
+            vec![
+                serde_json::json!(action),
+                serde_json::json!(csrf),
+                serde_json::json!(group),
+                serde_json::json!(schedule),
+                serde_json::json!(reason),
+            ],
+        )
+        .await
+        .expect("execute_async");
+    v.as_u64().unwrap_or(0) as u16
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_is_paused_triggered_and_resumed_from_the_page_and_audited() {
+    init_logging();
+    let (_driver, c) = browser().await;
+    let config = ensure_stack();
+    let topic = unique("ui.cron");
+    let group = unique("g");
+    create_topic(&config, &topic, 1).await;
+    let handled: Arc<Mutex<Vec<String>>> = Default::default();
+    let seen = handled.clone();
+    let worker = kjob::Worker::builder(config.clone(), &group)
+        .handle_on(&topic, move |_job: TestJob, ctx: kjob::JobContext| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(ctx.id);
+                Ok(())
+            }
+        })
+        .schedule_with(
+            kjob::schedule::Schedule::new("tick", "* * * * * *", || TestJob::ok("tick", 0))
+                .on(&topic, || TestJob::ok("tick", 0)),
+        )
+        .build()
+        .expect("worker builds");
+    let running = start(worker);
+    eventually(Duration::from_secs(60), "the first ticks", || {
+        ticks_and_manual(&handled.lock().unwrap(), "tick").0.len() >= 2
+    })
+    .await;
+
+    let (_ui, base) = dashboard(&config, &["--allow-actions", "--no-discover"]).await;
+    let (_ro, ro_base) = dashboard(&config, &["--no-discover"]).await;
+    let page = format!("{base}/schedules?group={group}");
+    eventually_text(&c, &page, "tr[data-schedule='tick'] span.status", "running").await;
+    let leader = text(&c, "p.leader").await;
+    assert!(
+        leader.contains(&format!("kjob-{group}-")),
+        "the leader is the worker's member: {leader}"
+    );
+    assert!(
+        text(&c, "tr[data-schedule='tick'] td.last")
+            .await
+            .contains("UTC"),
+        "a last fired tick"
+    );
+    assert_eq!(count(&c, "#in-force").await, 0, "nothing in force yet");
+
+    // A pause without a reason is refused, then one with a reason holds.
+    let csrf = c
+        .find(Locator::Css("form.pause input[name=csrf]"))
+        .await
+        .expect("the pause form")
+        .attr("value")
+        .await
+        .expect("attr")
+        .unwrap_or_default();
+    assert_eq!(
+        post_schedule_from_page(&c, "pause", &csrf, &group, "tick", " ").await,
+        400
+    );
+    assert_eq!(
+        post_schedule_from_page(&c, "resume", &csrf, &group, "tick", "").await,
+        409,
+        "a running schedule cannot be resumed"
+    );
+    assert_eq!(
+        post_schedule_from_page(&c, "pause", &csrf, &group, "tock", "x").await,
+        404,
+        "no such schedule"
+    );
+    c.find(Locator::Css("form.pause input.reason"))
+        .await
+        .expect("the reason field")
+        .send_keys("reports DB <b>migration</b>")
+        .await
+        .expect("type");
+    click(&c, "form.pause button.pause").await;
+    let paused_at = kjob::dlq::now_ms();
+    let banner = text(&c, "#in-force").await;
+    assert!(
+        banner.contains("tick")
+            && banner.contains("ui-tester")
+            && banner.contains("<b>migration</b>"),
+        "the confirmation page shows the pause, its actor and reason as text: {banner}"
+    );
+    // Shown on every page while in force.
+    for other in ["/", "/dlq", "/batches"] {
+        c.goto(&format!("{base}{other}")).await.expect("goto");
+        assert!(
+            text(&c, "#in-force span.control").await.contains("tick"),
+            "the banner on {other}"
+        );
+    }
+    // The leader applies it within a second: no tick after that fires.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (ticks, _) = ticks_and_manual(&handled.lock().unwrap(), "tick");
+    let late: Vec<i64> = ticks
+        .iter()
+        .copied()
+        .filter(|t| *t > paused_at + 1_500)
+        .collect();
+    assert!(late.is_empty(), "ticks fired while paused: {late:?}");
+    eventually_text(&c, &page, "tr[data-schedule='tick'] span.status", "paused").await;
+    save_screenshot(&c, "ui-schedules.png").await;
+
+    // Trigger now while paused: one job, with a manual id.
+    click(&c, "form.trigger button.trigger").await;
+    let job_id = text(&c, "code.job-id").await;
+    assert!(
+        job_id.starts_with("cron:tick:manual:"),
+        "a manual id, not a tick's: {job_id}"
+    );
+    eventually(Duration::from_secs(30), "the triggered job handled", || {
+        handled.lock().unwrap().contains(&job_id)
+    })
+    .await;
+    eventually_text(
+        &c,
+        &page,
+        "tr[data-schedule='tick'] td.manual span.fired",
+        &job_id,
+    )
+    .await;
+
+    // Read-only: no buttons, and its POSTs are 403.
+    let ro_page = reqwest::get(format!("{ro_base}/schedules?group={group}"))
+        .await
+        .expect("GET")
+        .text()
+        .await
+        .expect("body");
+    assert!(ro_page.contains("data-schedule=\"tick\""), "{ro_page}");
+    assert!(
+        !ro_page.contains("/schedules/resume"),
+        "no resume form when read-only"
+    );
+    let refused = reqwest::Client::new()
+        .post(format!("{ro_base}/schedules/resume"))
+        .header("origin", &ro_base)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("group={group}&schedule=tick"))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(refused.status().as_u16(), 403);
+
+    // Resume: ticks fire again from the next one; the paused ones are not
+    // caught up.
+    c.goto(&page).await.expect("goto");
+    click(&c, "form.resume button.resume").await;
+    let resumed_at = kjob::dlq::now_ms();
+    assert_eq!(count(&c, "#in-force").await, 0, "the banner is gone");
+    eventually(Duration::from_secs(20), "ticks after the resume", || {
+        ticks_and_manual(&handled.lock().unwrap(), "tick")
+            .0
+            .iter()
+            .any(|t| *t > resumed_at + 1_000)
+    })
+    .await;
+    let (ticks, manual) = ticks_and_manual(&handled.lock().unwrap(), "tick");
+    let caught_up: Vec<i64> = ticks
+        .iter()
+        .copied()
+        .filter(|t| *t > paused_at + 1_500 && *t < resumed_at - 1_500)
+        .collect();
+    assert!(
+        caught_up.is_empty(),
+        "paused ticks were caught up: {caught_up:?}"
+    );
+    assert_eq!(
+        manual,
+        std::slice::from_ref(&job_id),
+        "the trigger fired once"
+    );
+
+    // The CLI sees and steers the same state; the page shows the audit.
+    let kjob = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kjob-cli"))
+            .args(args)
+            .env("KJOB_BOOTSTRAP_SERVERS", &config.bootstrap_servers)
+            .env("KJOB_SCHEMA_REGISTRY_URL", &config.schema_registry_url)
+            .env("USER", "cli-tester")
+            .output()
+            .expect("running kjob");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let paused = kjob(&[
+        "schedules",
+        "--group",
+        &group,
+        "pause",
+        "tick",
+        "--reason",
+        "from the CLI",
+    ]);
+    assert!(paused.contains("paused"), "{paused}");
+    let listed = kjob(&["schedules", "--group", &group]);
+    assert!(listed.contains("paused by cli-tester"), "{listed}");
+    eventually_text(
+        &c,
+        &page,
+        "tr[data-schedule='tick'] strong.by",
+        "cli-tester",
+    )
+    .await;
+    kjob(&["schedules", "--group", &group, "resume", "tick"]);
+    let audit: Vec<String> = kjob::schedule::read_schedule_topic(&config, &group)
+        .expect("the state topic")
+        .audit
+        .iter()
+        .map(|a| format!("{} {}", a.action, a.by))
+        .collect();
+    assert_eq!(
+        audit,
+        [
+            "paused ui-tester",
+            "triggered ui-tester",
+            "resumed ui-tester",
+            "paused cli-tester",
+            "resumed cli-tester"
+        ]
+    );
+    c.goto(&page).await.expect("goto");
+    assert_eq!(count(&c, "section.audit tbody tr").await, 5);
+    not_pwned(&c).await;
     running.stop().await;
 }
