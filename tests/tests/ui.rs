@@ -17,7 +17,8 @@
 //! with its reason and actor (refused without a reason, when read-only and
 //! a second time). On the schedules page: a pause (banner on every page, no tick while
 //! paused), a trigger with a manual id, a resume that does not catch up, the CLI
-//! on the same state, and the audit. The screenshots in docs/src/ (the book's
+//! on the same state, and the audit. A route paused from its page is held by
+//! every worker of the group, one that joins meanwhile too, and resumed. The screenshots in docs/src/ (the book's
 //! dashboard chapter) are taken here.
 
 use std::net::TcpListener;
@@ -1926,4 +1927,187 @@ async fn a_schedule_is_paused_triggered_and_resumed_from_the_page_and_audited() 
     assert_eq!(count(&c, "section.audit tbody tr").await, 5);
     not_pwned(&c).await;
     running.stop().await;
+}
+
+/// A worker of `group` on `topic` that records the seq of each job.
+fn recording_worker(
+    config: &KafkaConfig,
+    group: &str,
+    topic: &str,
+    seen: Arc<Mutex<Vec<i64>>>,
+) -> kjob::Worker {
+    kjob::Worker::builder(config.clone(), group)
+        .handle_on(topic, move |job: TestJob, _ctx: kjob::JobContext| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(job.seq);
+                Ok(())
+            }
+        })
+        .build()
+        .expect("worker builds")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_paused_from_the_page_is_held_by_every_worker_of_the_group_until_resumed() {
+    init_logging();
+    let (_driver, c) = browser().await;
+    let config = ensure_stack();
+    let topic = unique("ui.pause");
+    let group = unique("g");
+    create_topic(&config, &topic, 4).await;
+    let seen: Arc<Mutex<Vec<i64>>> = Default::default();
+    let first = start(recording_worker(&config, &group, &topic, seen.clone()));
+    let producer = Producer::new(&config).expect("producer");
+    for i in 0..4 {
+        producer
+            .enqueue_to(&topic, &TestJob::ok(format!("k{i}"), i))
+            .await
+            .expect("enqueue");
+    }
+    eventually(Duration::from_secs(60), "the first jobs", || {
+        seen.lock().unwrap().len() == 4
+    })
+    .await;
+
+    let route = format!("{topic}={group}");
+    let (_ui, base) = dashboard(
+        &config,
+        &["--allow-actions", "--no-discover", "--route", &route],
+    )
+    .await;
+    let page = format!("{base}/route?topic={topic}&group={group}");
+    eventually_text(&c, &page, "#route-control span.status", "running").await;
+    c.find(Locator::Css("#pause-reason"))
+        .await
+        .expect("the reason field")
+        .send_keys("payments provider incident")
+        .await
+        .expect("type");
+    click(&c, "#pause-route").await;
+    let banner = text(&c, "#in-force").await;
+    assert!(
+        banner.contains(&topic)
+            && banner.contains("ui-tester")
+            && banner.contains("payments provider incident"),
+        "{banner}"
+    );
+    c.goto(&format!("{base}/")).await.expect("goto");
+    assert!(
+        text(&c, "#in-force code.route").await.contains(&topic),
+        "the banner on the overview"
+    );
+
+    // Within a second every worker holds the route: nothing new runs, not
+    // even on a worker that joins while it is paused.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for i in 10..18 {
+        producer
+            .enqueue_to(&topic, &TestJob::ok(format!("k{i}"), i))
+            .await
+            .expect("enqueue");
+    }
+    let second = start(recording_worker(&config, &group, &topic, seen.clone()));
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        4,
+        "jobs ran while the route was paused: {:?}",
+        seen.lock().unwrap()
+    );
+    eventually_text(&c, &page, "#route-control span.status", "paused").await;
+    assert_eq!(text(&c, "#route-control strong.by").await, "ui-tester");
+    save_screenshot(&c, "ui-route-paused.png").await;
+
+    // A second pause is refused; the resume lets both workers run them all.
+    let (code, _) = {
+        let s = dashboard_session(&base, &page).await;
+        s.post(
+            "/route/pause",
+            &format!("topic={topic}&group={group}&reason=again"),
+        )
+        .await
+    };
+    assert_eq!(code, 409, "a paused route cannot be paused again");
+    click(&c, "#resume-route").await;
+    assert_eq!(count(&c, "#in-force").await, 0, "the banner is gone");
+    eventually(
+        Duration::from_secs(30),
+        "the held jobs after the resume",
+        || seen.lock().unwrap().len() == 12,
+    )
+    .await;
+    let mut ran: Vec<i64> = seen.lock().unwrap().clone();
+    ran.sort();
+    assert_eq!(
+        ran,
+        [0, 1, 2, 3, 10, 11, 12, 13, 14, 15, 16, 17],
+        "each once"
+    );
+
+    let audit: Vec<String> = kjob::control::read_control(&config, &group)
+        .expect("the control topic")
+        .audit
+        .iter()
+        .map(|a| format!("{} {} {}", a.subject, a.action, a.by))
+        .collect();
+    assert_eq!(
+        audit,
+        [
+            format!("route:{topic} paused ui-tester"),
+            format!("route:{topic} resumed ui-tester")
+        ]
+    );
+    // The CLI reads the same state.
+    let out = Command::new(env!("CARGO_BIN_EXE_kjob-cli"))
+        .args(["routes", "list", "--group", &group])
+        .env("KJOB_BOOTSTRAP_SERVERS", &config.bootstrap_servers)
+        .env("KJOB_SCHEMA_REGISTRY_URL", &config.schema_registry_url)
+        .output()
+        .expect("running kjob");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("no route is paused"), "{stdout}");
+    not_pwned(&c).await;
+    second.stop().await;
+    first.stop().await;
+}
+
+/// A plain-HTTP session (cookie and form token) from a first GET of `page`.
+async fn dashboard_session(base: &str, page: &str) -> HttpSession {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let r = http.get(page).send().await.expect("GET");
+    let cookie = session_cookie(&r);
+    let body = r.text().await.unwrap_or_default();
+    HttpSession {
+        http,
+        base: base.to_string(),
+        cookie,
+        csrf: form_token(&body),
+    }
+}
+
+struct HttpSession {
+    http: reqwest::Client,
+    base: String,
+    cookie: String,
+    csrf: String,
+}
+
+impl HttpSession {
+    async fn post(&self, path: &str, body: &str) -> (u16, String) {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("cookie", &self.cookie)
+            .header("origin", &self.base)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("csrf={}&{body}", self.csrf))
+            .send()
+            .await
+            .expect("POST");
+        (r.status().as_u16(), r.text().await.unwrap_or_default())
+    }
 }

@@ -168,6 +168,17 @@ impl Worker {
             .collect();
         let aborts: Vec<tokio::task::AbortHandle> =
             dispatchers.iter().map(|d| d.abort_handle()).collect();
+        // What is paused for the group, read before the first fetch and
+        // followed until this run ends (`following` is dropped with it).
+        let following = {
+            let (config, group) = (self.config.clone(), self.settings.group.clone());
+            tokio::task::spawn_blocking(move || crate::control::follow(&config, &group))
+                .await
+                .map_err(|e| Error::Task {
+                    what: "reading the group's controls",
+                    reason: e.to_string(),
+                })??
+        };
         let context = poll::WorkerContext {
             hub,
             routes: self
@@ -183,6 +194,8 @@ impl Worker {
             last_error: std::sync::Mutex::new(None),
             watchdog: self.watchdog.clone(),
             batches: pipeline.batches.clone(),
+            holds: Some(following.holds.clone()),
+            held: std::sync::Mutex::new(Default::default()),
         };
         let consumer = Arc::new(self.consumer(context)?);
         let mut topics = self.topics();

@@ -147,8 +147,15 @@ pub(super) fn layout(state: &AppState, title: &str, body: Markup) -> Markup {
                     div #in-force.in-force role="status" {
                         strong { "In force: " }
                         @for c in &in_force {
-                            span.control data-group=(c.group) data-schedule=(c.schedule) {
-                                "schedule " a href={"/schedules?group=" (super::pages::urlencode(&c.group))} { code { (c.schedule) } }
+                            span.control data-group=(c.group) {
+                                @match &c.held {
+                                    super::controls::Held::Schedule(name) => {
+                                        "schedule " a href={"/schedules?group=" (super::pages::urlencode(&c.group))} { code.schedule { (name) } }
+                                    },
+                                    super::controls::Held::Route(topic) => {
+                                        "route " a href={"/route?topic=" (super::pages::urlencode(topic)) "&group=" (super::pages::urlencode(&c.group))} { code.route { (topic) } }
+                                    },
+                                }
                                 " of " code { (c.group) } " paused by " strong { (c.by) }
                                 @if let Some(d) = super::view::utc(c.at_ms) { " since " (d) }
                                 ": " (c.reason)

@@ -180,6 +180,7 @@ impl Dashboard {
             indexes: Mutex::new(HashMap::new()),
             watched: Mutex::new(Default::default()),
             in_force: RwLock::new(Default::default()),
+            control_gen: Default::default(),
         });
         sampler::spawn(state.clone(), self.routes, self.discover);
         controls::spawn(state.clone());
@@ -260,6 +261,9 @@ pub(crate) struct AppState {
     watched: Mutex<std::collections::BTreeSet<String>>,
     /// The controls in force by group, for every page's banner.
     in_force: RwLock<controls::InForceMap>,
+    /// Bumped by every control action, so that a background refresh read
+    /// before it does not overwrite the action's newer read.
+    control_gen: std::sync::atomic::AtomicU64,
 }
 
 type Shared = Arc<AppState>;
@@ -269,6 +273,8 @@ fn router(state: Shared) -> Router {
         .route("/", get(pages::overview))
         .route("/route", get(route::route))
         .route("/replay", get(route::replay))
+        .route("/route/pause", post(controls::pause_route))
+        .route("/route/resume", post(controls::resume_route))
         .route("/waiting", get(waiting::waiting))
         .route("/dlq", get(dead_letters::dlq_list))
         .route("/dlq/show", get(dead_letters::dlq_show))

@@ -1,13 +1,14 @@
 //! The route page (partitions, tiers, lag chart, members) and the replay
 //! dry run, read-only.
 
-use axum::extract::{Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use maud::{html, Markup};
 use serde::Deserialize;
 
 use super::assets::layout;
+use super::auth::FormToken;
 use super::pages::{error_page, live_every, members_table, sparkline, upstream_or, urlencode};
 use super::sampler::Point;
 use super::view::{prose, when};
@@ -40,7 +41,11 @@ fn lag_chart(history: &[Point]) -> Markup {
 }
 
 /// `GET /route`: partitions, tiers, lag chart, members, replay form.
-pub(super) async fn route(State(state): State<Shared>, Query(q): Query<RouteQuery>) -> Response {
+pub(super) async fn route(
+    State(state): State<Shared>,
+    Extension(token): Extension<FormToken>,
+    Query(q): Query<RouteQuery>,
+) -> Response {
     let Some(v) = state.route_view(&q.topic, &q.group) else {
         return error_page(
             StatusCode::NOT_FOUND,
@@ -52,8 +57,35 @@ pub(super) async fn route(State(state): State<Shared>, Query(q): Query<RouteQuer
     };
     let hist: Vec<Point> = v.history.iter().copied().collect();
     let now = kjob::dlq::now_ms();
+    state.watch_group(&q.group);
+    let paused = state.route_paused(&q.group, &q.topic);
     layout(&state, &q.topic, html! {
         h1 { "Route " code { (q.topic) } " · group " code { (q.group) } }
+        section.card #route-control data-paused=(paused.is_some()) {
+            @match &paused {
+                Some(p) => p { span.status.paused { "paused" } " for the whole group by " strong.by { (p.by) } " " (when(Some(p.at_ms), now)) ": " span.reason { (p.reason) } },
+                None => p { span.status.running { "running" } " · no worker of the group is held from fetching it" },
+            }
+            @if state.allow_actions {
+                @if paused.is_some() {
+                    form.inline.resume-route method="post" action="/route/resume" {
+                        input type="hidden" name="csrf" value=(token.0);
+                        input type="hidden" name="topic" value=(q.topic);
+                        input type="hidden" name="group" value=(q.group);
+                        button.secondary #resume-route type="submit" { "Resume route" }
+                    }
+                } @else {
+                    form.inline.pause-route method="post" action="/route/pause" {
+                        input type="hidden" name="csrf" value=(token.0);
+                        input type="hidden" name="topic" value=(q.topic);
+                        input type="hidden" name="group" value=(q.group);
+                        label { "reason (required, audited)" input #pause-reason name="reason" required size="36"; }
+                        button.danger #pause-route type="submit" { "Pause route for the group" }
+                    }
+                    p.muted { "Every worker of the group stops fetching the main topic within about a second; jobs already fetched finish and are committed. Retry tiers and delay topics are shared by the group's routes and keep flowing." }
+                }
+            }
+        }
         div #route data-live=(live_every(&state)) {
             @if let Some(e) = &v.error { div.error { "sampling failed: " (prose(e)) } }
             section.card { h2 { "Lag" } (lag_chart(&hist)) }

@@ -229,7 +229,11 @@ async fn run(
         Ok(done) => done,
         Err(e) => return error_page(status_of(&e), &format!("{e:#}")),
     };
-    // The banner of the confirmation page already shows the change.
+    // The banner of the confirmation page already shows the change (and
+    // a background read begun before it is discarded).
+    state
+        .control_gen
+        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     let (config, g) = (state.config.clone(), f.group.clone());
     if let Ok(Ok(t)) =
         tokio::task::spawn_blocking(move || kjob::schedule::read_schedule_topic(&config, &g)).await
