@@ -78,11 +78,53 @@ pub struct ControlAudit {
     pub reason: Option<String>,
 }
 
+/// The key of a worker's [`WorkerBeat`].
+pub fn worker_key(client_id: &str) -> String {
+    format!("worker:{client_id}")
+}
+
+/// What a worker publishes about itself every [`BEAT_EVERY`] under
+/// `worker:<client.id>` (JSON): enough for a "workers" page without
+/// scraping each process. A clean stop writes a tombstone; a crashed
+/// worker's last beat stays, and readers tell it by its age.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerBeat {
+    /// The consumer's default `client.id` (`kjob-<group>-<host>-<pid>`),
+    /// which is how the group's member list names it.
+    pub client_id: String,
+    /// The host name.
+    pub host: String,
+    /// The process id.
+    pub pid: u32,
+    /// When the worker started (epoch ms).
+    pub started_ms: i64,
+    /// When this beat was written (epoch ms).
+    pub at_ms: i64,
+    /// Resident memory of the process, where the OS tells (Linux).
+    #[serde(default)]
+    pub rss_bytes: Option<u64>,
+    /// Handlers running now.
+    pub busy: usize,
+    /// Handlers that may run at once (the concurrency limit).
+    pub slots: usize,
+    /// Jobs handled since the start (all outcomes but retries).
+    pub handled: u64,
+    /// Handled per second over the last beat interval.
+    pub jobs_per_second: f64,
+    /// Partitions owned, per topic.
+    pub assignment: Vec<(String, Vec<i32>)>,
+}
+
+/// How often a worker publishes its [`WorkerBeat`].
+pub const BEAT_EVERY: Duration = Duration::from_secs(5);
+
 /// What the control topic holds.
 #[derive(Clone, Debug, Default)]
 pub struct ControlState {
     /// The latest control per route (main topic).
     pub routes: HashMap<String, RouteControl>,
+    /// The latest beat per worker (`client.id`).
+    pub workers: HashMap<String, WorkerBeat>,
     /// Every audited action, oldest first.
     pub audit: Vec<ControlAudit>,
 }
@@ -99,6 +141,20 @@ impl ControlState {
 
     /// Applies one record (`None`: a tombstone).
     fn apply(&mut self, topic: &str, key: &str, payload: Option<&[u8]>) {
+        if let Some(id) = key.strip_prefix("worker:") {
+            match payload.map(serde_json::from_slice::<WorkerBeat>) {
+                None => {
+                    self.workers.remove(id);
+                }
+                Some(Ok(b)) => {
+                    self.workers.insert(id.to_string(), b);
+                }
+                Some(Err(e)) => {
+                    warn!(topic = %topic, key = %key, error = %e, "unreadable worker beat; ignored")
+                }
+            }
+            return;
+        }
         let Some(rest) = key.strip_prefix("route:") else {
             return; // a key of a later version of kjob
         };
@@ -142,6 +198,118 @@ pub fn read_control(config: &KafkaConfig, group: &str) -> Result<ControlState> {
     }
     out.audit.sort_by_key(|a| a.at_ms);
     Ok(out)
+}
+
+/// Resident memory of this process, from `/proc/self/status` (Linux).
+fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// What [`beat`] reads of the worker each time.
+pub(crate) struct BeatSource {
+    pub(crate) config: KafkaConfig,
+    pub(crate) group: String,
+    pub(crate) client_id: String,
+    pub(crate) slots: usize,
+    pub(crate) stats: Arc<crate::worker::WorkerStats>,
+    /// Handlers running now (the scheduler's count, under its lock).
+    pub(crate) busy: Box<dyn Fn() -> usize + Send + Sync>,
+}
+
+/// Publishes a [`WorkerBeat`] every [`BEAT_EVERY`] until `stop`, then a
+/// tombstone. Creates the control topic when it is missing (compacted,
+/// one partition); a worker that may not (an ACL) logs it once and
+/// publishes nothing.
+pub(crate) async fn beat(
+    src: BeatSource,
+    producer: crate::producer::Producer,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let topic = control_topic(&src.group);
+    if let Err(e) = crate::topics::create_topics_with(
+        &src.config,
+        &[(topic.clone(), 1)],
+        &[("cleanup.policy", "compact")],
+    )
+    .await
+    {
+        warn!(topic = %topic, error = %e, "no worker heartbeats: the control topic could not be created");
+        return;
+    }
+    let key = worker_key(&src.client_id);
+    let started_ms = crate::dlq::now_ms();
+    let (host, pid) = (crate::config::hostname(), std::process::id());
+    let mut last: Option<(i64, u64)> = None;
+    let mut warned = false;
+    loop {
+        let now = crate::dlq::now_ms();
+        let handled = crate::worker::WorkerStats::get(&src.stats.handled);
+        let jobs_per_second = match last {
+            Some((at, n)) if now > at => {
+                (handled.saturating_sub(n)) as f64 * 1000.0 / (now - at) as f64
+            }
+            _ => 0.0,
+        };
+        last = Some((now, handled));
+        let mut assignment: Vec<(String, Vec<i32>)> = Vec::new();
+        let mut owned = src.stats.assignment();
+        owned.sort();
+        for (t, p) in owned {
+            match assignment.last_mut() {
+                Some((last, ps)) if *last == t => ps.push(p),
+                _ => assignment.push((t, vec![p])),
+            }
+        }
+        let b = WorkerBeat {
+            client_id: src.client_id.clone(),
+            host: host.clone(),
+            pid,
+            started_ms,
+            at_ms: now,
+            rss_bytes: rss_bytes(),
+            busy: (src.busy)(),
+            slots: src.slots,
+            handled,
+            jobs_per_second,
+            assignment,
+        };
+        let sent = match serde_json::to_vec(&b) {
+            Ok(body) => producer
+                .send_raw(
+                    &topic,
+                    Some(key.as_bytes()),
+                    Some(&body),
+                    rdkafka::message::OwnedHeaders::new(),
+                )
+                .await
+                .map(|_| ()),
+            Err(e) => Err(Error::Json {
+                what: "worker beat",
+                source: Arc::new(e),
+            }),
+        };
+        if let Err(e) = sent {
+            if !std::mem::replace(&mut warned, true) {
+                warn!(topic = %topic, error = %e, "could not publish a worker heartbeat; retrying quietly");
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(BEAT_EVERY) => {}
+        }
+    }
+    // Gone: a clean stop removes the worker from the page at once.
+    let _ = producer
+        .send_raw(
+            &topic,
+            Some(key.as_bytes()),
+            None,
+            rdkafka::message::OwnedHeaders::new(),
+        )
+        .await;
 }
 
 /// The paused main topics as the worker last read them, shared by the

@@ -144,3 +144,57 @@ pub async fn act(
         .await?;
     Ok(entry)
 }
+
+/// One worker of a group: its latest heartbeat and its group membership,
+/// joined by `client.id`.
+#[derive(Clone, Debug)]
+pub struct WorkerRow {
+    /// The member's (or the beat's) `client.id`.
+    pub client_id: String,
+    /// The latest heartbeat, if it published one.
+    pub beat: Option<kjob::control::WorkerBeat>,
+    /// The group member, if it is one now.
+    pub member: Option<crate::groups::GroupMember>,
+}
+
+impl WorkerRow {
+    /// Whether the beat is older than three intervals at `now_ms`: the
+    /// worker died without its tombstone, or cannot reach Kafka.
+    pub fn stale(&self, now_ms: i64) -> bool {
+        self.beat
+            .as_ref()
+            .is_none_or(|b| now_ms - b.at_ms > 3 * kjob::control::BEAT_EVERY.as_millis() as i64)
+    }
+}
+
+/// `group`'s workers: every member now and every heartbeat on the control
+/// topic (a beat without a member is a worker that died uncleanly, or
+/// whose `client.id` was overridden), members first. Blocking.
+pub fn workers(config: &KafkaConfig, group: &str) -> anyhow::Result<Vec<WorkerRow>> {
+    let mut beats = read_control(config, group)?.workers;
+    let members: Vec<crate::groups::GroupMember> =
+        crate::groups::describe_groups(config, Some(group))?
+            .into_iter()
+            .flat_map(|g| g.members)
+            .collect();
+    let mut rows: Vec<WorkerRow> = members
+        .into_iter()
+        .map(|m| WorkerRow {
+            client_id: m.client_id.clone(),
+            beat: beats.remove(&m.client_id),
+            member: Some(m),
+        })
+        .collect();
+    rows.sort_by(|a, b| a.client_id.cmp(&b.client_id));
+    let mut rest: Vec<WorkerRow> = beats
+        .into_iter()
+        .map(|(id, b)| WorkerRow {
+            client_id: id,
+            beat: Some(b),
+            member: None,
+        })
+        .collect();
+    rest.sort_by(|a, b| a.client_id.cmp(&b.client_id));
+    rows.extend(rest);
+    Ok(rows)
+}

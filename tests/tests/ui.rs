@@ -18,7 +18,8 @@
 //! a second time). On the schedules page: a pause (banner on every page, no tick while
 //! paused), a trigger with a manual id, a resume that does not catch up, the CLI
 //! on the same state, and the audit. A route paused from its page is held by
-//! every worker of the group, one that joins meanwhile too, and resumed. The screenshots in docs/src/ (the book's
+//! every worker of the group, one that joins meanwhile too, and resumed. The
+//! workers page shows two processes with their heartbeats and assignments. The screenshots in docs/src/ (the book's
 //! dashboard chapter) are taken here.
 
 use std::net::TcpListener;
@@ -2110,4 +2111,120 @@ impl HttpSession {
             .expect("POST");
         (r.status().as_u16(), r.text().await.unwrap_or_default())
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workers_page_shows_each_process_with_its_heartbeat_and_assignment() {
+    init_logging();
+    let (_driver, c) = browser().await;
+    let config = ensure_stack();
+    let topic = unique("ui.workers");
+    let group = unique("g");
+    create_topic(&config, &topic, 4).await;
+    let seen: Arc<Mutex<Vec<i64>>> = Default::default();
+    let here = start(recording_worker(&config, &group, &topic, seen.clone()));
+    let record = std::env::temp_dir().join(unique("kjob-workers"));
+    let child = Command::new(env!("CARGO_BIN_EXE_test-worker"))
+        .env("KJOB_TEST_TOPIC", &topic)
+        .env("KJOB_TEST_GROUP", &group)
+        .env("KJOB_TEST_RECORD", &record)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("test-worker runs");
+    let child_pid = child.id();
+    let mut child = Guard(child);
+    let (_ui, base) = dashboard(&config, &["--no-discover"]).await;
+    let page = format!("{base}/workers?group={group}");
+    let me = std::process::id();
+    // Both processes, each a member with a fresh heartbeat.
+    let start_wait = Instant::now();
+    loop {
+        c.goto(&page).await.expect("goto");
+        let fresh = count(&c, "tr[data-member='true'][data-stale='false']").await;
+        if fresh == 2 {
+            break;
+        }
+        assert!(
+            start_wait.elapsed() < Duration::from_secs(60),
+            "two fresh members: {}",
+            c.source().await.unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let pids: Vec<String> = {
+        let mut out = Vec::new();
+        for e in c
+            .find_all(Locator::Css("table.workers tbody tr td:nth-child(3)"))
+            .await
+            .expect("cells")
+        {
+            out.push(e.text().await.expect("text"));
+        }
+        out.sort();
+        out
+    };
+    let mut want = vec![me.to_string(), child_pid.to_string()];
+    want.sort();
+    assert_eq!(pids, want, "one row per process, by pid");
+    // Work shows as jobs/s in the next heartbeat of whoever handled it.
+    let producer = Producer::new(&config).expect("producer");
+    for i in 0..200 {
+        producer
+            .enqueue_to(&topic, &TestJob::ok(format!("k{i}"), i))
+            .await
+            .expect("enqueue");
+    }
+    let start_wait = Instant::now();
+    loop {
+        c.goto(&page).await.expect("goto");
+        let mut busy_rows = 0;
+        for e in c
+            .find_all(Locator::Css("table.workers td.rate"))
+            .await
+            .expect("cells")
+        {
+            if e.text().await.unwrap_or_default() != "0.0" {
+                busy_rows += 1;
+            }
+        }
+        if busy_rows > 0 {
+            break;
+        }
+        assert!(
+            start_wait.elapsed() < Duration::from_secs(30),
+            "no jobs/s after 200 jobs"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let mine = format!("tr[data-client$='-{me}']");
+    assert!(text(&c, &format!("{mine} td.rss")).await.ends_with("MiB"));
+    let busy = text(&c, &format!("{mine} td.busy")).await;
+    assert!(busy.contains(" / "), "busy / slots: {busy}");
+    // Four partitions between two members: each shows its share.
+    let a = text(&c, &format!("{mine} td.assignment")).await;
+    assert!(a.contains(&topic), "the assignment names the topic: {a}");
+    save_screenshot(&c, "ui-workers.png").await;
+
+    // The child stops: it leaves the group, and its row goes or says so.
+    let _ = Command::new("kill")
+        .args(["-TERM", &child_pid.to_string()])
+        .status();
+    let _ = child.0.wait();
+    let gone = format!("tr[data-client$='-{child_pid}']");
+    let start_wait = Instant::now();
+    loop {
+        c.goto(&page).await.expect("goto");
+        let still_member = count(&c, &format!("{gone}[data-member='true']")).await;
+        if still_member == 0 {
+            break;
+        }
+        assert!(
+            start_wait.elapsed() < Duration::from_secs(60),
+            "the stopped worker left"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(count(&c, &format!("{mine}[data-member='true']")).await, 1);
+    not_pwned(&c).await;
+    here.stop().await;
 }

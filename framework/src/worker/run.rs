@@ -168,6 +168,21 @@ impl Worker {
             .collect();
         let aborts: Vec<tokio::task::AbortHandle> =
             dispatchers.iter().map(|d| d.abort_handle()).collect();
+        // A heartbeat on the control topic for the dashboard's workers page.
+        {
+            let producer =
+                Producer::with_codec(&self.config, self.codec.clone(), Duration::from_secs(30))?;
+            let busy_hub = hub.clone();
+            let source = crate::control::BeatSource {
+                config: self.config.clone(),
+                group: self.settings.group.clone(),
+                client_id: crate::config::default_client_id(&self.settings.group),
+                slots: limits.concurrency,
+                stats: self.stats.clone(),
+                busy: Box::new(move || busy_hub.lock().sched.running()),
+            };
+            tokio::spawn(crate::control::beat(source, producer, background.clone()));
+        }
         // What is paused for the group, read before the first fetch and
         // followed until this run ends (`following` is dropped with it).
         let following = {

@@ -136,6 +136,7 @@ pub(super) fn layout(state: &AppState, title: &str, body: Markup) -> Markup {
                     a href="/dlq" { "Dead letters" }
                     a href="/batches" { "Batches" }
                     a href="/schedules" { "Schedules" }
+                    a href="/workers" { "Workers" }
                     @if state.allow_actions {
                         span.mode.rw { "actions allowed" }
                     } @else {

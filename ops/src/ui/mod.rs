@@ -31,6 +31,7 @@ mod sampler;
 mod schedules;
 mod view;
 mod waiting;
+mod workers;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -283,6 +284,7 @@ fn router(state: Shared) -> Router {
         .route("/batches", get(batches::list))
         .route("/batches/show", get(batches::show))
         .route("/batches/cancel", post(batches::cancel))
+        .route("/workers", get(workers::workers))
         .route("/schedules", get(schedules::list))
         .route("/schedules/pause", post(schedules::pause))
         .route("/schedules/resume", post(schedules::resume))

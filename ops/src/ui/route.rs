@@ -120,7 +120,7 @@ pub(super) async fn route(
                     }
                 }
             }
-            section.card { h2 { "Members" } (members_table(&q.group, &v.group_state, &v.members)) }
+            section.card { h2 { "Members" " " small { a #workers-link href={"/workers?group=" (urlencode(&q.group))} { "the workers: uptime, memory, busy slots, jobs/s" } } } (members_table(&q.group, &v.group_state, &v.members)) }
         }
         section.card {
             h2 { "Replay (dry run)" }
