@@ -36,6 +36,16 @@ pub fn control_topic(group: &str) -> String {
     format!("{group}.control")
 }
 
+/// The control topic's settings: compacted, with small segments so that
+/// the heartbeats (one per worker every five seconds) are compacted away
+/// within minutes and a full read stays short.
+pub const TOPIC_CONFIG: &[(&str, &str)] = &[
+    ("cleanup.policy", "compact"),
+    ("segment.ms", "600000"),
+    ("min.cleanable.dirty.ratio", "0.1"),
+    ("delete.retention.ms", "600000"),
+];
+
 /// The key of a route's [`RouteControl`].
 pub fn route_key(topic: &str) -> String {
     format!("route:{topic}")
@@ -113,6 +123,113 @@ pub struct WorkerBeat {
     pub jobs_per_second: f64,
     /// Partitions owned, per topic.
     pub assignment: Vec<(String, Vec<i32>)>,
+    /// Handler durations since the previous beat, per main topic, as
+    /// sparse [`DurationBuckets`] (mergeable across workers, unlike
+    /// quantiles).
+    #[serde(default)]
+    pub durations: Vec<(String, Vec<(u16, u64)>)>,
+}
+
+/// Buckets per doubling of a duration: a quantile read from them is
+/// within about 9 % of the true one.
+const PER_OCTAVE: f64 = 4.0;
+/// Buckets from 1 µs up: 4 × 32 octaves reach past an hour.
+const BUCKETS: usize = 128;
+
+/// A histogram of durations on a log scale, to merge and read quantiles
+/// from (the dashboard's p50 and p99).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DurationBuckets {
+    counts: HashMap<u16, u64>,
+}
+
+impl DurationBuckets {
+    fn index(seconds: f64) -> u16 {
+        let micros = (seconds * 1e6).max(1.0);
+        ((micros.log2() * PER_OCTAVE) as usize).min(BUCKETS - 1) as u16
+    }
+
+    /// The middle of bucket `i`, in milliseconds.
+    fn millis(i: u16) -> f64 {
+        2f64.powf((f64::from(i) + 0.5) / PER_OCTAVE) / 1000.0
+    }
+
+    /// Adds a sparse list of `(bucket, count)`.
+    pub fn merge(&mut self, sparse: &[(u16, u64)]) {
+        for (i, n) in sparse {
+            *self.counts.entry((*i).min(BUCKETS as u16 - 1)).or_default() += n;
+        }
+    }
+
+    /// Durations counted.
+    pub fn count(&self) -> u64 {
+        self.counts.values().sum()
+    }
+
+    /// The `q` quantile (0..=1) in milliseconds; `None` when empty.
+    pub fn quantile_ms(&self, q: f64) -> Option<f64> {
+        let total = self.count();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
+        let mut keys: Vec<&u16> = self.counts.keys().collect();
+        keys.sort();
+        let mut seen = 0;
+        for k in keys {
+            seen += self.counts[k];
+            if seen >= rank {
+                return Some(Self::millis(*k));
+            }
+        }
+        None
+    }
+}
+
+/// Per job, the handler durations since the last [`Durations::take`]:
+/// one atomic add per finished attempt (a read lock to find the job's
+/// buckets, a write lock only the first time a job is seen).
+#[derive(Debug, Default)]
+pub(crate) struct Durations {
+    jobs: RwLock<HashMap<&'static str, Arc<[AtomicU64; BUCKETS]>>>,
+}
+
+impl Durations {
+    pub(crate) fn record(&self, job: &'static str, seconds: f64) {
+        let i = usize::from(DurationBuckets::index(seconds));
+        if let Some(b) = self
+            .jobs
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(job)
+        {
+            b[i].fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let mut jobs = self.jobs.write().unwrap_or_else(PoisonError::into_inner);
+        let b = jobs
+            .entry(job)
+            .or_insert_with(|| Arc::new(std::array::from_fn(|_| AtomicU64::new(0))));
+        b[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Each job's counts since the last call, sparse, and zeroes them.
+    pub(crate) fn take(&self) -> HashMap<&'static str, Vec<(u16, u64)>> {
+        let jobs = self.jobs.read().unwrap_or_else(PoisonError::into_inner);
+        jobs.iter()
+            .map(|(job, b)| {
+                let sparse: Vec<(u16, u64)> = b
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, c)| {
+                        let n = c.swap(0, Ordering::Relaxed);
+                        (n > 0).then_some((i as u16, n))
+                    })
+                    .collect();
+                (*job, sparse)
+            })
+            .collect()
+    }
 }
 
 /// How often a worker publishes its [`WorkerBeat`].
@@ -125,6 +242,9 @@ pub struct ControlState {
     pub routes: HashMap<String, RouteControl>,
     /// The latest beat per worker (`client.id`).
     pub workers: HashMap<String, WorkerBeat>,
+    /// Every beat read, in order (those compaction has not removed yet):
+    /// the handler durations of each interval, for the dashboard's history.
+    pub beats: Vec<WorkerBeat>,
     /// Every audited action, oldest first.
     pub audit: Vec<ControlAudit>,
 }
@@ -147,6 +267,9 @@ impl ControlState {
                     self.workers.remove(id);
                 }
                 Some(Ok(b)) => {
+                    if !b.durations.is_empty() {
+                        self.beats.push(b.clone());
+                    }
                     self.workers.insert(id.to_string(), b);
                 }
                 Some(Err(e)) => {
@@ -217,6 +340,10 @@ pub(crate) struct BeatSource {
     pub(crate) stats: Arc<crate::worker::WorkerStats>,
     /// Handlers running now (the scheduler's count, under its lock).
     pub(crate) busy: Box<dyn Fn() -> usize + Send + Sync>,
+    /// Handler durations by job, taken at each beat.
+    pub(crate) durations: Arc<Durations>,
+    /// Each main topic's job.
+    pub(crate) jobs: Vec<(String, &'static str)>,
 }
 
 /// Publishes a [`WorkerBeat`] every [`BEAT_EVERY`] until `stop`, then a
@@ -229,12 +356,8 @@ pub(crate) async fn beat(
     stop: tokio_util::sync::CancellationToken,
 ) {
     let topic = control_topic(&src.group);
-    if let Err(e) = crate::topics::create_topics_with(
-        &src.config,
-        &[(topic.clone(), 1)],
-        &[("cleanup.policy", "compact")],
-    )
-    .await
+    if let Err(e) =
+        crate::topics::create_topics_with(&src.config, &[(topic.clone(), 1)], TOPIC_CONFIG).await
     {
         warn!(topic = %topic, error = %e, "no worker heartbeats: the control topic could not be created");
         return;
@@ -263,6 +386,15 @@ pub(crate) async fn beat(
                 _ => assignment.push((t, vec![p])),
             }
         }
+        let taken = src.durations.take();
+        let durations: Vec<(String, Vec<(u16, u64)>)> = src
+            .jobs
+            .iter()
+            .filter_map(|(topic, job)| {
+                let d = taken.get(job)?;
+                (!d.is_empty()).then(|| (topic.clone(), d.clone()))
+            })
+            .collect();
         let b = WorkerBeat {
             client_id: src.client_id.clone(),
             host: host.clone(),
@@ -275,6 +407,7 @@ pub(crate) async fn beat(
             handled,
             jobs_per_second,
             assignment,
+            durations,
         };
         let sent = match serde_json::to_vec(&b) {
             Ok(body) => producer
@@ -445,6 +578,7 @@ fn tail(config: &KafkaConfig, group: &str, holds: &Holds, stop: &AtomicBool) {
                     if let Some(key) = m.key().map(|k| String::from_utf8_lossy(k).into_owned()) {
                         state.apply(&topic, &key, m.payload());
                         state.audit.clear();
+                        state.beats.clear();
                         holds.set(state.paused());
                     }
                 }
@@ -497,6 +631,39 @@ mod tests {
         s.apply("t", &route_key("broken"), Some(b"nope"));
         assert!(s.routes.is_empty());
         assert_eq!(s.audit, [audit]);
+    }
+
+    #[test]
+    fn duration_quantiles_are_within_a_tenth_and_merge_across_workers() {
+        let d = Durations::default();
+        for ms in 1..=100 {
+            d.record("j", f64::from(ms) / 1000.0);
+        }
+        let taken = d.take();
+        let mut b = DurationBuckets::default();
+        b.merge(&taken["j"]);
+        assert_eq!(b.count(), 100);
+        let p50 = b.quantile_ms(0.5).unwrap_or_default();
+        let p99 = b.quantile_ms(0.99).unwrap_or_default();
+        assert!((45.0..=55.0).contains(&p50), "p50 {p50}");
+        assert!((90.0..=109.0).contains(&p99), "p99 {p99}");
+        // Taken means zeroed.
+        assert!(d.take()["j"].is_empty());
+        // Another worker's slow jobs move the merged p99.
+        let mut other = DurationBuckets::default();
+        for _ in 0..10 {
+            other.merge(&[(DurationBuckets::index(2.0), 1)]);
+        }
+        b.merge(
+            &other
+                .counts
+                .iter()
+                .map(|(k, v)| (*k, *v))
+                .collect::<Vec<_>>(),
+        );
+        let p99 = b.quantile_ms(0.99).unwrap_or_default();
+        assert!((1800.0..=2200.0).contains(&p99), "merged p99 {p99}");
+        assert_eq!(DurationBuckets::default().quantile_ms(0.5), None);
     }
 
     #[test]

@@ -121,7 +121,7 @@ pub async fn act(
     create_topics_with(
         config,
         &[(control_topic.clone(), 1)],
-        &[("cleanup.policy", "compact")],
+        kjob::control::TOPIC_CONFIG,
     )
     .await?;
     let producer = Producer::new(config)?;

@@ -19,7 +19,8 @@
 //! paused), a trigger with a manual id, a resume that does not catch up, the CLI
 //! on the same state, and the audit. A route paused from its page is held by
 //! every worker of the group, one that joins meanwhile too, and resumed. The
-//! workers page shows two processes with their heartbeats and assignments. The screenshots in docs/src/ (the book's
+//! workers page shows two processes with their heartbeats and assignments, and
+//! a minute of history with handler p50/p99 survives a dashboard restart. The screenshots in docs/src/ (the book's
 //! dashboard chapter) are taken here.
 
 use std::net::TcpListener;
@@ -2227,4 +2228,91 @@ async fn the_workers_page_shows_each_process_with_its_heartbeat_and_assignment()
     assert_eq!(count(&c, &format!("{mine}[data-member='true']")).await, 1);
     not_pwned(&c).await;
     here.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minute_of_history_with_handler_durations_survives_a_dashboard_restart() {
+    init_logging();
+    let (_driver, c) = browser().await;
+    let config = ensure_stack();
+    let topic = unique("ui.history");
+    let group = unique("g");
+    create_topic(&config, &topic, 2).await;
+    // Handlers that take about 20 ms.
+    let worker = kjob::Worker::builder(config.clone(), &group)
+        .handle_on(&topic, |_job: TestJob, _ctx: kjob::JobContext| async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(())
+        })
+        .build()
+        .expect("worker builds");
+    let running = start(worker);
+    let route = format!("{topic}={group}");
+    let (ui, base) = dashboard(&config, &["--no-discover", "--route", &route]).await;
+    let producer = Producer::new(&config).expect("producer");
+    let page = format!("{base}/route?topic={topic}&group={group}");
+    // Jobs all through the next whole minute, until a point is recorded.
+    let start_wait = Instant::now();
+    let mut i = 0;
+    loop {
+        for _ in 0..10 {
+            producer
+                .enqueue_to(&topic, &TestJob::ok(format!("k{i}"), i))
+                .await
+                .expect("enqueue");
+            i += 1;
+        }
+        c.goto(&page).await.expect("goto");
+        if count(&c, "#day span.minutes").await > 0 {
+            let p50 = text(&c, "#day .p50").await;
+            if p50 != "-" {
+                break;
+            }
+        }
+        assert!(
+            start_wait.elapsed() < Duration::from_secs(150),
+            "no minute with durations after 150 s"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let p50: f64 = text(&c, "#day .p50").await.parse().expect("p50 in ms");
+    let p99: f64 = text(&c, "#day .p99").await.parse().expect("p99 in ms");
+    assert!(
+        (15.0..=60.0).contains(&p50),
+        "handlers take ~20 ms: p50 {p50}"
+    );
+    assert!(p99 >= p50, "p99 {p99} >= p50 {p50}");
+    let handled: f64 = text(&c, "#day [data-series='handled'] .value")
+        .await
+        .parse()
+        .expect("handled");
+    assert!(handled > 0.0, "jobs handled in the minute");
+    save_screenshot(&c, "ui-history.png").await;
+
+    // A new dashboard process starts with the recorded minute.
+    drop(ui);
+    let (_ui2, base2) = dashboard(&config, &["--no-discover", "--route", &route]).await;
+    let page2 = format!("{base2}/route?topic={topic}&group={group}");
+    let start_wait = Instant::now();
+    loop {
+        c.goto(&page2).await.expect("goto");
+        // The route page answers once the route is sampled; the history
+        // was read from the topic before that.
+        if count(&c, "#day").await > 0 {
+            break;
+        }
+        assert!(start_wait.elapsed() < Duration::from_secs(30), "route page");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let minutes: usize = text(&c, "#day span.minutes")
+        .await
+        .parse()
+        .expect("minutes");
+    assert!(minutes >= 1, "the restarted dashboard has the minute");
+    let again: f64 = text(&c, "#day .p50")
+        .await
+        .parse()
+        .expect("p50 after restart");
+    assert!((15.0..=60.0).contains(&again), "p50 after restart {again}");
+    running.stop().await;
 }

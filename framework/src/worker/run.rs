@@ -180,6 +180,13 @@ impl Worker {
                 slots: limits.concurrency,
                 stats: self.stats.clone(),
                 busy: Box::new(move || busy_hub.lock().sched.running()),
+                durations: self.metrics.durations.clone(),
+                jobs: self
+                    .routes
+                    .iter()
+                    .filter(|(topic, e)| **topic == e.main)
+                    .map(|(topic, e)| (topic.clone(), e.route.job_name()))
+                    .collect(),
             };
             tokio::spawn(crate::control::beat(source, producer, background.clone()));
         }

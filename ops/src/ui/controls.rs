@@ -159,6 +159,7 @@ pub(super) fn spawn(state: Shared) {
                         state.set_in_force(&group, t.controls.values());
                         state.set_routes_in_force(&group, &r);
                     }
+                    state.history.absorb(&group, &r.beats);
                 }
             }
             let every = state.sample_every;

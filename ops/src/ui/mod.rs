@@ -24,6 +24,7 @@ mod batches;
 mod controls;
 mod dead_letters;
 mod dlq_query;
+mod history;
 mod indexes;
 mod pages;
 mod route;
@@ -182,9 +183,11 @@ impl Dashboard {
             watched: Mutex::new(Default::default()),
             in_force: RwLock::new(Default::default()),
             control_gen: Default::default(),
+            history: Default::default(),
         });
         sampler::spawn(state.clone(), self.routes, self.discover);
         controls::spawn(state.clone());
+        history::spawn(state.clone());
         Ok(router(state))
     }
 
@@ -265,6 +268,8 @@ pub(crate) struct AppState {
     /// Bumped by every control action, so that a background refresh read
     /// before it does not overwrite the action's newer read.
     control_gen: std::sync::atomic::AtomicU64,
+    /// The charts' last day, per route and minute.
+    history: history::History,
 }
 
 type Shared = Arc<AppState>;

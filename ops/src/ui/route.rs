@@ -40,6 +40,54 @@ fn lag_chart(history: &[Point]) -> Markup {
     }
 }
 
+/// The last day at one point a minute ([`super::history`]): lag, the
+/// minute's handled, retried and dead-lettered jobs, and handler p50/p99.
+fn day_charts(minutes: &[super::history::Minute]) -> Markup {
+    let series =
+        |f: fn(&super::history::Minute) -> f64| -> Vec<f64> { minutes.iter().map(f).collect() };
+    let durations: Vec<&super::history::Minute> =
+        minutes.iter().filter(|m| m.p50_ms.is_some()).collect();
+    let last = |v: &[f64]| v.last().copied().unwrap_or(0.0);
+    let charts: [(&str, &str, Vec<f64>); 4] = [
+        ("lag", "lag", series(|m| m.lag as f64)),
+        ("handled", "handled / min", series(|m| m.handled)),
+        ("retried", "retried / min", series(|m| m.retried)),
+        ("dead", "dead-lettered / min", series(|m| m.dead_lettered)),
+    ];
+    html! {
+        @if minutes.is_empty() {
+            p.muted.none { "No minute recorded yet: the first point appears at the end of this minute." }
+        } @else {
+            div.metrics {
+                @for (class, label, values) in &charts {
+                    div.metric.day data-series=(class) {
+                        div.label { (label) }
+                        div.value { (format!("{:.0}", last(values))) }
+                        (sparkline(values, 240, 40))
+                    }
+                }
+                div.metric.day data-series="p50" {
+                    div.label { "handler p50 (ms)" }
+                    div.value.p50 { (durations.last().and_then(|m| m.p50_ms).map_or("-".into(), |v| format!("{v:.1}"))) }
+                    (sparkline(&durations.iter().filter_map(|m| m.p50_ms).collect::<Vec<_>>(), 240, 40))
+                }
+                div.metric.day data-series="p99" {
+                    div.label { "handler p99 (ms)" }
+                    div.value.p99 { (durations.last().and_then(|m| m.p99_ms).map_or("-".into(), |v| format!("{v:.1}"))) }
+                    (sparkline(&durations.iter().filter_map(|m| m.p99_ms).collect::<Vec<_>>(), 240, 40))
+                }
+            }
+            p.muted.span {
+                span.minutes { (minutes.len()) } " minutes recorded"
+                @if let (Some(a), Some(b)) = (minutes.first(), minutes.last()) {
+                    ", " (format_ms(Some(a.minute_ms))) " – " (format_ms(Some(b.minute_ms)))
+                }
+                "; kept on " code { (super::history::TOPIC) } " for 25 hours"
+            }
+        }
+    }
+}
+
 /// `GET /route`: partitions, tiers, lag chart, members, replay form.
 pub(super) async fn route(
     State(state): State<Shared>,
@@ -89,6 +137,7 @@ pub(super) async fn route(
         div #route data-live=(live_every(&state)) {
             @if let Some(e) = &v.error { div.error { "sampling failed: " (prose(e)) } }
             section.card { h2 { "Lag" } (lag_chart(&hist)) }
+            section.card #day { h2 { "Last 24 hours" " " small { "one point a minute, across restarts" } } (day_charts(&state.history.of(&v.key))) }
             section.card {
                 h2 { "Partitions" }
                 table {
