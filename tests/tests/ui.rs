@@ -1849,6 +1849,8 @@ async fn a_schedule_is_paused_triggered_and_resumed_from_the_page_and_audited() 
     c.goto(&page).await.expect("goto");
     click(&c, "form.resume button.resume").await;
     let resumed_at = kjob::dlq::now_ms();
+    // The confirmation page (not the page the click left).
+    assert!(text(&c, "p.notice.done").await.contains("resumed"));
     assert_eq!(count(&c, "#in-force").await, 0, "the banner is gone");
     eventually(Duration::from_secs(20), "ticks after the resume", || {
         ticks_and_manual(&handled.lock().unwrap(), "tick")
@@ -2032,6 +2034,8 @@ async fn a_route_paused_from_the_page_is_held_by_every_worker_of_the_group_until
     };
     assert_eq!(code, 409, "a paused route cannot be paused again");
     click(&c, "#resume-route").await;
+    // The confirmation page (not the page the click left).
+    assert!(text(&c, "p.notice.done").await.contains("resumed"));
     assert_eq!(count(&c, "#in-force").await, 0, "the banner is gone");
     eventually(
         Duration::from_secs(30),

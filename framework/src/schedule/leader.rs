@@ -435,7 +435,7 @@ pub(crate) async fn run_schedules(
     schedules: Vec<Schedule>,
     stop: CancellationToken,
 ) {
-    let firing = Firing {
+    let firing = Arc::new(Firing {
         config,
         group,
         producer,
@@ -443,9 +443,27 @@ pub(crate) async fn run_schedules(
         metrics,
         schedules,
         controls: Mutex::new(HashMap::new()),
-    };
+    });
+    // The controls are read beside the firing loop, so a slow read never
+    // makes a tick late.
+    {
+        let (firing, stop) = (firing.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(CONTROLS_EVERY) => {}
+                }
+                if !firing.leading() {
+                    continue;
+                }
+                if let Err(e) = firing.refresh_controls().await {
+                    warn!(group = %firing.group, error = %e, "could not read the schedule controls; keeping the last ones");
+                }
+            }
+        });
+    }
     let mut states: Option<HashMap<String, ScheduleState>> = None;
-    let mut controls_read = std::time::Instant::now();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -472,16 +490,9 @@ pub(crate) async fn run_schedules(
             }
             continue;
         }
-        if states.is_some() && controls_read.elapsed() >= CONTROLS_EVERY {
-            controls_read = std::time::Instant::now();
-            if let Err(e) = firing.refresh_controls().await {
-                warn!(group = %firing.group, error = %e, "could not read the schedule controls; keeping the last ones");
-            }
-        }
         if states.is_none() {
             match firing.take_over().await {
                 Ok(s) => {
-                    controls_read = std::time::Instant::now();
                     info!(group = %firing.group, schedules = s.len(), "schedule leader: firing this group's schedules");
                     states = Some(s);
                 }

@@ -155,6 +155,10 @@ pub(super) fn spawn(state: Shared) {
                 })
                 .await
                 {
+                    let _one_step = state
+                        .control_apply
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                     if state.control_gen.load(Ordering::Acquire) == generation {
                         state.set_in_force(&group, t.controls.values());
                         state.set_routes_in_force(&group, &r);
@@ -203,6 +207,10 @@ async fn route_action(
     state.control_gen.fetch_add(1, Ordering::AcqRel);
     let (c, g) = (state.config.clone(), f.group.clone());
     if let Ok(Ok(r)) = tokio::task::spawn_blocking(move || read_control(&c, &g)).await {
+        let _one_step = state
+            .control_apply
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         state.set_routes_in_force(&f.group, &r);
     }
     let back = format!(

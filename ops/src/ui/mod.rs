@@ -183,6 +183,7 @@ impl Dashboard {
             watched: Mutex::new(Default::default()),
             in_force: RwLock::new(Default::default()),
             control_gen: Default::default(),
+            control_apply: Mutex::new(()),
             history: Default::default(),
         });
         sampler::spawn(state.clone(), self.routes, self.discover);
@@ -268,6 +269,9 @@ pub(crate) struct AppState {
     /// Bumped by every control action, so that a background refresh read
     /// before it does not overwrite the action's newer read.
     control_gen: std::sync::atomic::AtomicU64,
+    /// Held while the banner's controls are replaced, so that a check of
+    /// `control_gen` and the write it allows are one step.
+    control_apply: Mutex<()>,
     /// The charts' last day, per route and minute.
     history: history::History,
 }

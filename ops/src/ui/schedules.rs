@@ -238,6 +238,10 @@ async fn run(
     if let Ok(Ok(t)) =
         tokio::task::spawn_blocking(move || kjob::schedule::read_schedule_topic(&config, &g)).await
     {
+        let _one_step = state
+            .control_apply
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         state.set_in_force(&f.group, t.controls.values());
     }
     layout(&state, "Schedule", html! {
