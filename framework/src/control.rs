@@ -344,6 +344,10 @@ pub(crate) struct BeatSource {
     pub(crate) durations: Arc<Durations>,
     /// Each main topic's job.
     pub(crate) jobs: Vec<(String, &'static str)>,
+    /// Whether the worker may create the control topic
+    /// (`WorkerBuilder::create_topics`); otherwise it beats only once an
+    /// operator's first action (or an admin) created it.
+    pub(crate) may_create: bool,
 }
 
 /// Publishes a [`WorkerBeat`] every [`BEAT_EVERY`] until `stop`, then a
@@ -356,11 +360,14 @@ pub(crate) async fn beat(
     stop: tokio_util::sync::CancellationToken,
 ) {
     let topic = control_topic(&src.group);
-    if let Err(e) =
-        crate::topics::create_topics_with(&src.config, &[(topic.clone(), 1)], TOPIC_CONFIG).await
-    {
-        warn!(topic = %topic, error = %e, "no worker heartbeats: the control topic could not be created");
-        return;
+    if src.may_create {
+        if let Err(e) =
+            crate::topics::create_topics_with(&src.config, &[(topic.clone(), 1)], TOPIC_CONFIG)
+                .await
+        {
+            warn!(topic = %topic, error = %e, "no worker heartbeats: the control topic could not be created");
+            return;
+        }
     }
     let key = worker_key(&src.client_id);
     let started_ms = crate::dlq::now_ms();

@@ -181,6 +181,7 @@ impl Worker {
                 stats: self.stats.clone(),
                 busy: Box::new(move || busy_hub.lock().sched.running()),
                 durations: self.metrics.durations.clone(),
+                may_create: self.create_topics,
                 jobs: self
                     .routes
                     .iter()
