@@ -25,6 +25,7 @@ mod legacy;
 mod outbox;
 mod output;
 mod replay;
+mod routes;
 mod schedules;
 mod schema;
 mod status;
@@ -128,7 +129,10 @@ enum Command {
     Outbox(outbox::OutboxCommand),
     /// Reset a group's offsets to handle jobs again, or undo a reset from a file (dry run unless --execute).
     Replay(replay::ReplayArgs),
-    /// A group's cron schedules: expression, last fired tick, next tick.
+    /// Pause or resume a route for a whole group (every worker stops fetching it), audited.
+    #[command(subcommand)]
+    Routes(routes::RoutesCommand),
+    /// A group's cron schedules: next and last tick, the leader; pause, resume or trigger one.
     Schedules(schedules::SchedulesArgs),
     /// Check or register job contracts against the schema registry, or export a crate's to `schemas/`.
     #[command(subcommand)]
@@ -279,6 +283,7 @@ pub fn main() -> ExitCode {
             #[cfg(feature = "postgres")]
             Command::Outbox(cmd) => outbox::run(&ctx, cmd).await,
             Command::Replay(args) => replay::run(&ctx, args).await,
+            Command::Routes(cmd) => routes::run(&ctx, cmd).await,
             Command::Schedules(args) => schedules::run(&ctx, args).await,
             Command::Batches(cmd) => batches::run(&ctx, cmd).await,
             Command::Schema(cmd) => schema::run(&ctx, cmd).await,

@@ -1,4 +1,6 @@
-//! `kjob schedules`: a group's cron schedules, from its state topic alone.
+//! `kjob schedules`: a group's cron schedules, from its state topic alone,
+//! and `kjob schedules pause|resume|trigger` (audited in the same topic;
+//! see `kjob_ops::schedules`).
 //!
 //! Each row is what the last schedule leader recorded: the expression, the
 //! topic, the catch-up policy, the last tick fired and the next tick due.
@@ -7,12 +9,13 @@
 //! answer is "no leader", however recently the state was written.
 
 use anyhow::Result;
-use clap::Args;
+use clap::{Args, Subcommand};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
 use crate::output::{json, outln};
 use crate::Ctx;
-use kjob::schedule::{format_tick, next_tick, read_states, state_topic};
+use kjob::schedule::{format_tick, state_topic};
+use kjob_ops::schedules::{act, read, Action};
 use kjob_ops::terminal::{for_terminal, CELL_WIDTH};
 use kjob_ops::time::format_ms;
 
@@ -21,27 +24,103 @@ pub(crate) struct SchedulesArgs {
     /// The consumer group whose workers run the schedules.
     #[arg(long)]
     group: String,
+    #[command(subcommand)]
+    action: Option<ScheduleCommand>,
+}
+
+/// What to do with one schedule (none: list them all).
+#[derive(Subcommand, Debug)]
+pub(crate) enum ScheduleCommand {
+    /// Stop firing a schedule: its ticks pass as skipped until resumed (a resume never catches up on them).
+    Pause {
+        /// The schedule's name.
+        schedule: String,
+        /// Why (required; shown on every dashboard page while paused).
+        #[arg(long)]
+        reason: String,
+        /// Who is doing this.
+        #[arg(long, env = "USER", default_value = "unknown")]
+        by: String,
+    },
+    /// Fire a paused schedule again, from its next tick on.
+    Resume {
+        /// The schedule's name.
+        schedule: String,
+        /// Who is doing this.
+        #[arg(long, env = "USER", default_value = "unknown")]
+        by: String,
+    },
+    /// Have the leader enqueue the schedule's job once now, as cron:<name>:manual:<time>.
+    Trigger {
+        /// The schedule's name.
+        schedule: String,
+        /// Who is doing this.
+        #[arg(long, env = "USER", default_value = "unknown")]
+        by: String,
+    },
+}
+
+async fn run_action(ctx: &Ctx, group: &str, command: ScheduleCommand) -> Result<()> {
+    let (schedule, by, action) = match command {
+        ScheduleCommand::Pause {
+            schedule,
+            reason,
+            by,
+        } => (schedule, by, Action::Pause { reason }),
+        ScheduleCommand::Resume { schedule, by } => (schedule, by, Action::Resume),
+        ScheduleCommand::Trigger { schedule, by } => (schedule, by, Action::Trigger),
+    };
+    let done = act(&ctx.config, group, &schedule, &by, action).await?;
+    if ctx.json() {
+        return json(&serde_json::json!({
+            "group": group, "schedule": done.schedule, "action": done.action,
+            "by": done.by, "at": format_ms(Some(done.at_ms)), "reason": done.reason,
+            "job_id": done.job_id,
+        }));
+    }
+    let cell = |v: &str| for_terminal(v, CELL_WIDTH);
+    match &done.job_id {
+        Some(id) => outln!(
+            "{} `{}` as {}: the leader enqueues job {} within a second",
+            done.action,
+            cell(&done.schedule),
+            cell(&done.by),
+            cell(id)
+        ),
+        None => outln!(
+            "{} `{}` as {}; the leader applies it within a second",
+            done.action,
+            cell(&done.schedule),
+            cell(&done.by)
+        ),
+    }?;
+    Ok(())
 }
 
 pub(crate) async fn run(ctx: &Ctx, args: SchedulesArgs) -> Result<()> {
+    if let Some(command) = args.action {
+        return run_action(ctx, &args.group, command).await;
+    }
     let (c, g) = (ctx.config.clone(), args.group.clone());
-    let states = tokio::task::spawn_blocking(move || read_states(&c, &g)).await??;
-    let (c, g) = (ctx.config.clone(), args.group.clone());
-    let leader = tokio::task::spawn_blocking(move || current_leader(&c, &g)).await??;
-    let now = kjob::dlq::now_ms();
-    let mut rows: Vec<_> = states.into_values().collect();
-    rows.sort_by(|a, b| a.schedule.cmp(&b.schedule));
+    let all = tokio::task::spawn_blocking(move || read(&c, &g)).await??;
+    let (leader, rows) = (all.leader, all.rows);
     if ctx.json() {
         let out: Vec<serde_json::Value> = rows
             .iter()
-            .map(|s| {
+            .map(|r| {
+                let s = &r.state;
                 serde_json::json!({
                     "schedule": s.schedule,
                     "cron": s.cron,
                     "topic": s.topic,
                     "catch_up": s.catch_up,
                     "last_fired": s.last_fired_ms.map(format_tick),
-                    "next_tick": next_tick(&s.cron, now).map(format_tick),
+                    "next_tick": r.next_ms.map(format_tick),
+                    "paused": r.paused(),
+                    "paused_by": r.control.as_ref().filter(|c| c.paused).map(|c| &c.by),
+                    "pause_reason": r.control.as_ref().filter(|c| c.paused).and_then(|c| c.reason.as_ref()),
+                    "last_trigger": s.last_trigger_ms.map(format_tick),
+                    "pending_trigger": r.pending_trigger().map(format_tick),
                     "leader": s.leader,
                     "updated": format_ms(Some(s.updated_ms)),
                 })
@@ -72,6 +151,7 @@ pub(crate) async fn run(ctx: &Ctx, args: SchedulesArgs) -> Result<()> {
         "cron (UTC)",
         "topic",
         "catch-up",
+        "state",
         "last fired tick",
         "next tick",
         "last recorded by",
@@ -79,34 +159,27 @@ pub(crate) async fn run(ctx: &Ctx, args: SchedulesArgs) -> Result<()> {
     // The rows come from records in the state topic: any producer to it
     // chose their text.
     let cell = |v: &str| for_terminal(v, CELL_WIDTH);
-    for s in rows {
+    for r in rows {
+        let state = match r.control.as_ref().filter(|c| c.paused) {
+            Some(c) => format!(
+                "paused by {}: {}",
+                cell(&c.by),
+                cell(c.reason.as_deref().unwrap_or("-"))
+            ),
+            None => "running".into(),
+        };
+        let s = r.state;
         table.add_row([
             cell(&s.schedule),
             cell(&s.cron),
             cell(&s.topic),
             cell(&s.catch_up),
+            state,
             s.last_fired_ms.map_or("never".into(), format_tick),
-            next_tick(&s.cron, now).map_or("none".into(), format_tick),
+            r.next_ms.map_or("none".into(), format_tick),
             format!("{} at {}", cell(&s.leader), format_ms(Some(s.updated_ms))),
         ]);
     }
     outln!("{table}")?;
     Ok(())
-}
-
-/// The member that fires the group's schedules now: the owner of partition
-/// 0 of `<group>.schedules`, as `client.id@host`. `None` when no member owns
-/// it (the leader left or its session expired, and no one took over yet).
-fn current_leader(config: &kjob::KafkaConfig, group: &str) -> Result<Option<String>> {
-    let topic = kjob::schedule::leader_topic(group);
-    let groups = kjob_ops::groups::describe_groups(config, Some(group))?;
-    Ok(groups
-        .iter()
-        .flat_map(|g| g.members.iter())
-        .find(|m| {
-            m.assignment
-                .iter()
-                .any(|(t, ps)| *t == topic && ps.contains(&0))
-        })
-        .map(|m| format!("{}@{}", m.client_id, m.host.trim_start_matches('/'))))
 }

@@ -666,7 +666,7 @@ fn client_id_safe(s: &str) -> String {
 
 /// This machine's name: `HOSTNAME` (what containers set to the pod or
 /// container name), else the kernel's (Linux), else `unknown-host`.
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     let from_env = std::env::var("HOSTNAME").ok();
     let from_kernel = || {
         std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -36,7 +36,8 @@
 //! [`prelude`]), [`retry`], [`layers`], [`idempotency`] and, for tests,
 //! `testing` (feature `testing`). Worker binaries add [`config`],
 //! [`worker`], [`telemetry`], [`schedule`] and [`outbox`]; [`topics`] and
-//! [`schema`] create a route's topics and export its contracts. The
+//! [`schema`] create a route's topics and export its contracts; [`control`]
+//! is what operators pause for a whole group (a worker follows it). The
 //! plumbing the operator side shares (`codec`, `registry`, `headers`,
 //! `dlq`, `lag`, `json_avro`) is public for the `kjob-ops` crate, which the
 //! `kjob` CLI and the dashboard are built on, and hidden from these docs.
@@ -52,6 +53,7 @@ pub mod clock;
 #[doc(hidden)]
 pub mod codec;
 pub mod config;
+pub mod control;
 #[cfg(feature = "postgres")]
 pub mod ddl;
 pub mod delay;

@@ -13,7 +13,7 @@
 //! cancellation), [`status`] (a route by role),
 //! [`topics`] (a route's topics, as the worker names them), [`groups`],
 //! [`lag`], [`dlq`] (reading, re-driving and resolving dead letters),
-//! [`replay`] (offset resets and their undo file), [`contracts`] (`schemas/`
+//! [`replay`] (offset resets and their undo file), [`control`] (routes paused for a whole group), [`schedules`] (cron schedules, their leader, pause, resume and trigger), [`contracts`] (`schemas/`
 //! files against the registry), [`connectivity`] (whether Kafka answers, and
 //! why not), [`problem`] (the kind of a failure: the CLI's exit code),
 //! [`suggest`] (near names), [`time`] (Kafka's duration and datetime
@@ -24,11 +24,13 @@
 pub mod batches;
 pub mod connectivity;
 pub mod contracts;
+pub mod control;
 pub mod dlq;
 pub mod groups;
 pub mod lag;
 pub mod problem;
 pub mod replay;
+pub mod schedules;
 pub mod status;
 pub mod suggest;
 pub mod terminal;

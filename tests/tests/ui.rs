@@ -15,7 +15,12 @@
 //! two checked rows resolved. On the batches page: progress, open batches
 //! first, callbacks fired or waiting, and a never-sealed batch cancelled
 //! with its reason and actor (refused without a reason, when read-only and
-//! a second time). The screenshots in docs/src/ (the book's
+//! a second time). On the schedules page: a pause (banner on every page, no tick while
+//! paused), a trigger with a manual id, a resume that does not catch up, the CLI
+//! on the same state, and the audit. A route paused from its page is held by
+//! every worker of the group, one that joins meanwhile too, and resumed. The
+//! workers page shows two processes with their heartbeats and assignments, and
+//! a minute of history with handler p50/p99 survives a dashboard restart. The screenshots in docs/src/ (the book's
 //! dashboard chapter) are taken here.
 
 use std::net::TcpListener;
@@ -1640,5 +1645,678 @@ async fn retries_and_delayed_jobs_waiting_show_with_their_due_times() {
     click(&c, "#waiting-link").await;
     text(&c, &format!("section.waiting[data-topic='{tier}']")).await;
     save_screenshot(&c, "ui-waiting.png").await;
+    running.stop().await;
+}
+
+/// The ticks (epoch ms) among `ids` of schedule `name`, and its manual
+/// triggers' ids.
+fn ticks_and_manual(ids: &[String], name: &str) -> (Vec<i64>, Vec<String>) {
+    let prefix = format!("cron:{name}:");
+    let (mut ticks, mut manual) = (Vec::new(), Vec::new());
+    for id in ids {
+        let Some(rest) = id.strip_prefix(&prefix) else {
+            continue;
+        };
+        if rest.starts_with("manual:") {
+            manual.push(id.clone());
+        } else if let Ok(t) = humantime::parse_rfc3339(rest) {
+            let ms = t
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0);
+            ticks.push(ms);
+        }
+    }
+    (ticks, manual)
+}
+
+/// A POST of a schedules form from the browser's page: the status code.
+async fn post_schedule_from_page(
+    c: &Client,
+    action: &str,
+    csrf: &str,
+    group: &str,
+    schedule: &str,
+    reason: &str,
+) -> u16 {
+    let v = c
+        .execute_async(
+            r#"const [action, csrf, group, schedule, reason, done] = arguments;
+               fetch('/schedules/' + action, { method: 'POST', credentials: 'same-origin',
+                 body: new URLSearchParams({ csrf, group, schedule, reason }) })
+                 .then(r => done(r.status), () => done(0));"#,
+            vec![
+                serde_json::json!(action),
+                serde_json::json!(csrf),
+                serde_json::json!(group),
+                serde_json::json!(schedule),
+                serde_json::json!(reason),
+            ],
+        )
+        .await
+        .expect("execute_async");
+    v.as_u64().unwrap_or(0) as u16
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_is_paused_triggered_and_resumed_from_the_page_and_audited() {
+    init_logging();
+    let (_driver, c) = browser().await;
+    let config = ensure_stack();
+    let topic = unique("ui.cron");
+    let group = unique("g");
+    create_topic(&config, &topic, 1).await;
+    let handled: Arc<Mutex<Vec<String>>> = Default::default();
+    let seen = handled.clone();
+    let worker = kjob::Worker::builder(config.clone(), &group)
+        .handle_on(&topic, move |_job: TestJob, ctx: kjob::JobContext| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(ctx.id);
+                Ok(())
+            }
+        })
+        .schedule_with(
+            kjob::schedule::Schedule::new("tick", "* * * * * *", || TestJob::ok("tick", 0))
+                .on(&topic, || TestJob::ok("tick", 0)),
+        )
+        .build()
+        .expect("worker builds");
+    let running = start(worker);
+    eventually(Duration::from_secs(60), "the first ticks", || {
+        ticks_and_manual(&handled.lock().unwrap(), "tick").0.len() >= 2
+    })
+    .await;
+
+    let (_ui, base) = dashboard(&config, &["--allow-actions", "--no-discover"]).await;
+    let (_ro, ro_base) = dashboard(&config, &["--no-discover"]).await;
+    let page = format!("{base}/schedules?group={group}");
+    eventually_text(&c, &page, "tr[data-schedule='tick'] span.status", "running").await;
+    let leader = text(&c, "p.leader").await;
+    assert!(
+        leader.contains(&format!("kjob-{group}-")),
+        "the leader is the worker's member: {leader}"
+    );
+    assert!(
+        text(&c, "tr[data-schedule='tick'] td.last")
+            .await
+            .contains("UTC"),
+        "a last fired tick"
+    );
+    assert_eq!(count(&c, "#in-force").await, 0, "nothing in force yet");
+
+    // A pause without a reason is refused, then one with a reason holds.
+    let csrf = c
+        .find(Locator::Css("form.pause input[name=csrf]"))
+        .await
+        .expect("the pause form")
+        .attr("value")
+        .await
+        .expect("attr")
+        .unwrap_or_default();
+    assert_eq!(
+        post_schedule_from_page(&c, "pause", &csrf, &group, "tick", " ").await,
+        400
+    );
+    assert_eq!(
+        post_schedule_from_page(&c, "resume", &csrf, &group, "tick", "").await,
+        409,
+        "a running schedule cannot be resumed"
+    );
+    assert_eq!(
+        post_schedule_from_page(&c, "pause", &csrf, &group, "tock", "x").await,
+        404,
+        "no such schedule"
+    );
+    c.find(Locator::Css("form.pause input.reason"))
+        .await
+        .expect("the reason field")
+        .send_keys("reports DB <b>migration</b>")
+        .await
+        .expect("type");
+    click(&c, "form.pause button.pause").await;
+    let paused_at = kjob::dlq::now_ms();
+    let banner = text(&c, "#in-force").await;
+    assert!(
+        banner.contains("tick")
+            && banner.contains("ui-tester")
+            && banner.contains("<b>migration</b>"),
+        "the confirmation page shows the pause, its actor and reason as text: {banner}"
+    );
+    // Shown on every page while in force.
+    for other in ["/", "/dlq", "/batches"] {
+        c.goto(&format!("{base}{other}")).await.expect("goto");
+        assert!(
+            text(&c, "#in-force span.control").await.contains("tick"),
+            "the banner on {other}"
+        );
+    }
+    // The leader applies it within a second: no tick after that fires.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (ticks, _) = ticks_and_manual(&handled.lock().unwrap(), "tick");
+    let late: Vec<i64> = ticks
+        .iter()
+        .copied()
+        .filter(|t| *t > paused_at + 1_500)
+        .collect();
+    assert!(late.is_empty(), "ticks fired while paused: {late:?}");
+    eventually_text(&c, &page, "tr[data-schedule='tick'] span.status", "paused").await;
+    save_screenshot(&c, "ui-schedules.png").await;
+
+    // Trigger now while paused: one job, with a manual id.
+    click(&c, "form.trigger button.trigger").await;
+    let job_id = text(&c, "code.job-id").await;
+    assert!(
+        job_id.starts_with("cron:tick:manual:"),
+        "a manual id, not a tick's: {job_id}"
+    );
+    eventually(Duration::from_secs(30), "the triggered job handled", || {
+        handled.lock().unwrap().contains(&job_id)
+    })
+    .await;
+    eventually_text(
+        &c,
+        &page,
+        "tr[data-schedule='tick'] td.manual span.fired",
+        &job_id,
+    )
+    .await;
+
+    // Read-only: no buttons, and its POSTs are 403.
+    let ro_page = reqwest::get(format!("{ro_base}/schedules?group={group}"))
+        .await
+        .expect("GET")
+        .text()
+        .await
+        .expect("body");
+    assert!(ro_page.contains("data-schedule=\"tick\""), "{ro_page}");
+    assert!(
+        !ro_page.contains("/schedules/resume"),
+        "no resume form when read-only"
+    );
+    let refused = reqwest::Client::new()
+        .post(format!("{ro_base}/schedules/resume"))
+        .header("origin", &ro_base)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("group={group}&schedule=tick"))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(refused.status().as_u16(), 403);
+
+    // Resume: ticks fire again from the next one; the paused ones are not
+    // caught up.
+    c.goto(&page).await.expect("goto");
+    click(&c, "form.resume button.resume").await;
+    let resumed_at = kjob::dlq::now_ms();
+    // The confirmation page (not the page the click left).
+    assert!(text(&c, "p.notice.done").await.contains("resumed"));
+    assert_eq!(count(&c, "#in-force").await, 0, "the banner is gone");
+    eventually(Duration::from_secs(20), "ticks after the resume", || {
+        ticks_and_manual(&handled.lock().unwrap(), "tick")
+            .0
+            .iter()
+            .any(|t| *t > resumed_at + 1_000)
+    })
+    .await;
+    let (ticks, manual) = ticks_and_manual(&handled.lock().unwrap(), "tick");
+    let caught_up: Vec<i64> = ticks
+        .iter()
+        .copied()
+        .filter(|t| *t > paused_at + 1_500 && *t < resumed_at - 1_500)
+        .collect();
+    assert!(
+        caught_up.is_empty(),
+        "paused ticks were caught up: {caught_up:?}"
+    );
+    assert_eq!(
+        manual,
+        std::slice::from_ref(&job_id),
+        "the trigger fired once"
+    );
+
+    // The CLI sees and steers the same state; the page shows the audit.
+    let kjob = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kjob-cli"))
+            .args(args)
+            .env("KJOB_BOOTSTRAP_SERVERS", &config.bootstrap_servers)
+            .env("KJOB_SCHEMA_REGISTRY_URL", &config.schema_registry_url)
+            .env("USER", "cli-tester")
+            .output()
+            .expect("running kjob");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let paused = kjob(&[
+        "schedules",
+        "--group",
+        &group,
+        "pause",
+        "tick",
+        "--reason",
+        "from the CLI",
+    ]);
+    assert!(paused.contains("paused"), "{paused}");
+    let listed = kjob(&["schedules", "--group", &group]);
+    assert!(listed.contains("paused by cli-tester"), "{listed}");
+    eventually_text(
+        &c,
+        &page,
+        "tr[data-schedule='tick'] strong.by",
+        "cli-tester",
+    )
+    .await;
+    kjob(&["schedules", "--group", &group, "resume", "tick"]);
+    let audit: Vec<String> = kjob::schedule::read_schedule_topic(&config, &group)
+        .expect("the state topic")
+        .audit
+        .iter()
+        .map(|a| format!("{} {}", a.action, a.by))
+        .collect();
+    assert_eq!(
+        audit,
+        [
+            "paused ui-tester",
+            "triggered ui-tester",
+            "resumed ui-tester",
+            "paused cli-tester",
+            "resumed cli-tester"
+        ]
+    );
+    c.goto(&page).await.expect("goto");
+    assert_eq!(count(&c, "section.audit tbody tr").await, 5);
+    not_pwned(&c).await;
+    running.stop().await;
+}
+
+/// A worker of `group` on `topic` that records the seq of each job.
+fn recording_worker(
+    config: &KafkaConfig,
+    group: &str,
+    topic: &str,
+    seen: Arc<Mutex<Vec<i64>>>,
+) -> kjob::Worker {
+    kjob::Worker::builder(config.clone(), group)
+        .handle_on(topic, move |job: TestJob, _ctx: kjob::JobContext| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(job.seq);
+                Ok(())
+            }
+        })
+        .build()
+        .expect("worker builds")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_paused_from_the_page_is_held_by_every_worker_of_the_group_until_resumed() {
+    init_logging();
+    let (_driver, c) = browser().await;
+    let config = ensure_stack();
+    let topic = unique("ui.pause");
+    let group = unique("g");
+    create_topic(&config, &topic, 4).await;
+    let seen: Arc<Mutex<Vec<i64>>> = Default::default();
+    let first = start(recording_worker(&config, &group, &topic, seen.clone()));
+    let producer = Producer::new(&config).expect("producer");
+    for i in 0..4 {
+        producer
+            .enqueue_to(&topic, &TestJob::ok(format!("k{i}"), i))
+            .await
+            .expect("enqueue");
+    }
+    eventually(Duration::from_secs(60), "the first jobs", || {
+        seen.lock().unwrap().len() == 4
+    })
+    .await;
+
+    let route = format!("{topic}={group}");
+    let (_ui, base) = dashboard(
+        &config,
+        &["--allow-actions", "--no-discover", "--route", &route],
+    )
+    .await;
+    let page = format!("{base}/route?topic={topic}&group={group}");
+    eventually_text(&c, &page, "#route-control span.status", "running").await;
+    c.find(Locator::Css("#pause-reason"))
+        .await
+        .expect("the reason field")
+        .send_keys("payments provider incident")
+        .await
+        .expect("type");
+    click(&c, "#pause-route").await;
+    let banner = text(&c, "#in-force").await;
+    assert!(
+        banner.contains(&topic)
+            && banner.contains("ui-tester")
+            && banner.contains("payments provider incident"),
+        "{banner}"
+    );
+    c.goto(&format!("{base}/")).await.expect("goto");
+    assert!(
+        text(&c, "#in-force code.route").await.contains(&topic),
+        "the banner on the overview"
+    );
+
+    // Within a second every worker holds the route: nothing new runs, not
+    // even on a worker that joins while it is paused.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for i in 10..18 {
+        producer
+            .enqueue_to(&topic, &TestJob::ok(format!("k{i}"), i))
+            .await
+            .expect("enqueue");
+    }
+    let second = start(recording_worker(&config, &group, &topic, seen.clone()));
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        4,
+        "jobs ran while the route was paused: {:?}",
+        seen.lock().unwrap()
+    );
+    eventually_text(&c, &page, "#route-control span.status", "paused").await;
+    assert_eq!(text(&c, "#route-control strong.by").await, "ui-tester");
+    save_screenshot(&c, "ui-route-paused.png").await;
+
+    // A second pause is refused; the resume lets both workers run them all.
+    let (code, _) = {
+        let s = dashboard_session(&base, &page).await;
+        s.post(
+            "/route/pause",
+            &format!("topic={topic}&group={group}&reason=again"),
+        )
+        .await
+    };
+    assert_eq!(code, 409, "a paused route cannot be paused again");
+    click(&c, "#resume-route").await;
+    // The confirmation page (not the page the click left).
+    assert!(text(&c, "p.notice.done").await.contains("resumed"));
+    assert_eq!(count(&c, "#in-force").await, 0, "the banner is gone");
+    eventually(
+        Duration::from_secs(30),
+        "the held jobs after the resume",
+        || seen.lock().unwrap().len() == 12,
+    )
+    .await;
+    let mut ran: Vec<i64> = seen.lock().unwrap().clone();
+    ran.sort();
+    assert_eq!(
+        ran,
+        [0, 1, 2, 3, 10, 11, 12, 13, 14, 15, 16, 17],
+        "each once"
+    );
+
+    let audit: Vec<String> = kjob::control::read_control(&config, &group)
+        .expect("the control topic")
+        .audit
+        .iter()
+        .map(|a| format!("{} {} {}", a.subject, a.action, a.by))
+        .collect();
+    assert_eq!(
+        audit,
+        [
+            format!("route:{topic} paused ui-tester"),
+            format!("route:{topic} resumed ui-tester")
+        ]
+    );
+    // The CLI reads the same state.
+    let out = Command::new(env!("CARGO_BIN_EXE_kjob-cli"))
+        .args(["routes", "list", "--group", &group])
+        .env("KJOB_BOOTSTRAP_SERVERS", &config.bootstrap_servers)
+        .env("KJOB_SCHEMA_REGISTRY_URL", &config.schema_registry_url)
+        .output()
+        .expect("running kjob");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("no route is paused"), "{stdout}");
+    not_pwned(&c).await;
+    second.stop().await;
+    first.stop().await;
+}
+
+/// A plain-HTTP session (cookie and form token) from a first GET of `page`.
+async fn dashboard_session(base: &str, page: &str) -> HttpSession {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let r = http.get(page).send().await.expect("GET");
+    let cookie = session_cookie(&r);
+    let body = r.text().await.unwrap_or_default();
+    HttpSession {
+        http,
+        base: base.to_string(),
+        cookie,
+        csrf: form_token(&body),
+    }
+}
+
+struct HttpSession {
+    http: reqwest::Client,
+    base: String,
+    cookie: String,
+    csrf: String,
+}
+
+impl HttpSession {
+    async fn post(&self, path: &str, body: &str) -> (u16, String) {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("cookie", &self.cookie)
+            .header("origin", &self.base)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("csrf={}&{body}", self.csrf))
+            .send()
+            .await
+            .expect("POST");
+        (r.status().as_u16(), r.text().await.unwrap_or_default())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workers_page_shows_each_process_with_its_heartbeat_and_assignment() {
+    init_logging();
+    let (_driver, c) = browser().await;
+    let config = ensure_stack();
+    let topic = unique("ui.workers");
+    let group = unique("g");
+    create_topic(&config, &topic, 4).await;
+    let seen: Arc<Mutex<Vec<i64>>> = Default::default();
+    let here = start(recording_worker(&config, &group, &topic, seen.clone()));
+    let record = std::env::temp_dir().join(unique("kjob-workers"));
+    let child = Command::new(env!("CARGO_BIN_EXE_test-worker"))
+        .env("KJOB_TEST_TOPIC", &topic)
+        .env("KJOB_TEST_GROUP", &group)
+        .env("KJOB_TEST_RECORD", &record)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("test-worker runs");
+    let child_pid = child.id();
+    let mut child = Guard(child);
+    let (_ui, base) = dashboard(&config, &["--no-discover"]).await;
+    let page = format!("{base}/workers?group={group}");
+    let me = std::process::id();
+    // Both processes, each a member with a fresh heartbeat.
+    let start_wait = Instant::now();
+    loop {
+        c.goto(&page).await.expect("goto");
+        let fresh = count(&c, "tr[data-member='true'][data-stale='false']").await;
+        if fresh == 2 {
+            break;
+        }
+        assert!(
+            start_wait.elapsed() < Duration::from_secs(60),
+            "two fresh members: {}",
+            c.source().await.unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let pids: Vec<String> = {
+        let mut out = Vec::new();
+        for e in c
+            .find_all(Locator::Css("table.workers tbody tr td:nth-child(3)"))
+            .await
+            .expect("cells")
+        {
+            out.push(e.text().await.expect("text"));
+        }
+        out.sort();
+        out
+    };
+    let mut want = vec![me.to_string(), child_pid.to_string()];
+    want.sort();
+    assert_eq!(pids, want, "one row per process, by pid");
+    // Work shows as jobs/s in the next heartbeat of whoever handled it.
+    let producer = Producer::new(&config).expect("producer");
+    for i in 0..200 {
+        producer
+            .enqueue_to(&topic, &TestJob::ok(format!("k{i}"), i))
+            .await
+            .expect("enqueue");
+    }
+    let start_wait = Instant::now();
+    loop {
+        c.goto(&page).await.expect("goto");
+        let mut busy_rows = 0;
+        for e in c
+            .find_all(Locator::Css("table.workers td.rate"))
+            .await
+            .expect("cells")
+        {
+            if e.text().await.unwrap_or_default() != "0.0" {
+                busy_rows += 1;
+            }
+        }
+        if busy_rows > 0 {
+            break;
+        }
+        assert!(
+            start_wait.elapsed() < Duration::from_secs(30),
+            "no jobs/s after 200 jobs"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let mine = format!("tr[data-client$='-{me}']");
+    assert!(text(&c, &format!("{mine} td.rss")).await.ends_with("MiB"));
+    let busy = text(&c, &format!("{mine} td.busy")).await;
+    assert!(busy.contains(" / "), "busy / slots: {busy}");
+    // Four partitions between two members: each shows its share.
+    let a = text(&c, &format!("{mine} td.assignment")).await;
+    assert!(a.contains(&topic), "the assignment names the topic: {a}");
+    save_screenshot(&c, "ui-workers.png").await;
+
+    // The child stops: it leaves the group, and its row goes or says so.
+    let _ = Command::new("kill")
+        .args(["-TERM", &child_pid.to_string()])
+        .status();
+    let _ = child.0.wait();
+    let gone = format!("tr[data-client$='-{child_pid}']");
+    let start_wait = Instant::now();
+    loop {
+        c.goto(&page).await.expect("goto");
+        let still_member = count(&c, &format!("{gone}[data-member='true']")).await;
+        if still_member == 0 {
+            break;
+        }
+        assert!(
+            start_wait.elapsed() < Duration::from_secs(60),
+            "the stopped worker left"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(count(&c, &format!("{mine}[data-member='true']")).await, 1);
+    not_pwned(&c).await;
+    here.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minute_of_history_with_handler_durations_survives_a_dashboard_restart() {
+    init_logging();
+    let (_driver, c) = browser().await;
+    let config = ensure_stack();
+    let topic = unique("ui.history");
+    let group = unique("g");
+    create_topic(&config, &topic, 2).await;
+    // Handlers that take about 20 ms.
+    let worker = kjob::Worker::builder(config.clone(), &group)
+        .handle_on(&topic, |_job: TestJob, _ctx: kjob::JobContext| async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(())
+        })
+        .build()
+        .expect("worker builds");
+    let running = start(worker);
+    let route = format!("{topic}={group}");
+    let (ui, base) = dashboard(&config, &["--no-discover", "--route", &route]).await;
+    let producer = Producer::new(&config).expect("producer");
+    let page = format!("{base}/route?topic={topic}&group={group}");
+    // Jobs all through the next whole minute, until a point is recorded.
+    let start_wait = Instant::now();
+    let mut i = 0;
+    loop {
+        for _ in 0..10 {
+            producer
+                .enqueue_to(&topic, &TestJob::ok(format!("k{i}"), i))
+                .await
+                .expect("enqueue");
+            i += 1;
+        }
+        c.goto(&page).await.expect("goto");
+        if count(&c, "#day span.minutes").await > 0 {
+            let p50 = text(&c, "#day .p50").await;
+            if p50 != "-" {
+                break;
+            }
+        }
+        assert!(
+            start_wait.elapsed() < Duration::from_secs(150),
+            "no minute with durations after 150 s"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let p50: f64 = text(&c, "#day .p50").await.parse().expect("p50 in ms");
+    let p99: f64 = text(&c, "#day .p99").await.parse().expect("p99 in ms");
+    assert!(
+        (15.0..=60.0).contains(&p50),
+        "handlers take ~20 ms: p50 {p50}"
+    );
+    assert!(p99 >= p50, "p99 {p99} >= p50 {p50}");
+    let handled: f64 = text(&c, "#day [data-series='handled'] .value")
+        .await
+        .parse()
+        .expect("handled");
+    assert!(handled > 0.0, "jobs handled in the minute");
+    save_screenshot(&c, "ui-history.png").await;
+
+    // A new dashboard process starts with the recorded minute.
+    drop(ui);
+    let (_ui2, base2) = dashboard(&config, &["--no-discover", "--route", &route]).await;
+    let page2 = format!("{base2}/route?topic={topic}&group={group}");
+    let start_wait = Instant::now();
+    loop {
+        c.goto(&page2).await.expect("goto");
+        // The route page answers once the route is sampled; the history
+        // was read from the topic before that.
+        if count(&c, "#day").await > 0 {
+            break;
+        }
+        assert!(start_wait.elapsed() < Duration::from_secs(30), "route page");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let minutes: usize = text(&c, "#day span.minutes")
+        .await
+        .parse()
+        .expect("minutes");
+    assert!(minutes >= 1, "the restarted dashboard has the minute");
+    let again: f64 = text(&c, "#day .p50")
+        .await
+        .parse()
+        .expect("p50 after restart");
+    assert!((15.0..=60.0).contains(&again), "p50 after restart {again}");
     running.stop().await;
 }

@@ -55,7 +55,10 @@ use crate::job::Job;
 use crate::producer::{Enqueued, Producer};
 
 pub(crate) use leader::run_schedules;
-pub use leader::{leader_topic, read_states, state_topic, ScheduleState};
+pub use leader::{
+    audit_key, control_key, leader_topic, read_schedule_topic, read_states, state_topic,
+    ScheduleAudit, ScheduleControl, ScheduleState, ScheduleTopic,
+};
 
 /// How old a tick may be and still count as on time (not missed).
 pub const ON_TIME: Duration = Duration::from_secs(2);
@@ -195,6 +198,14 @@ pub fn next_tick(expr: &str, after_ms: i64) -> Option<i64> {
 /// The job id of tick `tick_ms` of schedule `name`.
 pub fn tick_id(name: &str, tick_ms: i64) -> String {
     format!("cron:{name}:{}", format_tick(tick_ms))
+}
+
+/// The job id of a manual trigger of schedule `name` asked for at
+/// `asked_ms`: `cron:<name>:manual:<time>`. It can never equal a tick's id
+/// (`manual:` is no time), and a leader that fires it twice (it died before
+/// recording it) fires the same id twice, a recognised duplicate.
+pub fn manual_id(name: &str, asked_ms: i64) -> String {
+    format!("cron:{name}:manual:{}", format_tick(asked_ms))
 }
 
 /// A tick as RFC 3339 in UTC, to the second (or millisecond if it has one).
@@ -361,6 +372,11 @@ mod tests {
     #[test]
     fn ids_and_expressions() {
         assert_eq!(tick_id("report", T0), "cron:report:2023-11-14T22:13:20Z");
+        assert_eq!(
+            manual_id("report", T0 + 5),
+            "cron:report:manual:2023-11-14T22:13:20.005Z"
+        );
+        assert_ne!(manual_id("report", T0), tick_id("report", T0));
         assert_eq!(next_tick("0 */5 * * * *", T0), Some(1_700_000_100_000));
         let s = Schedule::new("r", "not cron", || Tick { n: 1 });
         assert!(s.validate().is_err());

@@ -239,6 +239,9 @@ pub(crate) struct Metrics {
     /// Refreshed by the poll thread.
     pub(crate) snapshot: Arc<Mutex<Snapshot>>,
     exporter: MetricsExporter,
+    /// Handler durations per job since the last heartbeat took them
+    /// (their p50/p99 reach the dashboard's history that way).
+    pub(crate) durations: Arc<crate::control::Durations>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -460,6 +463,7 @@ impl Metrics {
             ),
             snapshot,
             exporter,
+            durations: Default::default(),
         }
     }
 
@@ -476,6 +480,7 @@ impl Metrics {
         let labels = [KeyValue::new("job", job)];
         self.handler_duration.record(seconds, &labels);
         self.handler_seconds_deprecated.record(seconds, &labels);
+        self.durations.record(job, seconds);
     }
 
     /// One more (or one less) attempt running.

@@ -86,6 +86,11 @@ pub(crate) struct WorkerContext {
     /// Where finished batch jobs are recorded: every commit waits until
     /// they are acknowledged ([`crate::batch`]).
     pub batches: Option<Arc<crate::batch::recorder::Recorder>>,
+    /// Routes paused for the whole group ([`crate::control`]), followed by
+    /// their own thread; `None` when the worker does not follow them.
+    pub holds: Option<Arc<crate::control::Holds>>,
+    /// The holds' version last applied and the partitions paused for them.
+    pub held: Mutex<(u64, std::collections::HashSet<Tp>)>,
 }
 
 impl ClientContext for WorkerContext {
@@ -169,6 +174,7 @@ impl ConsumerContext for WorkerContext {
             // Only now is the assignment in effect on the consumer.
             let actions = std::mem::take(&mut self.lock().post_assign);
             self.execute(consumer, actions, CommitMode::Sync, true);
+            self.apply_holds(consumer, true);
         }
     }
 
@@ -300,6 +306,14 @@ impl WorkerContext {
                         paused.push(tp);
                     }
                 }
+                Action::Resume(tp) if self.holds.as_ref().is_some_and(|h| h.held(&tp.0)) => {
+                    // Paused for the whole group: the scheduler's own view
+                    // is "not paused", the consumer's stays paused.
+                    if let Err(e) = consumer.pause(&tpl_of(std::slice::from_ref(&tp))) {
+                        warn!(error = %e, topic = %tp.0, partition = tp.1, "pause of a paused route failed");
+                    }
+                    resumed.push(tp);
+                }
                 Action::Resume(tp) => {
                     if let Err(e) = consumer.resume(&tpl_of(std::slice::from_ref(&tp))) {
                         warn!(error = %e, topic = %tp.0, partition = tp.1, "resume failed");
@@ -363,6 +377,59 @@ impl WorkerContext {
         if acked {
             core.sched.acknowledged(&committed);
         }
+    }
+
+    /// Pauses the assigned partitions of the routes paused for the group
+    /// and resumes the ones no longer paused, unless the scheduler holds
+    /// them itself. One atomic load when nothing changed (unless `force`:
+    /// after an assignment).
+    fn apply_holds(&self, consumer: &BaseConsumer<Self>, force: bool) {
+        let Some(holds) = &self.holds else { return };
+        let version = holds.version();
+        let mut applied = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if !force && applied.0 == version {
+            return;
+        }
+        applied.0 = version;
+        let assigned = self.stats.assignment();
+        let want: std::collections::HashSet<Tp> = assigned
+            .iter()
+            .filter(|(t, _)| holds.held(t))
+            .cloned()
+            .collect();
+        for tp in want.iter().filter(|tp| force || !applied.1.contains(*tp)) {
+            match consumer.pause(&tpl_of(std::slice::from_ref(tp))) {
+                Ok(()) => {
+                    info!(topic = %tp.0, partition = tp.1, "paused: the route is paused for the group")
+                }
+                Err(e) => {
+                    warn!(error = %e, topic = %tp.0, partition = tp.1, "pause for a paused route failed")
+                }
+            }
+        }
+        let released: Vec<Tp> = applied
+            .1
+            .iter()
+            .filter(|tp| !want.contains(*tp) && assigned.contains(*tp))
+            .cloned()
+            .collect();
+        if !released.is_empty() && !self.is_stopping() {
+            let core = self.lock();
+            for tp in released
+                .iter()
+                .filter(|tp| !core.applied_pause.contains(*tp))
+            {
+                match consumer.resume(&tpl_of(std::slice::from_ref(tp))) {
+                    Ok(()) => {
+                        info!(topic = %tp.0, partition = tp.1, "resumed: the route is no longer paused for the group")
+                    }
+                    Err(e) => {
+                        warn!(error = %e, topic = %tp.0, partition = tp.1, "resume after a route pause failed")
+                    }
+                }
+            }
+        }
+        applied.1 = want;
     }
 
     /// What the scheduler needs of a polled record.
@@ -449,6 +516,7 @@ pub(crate) fn poll_loop(
             core.sched.running() > 0 || core.sched.ready_len() > 0
         };
         ctx.execute(consumer, out, CommitMode::Async, false);
+        ctx.apply_holds(consumer, false);
         if last_gauges.elapsed() >= ctx.settings.commit_interval {
             ctx.refresh_oldest_pending();
             last_gauges = Instant::now();

@@ -166,6 +166,40 @@ impl Worker {
             .collect();
         let aborts: Vec<tokio::task::AbortHandle> =
             dispatchers.iter().map(|d| d.abort_handle()).collect();
+        // A heartbeat on the control topic for the dashboard's workers page.
+        {
+            let producer =
+                Producer::with_codec(&self.config, self.codec.clone(), Duration::from_secs(30))?;
+            let busy_hub = hub.clone();
+            let source = crate::control::BeatSource {
+                config: self.config.clone(),
+                group: self.settings.group.clone(),
+                client_id: crate::config::default_client_id(&self.settings.group),
+                slots: limits.concurrency,
+                stats: self.stats.clone(),
+                busy: Box::new(move || busy_hub.lock().sched.running()),
+                durations: self.metrics.durations.clone(),
+                may_create: self.create_topics,
+                jobs: self
+                    .routes
+                    .iter()
+                    .filter(|(topic, e)| **topic == e.main)
+                    .map(|(topic, e)| (topic.clone(), e.route.job_name()))
+                    .collect(),
+            };
+            tokio::spawn(crate::control::beat(source, producer, background.clone()));
+        }
+        // What is paused for the group, read before the first fetch and
+        // followed until this run ends (`following` is dropped with it).
+        let following = {
+            let (config, group) = (self.config.clone(), self.settings.group.clone());
+            tokio::task::spawn_blocking(move || crate::control::follow(&config, &group))
+                .await
+                .map_err(|e| Error::Task {
+                    what: "reading the group's controls",
+                    reason: e.to_string(),
+                })??
+        };
         let context = poll::WorkerContext {
             hub,
             routes: self
@@ -181,6 +215,8 @@ impl Worker {
             last_error: std::sync::Mutex::new(None),
             watchdog: self.watchdog.clone(),
             batches: pipeline.batches.clone(),
+            holds: Some(following.holds.clone()),
+            held: std::sync::Mutex::new(Default::default()),
         };
         let consumer = Arc::new(self.consumer(context)?);
         let mut topics = self.topics();

@@ -17,6 +17,9 @@ header a { color:#d1d5db; text-decoration:none; } header a:hover { color:#fff; }
 header .brand { font-weight:700; color:#fff; }
 header .mode { margin-left:auto; font-size:12px; padding:.15rem .5rem; border-radius:999px; background:#374151; }
 header .mode.rw { background:#b45309; }
+.in-force { background:#fef3c7; border-bottom:1px solid #f59e0b; color:#78350f; padding:.45rem 1.5rem; display:flex; flex-wrap:wrap; gap:.4rem 1.2rem; }
+.status.paused { color:#b45309; font-weight:600; } .status.running { color:var(--ok); }
+table.schedules td form.inline { margin:0; }
 main { padding:1.2rem 1.5rem; max-width:1250px; }
 h1 { font-size:20px; margin:.2rem 0 1rem; } h2 { font-size:16px; margin:1.2rem 0 .5rem; }
 .card { background:#fff; border:1px solid var(--line); border-radius:8px; padding:1rem 1.2rem; margin-bottom:1rem; }
@@ -132,10 +135,33 @@ pub(super) fn layout(state: &AppState, title: &str, body: Markup) -> Markup {
                     a href="/" { "Overview" }
                     a href="/dlq" { "Dead letters" }
                     a href="/batches" { "Batches" }
+                    a href="/schedules" { "Schedules" }
+                    a href="/workers" { "Workers" }
                     @if state.allow_actions {
                         span.mode.rw { "actions allowed" }
                     } @else {
                         span.mode { "read-only" }
+                    }
+                }
+                @let in_force = state.in_force();
+                @if !in_force.is_empty() {
+                    div #in-force.in-force role="status" {
+                        strong { "In force: " }
+                        @for c in &in_force {
+                            span.control data-group=(c.group) {
+                                @match &c.held {
+                                    super::controls::Held::Schedule(name) => {
+                                        "schedule " a href={"/schedules?group=" (super::pages::urlencode(&c.group))} { code.schedule { (name) } }
+                                    },
+                                    super::controls::Held::Route(topic) => {
+                                        "route " a href={"/route?topic=" (super::pages::urlencode(topic)) "&group=" (super::pages::urlencode(&c.group))} { code.route { (topic) } }
+                                    },
+                                }
+                                " of " code { (c.group) } " paused by " strong { (c.by) }
+                                @if let Some(d) = super::view::utc(c.at_ms) { " since " (d) }
+                                ": " (c.reason)
+                            }
+                        }
                     }
                 }
                 main { (body) }

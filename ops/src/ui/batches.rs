@@ -55,7 +55,7 @@ fn topic_of(topic: &Option<String>) -> String {
 /// The status code of a failed batch call: the request was wrong (400),
 /// names no batch (404), was refused as the batch stands (409), Kafka did
 /// not answer (502).
-fn status_of(e: &anyhow::Error) -> StatusCode {
+pub(super) fn status_of(e: &anyhow::Error) -> StatusCode {
     match kind_of(e) {
         Kind::Usage => StatusCode::BAD_REQUEST,
         Kind::NotFound => StatusCode::NOT_FOUND,

@@ -10,7 +10,9 @@
 //! CLI's filter semantics, checked against `Filter::matches` in its tests),
 //! and their actions run the CLI's re-drive and resolve. The batches page
 //! reads the batch state topic as `kjob batches` does, and cancels as
-//! `kjob batches cancel` does. Read-only unless
+//! `kjob batches cancel` does; the schedules page reads and steers a
+//! group's cron schedules through [`crate::schedules`], and every page
+//! shows the paused ones in a banner (`controls`). Read-only unless
 //! started with `--allow-actions`; an access token is required off
 //! loopback.
 
@@ -19,14 +21,18 @@ mod actor;
 mod assets;
 mod auth;
 mod batches;
+mod controls;
 mod dead_letters;
 mod dlq_query;
+mod history;
 mod indexes;
 mod pages;
 mod route;
 mod sampler;
+mod schedules;
 mod view;
 mod waiting;
+mod workers;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -174,8 +180,15 @@ impl Dashboard {
             sample_every: self.sample_every,
             tasks: Mutex::new(HashMap::new()),
             indexes: Mutex::new(HashMap::new()),
+            watched: Mutex::new(Default::default()),
+            in_force: RwLock::new(Default::default()),
+            control_gen: Default::default(),
+            control_apply: Mutex::new(()),
+            history: Default::default(),
         });
         sampler::spawn(state.clone(), self.routes, self.discover);
+        controls::spawn(state.clone());
+        history::spawn(state.clone());
         Ok(router(state))
     }
 
@@ -249,6 +262,18 @@ pub(crate) struct AppState {
     tasks: Mutex<HashMap<u64, Arc<actions::Task>>>,
     /// The DLQ indexes by main topic, each followed by its own tailer.
     indexes: Mutex<HashMap<String, Arc<crate::dlq::index::DlqIndex>>>,
+    /// Groups whose controls are shown though no route names them.
+    watched: Mutex<std::collections::BTreeSet<String>>,
+    /// The controls in force by group, for every page's banner.
+    in_force: RwLock<controls::InForceMap>,
+    /// Bumped by every control action, so that a background refresh read
+    /// before it does not overwrite the action's newer read.
+    control_gen: std::sync::atomic::AtomicU64,
+    /// Held while the banner's controls are replaced, so that a check of
+    /// `control_gen` and the write it allows are one step.
+    control_apply: Mutex<()>,
+    /// The charts' last day, per route and minute.
+    history: history::History,
 }
 
 type Shared = Arc<AppState>;
@@ -258,6 +283,8 @@ fn router(state: Shared) -> Router {
         .route("/", get(pages::overview))
         .route("/route", get(route::route))
         .route("/replay", get(route::replay))
+        .route("/route/pause", post(controls::pause_route))
+        .route("/route/resume", post(controls::resume_route))
         .route("/waiting", get(waiting::waiting))
         .route("/dlq", get(dead_letters::dlq_list))
         .route("/dlq/show", get(dead_letters::dlq_show))
@@ -266,6 +293,11 @@ fn router(state: Shared) -> Router {
         .route("/batches", get(batches::list))
         .route("/batches/show", get(batches::show))
         .route("/batches/cancel", post(batches::cancel))
+        .route("/workers", get(workers::workers))
+        .route("/schedules", get(schedules::list))
+        .route("/schedules/pause", post(schedules::pause))
+        .route("/schedules/resume", post(schedules::resume))
+        .route("/schedules/trigger", post(schedules::trigger))
         .route("/tasks/{id}", get(actions::task_page))
         .route("/tasks/{id}/cancel", post(actions::cancel))
         .route("/assets/style.css", get(assets::css))

@@ -1,13 +1,14 @@
 //! The route page (partitions, tiers, lag chart, members) and the replay
 //! dry run, read-only.
 
-use axum::extract::{Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use maud::{html, Markup};
 use serde::Deserialize;
 
 use super::assets::layout;
+use super::auth::FormToken;
 use super::pages::{error_page, live_every, members_table, sparkline, upstream_or, urlencode};
 use super::sampler::Point;
 use super::view::{prose, when};
@@ -39,8 +40,60 @@ fn lag_chart(history: &[Point]) -> Markup {
     }
 }
 
+/// The last day at one point a minute ([`super::history`]): lag, the
+/// minute's handled, retried and dead-lettered jobs, and handler p50/p99.
+fn day_charts(minutes: &[super::history::Minute]) -> Markup {
+    let series =
+        |f: fn(&super::history::Minute) -> f64| -> Vec<f64> { minutes.iter().map(f).collect() };
+    let durations: Vec<&super::history::Minute> =
+        minutes.iter().filter(|m| m.p50_ms.is_some()).collect();
+    let last = |v: &[f64]| v.last().copied().unwrap_or(0.0);
+    let charts: [(&str, &str, Vec<f64>); 4] = [
+        ("lag", "lag", series(|m| m.lag as f64)),
+        ("handled", "handled / min", series(|m| m.handled)),
+        ("retried", "retried / min", series(|m| m.retried)),
+        ("dead", "dead-lettered / min", series(|m| m.dead_lettered)),
+    ];
+    html! {
+        @if minutes.is_empty() {
+            p.muted.none { "No minute recorded yet: the first point appears at the end of this minute." }
+        } @else {
+            div.metrics {
+                @for (class, label, values) in &charts {
+                    div.metric.day data-series=(class) {
+                        div.label { (label) }
+                        div.value { (format!("{:.0}", last(values))) }
+                        (sparkline(values, 240, 40))
+                    }
+                }
+                div.metric.day data-series="p50" {
+                    div.label { "handler p50 (ms)" }
+                    div.value.p50 { (durations.last().and_then(|m| m.p50_ms).map_or("-".into(), |v| format!("{v:.1}"))) }
+                    (sparkline(&durations.iter().filter_map(|m| m.p50_ms).collect::<Vec<_>>(), 240, 40))
+                }
+                div.metric.day data-series="p99" {
+                    div.label { "handler p99 (ms)" }
+                    div.value.p99 { (durations.last().and_then(|m| m.p99_ms).map_or("-".into(), |v| format!("{v:.1}"))) }
+                    (sparkline(&durations.iter().filter_map(|m| m.p99_ms).collect::<Vec<_>>(), 240, 40))
+                }
+            }
+            p.muted.span {
+                span.minutes { (minutes.len()) } " minutes recorded"
+                @if let (Some(a), Some(b)) = (minutes.first(), minutes.last()) {
+                    ", " (format_ms(Some(a.minute_ms))) " – " (format_ms(Some(b.minute_ms)))
+                }
+                "; kept on " code { (super::history::TOPIC) } " for 25 hours"
+            }
+        }
+    }
+}
+
 /// `GET /route`: partitions, tiers, lag chart, members, replay form.
-pub(super) async fn route(State(state): State<Shared>, Query(q): Query<RouteQuery>) -> Response {
+pub(super) async fn route(
+    State(state): State<Shared>,
+    Extension(token): Extension<FormToken>,
+    Query(q): Query<RouteQuery>,
+) -> Response {
     let Some(v) = state.route_view(&q.topic, &q.group) else {
         return error_page(
             StatusCode::NOT_FOUND,
@@ -52,11 +105,39 @@ pub(super) async fn route(State(state): State<Shared>, Query(q): Query<RouteQuer
     };
     let hist: Vec<Point> = v.history.iter().copied().collect();
     let now = kjob::dlq::now_ms();
+    state.watch_group(&q.group);
+    let paused = state.route_paused(&q.group, &q.topic);
     layout(&state, &q.topic, html! {
         h1 { "Route " code { (q.topic) } " · group " code { (q.group) } }
+        section.card #route-control data-paused=(paused.is_some()) {
+            @match &paused {
+                Some(p) => p { span.status.paused { "paused" } " for the whole group by " strong.by { (p.by) } " " (when(Some(p.at_ms), now)) ": " span.reason { (p.reason) } },
+                None => p { span.status.running { "running" } " · no worker of the group is held from fetching it" },
+            }
+            @if state.allow_actions {
+                @if paused.is_some() {
+                    form.inline.resume-route method="post" action="/route/resume" {
+                        input type="hidden" name="csrf" value=(token.0);
+                        input type="hidden" name="topic" value=(q.topic);
+                        input type="hidden" name="group" value=(q.group);
+                        button.secondary #resume-route type="submit" { "Resume route" }
+                    }
+                } @else {
+                    form.inline.pause-route method="post" action="/route/pause" {
+                        input type="hidden" name="csrf" value=(token.0);
+                        input type="hidden" name="topic" value=(q.topic);
+                        input type="hidden" name="group" value=(q.group);
+                        label { "reason (required, audited)" input #pause-reason name="reason" required size="36"; }
+                        button.danger #pause-route type="submit" { "Pause route for the group" }
+                    }
+                    p.muted { "Every worker of the group stops fetching the main topic within about a second; jobs already fetched finish and are committed. Retry tiers and delay topics are shared by the group's routes and keep flowing." }
+                }
+            }
+        }
         div #route data-live=(live_every(&state)) {
             @if let Some(e) = &v.error { div.error { "sampling failed: " (prose(e)) } }
             section.card { h2 { "Lag" } (lag_chart(&hist)) }
+            section.card #day { h2 { "Last 24 hours" " " small { "one point a minute, across restarts" } } (day_charts(&state.history.of(&v.key))) }
             section.card {
                 h2 { "Partitions" }
                 table {
@@ -88,7 +169,7 @@ pub(super) async fn route(State(state): State<Shared>, Query(q): Query<RouteQuer
                     }
                 }
             }
-            section.card { h2 { "Members" } (members_table(&q.group, &v.group_state, &v.members)) }
+            section.card { h2 { "Members" " " small { a #workers-link href={"/workers?group=" (urlencode(&q.group))} { "the workers: uptime, memory, busy slots, jobs/s" } } } (members_table(&q.group, &v.group_state, &v.members)) }
         }
         section.card {
             h2 { "Replay (dry run)" }
