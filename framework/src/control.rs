@@ -13,9 +13,9 @@
 //! paused route's main topic at the consumer, after every assignment too,
 //! and resumes them on resume unless the scheduler holds them for its own
 //! reasons. Pausing only stops fetching: jobs already fetched or running
-//! finish and are committed as usual. Retry tiers and delay topics are
-//! shared by the group's routes, so they keep flowing: a route's retries
-//! already waiting still run when due.
+//! finish and are committed as usual. Only the main topic is paused: the
+//! route's retry tiers and delay topics keep flowing, so its retries and
+//! delayed jobs already waiting still run when due.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

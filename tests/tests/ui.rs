@@ -1712,7 +1712,7 @@ async fn a_schedule_is_paused_triggered_and_resumed_from_the_page_and_audited() 
         .handle_on(&topic, move |_job: TestJob, ctx: kjob::JobContext| {
             let seen = seen.clone();
             async move {
-                seen.lock().unwrap().push(ctx.id);
+                seen.lock().unwrap().push(ctx.id.to_string());
                 Ok(())
             }
         })

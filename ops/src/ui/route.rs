@@ -130,7 +130,7 @@ pub(super) async fn route(
                         label { "reason (required, audited)" input #pause-reason name="reason" required size="36"; }
                         button.danger #pause-route type="submit" { "Pause route for the group" }
                     }
-                    p.muted { "Every worker of the group stops fetching the main topic within about a second; jobs already fetched finish and are committed. Retry tiers and delay topics are shared by the group's routes and keep flowing." }
+                    p.muted { "Every worker of the group stops fetching the main topic within about a second; jobs already fetched finish and are committed. Its retry tiers and delay topics keep flowing: retries and delayed jobs that fall due still run." }
                 }
             }
         }
