@@ -60,6 +60,27 @@ fn worker(
     .expect("worker builds")
 }
 
+/// [`worker`] on `s`'s topics, started, once its batch topics exist.
+async fn serve(s: &Setup, routes: &[&str], broken: Arc<AtomicBool>, reports: Reports) -> Running {
+    let w = worker(
+        &s.config,
+        &s.group,
+        &s.batches,
+        routes,
+        &s.callbacks,
+        broken,
+        reports,
+    );
+    let running = start(w);
+    wait_topics_exist(
+        &s.config,
+        &[s.batches.clone(), state_topic(&s.batches)],
+        "the batch topics",
+    )
+    .await;
+    running
+}
+
 struct Setup {
     config: KafkaConfig,
     batches: String,
@@ -125,22 +146,7 @@ fn show(config: &KafkaConfig, topic: &str, batch: &str) -> serde_json::Value {
 async fn a_batch_across_two_routes_counts_dead_letters_and_a_redrive_and_fires_once() {
     let s = setup().await;
     let (broken, reports) = (Arc::new(AtomicBool::new(true)), Reports::default());
-    let w = worker(
-        &s.config,
-        &s.group,
-        &s.batches,
-        &[&s.a, &s.b],
-        &s.callbacks,
-        broken.clone(),
-        reports.clone(),
-    );
-    let running = start(w);
-    wait_topics_exist(
-        &s.config,
-        &[s.batches.clone(), state_topic(&s.batches)],
-        "the batch topics",
-    )
-    .await;
+    let running = serve(&s, &[&s.a, &s.b], broken.clone(), reports.clone()).await;
 
     let id = unique("newsletter");
     let batch = s
@@ -351,22 +357,7 @@ async fn an_empty_batch_fires_at_its_seal_and_bad_input_is_refused() {
 async fn a_cancelled_batch_fires_no_callback_and_keeps_its_finished_jobs() {
     let s = setup().await;
     let reports = Reports::default();
-    let w = worker(
-        &s.config,
-        &s.group,
-        &s.batches,
-        &[&s.a],
-        &s.callbacks,
-        Default::default(),
-        reports.clone(),
-    );
-    let running = start(w);
-    wait_topics_exist(
-        &s.config,
-        &[s.batches.clone(), state_topic(&s.batches)],
-        "the batch topics",
-    )
-    .await;
+    let running = serve(&s, &[&s.a], Default::default(), reports.clone()).await;
     let id = unique("stuck");
     let batch = s
         .producer
