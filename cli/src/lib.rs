@@ -31,6 +31,7 @@ mod schema;
 mod status;
 mod topics;
 mod ui;
+mod waiting;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -144,6 +145,8 @@ enum Command {
     Topics(topics::TopicsCommand),
     /// A web dashboard: routes, lag, retries and the DLQ in the browser.
     Ui(ui::UiArgs),
+    /// What waits in a route's retry tiers and delay topics, due first; cancel one or run it now (dry run unless --execute).
+    Waiting(waiting::WaitingArgs),
 }
 
 impl Command {
@@ -284,6 +287,7 @@ pub fn main() -> ExitCode {
             Command::Outbox(cmd) => outbox::run(&ctx, cmd).await,
             Command::Replay(args) => replay::run(&ctx, args).await,
             Command::Routes(cmd) => routes::run(&ctx, cmd).await,
+            Command::Waiting(args) => waiting::run(&ctx, args).await,
             Command::Schedules(args) => schedules::run(&ctx, args).await,
             Command::Batches(cmd) => batches::run(&ctx, cmd).await,
             Command::Schema(cmd) => schema::run(&ctx, cmd).await,

@@ -7,6 +7,14 @@
 //! key, so compaction keeps every one). Topic names hold no `:`, so the
 //! keys cannot be confused.
 //!
+//! The same topic carries operators' cancels of single waiting jobs
+//! ([`JobCancel`], under `cancel:<main topic>:<topic>:<partition>:<offset>`
+//! of the record the operator saw): a worker that reaches a record of the
+//! route's retry tiers or delay topics with that job id and due time
+//! finishes it as cancelled, without running it. Matching by id and due
+//! time, not by offset, also catches the copies a delayed job leaves as it
+//! hops from bucket to bucket.
+//!
 //! Every worker reads the topic to its end before it subscribes (a worker
 //! that starts while a route is paused never fetches it), then tails it on
 //! a thread of its own. The poll thread pauses the assigned partitions of a
@@ -84,6 +92,45 @@ pub struct ControlAudit {
     /// When (epoch ms).
     pub at_ms: i64,
     /// Why (a pause needs one).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// The key of the [`JobCancel`] of the record at `topic:partition:offset`
+/// of route `main`.
+pub fn cancel_key(main: &str, topic: &str, partition: i32, offset: i64) -> String {
+    format!("cancel:{main}:{topic}:{partition}:{offset}")
+}
+
+/// How long past its due time a cancel is kept: a record is normally
+/// reached at its due time, but a group that is down or far behind reaches
+/// it later. Older cancels are ignored by workers and removed by the next
+/// operator action.
+pub const CANCEL_KEPT_MS: i64 = 7 * 24 * 3_600_000;
+
+/// An operator's cancel of one job waiting in a route's retry tier or
+/// delay topic: the worker that reaches it (or a copy of it a delay hop
+/// wrote) finishes it without running it. "Move to now" is a copy on the
+/// main topic followed by one of these for the original.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobCancel {
+    /// The route's main topic.
+    pub topic: String,
+    /// The job id (`kjob-id`).
+    pub id: String,
+    /// Its due time as written (`kjob-run-at`, else `kjob-due-at`): with
+    /// the id, what tells this waiting record (and its hop copies) from
+    /// another attempt of the same job.
+    pub due_ms: i64,
+    /// Where the operator saw it: `topic:partition:offset`.
+    pub source: String,
+    /// `cancelled`, or `moved to now` (a copy runs on the main topic).
+    pub action: String,
+    /// Who.
+    pub by: String,
+    /// When (epoch ms).
+    pub at_ms: i64,
+    /// Why.
     #[serde(default)]
     pub reason: Option<String>,
 }
@@ -247,6 +294,8 @@ pub struct ControlState {
     pub beats: Vec<WorkerBeat>,
     /// Every audited action, oldest first.
     pub audit: Vec<ControlAudit>,
+    /// Operators' cancels of waiting jobs, by key ([`cancel_key`]).
+    pub cancels: HashMap<String, JobCancel>,
 }
 
 impl ControlState {
@@ -274,6 +323,20 @@ impl ControlState {
                 }
                 Some(Err(e)) => {
                     warn!(topic = %topic, key = %key, error = %e, "unreadable worker beat; ignored")
+                }
+            }
+            return;
+        }
+        if key.starts_with("cancel:") {
+            match payload.map(serde_json::from_slice::<JobCancel>) {
+                None => {
+                    self.cancels.remove(key);
+                }
+                Some(Ok(c)) => {
+                    self.cancels.insert(key.to_string(), c);
+                }
+                Some(Err(e)) => {
+                    warn!(topic = %topic, key = %key, error = %e, "unreadable job cancel; ignored")
                 }
             }
             return;
@@ -459,6 +522,10 @@ pub(crate) async fn beat(
 pub(crate) struct Holds {
     paused: RwLock<HashSet<String>>,
     version: AtomicU64,
+    /// Cancelled waiting jobs: `(main topic, job id)` to their due times.
+    cancels: RwLock<HashMap<(String, String), Vec<i64>>>,
+    /// Whether any cancel is in force: the hot path's one atomic load.
+    any_cancel: AtomicBool,
 }
 
 impl Holds {
@@ -473,6 +540,35 @@ impl Holds {
     /// Bumped at every change.
     pub(crate) fn version(&self) -> u64 {
         self.version.load(Ordering::Acquire)
+    }
+
+    /// Whether an operator cancelled the job `id` of route `main` due at
+    /// `due_ms` (see [`JobCancel`]).
+    pub(crate) fn cancelled(&self, main: &str, id: &str, due_ms: i64) -> bool {
+        if !self.any_cancel.load(Ordering::Acquire) {
+            return false;
+        }
+        self.cancels
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&(main.to_string(), id.to_string()))
+            .is_some_and(|due| due.contains(&due_ms))
+    }
+
+    /// Replaces the cancels in force by those of `all` not older than
+    /// [`CANCEL_KEPT_MS`] past their due time at `now_ms`.
+    fn set_cancels<'a>(&self, all: impl IntoIterator<Item = &'a JobCancel>, now_ms: i64) {
+        let mut map: HashMap<(String, String), Vec<i64>> = HashMap::new();
+        for c in all {
+            if c.due_ms.saturating_add(CANCEL_KEPT_MS) >= now_ms {
+                map.entry((c.topic.clone(), c.id.clone()))
+                    .or_default()
+                    .push(c.due_ms);
+            }
+        }
+        let any = !map.is_empty();
+        *self.cancels.write().unwrap_or_else(PoisonError::into_inner) = map;
+        self.any_cancel.store(any, Ordering::Release);
     }
 
     fn set(&self, now: HashSet<String>) {
@@ -508,10 +604,12 @@ const TAIL_POLL: Duration = Duration::from_millis(300);
 /// is not readable by this principal, say) is logged and the worker starts
 /// with nothing held: a worker that cannot start is worse than a pause
 /// applied late, and the tail keeps trying.
-pub(crate) fn follow(config: &KafkaConfig, group: &str) -> Result<Following> {
-    let holds = Arc::new(Holds::default());
+pub(crate) fn follow(config: &KafkaConfig, group: &str, holds: Arc<Holds>) -> Result<Following> {
     match read_control(config, group) {
-        Ok(first) => holds.set(first.paused()),
+        Ok(first) => {
+            holds.set(first.paused());
+            holds.set_cancels(first.cancels.values(), crate::dlq::now_ms());
+        }
         Err(e) => {
             warn!(topic = %control_topic(group), error = %e, "could not read the group's controls; starting with no route paused")
         }
@@ -583,10 +681,14 @@ fn tail(config: &KafkaConfig, group: &str, holds: &Holds, stop: &AtomicBool) {
             match consumer.poll(TAIL_POLL) {
                 Some(Ok(m)) => {
                     if let Some(key) = m.key().map(|k| String::from_utf8_lossy(k).into_owned()) {
+                        let cancel = key.starts_with("cancel:");
                         state.apply(&topic, &key, m.payload());
                         state.audit.clear();
                         state.beats.clear();
                         holds.set(state.paused());
+                        if cancel {
+                            holds.set_cancels(state.cancels.values(), crate::dlq::now_ms());
+                        }
                     }
                 }
                 Some(Err(e)) => warn!(topic = %topic, error = %e, "reading the control topic"),
@@ -671,6 +773,40 @@ mod tests {
         let p99 = b.quantile_ms(0.99).unwrap_or_default();
         assert!((1800.0..=2200.0).contains(&p99), "merged p99 {p99}");
         assert_eq!(DurationBuckets::default().quantile_ms(0.5), None);
+    }
+
+    #[test]
+    fn a_cancel_matches_its_job_and_due_time_and_expires() {
+        let c = JobCancel {
+            topic: "orders".into(),
+            id: "j1".into(),
+            due_ms: 1_000,
+            source: "orders.delay.1h:0:7".into(),
+            action: "cancelled".into(),
+            by: "ops".into(),
+            at_ms: 10,
+            reason: None,
+        };
+        let mut s = ControlState::default();
+        let key = cancel_key("orders", "orders.delay.1h", 0, 7);
+        s.apply("t", &key, Some(&serde_json::to_vec(&c).unwrap_or_default()));
+        let h = Holds::default();
+        assert!(
+            !h.cancelled("orders", "j1", 1_000),
+            "nothing before it is read"
+        );
+        h.set_cancels(s.cancels.values(), 500);
+        assert!(h.cancelled("orders", "j1", 1_000));
+        // Another attempt of the same job, another job, another route.
+        assert!(!h.cancelled("orders", "j1", 2_000));
+        assert!(!h.cancelled("orders", "j2", 1_000));
+        assert!(!h.cancelled("mails", "j1", 1_000));
+        // Long past its due time it is no longer held.
+        h.set_cancels(s.cancels.values(), 1_000 + CANCEL_KEPT_MS + 1);
+        assert!(!h.cancelled("orders", "j1", 1_000));
+        // A tombstone removes it.
+        s.apply("t", &key, None);
+        assert!(s.cancels.is_empty());
     }
 
     #[test]

@@ -77,6 +77,12 @@ pub const SCHEMA_VERSION: &str = "kjob-schema-version";
 /// Kept in [`JobHeaders::extra`].
 pub const OUTBOX_ROW: &str = "kjob-outbox-row";
 
+/// On a copy of a waiting job an operator moved to "now" (written to the
+/// main topic): where the original waited, `topic:partition:offset`. Such a
+/// copy also carries `kjob-group`, and other groups reading the main topic
+/// skip it: the move was for that group only. Kept in [`JobHeaders::extra`].
+pub const MOVED_FROM: &str = "kjob-moved-from";
+
 /// Longest error message stored in a header. Stack traces and HTML error
 /// pages from downstreams would otherwise bloat every retry record.
 pub const MAX_ERROR_BYTES: usize = 1024;

@@ -1659,6 +1659,179 @@ async fn retries_and_delayed_jobs_waiting_show_with_their_due_times() {
     running.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_cancels_a_delayed_job_and_runs_a_waiting_retry_now() {
+    init_logging();
+    let (_driver, c) = browser().await;
+    let config = ensure_stack();
+    let topic = unique("ui.waitact");
+    let group = unique("g");
+    create_topic(&config, &topic, 2).await;
+    let delays: Vec<(String, i32)> = kjob::delay::delay_topics(&topic)
+        .into_iter()
+        .map(|t| (t, 1))
+        .collect();
+    kjob::topics::create_topics(&config, &delays)
+        .await
+        .expect("delay topics");
+    // "retry-once" fails its first attempt into the one tier, an hour away.
+    let handled: Arc<Mutex<Vec<(i64, u32)>>> = Arc::default();
+    let h = handled.clone();
+    let w = kjob::Worker::builder(config.clone(), &group)
+        .handle_on(&topic, move |job: TestJob, ctx: kjob::JobContext| {
+            let h = h.clone();
+            async move {
+                if job.behaviour == "retry-once" && ctx.attempt == 1 {
+                    return Err(kjob::JobError::retryable("test: downstream 503"));
+                }
+                h.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((job.seq, ctx.attempt));
+                Ok(())
+            }
+        })
+        .retry(kjob::retry::RetryPolicy::tiers([Duration::from_secs(3600)]))
+        .build()
+        .expect("worker builds");
+    let running = start(w);
+    let producer = Producer::new(&config).expect("producer");
+    let mut failing = TestJob::ok("f", 1);
+    failing.behaviour = "retry-once".into();
+    let failed = producer
+        .enqueue_to(&topic, &failing)
+        .await
+        .expect("enqueue");
+    let in_20s = Duration::from_secs(20);
+    let later = producer
+        .enqueue_in_to(&topic, &TestJob::ok("later", 2), in_20s)
+        .await
+        .expect("enqueue_in");
+    let keep = producer
+        .enqueue_in_to(&topic, &TestJob::ok("keep", 3), in_20s)
+        .await
+        .expect("enqueue_in");
+    let tier = kjob::retry::tier_topic(&topic, Duration::from_secs(3600));
+    wait_topics_exist(&config, std::slice::from_ref(&tier), "the retry tier").await;
+    let (_ui, base) = dashboard(
+        &config,
+        &[
+            "--allow-actions",
+            "--no-discover",
+            "--route",
+            &format!("{topic}={group}"),
+        ],
+    )
+    .await;
+    let url = format!("{base}/waiting?topic={topic}&group={group}");
+    eventually_text(
+        &c,
+        &url,
+        &format!("section.waiting[data-topic='{tier}'] span.count"),
+        "1",
+    )
+    .await;
+    let row = |id: &str| format!("section.waiting tr[data-id='{id}']");
+    // A cancel needs a reason: without one, 400 and nothing changes.
+    click(&c, &format!("{} button.cancel", row(&keep.id))).await;
+    assert!(
+        text(&c, "div.error").await.contains("needs a reason"),
+        "a cancel without a reason is refused"
+    );
+    // Cancel the delayed job, with a reason.
+    c.goto(&url).await.expect("goto");
+    c.find(Locator::Css(&format!("{} input.reason", row(&later.id))))
+        .await
+        .expect("the row's reason field")
+        .send_keys("customer unsubscribed")
+        .await
+        .expect("type");
+    click(&c, &format!("{} button.cancel", row(&later.id))).await;
+    let notice = text(&c, "p.notice.done").await;
+    assert!(
+        notice.contains("cancelled") && notice.contains("ui-tester"),
+        "{notice}"
+    );
+    // Run the waiting retry now, an hour early.
+    c.goto(&url).await.expect("goto");
+    click(
+        &c,
+        &format!(
+            "section.waiting[data-topic='{tier}'] tr[data-id='{}'] button.now",
+            failed.id
+        ),
+    )
+    .await;
+    let notice = text(&c, "p.notice.done").await;
+    assert!(notice.contains("moved to now"), "{notice}");
+    let ran = |seq: i64| {
+        handled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(s, _)| *s == seq)
+            .count()
+    };
+    eventually(Duration::from_secs(20), "the retry run now", || ran(1) == 1).await;
+    assert!(
+        handled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&(1, 2)),
+        "it ran as its second attempt"
+    );
+    // The other delayed job runs when due; the cancelled one never does.
+    eventually(Duration::from_secs(60), "the kept delayed job", || {
+        ran(3) == 1
+    })
+    .await;
+    eventually(Duration::from_secs(20), "the cancelled job skipped", || {
+        WorkerStats::get(&running.stats.cancelled) == 1
+    })
+    .await;
+    assert_eq!(ran(2), 0, "a cancelled delayed job never runs");
+    // The moved retry's original waits out its hour, marked.
+    c.goto(&url).await.expect("goto");
+    let mark = format!(
+        "section.waiting[data-topic='{tier}'] tr[data-id='{}'][data-cancelled='moved to now'] span.cancelled",
+        failed.id
+    );
+    text(&c, &mark).await;
+    let by = c
+        .find(Locator::Css(&format!("{mark} strong")))
+        .await
+        .expect("who moved it")
+        .html(true)
+        .await
+        .expect("html");
+    assert_eq!(by, "ui-tester");
+    save_screenshot(&c, "ui-waiting-actions.png").await;
+    // Both audited on the group's control topic.
+    let audit = kjob::control::read_control(&config, &group)
+        .expect("controls")
+        .audit;
+    let acts: Vec<(String, String, String)> = audit
+        .iter()
+        .map(|a| (a.subject.clone(), a.action.clone(), a.by.clone()))
+        .collect();
+    assert_eq!(
+        acts,
+        [
+            (
+                format!("job:{}", later.id),
+                "cancelled".into(),
+                "ui-tester".into()
+            ),
+            (
+                format!("job:{}", failed.id),
+                "moved to now".into(),
+                "ui-tester".into()
+            ),
+        ]
+    );
+    assert_eq!(audit[0].reason.as_deref(), Some("customer unsubscribed"));
+    running.stop().await;
+}
+
 /// The ticks (epoch ms) among `ids` of schedule `name`, and its manual
 /// triggers' ids.
 fn ticks_and_manual(ids: &[String], name: &str) -> (Vec<i64>, Vec<String>) {

@@ -59,6 +59,9 @@ pub(crate) enum Outcome {
     /// Not run: parked in a retry tier behind its key's job in the retry
     /// path (a strict-order route, [`super::strict`]).
     Held,
+    /// Not run: an operator cancelled it while it waited in a retry tier
+    /// or delay topic ([`crate::control::JobCancel`]).
+    Cancelled,
     /// Released unfinished: it waited (for a downstream, a slot, its run
     /// time) when its partition was revoked or the worker stopped, or the
     /// worker gave up a forward at the end of its grace period (or the

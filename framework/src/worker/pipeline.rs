@@ -22,7 +22,7 @@ use opentelemetry::trace::FutureExt as _;
 use opentelemetry::KeyValue;
 use rdkafka::message::Message;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error};
+use tracing::{debug, error, info};
 
 use super::decision::next_step;
 pub(crate) use super::decision::Outcome;
@@ -79,6 +79,9 @@ pub(crate) struct Pipeline {
     pub(crate) server: Vec<KeyValue>,
     /// Where a finished job of a batch is recorded ([`crate::batch`]).
     pub(crate) batches: Option<Arc<crate::batch::recorder::Recorder>>,
+    /// What operators put in force on the group's control topic: here,
+    /// the waiting jobs they cancelled ([`crate::control::JobCancel`]).
+    pub(crate) holds: Option<Arc<crate::control::Holds>>,
     /// The group, shared by every job's context.
     group: Arc<str>,
     /// Per route topic: its name and its contract's, shared by every
@@ -135,6 +138,58 @@ pub(crate) fn context_for<M: Message>(
 }
 
 impl Pipeline {
+    /// Whether the record with `headers` of `entry` (a tier or delay topic)
+    /// is a waiting job an operator cancelled.
+    fn is_cancelled(&self, entry: &RouteEntry, headers: &JobHeaders) -> bool {
+        let (Some(holds), Some(id), Some(due)) = (
+            &self.holds,
+            headers.id.as_deref(),
+            headers.run_at_ms.or(headers.due_at_ms),
+        ) else {
+            return false;
+        };
+        holds.cancelled(&entry.main, id, due)
+    }
+
+    /// Whether a main-topic record is a copy another group's operator moved
+    /// to "now" ([`crate::headers::MOVED_FROM`]).
+    fn moved_for_another_group(&self, entry: &RouteEntry, headers: &JobHeaders) -> bool {
+        entry.role == TopicRole::Main
+            && headers.group.as_deref().is_some_and(|g| *g != *self.group)
+            && headers
+                .extra
+                .iter()
+                .any(|(k, _)| k == crate::headers::MOVED_FROM)
+    }
+
+    /// Finishes a cancelled waiting job without running it: counted,
+    /// logged, out of its key's chain on a strict-order route, and
+    /// recorded as not succeeded in its batch.
+    async fn cancelled<M: Message>(
+        &self,
+        entry: &RouteEntry,
+        msg: &M,
+        headers: &JobHeaders,
+        job: &'static str,
+    ) -> Outcome {
+        let id = headers.id.as_deref().unwrap_or_default();
+        if let Some(g) = self.strict.as_deref().and_then(|s| s.gate(entry, msg)) {
+            if !g.finished(&entry.main, id).await {
+                return Outcome::Released;
+            }
+        }
+        WorkerStats::bump(&self.fw.stats.cancelled);
+        self.fw.metrics.outcome(job, "cancelled");
+        info!(
+            job.id = %id, job.type = job, topic = msg.topic(), partition = msg.partition(),
+            offset = msg.offset(), outcome = "cancelled", "waiting job cancelled by an operator; not run"
+        );
+        if let (Some(recorder), Some(batch)) = (&self.batches, &headers.batch) {
+            recorder.push(batch, id, false);
+        }
+        Outcome::Cancelled
+    }
+
     /// A pipeline over `routes`, forwarding to `sink`. `cancel` ends
     /// forwards still retrying at the end of the shutdown grace period.
     #[allow(clippy::too_many_arguments)]
@@ -170,6 +225,7 @@ impl Pipeline {
             park: true,
             server: Vec::new(),
             batches: None,
+            holds: None,
         }
     }
 
@@ -198,6 +254,16 @@ impl Pipeline {
             job,
             attempt: headers.attempt.unwrap_or(1).max(1),
         };
+        // 0. An operator's hand: a cancelled waiting job is finished unrun;
+        // a job another group's operator moved to "now" is that group's.
+        if entry.role.holds() && self.is_cancelled(entry, &headers) {
+            let outcome = Box::pin(self.cancelled(entry, msg, &headers, job)).await;
+            return ended(outcome);
+        }
+        if headers.group.is_some() && self.moved_for_another_group(entry, &headers) {
+            WorkerStats::bump(&self.fw.stats.skipped_foreign);
+            return ended(Outcome::Handled);
+        }
         // 1. The stages of the topic's role. Boxed, like every rare path:
         // their futures stay out of each attempt's state.
         let mut now_ms = now_ms;

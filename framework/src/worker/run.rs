@@ -76,6 +76,9 @@ impl Worker {
             crate::clock::Clock::Wall,
         );
         pipeline.park = self.park;
+        // Filled by the control tail started below, before the first fetch.
+        let holds = Arc::new(crate::control::Holds::default());
+        pipeline.holds = Some(holds.clone());
         pipeline.server =
             crate::telemetry::spans::server_attributes(&self.config.bootstrap_servers);
         let background = CancellationToken::new();
@@ -193,7 +196,7 @@ impl Worker {
         // followed until this run ends (`following` is dropped with it).
         let following = {
             let (config, group) = (self.config.clone(), self.settings.group.clone());
-            tokio::task::spawn_blocking(move || crate::control::follow(&config, &group))
+            tokio::task::spawn_blocking(move || crate::control::follow(&config, &group, holds))
                 .await
                 .map_err(|e| Error::Task {
                     what: "reading the group's controls",

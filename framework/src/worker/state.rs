@@ -57,6 +57,9 @@ pub struct WorkerStats {
     /// Records of a strict-order route parked in a retry tier, not run,
     /// behind their key's job in the retry path (every park counts).
     pub held: AtomicU64,
+    /// Waiting jobs not run because an operator cancelled them (or moved
+    /// them to "now", which cancels the waiting copy).
+    pub cancelled: AtomicU64,
     /// Scheduled (cron) jobs this worker enqueued as the schedule leader.
     pub schedule_fired: AtomicU64,
     /// Set while this worker is the group's schedule leader.

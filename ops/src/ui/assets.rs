@@ -63,6 +63,8 @@ table.headers { table-layout:fixed; }
 table.headers td:first-child { width:40%; color:var(--muted); }
 table.headers td { overflow-wrap:anywhere; }
 table.dlq .c-pick { width:2rem; }
+table.dlq .c-act { width:15rem; } table.dlq td.act { white-space:normal; }
+table.dlq td.act input.reason { width:8rem; } table.dlq td.act button { padding:.2rem .5rem; margin:.1rem 0; }
 th a.sort { color:inherit; text-decoration:none; } th a.sort:hover { text-decoration:underline; }
 nav.pager { margin:.5rem 0; color:var(--muted); }
 section.counts table { table-layout:fixed; } section.counts td { overflow-wrap:anywhere; }
@@ -93,7 +95,10 @@ const JS: &str = r#"
         const doc = new DOMParser().parseFromString(await r.text(), 'text/html');
         for (const el of document.querySelectorAll('[data-live][id]')) {
           const fresh = doc.getElementById(el.id);
-          if (fresh) el.replaceWith(fresh);
+          // Never under an operator's hands: a part holding focus or a
+          // typed value (a row's reason) waits for the next round.
+          const typed = [...el.querySelectorAll('input:not([type=hidden])')].some(i => i.value !== i.defaultValue);
+          if (fresh && !el.contains(document.activeElement) && !typed) el.replaceWith(fresh);
         }
       }
     } catch (e) { /* the next round tries again */ }

@@ -286,6 +286,7 @@ fn router(state: Shared) -> Router {
         .route("/route/pause", post(controls::pause_route))
         .route("/route/resume", post(controls::resume_route))
         .route("/waiting", get(waiting::waiting))
+        .route("/waiting/act", post(waiting::act))
         .route("/dlq", get(dead_letters::dlq_list))
         .route("/dlq/show", get(dead_letters::dlq_show))
         .route("/dlq/redrive", post(actions::redrive))

@@ -6,9 +6,8 @@
 //! its committed offset. The read is bounded: at most `per_partition`
 //! records from the committed offset of each partition (the ones due
 //! first), with the count of the rest. It uses a manual assignment, never
-//! the group itself, so it commits nothing and joins nothing. Read-only:
-//! moving a job to "now" or cancelling a delayed one are not offered here
-//! (see the book's dashboard chapter for why).
+//! the group itself, so it commits nothing and joins nothing. Cancelling
+//! one of these jobs or moving it to "now" is [`act`]'s.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -20,6 +19,9 @@ use rdkafka::{Offset, TopicPartitionList};
 use kjob::config::KafkaConfig;
 use kjob::error::{Error, Result};
 use kjob::headers::JobHeaders;
+
+mod act;
+pub use act::{act, Acted, WaitingAction, WaitingAt, MOVED_FROM};
 
 use crate::lag::PartitionLag;
 use crate::topics::{route_topics, Role};
