@@ -76,6 +76,7 @@ pub struct WorkerBuilder {
     retry_overrides: HashMap<String, RetryPolicy>,
     priorities: HashMap<String, Priority>,
     strict: std::collections::BTreeSet<String>,
+    debounce: HashMap<String, Duration>,
     endpoint: Option<SocketAddr>,
     exporter: Option<MetricsExporter>,
     #[cfg(feature = "metrics-http")]
@@ -180,6 +181,21 @@ impl WorkerBuilder {
     /// See the `strict` module docs for the rules and the write order.
     pub fn strict_order(mut self, topic: &str) -> Self {
         self.strict.insert(topic.to_string());
+        self
+    }
+
+    /// Debounce the route on main topic `topic`: of several jobs with the
+    /// same key written within `window` of each other, only the newest
+    /// runs; the others finish as superseded, without a handler call. Each
+    /// job waits `window` after it was written before it may run (parked,
+    /// holding no handler slot), so a burst of changes to one record costs
+    /// one handler call. For refreshes and syncs whose newest job makes the
+    /// older ones moot; not for jobs that each carry their own effect.
+    /// Keyless records and retries are not debounced. Not with
+    /// [`WorkerBuilder::strict_order`] on the same route. See the
+    /// `debounce` module docs for what it keeps across a crash.
+    pub fn debounce(mut self, topic: &str, window: Duration) -> Self {
+        self.debounce.insert(topic.to_string(), window);
         self
     }
 
@@ -531,6 +547,7 @@ impl WorkerBuilder {
             schedules: self.schedules,
             batches: self.batches,
             strict: strict_topics,
+            debounce: self.debounce,
             stats: Arc::new(WorkerStats::default()),
             #[cfg(feature = "postgres")]
             outbox_relay: self.outbox_relay,
@@ -689,6 +706,29 @@ impl WorkerBuilder {
                 });
             }
         }
+        if let Some(unknown) = self.debounce.keys().find(|t| !mains.contains(t)) {
+            return Err(Error::NoSuchRoute {
+                topic: unknown.clone(),
+                setting: "debounce",
+            });
+        }
+        if let Some(topic) = self.debounce.keys().find(|t| self.strict.contains(*t)) {
+            return Err(Error::InvalidSetting {
+                name: "debounce".into(),
+                value: topic.clone(),
+                reason: format!(
+                    "strict_order(\"{topic}\") runs every job of a key in order, and debounce skips \
+                     all but the newest: choose one for this route"
+                ),
+            });
+        }
+        if let Some((topic, _)) = self.debounce.iter().find(|(_, w)| w.is_zero()) {
+            return Err(Error::InvalidSetting {
+                name: "debounce".into(),
+                value: format!("{topic}: 0s"),
+                reason: "a debounce window must be longer than zero: the jobs of a key written within it of each other are folded into the newest".into(),
+            });
+        }
         if let Some(unknown) = self.priorities.keys().find(|t| !mains.contains(t)) {
             return Err(Error::NoSuchRoute {
                 topic: unknown.clone(),
@@ -741,6 +781,8 @@ pub struct Worker {
     pub(super) batches: Option<String>,
     /// Main topics under strict order (`WorkerBuilder::strict_order`).
     pub(super) strict: Vec<String>,
+    /// Debounce windows by main topic (`WorkerBuilder::debounce`).
+    pub(super) debounce: HashMap<String, Duration>,
     pub(super) stats: Arc<WorkerStats>,
     pub(super) metrics: Metrics,
     pub(super) endpoint: Option<SocketAddr>,
@@ -787,6 +829,7 @@ impl Worker {
             retry_overrides: HashMap::new(),
             priorities: HashMap::new(),
             strict: Default::default(),
+            debounce: HashMap::new(),
             endpoint: None,
             exporter: None,
             #[cfg(feature = "metrics-http")]

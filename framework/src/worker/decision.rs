@@ -59,6 +59,9 @@ pub(crate) enum Outcome {
     /// Not run: parked in a retry tier behind its key's job in the retry
     /// path (a strict-order route, [`super::strict`]).
     Held,
+    /// Not run: a newer job of its key reached the worker within the
+    /// route's debounce window ([`super::debounce`]).
+    Superseded,
     /// Not run: an operator cancelled it while it waited in a retry tier
     /// or delay topic ([`crate::control::JobCancel`]).
     Cancelled,

@@ -179,7 +179,7 @@ impl Forwarder {
             Outcome::Delayed => Some(&self.stats.delay_hops),
             Outcome::Held => Some(&self.stats.held),
             Outcome::DeadLettered => Some(&self.stats.dead_lettered),
-            Outcome::Handled | Outcome::Released | Outcome::Cancelled => None,
+            Outcome::Handled | Outcome::Released | Outcome::Cancelled | Outcome::Superseded => None,
         };
         if let Some(c) = counter {
             WorkerStats::bump(c);

@@ -42,6 +42,7 @@
 
 mod backtrace;
 mod builder;
+mod debounce;
 mod decision;
 mod dispatcher;
 mod forward;

@@ -82,6 +82,9 @@ pub(crate) struct Pipeline {
     /// What operators put in force on the group's control topic: here,
     /// the waiting jobs they cancelled ([`crate::control::JobCancel`]).
     pub(crate) holds: Option<Arc<crate::control::Holds>>,
+    /// The debounced routes and the newest job of each key fetched on them
+    /// ([`super::debounce`]).
+    pub(crate) debounce: Option<Arc<super::debounce::Debounce>>,
     /// The group, shared by every job's context.
     group: Arc<str>,
     /// Per route topic: its name and its contract's, shared by every
@@ -149,6 +152,40 @@ impl Pipeline {
             return false;
         };
         holds.cancelled(&entry.main, id, due)
+    }
+
+    /// A debounced job: superseded at once if a newer job of its key was
+    /// fetched, otherwise parked until `window` after it was written and
+    /// checked again. `None`: it runs; `Released` if its partition went
+    /// while it waited.
+    async fn debounced<M: Message>(
+        &self,
+        d: &super::debounce::Debounce,
+        window: std::time::Duration,
+        msg: &M,
+        key: &[u8],
+        waiter: &Waiter,
+    ) -> Option<Outcome> {
+        let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
+        if d.superseded(topic, partition, key, offset) {
+            return Some(Outcome::Superseded);
+        }
+        let written = msg
+            .timestamp()
+            .to_millis()
+            .unwrap_or_else(|| self.clock.now_ms());
+        let left = written.saturating_add(window.as_millis() as i64) - self.clock.now_ms();
+        if left > 0 {
+            let sleep = tokio::time::sleep(std::time::Duration::from_millis(left as u64));
+            if waiter.wait(sleep).await.is_none() {
+                return Some(Outcome::Released);
+            }
+            if d.superseded(topic, partition, key, offset) {
+                return Some(Outcome::Superseded);
+            }
+        }
+        d.running(topic, partition, key, offset);
+        None
     }
 
     /// Whether a main-topic record is a copy another group's operator moved
@@ -226,6 +263,7 @@ impl Pipeline {
             server: Vec::new(),
             batches: None,
             holds: None,
+            debounce: None,
         }
     }
 
@@ -275,6 +313,26 @@ impl Pipeline {
                 return ended(outcome);
             }
             now_ms = now_ms.max(self.clock.now_ms());
+        }
+        // A debounced route's job waits out its window; a newer one of its
+        // key makes it moot.
+        if let (Some(d), TopicRole::Main, Some(key)) = (&self.debounce, entry.role, msg.key()) {
+            if let Some(window) = d.window(msg.topic()) {
+                let wait = self.debounced(d, window, msg, key, waiter);
+                if let Some(outcome) = Box::pin(wait).await {
+                    if outcome == Outcome::Superseded {
+                        WorkerStats::bump(&self.fw.stats.superseded);
+                        self.fw.metrics.outcome(job, "superseded");
+                        debug!(job.type = job, partition = msg.partition(), offset = msg.offset(), outcome = "superseded", "a newer job of its key arrived; not run");
+                        if let (Some(recorder), Some(batch)) = (&self.batches, &headers.batch) {
+                            let id = headers.job_id(msg.topic(), msg.partition(), msg.offset());
+                            recorder.push(batch, &id, true);
+                        }
+                    }
+                    return ended(outcome);
+                }
+                now_ms = now_ms.max(self.clock.now_ms());
+            }
         }
         // 2. Strict order.
         let gate = self.strict.as_deref().and_then(|s| s.gate(entry, msg));

@@ -89,6 +89,9 @@ pub(crate) struct WorkerContext {
     /// Routes paused for the whole group ([`crate::control`]), followed by
     /// their own thread; `None` when the worker does not follow them.
     pub holds: Option<Arc<crate::control::Holds>>,
+    /// Where each debounced route's newest job per key is noted
+    /// ([`super::debounce`]).
+    pub debounce: Option<Arc<super::debounce::Debounce>>,
     /// The holds' version last applied and the partitions paused for them.
     pub held: Mutex<(u64, std::collections::HashSet<Tp>)>,
 }
@@ -442,6 +445,11 @@ impl WorkerContext {
             TopicRole::Delay(_) => super::OrderingMode::Unordered,
             _ => self.settings.ordering,
         };
+        if let (Some(d), TopicRole::Main, Some(key)) = (&self.debounce, role, msg.key()) {
+            if d.window(msg.topic()).is_some() {
+                d.seen(msg.topic(), msg.partition(), key, msg.offset());
+            }
+        }
         let mut rec = incoming(msg, ordering, role.holds(), &self.settings.group);
         if let TopicRole::Delay(_) = role {
             let slack = crate::delay::HOLD_SLACK.as_millis() as i64;

@@ -79,6 +79,8 @@ impl Worker {
         // Filled by the control tail started below, before the first fetch.
         let holds = Arc::new(crate::control::Holds::default());
         pipeline.holds = Some(holds.clone());
+        let debounce = super::debounce::Debounce::new(self.debounce.clone()).map(Arc::new);
+        pipeline.debounce = debounce.clone();
         pipeline.server =
             crate::telemetry::spans::server_attributes(&self.config.bootstrap_servers);
         let background = CancellationToken::new();
@@ -219,6 +221,7 @@ impl Worker {
             watchdog: self.watchdog.clone(),
             batches: pipeline.batches.clone(),
             holds: Some(following.holds.clone()),
+            debounce,
             held: std::sync::Mutex::new(Default::default()),
         };
         let consumer = Arc::new(self.consumer(context)?);

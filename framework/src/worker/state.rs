@@ -57,6 +57,9 @@ pub struct WorkerStats {
     /// Records of a strict-order route parked in a retry tier, not run,
     /// behind their key's job in the retry path (every park counts).
     pub held: AtomicU64,
+    /// Jobs not run because a newer job of their key reached the worker
+    /// within the route's debounce window.
+    pub superseded: AtomicU64,
     /// Waiting jobs not run because an operator cancelled them (or moved
     /// them to "now", which cancels the waiting copy).
     pub cancelled: AtomicU64,

@@ -21,7 +21,8 @@
 //! fails its first attempt with a retryable error, `fail-twice` its first
 //! two. `KJOB_TEST_STRICT=1` puts the route under strict ordered retries
 //! (`WorkerBuilder::strict_order`) and appends `okat <seq> <now ms>` when a
-//! job succeeds.
+//! job succeeds. `KJOB_TEST_DEBOUNCE_MS=<ms>` debounces the route
+//! (`WorkerBuilder::debounce`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -129,6 +130,12 @@ async fn main() -> Result<(), String> {
     }
     if strict {
         builder = builder.strict_order(&topic);
+    }
+    if let Ok(window) = std::env::var("KJOB_TEST_DEBOUNCE_MS") {
+        let ms: u64 = window
+            .parse()
+            .map_err(|e| format!("KJOB_TEST_DEBOUNCE_MS={window}: {e}"))?;
+        builder = builder.debounce(&topic, Duration::from_millis(ms));
     }
     if let Ok(batches) = std::env::var("KJOB_TEST_BATCHES") {
         builder = builder.batches_on(&batches);
