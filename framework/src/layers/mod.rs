@@ -34,14 +34,17 @@
 //! `middleware::from_fn`): it gets the [`Request`] and the rest of the stack
 //! as [`Next`]. A layer with state implements [`Middleware`] on it.
 //!
-//! Shipped layers, one folder each, both [`Middleware`]s: [`rate_limit`] (a
-//! token bucket shared by every route that uses it) and [`breaker`] (a
+//! Shipped layers, one folder each, all [`Middleware`]s: [`rate_limit`] (a
+//! token bucket shared by every route that uses it), [`breaker`] (a
 //! circuit breaker per downstream that parks jobs while open instead of
-//! burning their attempts).
+//! burning their attempts) and, with feature `postgres`, `unique` (skip a
+//! job whose key was handled within a window).
 
 pub mod breaker;
 mod from_fn;
 pub mod rate_limit;
+#[cfg(feature = "postgres")]
+pub mod unique;
 
 pub use from_fn::{from_fn, FromFn, FromFnService, Middleware, Next};
 
