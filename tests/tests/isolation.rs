@@ -97,7 +97,9 @@ async fn jobs_whose_schema_is_cached_keep_running_while_the_registry_is_cut() {
         calls.lock().unwrap().len() >= 10
     })
     .await;
-    // A newer producer registers v2 while the registry is still up.
+    // A newer producer registers v2 while the registry is still up. Only
+    // registered, not enqueued: a v2 job the worker ran before the cut
+    // would cache v2's writer schema too (the CI run that found it).
     let v2 = |seq: i64| TestJobV2 {
         key: format!("v2-{seq}"),
         seq,
@@ -105,7 +107,8 @@ async fn jobs_whose_schema_is_cached_keep_running_while_the_registry_is_cut() {
         note: Some("from the new deploy".into()),
     };
     producer
-        .enqueue_to(&topic, &v2(1_000))
+        .codec()
+        .register::<TestJobV2>(&topic)
         .await
         .expect("v2 registers");
 
@@ -153,18 +156,14 @@ async fn jobs_whose_schema_is_cached_keep_running_while_the_registry_is_cut() {
                 .iter()
                 .filter(|(s, _, _)| *s >= 1_000)
                 .count()
-                >= (EACH + 1) as usize
+                >= EACH as usize
         },
     )
     .await;
     wait_committed_at_end(&config, &group, &topic, PARTITIONS).await;
     running.stop().await;
     let calls = calls.lock().unwrap().clone();
-    assert_eq!(
-        calls.len(),
-        (10 + 2 * EACH + 1) as usize,
-        "each exactly once"
-    );
+    assert_eq!(calls.len(), (10 + 2 * EACH) as usize, "each exactly once");
     assert!(
         calls.iter().all(|(_, a, _)| *a == 1),
         "on its first attempt"
