@@ -229,6 +229,7 @@ impl Harness {
         let schemas = Arc::new(MemorySchemas::default());
         let routes = builder.build_routes(schemas.clone() as Arc<dyn SchemaSource>)?;
         let priorities = builder.topic_priorities(&routes.entries);
+        let fairness = builder.topic_fairness(&routes.entries);
         let mut order: Vec<String> = routes.entries.keys().cloned().collect();
         // Main topics first, then tiers shortest-first, like a fair consumer.
         order.sort_by_key(|t| {
@@ -271,7 +272,9 @@ impl Harness {
         );
         // The harness's waits keep their slot: nothing is parked.
         pipeline.park = false;
-        let mut sched = Scheduler::new(settings.1).with_priorities(priorities);
+        let mut sched = Scheduler::new(settings.1)
+            .with_priorities(priorities)
+            .with_fairness(fairness);
         let tps: Vec<(String, i32)> = order.iter().map(|t| (t.clone(), 0)).collect();
         let mut out = Vec::new();
         sched.assign(&tps, &mut out);

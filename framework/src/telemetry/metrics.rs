@@ -150,6 +150,9 @@ pub(crate) struct Snapshot {
     pub(crate) priority: [(usize, usize); crate::worker::Priority::LEVELS],
     /// Jobs parked: waiting for a downstream without a handler slot.
     pub(crate) parked: usize,
+    /// Per fair route and tenant (the busiest [`TENANTS_SHOWN`], the rest
+    /// as `other`): (ready, running).
+    pub(crate) tenants: Vec<(String, String, usize, usize)>,
     /// Per job type: age of the oldest handler running for 1 s or more.
     pub(crate) oldest_running_seconds: Vec<(&'static str, f64)>,
     /// Per schedule: whether this worker fires it now.
@@ -158,6 +161,39 @@ pub(crate) struct Snapshot {
     /// topic): (open, age in seconds of the oldest open one); `None`
     /// without batches.
     pub(crate) batches: Option<(usize, f64)>,
+}
+
+/// Tenants shown by name per fair route on `/metrics`: the busiest by
+/// ready plus running jobs; the others are summed as tenant `other`, so a
+/// route with a million tenants still exports a bounded number of series.
+pub(crate) const TENANTS_SHOWN: usize = 20;
+
+/// The busiest [`TENANTS_SHOWN`] tenants of each route by name, the rest
+/// summed as `other`.
+pub(crate) fn top_tenants(
+    all: Vec<(String, String, usize, usize)>,
+) -> Vec<(String, String, usize, usize)> {
+    let mut by_route: std::collections::BTreeMap<String, Vec<(String, usize, usize)>> =
+        Default::default();
+    for (route, tenant, ready, running) in all {
+        by_route
+            .entry(route)
+            .or_default()
+            .push((tenant, ready, running));
+    }
+    let mut out = Vec::new();
+    for (route, mut tenants) in by_route {
+        tenants.sort_by(|a, b| (b.1 + b.2).cmp(&(a.1 + a.2)).then(a.0.cmp(&b.0)));
+        let rest = tenants.split_off(tenants.len().min(TENANTS_SHOWN));
+        for (tenant, ready, running) in tenants {
+            out.push((route.clone(), tenant, ready, running));
+        }
+        if !rest.is_empty() {
+            let (ready, running) = rest.iter().fold((0, 0), |(r, n), t| (r + t.1, n + t.2));
+            out.push((route, "other".to_string(), ready, running));
+        }
+    }
+    out
 }
 
 /// What a downstream guard (a circuit breaker) shows on `/metrics`.
@@ -327,6 +363,38 @@ impl Metrics {
                     out(
                         *wait as f64,
                         vec![g.clone(), KeyValue::new("priority", p.as_str())],
+                    );
+                }
+            },
+        );
+        from_snapshot(
+            "kjob_tenant_ready",
+            "Jobs of a fair route ready and waiting for a slot, per tenant (the busiest, the rest as other)",
+            |s, g, out| {
+                for (topic, tenant, ready, _) in &s.tenants {
+                    out(
+                        *ready as f64,
+                        vec![
+                            g.clone(),
+                            KeyValue::new("topic", topic.clone()),
+                            KeyValue::new("tenant", tenant.clone()),
+                        ],
+                    );
+                }
+            },
+        );
+        from_snapshot(
+            "kjob_tenant_running",
+            "Jobs of a fair route running, per tenant (the busiest, the rest as other)",
+            |s, g, out| {
+                for (topic, tenant, _, running) in &s.tenants {
+                    out(
+                        *running as f64,
+                        vec![
+                            g.clone(),
+                            KeyValue::new("topic", topic.clone()),
+                            KeyValue::new("tenant", tenant.clone()),
+                        ],
                     );
                 }
             },
@@ -518,5 +586,27 @@ impl Metrics {
     /// What this worker records into.
     pub(crate) fn exporter(&self) -> &MetricsExporter {
         &self.exporter
+    }
+}
+
+#[cfg(test)]
+mod tenant_tests {
+    use super::*;
+
+    #[test]
+    fn tenant_series_are_bounded_per_route() {
+        let mut all = Vec::new();
+        for i in 0..(TENANTS_SHOWN + 5) {
+            all.push(("r".to_string(), format!("t{i:02}"), i, 1));
+        }
+        all.push(("s".to_string(), "solo".to_string(), 0, 2));
+        let top = top_tenants(all);
+        let r: Vec<_> = top.iter().filter(|t| t.0 == "r").collect();
+        assert_eq!(r.len(), TENANTS_SHOWN + 1);
+        // The busiest first; the five least busy summed as other.
+        assert_eq!(r[0].1, format!("t{:02}", TENANTS_SHOWN + 4));
+        let other = r.last().map(|t| (t.1.as_str(), t.2, t.3));
+        assert_eq!(other, Some(("other", 1 + 2 + 3 + 4, 5)));
+        assert!(top.contains(&("s".to_string(), "solo".to_string(), 0, 2)));
     }
 }

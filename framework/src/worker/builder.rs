@@ -77,6 +77,7 @@ pub struct WorkerBuilder {
     priorities: HashMap<String, Priority>,
     strict: std::collections::BTreeSet<String>,
     debounce: HashMap<String, Duration>,
+    fair: std::collections::BTreeMap<String, super::Fairness>,
     endpoint: Option<SocketAddr>,
     exporter: Option<MetricsExporter>,
     #[cfg(feature = "metrics-http")]
@@ -182,6 +183,40 @@ impl WorkerBuilder {
     pub fn strict_order(mut self, topic: &str) -> Self {
         self.strict.insert(topic.to_string());
         self
+    }
+
+    /// Share the handler slots of the route on main topic `topic` among
+    /// its tenants, by weight, with an optional cap per tenant: see
+    /// [`Fairness`](super::Fairness). Its retry tiers share it.
+    pub fn fair(mut self, topic: &str, fairness: super::Fairness) -> Self {
+        self.fair.insert(topic.to_string(), fairness);
+        self
+    }
+
+    /// [`WorkerBuilder::fair`] by the `kjob-tenant` header, every tenant
+    /// weighing the same.
+    pub fn fair_by_tenant(self, topic: &str) -> Self {
+        self.fair(topic, super::Fairness::by_tenant())
+    }
+
+    /// The fair routes for the scheduler: each with its topics (main and
+    /// tiers) and settings.
+    pub(crate) fn topic_fairness(
+        &self,
+        routes: &HashMap<String, RouteEntry>,
+    ) -> Vec<(Vec<String>, super::scheduler::FairSpec)> {
+        self.fair
+            .iter()
+            .map(|(main, f)| {
+                let mut topics: Vec<String> = routes
+                    .iter()
+                    .filter(|(_, e)| e.main == *main)
+                    .map(|(t, _)| t.clone())
+                    .collect();
+                topics.sort();
+                (topics, f.spec(main))
+            })
+            .collect()
     }
 
     /// Debounce the route on main topic `topic`: of several jobs with the
@@ -496,6 +531,7 @@ impl WorkerBuilder {
         }
         let (_, limits) = self.scheduler_settings();
         let priorities = self.topic_priorities(&routes.entries);
+        let fairness = self.topic_fairness(&routes.entries);
         let run_limits = self.run_limits.with_env()?;
         let mut names = std::collections::HashSet::new();
         for s in &self.schedules {
@@ -529,6 +565,7 @@ impl WorkerBuilder {
         Ok(Worker {
             limits,
             priorities,
+            fairness,
             run_limits,
             metrics,
             endpoint: self.endpoint,
@@ -706,6 +743,12 @@ impl WorkerBuilder {
                 });
             }
         }
+        if let Some(unknown) = self.fair.keys().find(|t| !mains.contains(t)) {
+            return Err(Error::NoSuchRoute {
+                topic: unknown.clone(),
+                setting: "fair",
+            });
+        }
         if let Some(unknown) = self.debounce.keys().find(|t| !mains.contains(t)) {
             return Err(Error::NoSuchRoute {
                 topic: unknown.clone(),
@@ -765,6 +808,8 @@ pub(crate) struct Routes {
 pub struct Worker {
     pub(super) limits: Limits,
     pub(super) priorities: HashMap<String, Priority>,
+    /// The fair routes' topics and settings (`WorkerBuilder::fair`).
+    pub(super) fairness: Vec<(Vec<String>, super::scheduler::FairSpec)>,
     pub(super) run_limits: limits::Limits,
     pub(super) config: KafkaConfig,
     pub(super) settings: Settings,
@@ -830,6 +875,7 @@ impl Worker {
             priorities: HashMap::new(),
             strict: Default::default(),
             debounce: HashMap::new(),
+            fair: Default::default(),
             endpoint: None,
             exporter: None,
             #[cfg(feature = "metrics-http")]

@@ -45,6 +45,7 @@ mod builder;
 mod debounce;
 mod decision;
 mod dispatcher;
+mod fairness;
 mod forward;
 mod handler;
 mod hub;
@@ -69,6 +70,7 @@ mod watchdog;
 
 pub use crate::error::Limit;
 pub use builder::{Worker, WorkerBuilder};
+pub use fairness::Fairness;
 pub use handler::{Ext, FromParts, Handler, Parts, State};
 pub use membership::{GroupProtocol, GROUP_PROTOCOL_ENV, INSTANCE_ID_ENV};
 pub use priority::Priority;

@@ -465,13 +465,14 @@ impl WorkerContext {
     /// oldest record this worker holds uncommitted (0 when nothing is).
     fn refresh_oldest_pending(&self) {
         let now = now_ms();
-        let (oldest, by_level, parked, skipped) = {
+        let (oldest, by_level, parked, skipped, tenants) = {
             let core = self.lock();
             (
                 core.sched.oldest_pending(),
                 core.sched.by_level(),
                 core.sched.parked(),
                 core.sched.skipped_finished(),
+                core.sched.tenants(),
             )
         };
         self.stats
@@ -492,6 +493,7 @@ impl WorkerContext {
         snap.oldest_pending_seconds = ages;
         snap.priority = by_level;
         snap.parked = parked;
+        snap.tenants = crate::telemetry::metrics::top_tenants(tenants);
         let mut jobs: Vec<&'static str> =
             self.routes.values().map(|e| e.route.job_name()).collect();
         jobs.sort_unstable();

@@ -22,6 +22,9 @@ impl Located for OwnedMessage {
     fn partition(&self) -> i32 {
         Message::partition(self)
     }
+    fn header(&self, name: &str) -> Option<&str> {
+        headers::find(Message::headers(self), name)
+    }
 }
 
 impl Located for Polled {
@@ -30,6 +33,9 @@ impl Located for Polled {
     }
     fn partition(&self) -> i32 {
         Message::partition(self)
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        headers::find(Message::headers(self), name)
     }
 }
 

@@ -161,7 +161,9 @@ impl Worker {
         }
         let limits = self.limits;
         let hub = Arc::new(hub::Hub::new(
-            Scheduler::new(limits).with_priorities(self.priorities.clone()),
+            Scheduler::new(limits)
+                .with_priorities(self.priorities.clone())
+                .with_fairness(self.fairness.clone()),
             senders,
         ));
         let dispatchers: Vec<_> = receivers

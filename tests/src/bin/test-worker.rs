@@ -131,6 +131,9 @@ async fn main() -> Result<(), String> {
     if strict {
         builder = builder.strict_order(&topic);
     }
+    if std::env::var("KJOB_TEST_FAIR").is_ok_and(|v| v == "1") {
+        builder = builder.fair_by_tenant(&topic);
+    }
     if let Ok(window) = std::env::var("KJOB_TEST_DEBOUNCE_MS") {
         let ms: u64 = window
             .parse()

@@ -62,6 +62,9 @@
 //!   never run again within it.
 
 mod commits;
+mod fair;
+#[cfg(test)]
+mod fair_tests;
 mod parking;
 #[cfg(test)]
 mod tests;
@@ -75,6 +78,7 @@ use tokio_util::sync::CancellationToken;
 use crate::offsets::OffsetTracker;
 use crate::worker::Priority;
 
+pub(crate) use fair::FairSpec;
 pub(crate) use types::{Action, Incoming, Job, LaneKey, Limits, Located, Ticket, Tp};
 use types::{Hold, Lane, Part, Ready, ACTIVE_MS, LOST_KEPT};
 
@@ -87,6 +91,8 @@ pub(crate) struct Scheduler<R> {
     running: usize,
     /// Topic -> priority; unlisted topics are [`Priority::Normal`].
     priorities: HashMap<String, Priority>,
+    /// Topic -> its fair route's index (main topic and tiers alike).
+    fair_topics: HashMap<String, u16>,
     /// Running jobs per priority level.
     running_at: [usize; Priority::LEVELS],
     /// When each level last took a record (ms).
@@ -128,6 +134,7 @@ impl<R: Located> Scheduler<R> {
             ready: Ready::new(),
             running: 0,
             priorities: HashMap::new(),
+            fair_topics: HashMap::new(),
             running_at: [0; Priority::LEVELS],
             seen_ms: [i64::MIN; Priority::LEVELS],
             now_ms: i64::MIN,
@@ -149,15 +156,43 @@ impl<R: Located> Scheduler<R> {
         self
     }
 
+    /// Shares each fair route's slots among its tenants: `routes` are each
+    /// route's topics (main and tiers) with its settings. Applies to
+    /// partitions assigned from now on.
+    pub(crate) fn with_fairness(mut self, routes: Vec<(Vec<String>, FairSpec)>) -> Self {
+        for (i, (topics, spec)) in routes.into_iter().enumerate() {
+            let i = u16::try_from(i).unwrap_or(u16::MAX);
+            for t in topics {
+                self.fair_topics.insert(t, i);
+            }
+            self.ready.fair.push(fair::FairRoute::new(spec));
+        }
+        self
+    }
+
+    /// `(route, tenant, ready, running)` of every tenant with work on a
+    /// fair route, for the per-tenant gauges.
+    pub(crate) fn tenants(&self) -> Vec<(String, String, usize, usize)> {
+        self.ready
+            .fair
+            .iter()
+            .flat_map(|f| {
+                f.load().into_iter().map(move |(name, ready, running)| {
+                    (f.route().to_string(), name.to_string(), ready, running)
+                })
+            })
+            .collect()
+    }
+
     /// Jobs running and jobs ready to run, per priority level.
     pub(crate) fn by_level(&self) -> [(usize, usize); Priority::LEVELS] {
-        std::array::from_fn(|l| (self.running_at[l], self.ready.queues[l].len()))
+        std::array::from_fn(|l| (self.running_at[l], self.ready.len_at(l)))
     }
 
     /// Whether `level` had work recently (see the module docs).
     fn active(&self, level: usize) -> bool {
         self.running_at[level] > 0
-            || !self.ready.queues[level].is_empty()
+            || self.ready.len_at(level) > 0
             || self.now_ms.saturating_sub(self.seen_ms[level]) < ACTIVE_MS
     }
 
@@ -220,6 +255,7 @@ impl<R: Located> Scheduler<R> {
                 tp: tp.clone(),
                 epoch: self.next_epoch,
                 level,
+                fair: self.fair_topics.get(&tp.0).copied(),
                 tracker: OffsetTracker::new(),
                 released: CancellationToken::new(),
                 lanes: FxHashMap::default(),
@@ -428,6 +464,12 @@ impl<R: Located> Scheduler<R> {
             p.tracker.finish(rec.offset);
             return;
         }
+        // A fair route's job belongs to the tenant its header names.
+        let fair = p.fair.and_then(|r| {
+            let route = self.ready.fair.get_mut(usize::from(r))?;
+            let tenant = rec.item.header(route.header()).unwrap_or("");
+            Some((r, route.intern(tenant)))
+        });
         let job = Job {
             ticket: Ticket {
                 slot,
@@ -435,6 +477,7 @@ impl<R: Located> Scheduler<R> {
                 offset: rec.offset,
                 lane: rec.lane,
                 level: p.level,
+                fair,
             },
             item: rec.item,
             released: p.released.clone(),
@@ -501,14 +544,13 @@ impl<R: Located> Scheduler<R> {
                     free -= 1;
                 }
             }
-            let queue = &mut self.ready.queues[level];
-            let n = free.min(queue.len());
+            let n = free.min(self.ready.len_at(level));
             if n == 0 {
                 continue;
             }
-            batch.extend(queue.drain(..n));
-            self.running += n;
-            self.running_at[level] += n;
+            let got = self.ready.take(level, n, &mut batch);
+            self.running += got;
+            self.running_at[level] += got;
         }
         if !grants.is_empty() {
             out.push(Action::Grant(grants));
@@ -531,6 +573,7 @@ impl<R: Located> Scheduler<R> {
     /// acknowledged) or gave up without one (`done == false`: it must be
     /// re-delivered, so its offset stays unfinished).
     pub(crate) fn finished(&mut self, ticket: Ticket, done: bool, out: &mut Vec<Action<R>>) {
+        self.ready.finished(&ticket);
         // A parked job holds no slot (one still queued for a grant is
         // skipped when its turn comes).
         if !self.parked.remove(&ticket) {

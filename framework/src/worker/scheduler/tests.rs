@@ -11,6 +11,9 @@ impl Located for i64 {
     fn partition(&self) -> i32 {
         0
     }
+    fn header(&self, _: &str) -> Option<&str> {
+        None
+    }
 }
 
 fn limits(concurrency: usize, max_in_flight: usize) -> Limits {
@@ -54,6 +57,9 @@ impl Located for Topical {
     }
     fn partition(&self) -> i32 {
         0
+    }
+    fn header(&self, _: &str) -> Option<&str> {
+        None
     }
 }
 
