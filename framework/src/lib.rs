@@ -136,7 +136,7 @@ mod book {
         FailurePath = "failure-path.md";
         Scheduling = "scheduling.md";
         Priorities = "priorities.md";
-        Debounce = "debounce.md";
+        Fairness = "fairness.md";
         Ordering = "ordering.md";
         DelayedJobs = "delayed-jobs.md";
         Cron = "cron.md";
