@@ -320,3 +320,69 @@ async fn a_sigkill_in_a_fair_flood_loses_nothing_and_keeps_each_keys_order() {
     let twice = starts.values().filter(|n| **n > 1).count();
     println!("{total} jobs, {twice} run again after the SIGKILL (uncommitted at the kill)");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_metrics_stay_bounded_and_add_up() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("fair.metrics");
+    create_topic(&config, &topic, 2).await;
+    let producer = Producer::new(&config).expect("producer");
+    // 30 tenants, 5 jobs each: more tenants than get a series of their own.
+    let jobs: Vec<(TestJob, String)> = (0..150)
+        .map(|i| {
+            (
+                TestJob::ok(format!("k-{i}"), i),
+                format!("shop-{:02}", i % 30),
+            )
+        })
+        .collect();
+    for (j, t) in &jobs {
+        enqueue_as(&producer, &topic, j, t.as_str()).await;
+    }
+    let w = Worker::builder(config.clone(), unique("g"))
+        .handle_on(&topic, |_job: TestJob, _ctx: JobContext| async {
+            Ok::<(), kjob::JobError>(())
+        })
+        .fair_by_tenant(&topic)
+        .metrics_endpoint("127.0.0.1:0".parse().expect("address"))
+        .build()
+        .expect("worker builds");
+    let running = start(w);
+    eventually(Duration::from_secs(60), "every job handled", || {
+        kjob::WorkerStats::get(&running.stats.handled) >= 150
+    })
+    .await;
+    let addr = *running.stats.endpoint.get().expect("the metrics endpoint");
+    let body = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("body");
+    running.stop().await;
+    let series: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("kjob_tenant_jobs_total{") && l.contains(&topic))
+        .collect();
+    let tenants: std::collections::HashSet<&str> = series
+        .iter()
+        .filter_map(|l| l.split("tenant=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(
+        tenants.len(),
+        21,
+        "20 tenants by name and other: {series:?}"
+    );
+    assert!(tenants.contains("other"));
+    let total: f64 = series
+        .iter()
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(total, 150.0, "every attempt counted once");
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("kjob_tenant_wait_seconds_count{") && l.contains(&topic)),
+        "the wait histogram is exported"
+    );
+}

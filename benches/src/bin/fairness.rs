@@ -138,7 +138,12 @@ async fn run(config: &KafkaConfig, fair: bool, flood: i64, secs: u64) -> anyhow:
     waits.lock().map(|mut v| v.clear()).ok();
     others(producer.clone(), topic.clone(), secs).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let alone = p99_ms(waits.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default());
+    let alone = p99_ms(
+        waits
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default(),
+    );
 
     let flood_start = Instant::now();
     let jobs: Vec<TenantJob> = (0..flood)
@@ -158,9 +163,14 @@ async fn run(config: &KafkaConfig, fair: bool, flood: i64, secs: u64) -> anyhow:
     let window = Instant::now();
     others(producer.clone(), topic.clone(), secs).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let during = p99_ms(waits.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default());
-    let a_rate = (a_done.load(AtomicOrdering::Relaxed) - a_before) as f64
-        / window.elapsed().as_secs_f64();
+    let during = p99_ms(
+        waits
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default(),
+    );
+    let a_rate =
+        (a_done.load(AtomicOrdering::Relaxed) - a_before) as f64 / window.elapsed().as_secs_f64();
     let _ = stop.send(());
     running.await??;
     let capacity = CONCURRENCY as f64 / HANDLER.as_secs_f64();

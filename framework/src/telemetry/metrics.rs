@@ -272,6 +272,10 @@ pub(crate) struct Metrics {
     priority_latency: Histogram<f64>,
     schedule_fired: Counter<u64>,
     schedule_lateness: Histogram<f64>,
+    tenant_handled: Counter<u64>,
+    tenant_wait: Histogram<f64>,
+    /// The tenants of each fair route that get a series of their own.
+    tenant_names: Arc<Mutex<HashMap<String, std::collections::HashSet<String>>>>,
     /// Refreshed by the poll thread.
     pub(crate) snapshot: Arc<Mutex<Snapshot>>,
     exporter: MetricsExporter,
@@ -529,6 +533,15 @@ impl Metrics {
                 "kjob_schedule_lateness_seconds",
                 "How long after its tick a scheduled job was enqueued",
             ),
+            tenant_handled: meter
+                .u64_counter("kjob_tenant_jobs")
+                .with_description("Attempts of a fair route's jobs that ran, per tenant (the first tenants seen, the rest as other)")
+                .build(),
+            tenant_wait: seconds(
+                "kjob_tenant_wait_seconds",
+                "Record timestamp to handler start of a fair route's jobs, per tenant (the first tenants seen, the rest as other)",
+            ),
+            tenant_names: Arc::default(),
             snapshot,
             exporter,
             durations: Default::default(),
@@ -560,6 +573,34 @@ impl Metrics {
     pub(crate) fn lateness(&self, topic: &str, seconds: f64) {
         self.lateness
             .record(seconds, &[KeyValue::new("topic", topic.to_string())]);
+    }
+
+    /// A fair route's job of `tenant` started its handler `waited_seconds`
+    /// after its record was written. The first [`TENANTS_SHOWN`] tenants
+    /// of a route keep their own series; later ones count as `other`, so
+    /// the series stay bounded and every counter stays monotonic.
+    pub(crate) fn tenant_started(&self, topic: &str, tenant: &str, waited_seconds: f64) {
+        let label = {
+            let mut names = self
+                .tenant_names
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let known = names.entry(topic.to_string()).or_default();
+            if known.contains(tenant) {
+                tenant.to_string()
+            } else if known.len() < TENANTS_SHOWN {
+                known.insert(tenant.to_string());
+                tenant.to_string()
+            } else {
+                "other".to_string()
+            }
+        };
+        let labels = [
+            KeyValue::new("topic", topic.to_string()),
+            KeyValue::new("tenant", label),
+        ];
+        self.tenant_handled.add(1, &labels);
+        self.tenant_wait.record(waited_seconds, &labels);
     }
 
     /// An attempt of a `priority` lane ended `seconds` after its record's

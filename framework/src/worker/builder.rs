@@ -657,6 +657,7 @@ impl WorkerBuilder {
             let retry = Arc::new(retry);
             let priority = self.priorities.get(topic).copied().unwrap_or_default();
             let delays = self.delayed_jobs || self.delayed_routes.contains(topic);
+            let fair: Option<Arc<str>> = self.fair.get(topic).map(|f| Arc::from(f.header.as_str()));
             let mut layers = self.layers.clone();
             layers.extend(self.route_layers.get(topic).into_iter().flatten().cloned());
             let route = make(
@@ -677,6 +678,7 @@ impl WorkerBuilder {
                     retry: retry.clone(),
                     priority,
                     delays,
+                    fair: fair.clone(),
                 };
                 if entries.insert(tier.clone(), entry).is_some() {
                     return Err(Error::DuplicateTopic { topic: tier });
@@ -691,6 +693,7 @@ impl WorkerBuilder {
                         retry: retry.clone(),
                         priority,
                         delays,
+                        fair: fair.clone(),
                     };
                     if entries.insert(delay.clone(), entry).is_some() {
                         return Err(Error::DuplicateTopic { topic: delay });
@@ -704,6 +707,7 @@ impl WorkerBuilder {
                 retry,
                 priority,
                 delays,
+                fair: fair.clone(),
             };
             if entries.insert(topic.clone(), entry).is_some() {
                 return Err(Error::DuplicateTopic {

@@ -428,6 +428,15 @@ impl Pipeline {
         if let Some(due) = ctx.due_at_ms {
             metrics.lateness(msg.topic(), ((now_ms - due).max(0) as f64) / 1000.0);
         }
+        if let Some(header) = &entry.fair {
+            let tenant = crate::headers::find(msg.headers(), header).unwrap_or("");
+            let written = msg.timestamp().to_millis().unwrap_or(now_ms);
+            metrics.tenant_started(
+                &entry.main,
+                tenant,
+                ((now_ms - written).max(0) as f64) / 1000.0,
+            );
+        }
         let started = std::time::Instant::now();
         metrics.in_flight(job, 1);
         let watched = super::watchdog::Watched {

@@ -146,4 +146,8 @@ pub(crate) struct RouteEntry {
     pub priority: super::Priority,
     /// Whether the route has delay topics (`WorkerBuilder::delayed_jobs`).
     pub delays: bool,
+    /// The header naming the tenant when the route shares its slots
+    /// among tenants (`WorkerBuilder::fair`): its attempts are counted per
+    /// tenant.
+    pub fair: Option<Arc<str>>,
 }
