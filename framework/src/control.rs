@@ -175,6 +175,23 @@ pub struct WorkerBeat {
     /// quantiles).
     #[serde(default)]
     pub durations: Vec<(String, Vec<(u16, u64)>)>,
+    /// The tenants of this worker's fair routes with work now (the busiest
+    /// 20 per route, the rest as `other`).
+    #[serde(default)]
+    pub tenants: Vec<TenantLoad>,
+}
+
+/// One tenant's jobs on a fair route of one worker, in its [`WorkerBeat`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantLoad {
+    /// The route's main topic.
+    pub topic: String,
+    /// The tenant (`other` for the rest beyond the busiest).
+    pub tenant: String,
+    /// Jobs ready and waiting for a slot.
+    pub ready: usize,
+    /// Jobs running.
+    pub running: usize,
 }
 
 /// Buckets per doubling of a duration: a quantile read from them is
@@ -403,6 +420,8 @@ pub(crate) struct BeatSource {
     pub(crate) stats: Arc<crate::worker::WorkerStats>,
     /// Handlers running now (the scheduler's count, under its lock).
     pub(crate) busy: Box<dyn Fn() -> usize + Send + Sync>,
+    /// The fair routes' tenants with work now.
+    pub(crate) tenants: Box<dyn Fn() -> Vec<TenantLoad> + Send + Sync>,
     /// Handler durations by job, taken at each beat.
     pub(crate) durations: Arc<Durations>,
     /// Each main topic's job.
@@ -478,6 +497,7 @@ pub(crate) async fn beat(
             jobs_per_second,
             assignment,
             durations,
+            tenants: (src.tenants)(),
         };
         let sent = match serde_json::to_vec(&b) {
             Ok(body) => producer

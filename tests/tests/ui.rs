@@ -1832,6 +1832,84 @@ async fn an_operator_cancels_a_delayed_job_and_runs_a_waiting_retry_now() {
     running.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_route_page_shows_the_tenants_sharing_a_fair_route() {
+    init_logging();
+    let (_driver, c) = browser().await;
+    let config = ensure_stack();
+    let topic = unique("ui.fair");
+    let group = unique("g");
+    create_topic(&config, &topic, 2).await;
+    let producer = Producer::new(&config).expect("producer");
+    let contract = producer
+        .codec()
+        .register::<TestJob>(&topic)
+        .await
+        .expect("contract");
+    let w = kjob::Worker::builder(config.clone(), &group)
+        .handle_on(&topic, |job: TestJob, _ctx: kjob::JobContext| async move {
+            if job.seq >= 0 {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+            }
+            Ok::<(), kjob::JobError>(())
+        })
+        .concurrency(4)
+        .fair_by_tenant(&topic)
+        .build()
+        .expect("worker builds");
+    let running = start(w);
+    // Warm: the contract's schema is cached, so no job waits for it.
+    producer
+        .enqueue_to(&topic, &TestJob::ok("warm", -1))
+        .await
+        .expect("enqueue");
+    eventually(Duration::from_secs(60), "the warm-up ran", || {
+        kjob::WorkerStats::get(&running.stats.handled) >= 1
+    })
+    .await;
+    // TestJob has no tenant field: written as enqueue does, plus kjob-tenant.
+    for (i, tenant) in (0..30).map(|i| (i, if i < 20 { "shop-a" } else { "shop-b" })) {
+        let job = TestJob::ok(format!("k{i}"), i);
+        let mut h = kjob::producer::enqueue_headers(&job, &kjob::producer::new_job_id());
+        h.tenant = Some(tenant.into());
+        let bytes = kjob::codec::Codec::encode(&contract, &job).expect("encode");
+        producer
+            .send_raw(
+                &topic,
+                Some(job.key.as_bytes()),
+                Some(&bytes),
+                h.to_owned_headers(),
+            )
+            .await
+            .expect("enqueue");
+    }
+    let (_ui, base) = dashboard(
+        &config,
+        &["--no-discover", "--route", &format!("{topic}={group}")],
+    )
+    .await;
+    let url = format!("{base}/route?topic={topic}&group={group}");
+    // Four slots, two tenants with work: two each, the rest ready.
+    eventually_text(
+        &c,
+        &url,
+        "#tenants tr[data-tenant='shop-b'] td.running",
+        "2",
+    )
+    .await;
+    assert_eq!(
+        text(&c, "#tenants tr[data-tenant='shop-a'] td.running").await,
+        "2"
+    );
+    let ready: i64 = text(&c, "#tenants tr[data-tenant='shop-a'] td.ready")
+        .await
+        .parse()
+        .expect("a count");
+    assert!(ready > 0, "shop-a has jobs waiting for a slot: {ready}");
+    save_screenshot(&c, "ui-route-tenants.png").await;
+    running.stop().await;
+}
+
 /// The ticks (epoch ms) among `ids` of schedule `name`, and its manual
 /// triggers' ids.
 fn ticks_and_manual(ids: &[String], name: &str) -> (Vec<i64>, Vec<String>) {

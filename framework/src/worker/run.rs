@@ -185,6 +185,23 @@ impl Worker {
                 slots: limits.concurrency,
                 stats: self.stats.clone(),
                 busy: Box::new(move || busy_hub.lock().sched.running()),
+                tenants: {
+                    let hub = hub.clone();
+                    Box::new(move || {
+                        let all = hub.lock().sched.tenants();
+                        crate::telemetry::metrics::top_tenants(all)
+                            .into_iter()
+                            .map(
+                                |(topic, tenant, ready, running)| crate::control::TenantLoad {
+                                    topic,
+                                    tenant,
+                                    ready,
+                                    running,
+                                },
+                            )
+                            .collect()
+                    })
+                },
                 durations: self.metrics.durations.clone(),
                 may_create: self.create_topics,
                 jobs: self

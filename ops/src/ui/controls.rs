@@ -117,6 +117,55 @@ impl AppState {
         }
     }
 
+    /// Records the tenants of `group`'s fair routes from its workers' last
+    /// beats, summed per route and tenant; a worker whose last beat is
+    /// older than three beat intervals (it crashed) counts no more.
+    pub(super) fn set_tenants(&self, group: &str, state: &ControlState) {
+        let now = kjob::dlq::now_ms();
+        let fresh = 3 * kjob::control::BEAT_EVERY.as_millis() as i64;
+        let mut sum: BTreeMap<(String, String), (usize, usize)> = BTreeMap::new();
+        for b in state.workers.values().filter(|b| now - b.at_ms <= fresh) {
+            for t in &b.tenants {
+                let e = sum.entry((t.topic.clone(), t.tenant.clone())).or_default();
+                e.0 += t.ready;
+                e.1 += t.running;
+            }
+        }
+        let all = sum
+            .into_iter()
+            .map(
+                |((topic, tenant), (ready, running))| kjob::control::TenantLoad {
+                    topic,
+                    tenant,
+                    ready,
+                    running,
+                },
+            )
+            .collect();
+        if let Ok(mut m) = self.tenants.write() {
+            m.insert(group.to_string(), all);
+        }
+    }
+
+    /// The tenants sharing route `topic` of `group`, busiest first.
+    pub(super) fn tenants_of(&self, group: &str, topic: &str) -> Vec<kjob::control::TenantLoad> {
+        let mut out: Vec<kjob::control::TenantLoad> = self
+            .tenants
+            .read()
+            .ok()
+            .and_then(|m| m.get(group).cloned())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| t.topic == topic)
+            .collect();
+        out.sort_by(|a, b| {
+            (b.ready + b.running)
+                .cmp(&(a.ready + a.running))
+                .then(a.tenant.cmp(&b.tenant))
+        });
+        out
+    }
+
     /// The route control of `topic` for `group` as last read, if paused.
     pub(super) fn route_paused(&self, group: &str, topic: &str) -> Option<InForce> {
         let m = self.in_force.read().ok()?;
@@ -164,6 +213,7 @@ pub(super) fn spawn(state: Shared) {
                         state.set_routes_in_force(&group, &r);
                     }
                     state.history.absorb(&group, &r.beats);
+                    state.set_tenants(&group, &r);
                 }
             }
             let every = state.sample_every;

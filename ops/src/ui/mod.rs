@@ -185,6 +185,7 @@ impl Dashboard {
             control_gen: Default::default(),
             control_apply: Mutex::new(()),
             history: Default::default(),
+            tenants: Default::default(),
         });
         sampler::spawn(state.clone(), self.routes, self.discover);
         controls::spawn(state.clone());
@@ -274,6 +275,9 @@ pub(crate) struct AppState {
     control_apply: Mutex<()>,
     /// The charts' last day, per route and minute.
     history: history::History,
+    /// The tenants sharing each fair route, by group, summed over the
+    /// group's live workers' heartbeats (see `controls`).
+    tenants: RwLock<HashMap<String, Vec<kjob::control::TenantLoad>>>,
 }
 
 type Shared = Arc<AppState>;

@@ -11,7 +11,7 @@ use super::assets::layout;
 use super::auth::FormToken;
 use super::pages::{error_page, live_every, members_table, sparkline, upstream_or, urlencode};
 use super::sampler::Point;
-use super::view::{prose, when};
+use super::view::{cut, prose, when, CELL_CHARS};
 use super::Shared;
 use crate::replay::{plan_rows, target_from, TargetSpec};
 use crate::time::format_ms;
@@ -163,6 +163,24 @@ pub(super) async fn route(
                                 tr {
                                     td.mono { (t.topic) } td.num { (t.lag.unwrap_or(0)) }
                                     td { (when(t.next_due_ms, now)) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            @let tenants = state.tenants_of(&q.group, &q.topic);
+            @if !tenants.is_empty() {
+                section.card #tenants {
+                    h2 { "Tenants" " " small { "sharing the route's slots (fair share), from the workers' heartbeats" } }
+                    table {
+                        thead { tr { th { "tenant" } th.num { "running" } th.num { "ready" } } }
+                        tbody {
+                            @for t in &tenants {
+                                tr data-tenant=(t.tenant) {
+                                    td.tenant { (cut(if t.tenant.is_empty() { "(no tenant)" } else { &t.tenant }, CELL_CHARS)) }
+                                    td.num.running { (t.running) }
+                                    td.num.ready { (t.ready) }
                                 }
                             }
                         }

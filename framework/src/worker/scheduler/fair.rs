@@ -11,6 +11,9 @@
 //! ago), skipping tenants at their cap. Under contention, each tenant with
 //! work ready therefore runs about `concurrency × weight / Σ weights` jobs
 //! at once; a tenant alone on the route gets every slot the route gets.
+//! A parked job (waiting for a downstream, holding no slot) does not count
+//! as running; once it may go on it takes a slot in the order parked jobs
+//! ask, ahead of every ready job, as on any route.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -135,7 +138,14 @@ impl<R> FairRoute<R> {
         Some(job)
     }
 
-    /// A job of `tenant` picked earlier finished (or was released).
+    /// A parked job of `tenant` holds a slot again.
+    pub(super) fn resumed(&mut self, tenant: u32) {
+        if let Some(t) = self.tenants.get_mut(tenant as usize) {
+            t.running += 1;
+        }
+    }
+
+    /// A job of `tenant` picked earlier finished, was released or parked.
     pub(super) fn finished(&mut self, tenant: u32) {
         if let Some(t) = self.tenants.get_mut(tenant as usize) {
             t.running = t.running.saturating_sub(1);

@@ -166,6 +166,31 @@ fn a_revoke_drops_a_fair_routes_ready_jobs_and_their_places() {
     assert_eq!(s.tenants(), Vec::new(), "nothing ready or running");
 }
 
+#[test]
+fn a_parked_job_does_not_count_among_its_tenants_running() {
+    let mut s = fair_scheduler(2, spec(&[], None));
+    feed(&mut s, 0, 1, "a");
+    let started = dispatch(&mut s);
+    let running = |s: &Scheduler<Tenanted>| {
+        s.tenants()
+            .iter()
+            .find(|(_, t, _, _)| t == "a")
+            .map_or(0, |(_, _, _, n)| *n)
+    };
+    assert_eq!(running(&s), 1);
+    let t = started[0].1;
+    s.park(t);
+    assert_eq!(running(&s), 0, "parked: no slot held");
+    assert!(s.unpark(t), "a free slot at once");
+    assert_eq!(running(&s), 1);
+    s.park(t);
+    let mut out = Vec::new();
+    // Finished while parked (released, say): counted once.
+    s.finished(t, true, &mut out);
+    assert_eq!(running(&s), 0);
+    assert_eq!(s.running(), 0);
+}
+
 proptest! {
     /// Whatever the pushes, picks and finishes: a pick takes the head of a
     /// tenant with the least running for its weight among those that may

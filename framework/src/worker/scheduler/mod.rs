@@ -539,6 +539,7 @@ impl<R: Located> Scheduler<R> {
                 // A revoked one is being released; it reports soon.
                 if live && self.parked.remove(&t) {
                     grants.push(t);
+                    self.ready.resumed(&t);
                     self.running += 1;
                     self.running_at[level] += 1;
                     free -= 1;
@@ -573,12 +574,12 @@ impl<R: Located> Scheduler<R> {
     /// acknowledged) or gave up without one (`done == false`: it must be
     /// re-delivered, so its offset stays unfinished).
     pub(crate) fn finished(&mut self, ticket: Ticket, done: bool, out: &mut Vec<Action<R>>) {
-        self.ready.finished(&ticket);
         // A parked job holds no slot (one still queued for a grant is
         // skipped when its turn comes).
         if !self.parked.remove(&ticket) {
             self.running = self.running.saturating_sub(1);
             self.running_at[ticket.level] = self.running_at[ticket.level].saturating_sub(1);
+            self.ready.finished(&ticket);
         }
         let Some(p) = self
             .slots

@@ -27,6 +27,8 @@ impl<R: Located> Scheduler<R> {
         if self.parked.insert(t) {
             self.running = self.running.saturating_sub(1);
             self.running_at[t.level] = self.running_at[t.level].saturating_sub(1);
+            // Nor does it count among its tenant's running jobs.
+            self.ready.finished(&t);
         }
     }
 
@@ -40,6 +42,7 @@ impl<R: Located> Scheduler<R> {
         }
         if self.unparking[t.level].is_empty() && self.free_for(t.level) > 0 {
             self.parked.remove(&t);
+            self.ready.resumed(&t);
             self.running += 1;
             self.running_at[t.level] += 1;
             return true;

@@ -242,7 +242,17 @@ impl<R> Ready<R> {
         self.len() == 0
     }
 
-    /// A fair route's job finished: its tenant runs one fewer.
+    /// A fair route's parked job has its slot again: its tenant runs one
+    /// more.
+    pub(super) fn resumed(&mut self, ticket: &Ticket) {
+        if let Some((r, t)) = ticket.fair {
+            if let Some(route) = self.fair.get_mut(usize::from(r)) {
+                route.resumed(t);
+            }
+        }
+    }
+
+    /// A fair route's job finished (or parked): its tenant runs one fewer.
     pub(super) fn finished(&mut self, ticket: &Ticket) {
         if let Some((r, t)) = ticket.fair {
             if let Some(route) = self.fair.get_mut(usize::from(r)) {
