@@ -24,10 +24,12 @@
 //!   one ready queue per level, and free slots go to the most urgent level
 //!   first. While a more urgent level is active (it has jobs running or
 //!   ready, or had a record within the last second), less urgent levels
-//!   together use at most `concurrency - concurrency / 4` slots, so an
-//!   urgent job finds a free slot at once however slow the bulk handlers
-//!   are. Less urgent partitions are never paused for it: polling goes on
-//!   and their share of slots keeps them moving.
+//!   leave a reserve of slots free for it: twice the most it needed at
+//!   once within the last second, at least 1 and at most a quarter of the
+//!   slots. So an urgent job finds a free slot at once however slow the
+//!   bulk handlers are, and a trickle of urgent jobs costs bulk a slot or
+//!   two, not a quarter. Less urgent partitions are never paused for it:
+//!   polling goes on and their share of slots keeps them moving.
 //! * **Backpressure.** At `max_in_flight` accepted-but-unfinished records a
 //!   partition is paused, and resumed at three quarters (so a single busy
 //!   partition never drains while librdkafka refetches what the pause
@@ -97,6 +99,9 @@ pub(crate) struct Scheduler<R> {
     running_at: [usize; Priority::LEVELS],
     /// When each level last took a record (ms).
     seen_ms: [i64; Priority::LEVELS],
+    /// Per level: the most jobs it ran or had ready at once in the current
+    /// one-second window, and when that window began (ms).
+    demand: [(usize, i64); Priority::LEVELS],
     /// The latest time an event brought (ms).
     now_ms: i64,
     next_epoch: u64,
@@ -137,6 +142,7 @@ impl<R: Located> Scheduler<R> {
             fair_topics: HashMap::new(),
             running_at: [0; Priority::LEVELS],
             seen_ms: [i64::MIN; Priority::LEVELS],
+            demand: [(0, i64::MIN); Priority::LEVELS],
             now_ms: i64::MIN,
             next_epoch: 0,
             stopping: false,
@@ -187,6 +193,35 @@ impl<R: Located> Scheduler<R> {
     /// Jobs running and jobs ready to run, per priority level.
     pub(crate) fn by_level(&self) -> [(usize, usize); Priority::LEVELS] {
         std::array::from_fn(|l| (self.running_at[l], self.ready.len_at(l)))
+    }
+
+    /// Slots less urgent levels leave free for the levels above `level`
+    /// while one of those is active: twice the most those levels needed at
+    /// once (running plus ready) within the last [`ACTIVE_MS`], at least 1
+    /// and at most a quarter of the slots. A trickle of urgent jobs so
+    /// keeps a slot or two free, not a quarter of the worker; a burst of
+    /// them widens the reserve for the next second.
+    fn reserve_for(&self, level: usize) -> usize {
+        if !(0..level).any(|l| self.active(l)) {
+            return 0;
+        }
+        let peak = (0..level).map(|l| self.demand[l].0).max().unwrap_or(0);
+        (2 * peak).clamp(1, (self.limits.concurrency / 4).max(1))
+    }
+
+    /// Records each level's demand now (running plus ready) in its
+    /// one-second peak.
+    fn note_demand(&mut self) {
+        for level in 0..Priority::LEVELS {
+            let now = self.running_at[level] + self.ready.len_at(level);
+            let (peak, since) = &mut self.demand[level];
+            if self.now_ms.saturating_sub(*since) >= ACTIVE_MS {
+                *peak = now;
+                *since = self.now_ms;
+            } else {
+                *peak = (*peak).max(now);
+            }
+        }
     }
 
     /// Whether `level` had work recently (see the module docs).
@@ -515,15 +550,10 @@ impl<R: Located> Scheduler<R> {
         }
         let mut batch: Vec<Job<R>> = Vec::new();
         let mut grants: Vec<Ticket> = Vec::new();
-        let mut urgent_active = false;
+        self.note_demand();
         for level in 0..Priority::LEVELS {
             // Slots kept free for a more urgent level that is active.
-            let reserve = if urgent_active {
-                self.limits.concurrency / 4
-            } else {
-                0
-            };
-            urgent_active |= self.active(level);
+            let reserve = self.reserve_for(level);
             let mut free = (self.limits.concurrency - reserve).saturating_sub(self.running);
             // Parked jobs that can go on first: they are older, and they
             // hold their lanes.

@@ -12,13 +12,7 @@ impl<R: Located> Scheduler<R> {
     /// Slots free for `level` now: the limit, less the reserve kept for a
     /// more urgent level that is active, less what runs.
     fn free_for(&self, level: usize) -> usize {
-        let urgent_active = (0..level).any(|l| self.active(l));
-        let reserve = if urgent_active {
-            self.limits.concurrency / 4
-        } else {
-            0
-        };
-        (self.limits.concurrency - reserve).saturating_sub(self.running)
+        (self.limits.concurrency - self.reserve_for(level)).saturating_sub(self.running)
     }
 
     /// A running job waits for a downstream: it gives its slot back and

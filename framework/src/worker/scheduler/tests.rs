@@ -147,6 +147,58 @@ fn urgent_jobs_take_free_slots_first_and_bulk_keeps_three_quarters_meanwhile() {
 }
 
 #[test]
+fn a_trickle_of_urgent_jobs_keeps_two_slots_and_a_burst_widens_the_reserve() {
+    let mut s = Scheduler::new(limits(64, 10_000)).with_priorities(HashMap::from([
+        ("hi".to_string(), Priority::High),
+        ("lo".to_string(), Priority::Low),
+    ]));
+    let mut out = Vec::new();
+    s.assign(&[("hi".to_string(), 0), ("lo".to_string(), 0)], &mut out);
+    for o in 0..1_000 {
+        s.record(on("lo", o), 0, &mut out);
+    }
+    // One urgent job at a time: bulk leaves 2 slots free beside it.
+    s.record(on("hi", 0), 0, &mut out);
+    out.clear();
+    s.dispatch(&mut out);
+    let first = started(&out);
+    assert_eq!(first.iter().filter(|(t, _)| *t == "hi").count(), 1);
+    assert_eq!(
+        s.by_level()[2].0,
+        61,
+        "bulk holds 61 of 64 beside one urgent job"
+    );
+    // A burst of 10 urgent jobs: those beyond the free slots wait for the
+    // next ones, and meanwhile the reserve widens to a quarter.
+    for o in 1..11 {
+        s.record(on("hi", o), 100, &mut out);
+    }
+    let hi_ticket = first.iter().find(|(t, _)| *t == "hi").map(|(_, t)| *t);
+    out.clear();
+    if let Some(t) = hi_ticket {
+        s.finished(t, true, &mut out);
+    }
+    s.dispatch(&mut out);
+    let bulk: Vec<Ticket> = first
+        .iter()
+        .filter(|(t, _)| *t == "lo")
+        .map(|(_, t)| *t)
+        .collect();
+    for t in bulk.iter().take(20) {
+        s.finished(*t, true, &mut out);
+    }
+    out.clear();
+    s.dispatch(&mut out);
+    let (hi_running, hi_ready) = s.by_level()[0];
+    assert_eq!((hi_running, hi_ready), (10, 0), "the burst runs");
+    assert!(
+        s.by_level()[2].0 <= 48,
+        "bulk leaves a quarter while the burst's peak lasts: {:?}",
+        s.by_level()
+    );
+}
+
+#[test]
 fn without_priorities_every_topic_shares_one_level() {
     let mut s: Scheduler<Topical> = Scheduler::new(limits(4, 1_000));
     let mut out = Vec::new();
