@@ -68,6 +68,7 @@ mod fair;
 #[cfg(test)]
 mod fair_tests;
 mod parking;
+mod ready;
 #[cfg(test)]
 mod tests;
 mod types;
@@ -81,8 +82,9 @@ use crate::offsets::OffsetTracker;
 use crate::worker::Priority;
 
 pub(crate) use fair::FairSpec;
+use ready::Ready;
 pub(crate) use types::{Action, Incoming, Job, LaneKey, Limits, Located, Ticket, Tp};
-use types::{Hold, Lane, Part, Ready, ACTIVE_MS, LOST_KEPT};
+use types::{Hold, Lane, Part, ACTIVE_MS, LOST_KEPT};
 
 /// See the module docs.
 pub(crate) struct Scheduler<R> {
