@@ -180,3 +180,44 @@ async fn a_key_computed_from_the_job_spans_record_keys() {
     assert!(Unique::new(db.clone(), "x; DROP TABLE y", Duration::from_secs(1)).is_err());
     assert!(Unique::new(db, "ok_table", Duration::ZERO).is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_does_not_answer_retries_the_job_and_skips_nothing() {
+    init_logging();
+    let config = ensure_stack();
+    let url = ensure_postgres();
+    let table = unique("kjob_unique").replace('.', "_");
+    Unique::new(client(&url).await, &table, Duration::from_secs(60))
+        .expect("valid table name")
+        .create_table()
+        .await
+        .expect("create table");
+    // A client whose connection is gone: every query fails.
+    let (dead, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connecting to PostgreSQL");
+    tokio::spawn(connection).abort();
+    let layer = Unique::new(Arc::new(dead), &table, Duration::from_secs(60)).expect("valid");
+    let topic = unique("unique.down");
+    create_topic(&config, &topic, 1).await;
+    let ran: Ran = Arc::default();
+    let running = start(worker(
+        &config,
+        &topic,
+        &unique("g"),
+        layer.clone(),
+        ran.clone(),
+    ));
+    let producer = Producer::new(&config).expect("producer");
+    producer
+        .enqueue_to(&topic, &TestJob::ok("shop-a", 1))
+        .await
+        .expect("enqueue");
+    eventually(Duration::from_secs(30), "the attempt was retried", || {
+        kjob::WorkerStats::get(&running.stats.retried) >= 1
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(layer.skipped(), 0, "never skipped for want of an answer");
+    assert!(ran_now(&ran).is_empty(), "not run without its check");
+}

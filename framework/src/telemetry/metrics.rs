@@ -163,6 +163,26 @@ pub(crate) struct Snapshot {
     pub(crate) batches: Option<(usize, f64)>,
 }
 
+/// One point per fair route and tenant of the snapshot, of the count
+/// `pick` takes from (ready, running).
+fn tenant_points(
+    s: &Snapshot,
+    group: &KeyValue,
+    out: &mut dyn FnMut(f64, Vec<KeyValue>),
+    pick: fn(usize, usize) -> usize,
+) {
+    for (topic, tenant, ready, running) in &s.tenants {
+        out(
+            pick(*ready, *running) as f64,
+            vec![
+                group.clone(),
+                KeyValue::new("topic", topic.clone()),
+                KeyValue::new("tenant", tenant.clone()),
+            ],
+        );
+    }
+}
+
 /// Tenants shown by name per fair route on `/metrics`: the busiest by
 /// ready plus running jobs; the others are summed as tenant `other`, so a
 /// route with a million tenants still exports a bounded number of series.
@@ -374,34 +394,12 @@ impl Metrics {
         from_snapshot(
             "kjob_tenant_ready",
             "Jobs of a fair route ready and waiting for a slot, per tenant (the busiest, the rest as other)",
-            |s, g, out| {
-                for (topic, tenant, ready, _) in &s.tenants {
-                    out(
-                        *ready as f64,
-                        vec![
-                            g.clone(),
-                            KeyValue::new("topic", topic.clone()),
-                            KeyValue::new("tenant", tenant.clone()),
-                        ],
-                    );
-                }
-            },
+            |s, g, out| tenant_points(s, g, out, |ready, _| ready),
         );
         from_snapshot(
             "kjob_tenant_running",
             "Jobs of a fair route running, per tenant (the busiest, the rest as other)",
-            |s, g, out| {
-                for (topic, tenant, _, running) in &s.tenants {
-                    out(
-                        *running as f64,
-                        vec![
-                            g.clone(),
-                            KeyValue::new("topic", topic.clone()),
-                            KeyValue::new("tenant", tenant.clone()),
-                        ],
-                    );
-                }
-            },
+            |s, g, out| tenant_points(s, g, out, |_, running| running),
         );
         from_snapshot(
             "kjob_oldest_running_seconds",
