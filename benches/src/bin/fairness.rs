@@ -5,6 +5,10 @@
 //! ./dev stack up && cargo run --release -p kjob-benches --bin fairness -- --flood 200000 --secs 10
 //! ```
 //!
+//! `--bound N` sets `max_in_flight_per_partition` (default: kjob's, 5 000):
+//! how much of a flood the worker fetches, so how far past it fairness
+//! reaches, at the cost of the memory the peak RSS column shows.
+//!
 //! One route (8 partitions, 64 slots, a 5 ms handler). Tenants B, C, D and
 //! E each enqueue 20 jobs/s, every job stamped with its enqueue time; the
 //! handler records enqueue -> start. Per setting (`fair_by_tenant`, then
@@ -95,7 +99,24 @@ async fn others(producer: Producer, topic: String, secs: u64) -> anyhow::Result<
     Ok(())
 }
 
-async fn run(config: &KafkaConfig, fair: bool, flood: i64, secs: u64) -> anyhow::Result<()> {
+/// This process's peak resident memory (Linux), in MiB.
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?.to_string();
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
+async fn run(
+    config: &KafkaConfig,
+    fair: bool,
+    flood: i64,
+    secs: u64,
+    bound: Option<usize>,
+) -> anyhow::Result<()> {
     let suffix = uuid::Uuid::new_v4().simple().to_string();
     let topic = format!("bench.fair.{}", &suffix[..8]);
     kjob::topics::create_topics(config, &[(topic.clone(), 8)])
@@ -123,6 +144,9 @@ async fn run(config: &KafkaConfig, fair: bool, flood: i64, secs: u64) -> anyhow:
             }
         })
         .concurrency(CONCURRENCY);
+    if let Some(n) = bound {
+        builder = builder.max_in_flight_per_partition(n);
+    }
     if fair {
         builder = builder.fair_by_tenant(&topic);
     }
@@ -175,8 +199,9 @@ async fn run(config: &KafkaConfig, fair: bool, flood: i64, secs: u64) -> anyhow:
     running.await??;
     let capacity = CONCURRENCY as f64 / HANDLER.as_secs_f64();
     println!(
-        "| {} | {flood} | {:.1} / {:.1} ms ({}) | {:.1} / {:.1} ms ({}) | {:.2}x | {:.0} jobs/s ({:.0} %) | {:.1} s |",
+        "| {} | {flood} | {} | {:.1} / {:.1} ms ({}) | {:.1} / {:.1} ms ({}) | {:.2}x | {:.0} jobs/s ({:.0} %) | {:.1} s | {:.0} MiB |",
         if fair { "fair_by_tenant" } else { "no fairness" },
+        bound.map_or("default".to_string(), |n| n.to_string()),
         alone.0,
         alone.1,
         alone.2,
@@ -187,6 +212,7 @@ async fn run(config: &KafkaConfig, fair: bool, flood: i64, secs: u64) -> anyhow:
         a_rate,
         100.0 * a_rate / capacity,
         enqueued_in.as_secs_f64(),
+        peak_rss_mib(),
     );
     Ok(())
 }
@@ -196,12 +222,16 @@ async fn main() -> anyhow::Result<()> {
     let config = KafkaConfig::from_env();
     let secs = arg("secs", 10);
     let flood = arg("flood", 200_000) as i64;
+    let bound = match arg("bound", 0) {
+        0 => None,
+        n => Some(n as usize),
+    };
     println!(
         "tenants B-E at {RATE_PER_TENANT}/s each, handler {HANDLER:?}, {CONCURRENCY} slots, 8 partitions, {secs} s per phase\n"
     );
-    println!("| setting | flood (A's jobs) | B-E enqueue -> start p50 / p99 alone | during the flood | p99 ratio | A handled during the flood (of 12 800/s capacity) | flood enqueue took |");
-    println!("|---|---|---|---|---|---|---|");
-    run(&config, true, flood, secs).await?;
-    run(&config, false, flood, secs).await?;
+    println!("| setting | flood (A's jobs) | in-flight bound per partition | B-E enqueue -> start p50 / p99 alone | during the flood | p99 ratio | A handled during the flood (of 12 800/s capacity) | flood enqueue took | peak RSS so far |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    run(&config, true, flood, secs, bound).await?;
+    run(&config, false, flood, secs, bound).await?;
     Ok(())
 }
