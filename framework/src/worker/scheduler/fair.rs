@@ -11,9 +11,10 @@
 //! ago), skipping tenants at their cap. Under contention, each tenant with
 //! work ready therefore runs about `concurrency × weight / Σ weights` jobs
 //! at once; a tenant alone on the route gets every slot the route gets.
-//! A parked job (waiting for a downstream, holding no slot) does not count
-//! as running; once it may go on it takes a slot in the order parked jobs
-//! ask, ahead of every ready job, as on any route.
+//! A parked job (waiting for a downstream, holding no slot) is not shown
+//! as running but still counts for its tenant's share and cap; once it may
+//! go on it takes a slot in the order parked jobs ask, ahead of every ready
+//! job, as on any route.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -38,7 +39,12 @@ pub(crate) struct FairSpec {
 pub(super) struct Tenant<R> {
     pub(super) name: Box<str>,
     ready: VecDeque<Job<R>>,
+    /// Jobs holding a slot now (what the gauges show).
     pub(super) running: usize,
+    /// Jobs picked and not finished, parked ones included: what the share
+    /// and the cap count, so a job waiting for a downstream keeps its
+    /// tenant's place (and a cap holds when parked jobs come back).
+    inflight: usize,
     weight: u64,
     /// When it was last served (the route's serve count then).
     last: u64,
@@ -87,6 +93,7 @@ impl<R> FairRoute<R> {
             name: name.into(),
             ready: VecDeque::new(),
             running: 0,
+            inflight: 0,
             weight: u64::from(weight),
             last: 0,
         });
@@ -112,15 +119,16 @@ impl<R> FairRoute<R> {
         let cap = self.spec.cap.unwrap_or(usize::MAX);
         let mut best: Option<usize> = None;
         for (i, t) in self.tenants.iter().enumerate() {
-            if t.ready.is_empty() || t.running >= cap {
+            if t.ready.is_empty() || t.inflight >= cap {
                 continue;
             }
             best = match best {
                 None => Some(i),
                 Some(b) => {
                     let o = &self.tenants[b];
-                    // running / weight, compared without division.
-                    let (mine, theirs) = (t.running as u64 * o.weight, o.running as u64 * t.weight);
+                    // in flight / weight, compared without division.
+                    let (mine, theirs) =
+                        (t.inflight as u64 * o.weight, o.inflight as u64 * t.weight);
                     if mine < theirs || (mine == theirs && t.last < o.last) {
                         Some(i)
                     } else {
@@ -132,10 +140,18 @@ impl<R> FairRoute<R> {
         let t = &mut self.tenants[best?];
         let job = t.ready.pop_front()?;
         t.running += 1;
+        t.inflight += 1;
         self.served += 1;
         t.last = self.served;
         self.ready -= 1;
         Some(job)
+    }
+
+    /// A job of `tenant` gave its slot back while it waits.
+    pub(super) fn parked(&mut self, tenant: u32) {
+        if let Some(t) = self.tenants.get_mut(tenant as usize) {
+            t.running = t.running.saturating_sub(1);
+        }
     }
 
     /// A parked job of `tenant` holds a slot again.
@@ -145,10 +161,14 @@ impl<R> FairRoute<R> {
         }
     }
 
-    /// A job of `tenant` picked earlier finished, was released or parked.
-    pub(super) fn finished(&mut self, tenant: u32) {
+    /// A job of `tenant` picked earlier finished or was released;
+    /// `holding` if it held a slot then (it was not parked).
+    pub(super) fn finished(&mut self, tenant: u32, holding: bool) {
         if let Some(t) = self.tenants.get_mut(tenant as usize) {
-            t.running = t.running.saturating_sub(1);
+            t.inflight = t.inflight.saturating_sub(1);
+            if holding {
+                t.running = t.running.saturating_sub(1);
+            }
         }
     }
 
@@ -177,7 +197,7 @@ impl<R> FairRoute<R> {
     pub(super) fn load(&self) -> Vec<(&str, usize, usize)> {
         self.tenants
             .iter()
-            .filter(|t| !t.ready.is_empty() || t.running > 0)
+            .filter(|t| !t.ready.is_empty() || t.inflight > 0)
             .map(|t| (&*t.name, t.ready.len(), t.running))
             .collect()
     }

@@ -191,6 +191,28 @@ fn a_parked_job_does_not_count_among_its_tenants_running() {
     assert_eq!(s.running(), 0);
 }
 
+#[test]
+fn a_cap_holds_while_jobs_park_and_come_back() {
+    let mut s = fair_scheduler(8, spec(&[], Some(2)));
+    feed(&mut s, 0, 20, "a");
+    let first = dispatch(&mut s);
+    assert_eq!(first.len(), 2);
+    // Both park (a cold schema, say): their slots are free, the cap is not.
+    for (_, t) in &first {
+        s.park(*t);
+    }
+    assert!(
+        dispatch(&mut s).is_empty(),
+        "parked jobs still count for the cap"
+    );
+    for (_, t) in &first {
+        assert!(s.unpark(*t));
+    }
+    let mut out = Vec::new();
+    s.finished(first[0].1, true, &mut out);
+    assert_eq!(per_tenant(&dispatch(&mut s)), HashMap::from([("a", 1)]));
+}
+
 proptest! {
     /// Whatever the pushes, picks and finishes: a pick takes the head of a
     /// tenant with the least running for its weight among those that may
@@ -251,7 +273,7 @@ proptest! {
                 }
                 _ => {
                     if running[who] > 0 {
-                        f.finished(ids[who]);
+                        f.finished(ids[who], true);
                         running[who] -= 1;
                     }
                 }

@@ -608,11 +608,12 @@ impl<R: Located> Scheduler<R> {
     pub(crate) fn finished(&mut self, ticket: Ticket, done: bool, out: &mut Vec<Action<R>>) {
         // A parked job holds no slot (one still queued for a grant is
         // skipped when its turn comes).
-        if !self.parked.remove(&ticket) {
+        let holding = !self.parked.remove(&ticket);
+        if holding {
             self.running = self.running.saturating_sub(1);
             self.running_at[ticket.level] = self.running_at[ticket.level].saturating_sub(1);
-            self.ready.finished(&ticket);
         }
+        self.ready.finished(&ticket, holding);
         let Some(p) = self
             .slots
             .get_mut(ticket.slot)

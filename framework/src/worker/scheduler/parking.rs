@@ -21,8 +21,8 @@ impl<R: Located> Scheduler<R> {
         if self.parked.insert(t) {
             self.running = self.running.saturating_sub(1);
             self.running_at[t.level] = self.running_at[t.level].saturating_sub(1);
-            // Nor does it count among its tenant's running jobs.
-            self.ready.finished(&t);
+            // Nor is it shown among its tenant's running jobs.
+            self.ready.parked(&t);
         }
     }
 

@@ -117,11 +117,20 @@ impl<R> Ready<R> {
         }
     }
 
-    /// A fair route's job finished (or parked): its tenant runs one fewer.
-    pub(super) fn finished(&mut self, ticket: &Ticket) {
+    /// A fair route's job parked: its tenant holds one slot fewer.
+    pub(super) fn parked(&mut self, ticket: &Ticket) {
         if let Some((r, t)) = ticket.fair {
             if let Some(route) = self.fair.get_mut(usize::from(r)) {
-                route.finished(t);
+                route.parked(t);
+            }
+        }
+    }
+
+    /// A fair route's job finished; `holding` if it held a slot.
+    pub(super) fn finished(&mut self, ticket: &Ticket, holding: bool) {
+        if let Some((r, t)) = ticket.fair {
+            if let Some(route) = self.fair.get_mut(usize::from(r)) {
+                route.finished(t, holding);
             }
         }
     }
