@@ -25,7 +25,7 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -288,14 +288,7 @@ fn check_uncommitted(config: &KafkaConfig, group: &str, at: &WaitingAt) -> anyho
 
 /// The record at `at`, copied out of librdkafka. Blocking; 10 s at most.
 fn read_one(config: &KafkaConfig, at: &WaitingAt) -> anyhow::Result<OwnedMessage> {
-    let consumer: BaseConsumer = config
-        .client_config(&[
-            ("group.id", "kjob-waiting-reader"),
-            ("enable.auto.commit", "false"),
-            ("enable.partition.eof", "false"),
-        ])
-        .create()
-        .map_err(|e| kjob::Error::kafka("creating the waiting reader", e))?;
+    let consumer = super::reader(config)?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(&at.topic, at.partition, Offset::Offset(at.offset))
         .and_then(|()| consumer.assign(&tpl))

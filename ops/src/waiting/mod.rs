@@ -150,6 +150,19 @@ pub fn waiting(
         .collect())
 }
 
+/// A consumer for manual assignments only: it joins no group and commits
+/// nothing (the group id is required by librdkafka, never used).
+fn reader(config: &KafkaConfig) -> Result<BaseConsumer> {
+    config
+        .client_config(&[
+            ("group.id", "kjob-waiting-reader"),
+            ("enable.auto.commit", "false"),
+            ("enable.partition.eof", "false"),
+        ])
+        .create()
+        .map_err(|e| Error::kafka("creating the waiting reader", e))
+}
+
 /// The records of each `(partition, [from, to))` window, by topic and
 /// partition. Gives up after 30 s (a partition whose records were deleted
 /// under the read ends early: what is left is returned).
@@ -161,14 +174,7 @@ fn read_windows(
     if windows.is_empty() {
         return Ok(out);
     }
-    let consumer: BaseConsumer = config
-        .client_config(&[
-            ("group.id", "kjob-waiting-reader"),
-            ("enable.auto.commit", "false"),
-            ("enable.partition.eof", "false"),
-        ])
-        .create()
-        .map_err(|e| Error::kafka("creating the waiting reader", e))?;
+    let consumer = reader(config)?;
     let mut tpl = TopicPartitionList::new();
     let mut ends: HashMap<(String, i32), i64> = HashMap::new();
     for (l, (from, to)) in windows {
