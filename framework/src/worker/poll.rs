@@ -94,6 +94,23 @@ pub(crate) struct WorkerContext {
     pub debounce: Option<Arc<super::debounce::Debounce>>,
     /// The holds' version last applied and the partitions paused for them.
     pub held: Mutex<(u64, std::collections::HashSet<Tp>)>,
+    /// Sent as the metadata of every offset this consumer commits
+    /// ([`commit_tag`]): a partition that comes back after a loss is
+    /// recognised as untouched only if the group's position still carries
+    /// it, so a position another member committed is never mistaken for
+    /// one of ours that happens to have the same offset.
+    pub commit_tag: String,
+}
+
+/// A tag no other consumer (in this process or elsewhere) uses: the
+/// process, a per-process counter and the start time.
+pub(crate) fn commit_tag() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, AtomicOrdering::Relaxed);
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("kjob {} {n} {started}", std::process::id())
 }
 
 impl ClientContext for WorkerContext {
@@ -178,6 +195,7 @@ impl ConsumerContext for WorkerContext {
             let actions = std::mem::take(&mut self.lock().post_assign);
             self.execute(consumer, actions, CommitMode::Sync, true);
             self.apply_holds(consumer, true);
+            self.check_returning(consumer);
         }
     }
 
@@ -225,6 +243,38 @@ fn tpl_of(tps: &[Tp]) -> TopicPartitionList {
 }
 
 impl WorkerContext {
+    /// For partitions that came back after a loss: whether the group's
+    /// position is still one this consumer committed (it carries our
+    /// [`WorkerContext::commit_tag`]). If another member, or an operator's
+    /// reset, wrote it, what this consumer finished before says nothing
+    /// about the partition any more and is forgotten: everything from the
+    /// position runs again, as the commit rule requires. When the position
+    /// cannot be read, the same (running again is always safe).
+    fn check_returning(&self, consumer: &BaseConsumer<Self>) {
+        let back = self.lock().sched.returning();
+        if back.is_empty() {
+            return;
+        }
+        let ours: std::collections::HashSet<Tp> = match consumer
+            .committed_offsets(tpl_of(&back), Duration::from_secs(5))
+        {
+            Ok(tpl) => tpl
+                .elements()
+                .iter()
+                .filter(|e| e.metadata() == self.commit_tag)
+                .map(|e| (e.topic().to_string(), e.partition()))
+                .collect(),
+            Err(e) => {
+                warn!(error = %e, "could not read the committed positions of partitions that came back; running again what this worker finished before");
+                Default::default()
+            }
+        };
+        let mut core = self.lock();
+        for tp in back.into_iter().filter(|tp| !ours.contains(tp)) {
+            info!(topic = %tp.0, partition = tp.1, "a partition came back with a position this worker did not commit; what it finished before runs again from there");
+            core.sched.forget_returning(&tp);
+        }
+    }
     pub(crate) fn lock(&self) -> MutexGuard<'_, Core> {
         self.hub.lock()
     }
@@ -350,7 +400,10 @@ impl WorkerContext {
                     }
                     let mut tpl = TopicPartitionList::new();
                     for ((t, p), next) in &offsets {
-                        let _ = tpl.add_partition_offset(t, *p, Offset::Offset(*next));
+                        let mut e = tpl.add_partition(t, *p);
+                        if e.set_offset(Offset::Offset(*next)).is_ok() {
+                            e.set_metadata(&self.commit_tag);
+                        }
                     }
                     match consumer.commit(&tpl, mode) {
                         Ok(()) => committed.extend(offsets),

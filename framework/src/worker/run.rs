@@ -242,6 +242,7 @@ impl Worker {
             holds: Some(following.holds.clone()),
             debounce,
             held: std::sync::Mutex::new(Default::default()),
+            commit_tag: poll::commit_tag(),
         };
         let consumer = Arc::new(self.consumer(context)?);
         let mut topics = self.topics();

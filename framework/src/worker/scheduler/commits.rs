@@ -62,6 +62,28 @@ impl<R: Located> Scheduler<R> {
         out
     }
 
+    /// Partitions that came back after a loss and still wait for their
+    /// first record to show whether the group's position moved.
+    pub(crate) fn returning(&self) -> Vec<Tp> {
+        self.slots
+            .iter()
+            .flatten()
+            .filter(|p| p.returning.is_some())
+            .map(|p| p.tp.clone())
+            .collect()
+    }
+
+    /// The adapter learned that `tp`'s position was committed by someone
+    /// else: what this member finished before its loss is forgotten, so
+    /// everything from the position runs again.
+    pub(crate) fn forget_returning(&mut self, tp: &Tp) {
+        if let Some(slot) = self.slot_of(&tp.0, tp.1) {
+            if let Some(p) = self.slots[slot].as_mut() {
+                p.returning = None;
+            }
+        }
+    }
+
     /// Records skipped so far because this member had finished them before
     /// (a partition that came back after it was lost).
     pub(crate) fn skipped_finished(&self) -> u64 {

@@ -57,8 +57,9 @@
 //!   session expired, typically during a coordinator outage), what this
 //!   member finished in it is kept. If the partition is assigned to this
 //!   member again and fetching starts where this member left the group's
-//!   position (nobody else committed meanwhile), the kept state is taken
-//!   up again: records it finished are skipped instead of run a second
+//!   position (nobody else committed meanwhile: the adapter reads the
+//!   position's commit tag back and calls [`Scheduler::forget_returning`]
+//!   when another consumer wrote it), the kept state is taken up again: records it finished are skipped instead of run a second
 //!   time, and its watermark is committed. Otherwise it is dropped.
 //!   Independently of that, a record this assignment already saw finish is
 //!   never run again within it.
