@@ -1,7 +1,8 @@
 //! Fair share among a route's tenants on the real stack: one tenant's flood
 //! does not starve the others (and does without fairness, in the same
 //! test), weights divide the slots, a cap bounds a tenant alone, and a
-//! SIGKILL in the middle of a flood loses nothing and keeps per-key order.
+//! SIGKILL in the middle of a flood loses nothing, keeps per-key order and,
+//! with `PgMarkers`, leaves no effect twice.
 
 use std::collections::HashMap;
 use std::process::{Child, Command};
@@ -231,8 +232,10 @@ async fn weights_divide_the_slots_and_a_cap_bounds_a_tenant() {
     assert_eq!(max_a.load(Ordering::Relaxed), 2, "capped at 2 of 8 slots");
 }
 
-fn spawn_worker(topic: &str, group: &str, record: &std::path::Path) -> Child {
+fn spawn_worker(topic: &str, group: &str, record: &std::path::Path, effects: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_test-worker"))
+        .env("KJOB_TEST_EFFECTS", effects)
+        .env("KJOB_DATABASE_URL", ensure_postgres())
         .env("KJOB_TEST_TOPIC", topic)
         .env("KJOB_TEST_GROUP", group)
         .env("KJOB_TEST_RECORD", record)
@@ -271,7 +274,18 @@ async fn a_sigkill_in_a_fair_flood_loses_nothing_and_keeps_each_keys_order() {
     }
     let total: usize = by_key.values().map(Vec::len).sum();
     let record = std::env::temp_dir().join(unique("fair-record"));
-    let mut first = spawn_worker(&topic, &group, &record);
+    // Each job's effect is a row, written with its PgMarkers mark.
+    let (db, conn) = tokio_postgres::connect(&ensure_postgres(), tokio_postgres::NoTls)
+        .await
+        .expect("postgres");
+    tokio::spawn(conn);
+    let effects = unique("fair_effects").replace(['.', '-'], "_");
+    let markers = kjob::idempotency::PgMarkers::new(&format!("{effects}_marks")).expect("name");
+    markers.create_table(&db).await.expect("marks table");
+    db.batch_execute(&format!("CREATE TABLE {effects} (seq BIGINT NOT NULL)"))
+        .await
+        .expect("effects table");
+    let mut first = spawn_worker(&topic, &group, &record, &effects);
     let keyed: Vec<Vec<(TestJob, &str)>> = by_key.into_values().collect();
     let (p, t) = (&producer, topic.as_str());
     futures::future::join_all(keyed.iter().map(|jobs| async move {
@@ -288,7 +302,7 @@ async fn a_sigkill_in_a_fair_flood_loses_nothing_and_keeps_each_keys_order() {
     .await;
     first.kill().expect("SIGKILL");
     let _ = first.wait();
-    let mut second = spawn_worker(&topic, &group, &record);
+    let mut second = spawn_worker(&topic, &group, &record, &effects);
     wait_committed_at_end(&config, &group, &topic, 2).await;
     let _ = second.kill();
     let _ = second.wait();
@@ -318,7 +332,24 @@ async fn a_sigkill_in_a_fair_flood_loses_nothing_and_keeps_each_keys_order() {
         assert_eq!(seqs, &sorted, "key {key}: first runs in log order");
     }
     let twice = starts.values().filter(|n| **n > 1).count();
-    println!("{total} jobs, {twice} run again after the SIGKILL (uncommitted at the kill)");
+    let row = db
+        .query_one(
+            &format!("SELECT count(*), count(DISTINCT seq) FROM {effects}"),
+            &[],
+        )
+        .await
+        .expect("effects");
+    let (rows, distinct): (i64, i64) = (row.get(0), row.get(1));
+    let dups = lines.iter().filter(|l| l.starts_with("dup ")).count();
+    println!(
+        "{total} jobs, {twice} run again after the SIGKILL (uncommitted at the kill); \
+         {rows} effects, {dups} recognised as done before"
+    );
+    assert_eq!(rows, total as i64, "every job's effect, once");
+    assert_eq!(distinct, rows, "no effect twice");
+    db.batch_execute(&format!("DROP TABLE {effects}; DROP TABLE {effects}_marks"))
+        .await
+        .expect("drop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,7 +22,11 @@
 //! two. `KJOB_TEST_STRICT=1` puts the route under strict ordered retries
 //! (`WorkerBuilder::strict_order`) and appends `okat <seq> <now ms>` when a
 //! job succeeds. `KJOB_TEST_DEBOUNCE_MS=<ms>` debounces the route
-//! (`WorkerBuilder::debounce`).
+//! (`WorkerBuilder::debounce`). `KJOB_TEST_EFFECTS=<table>` (with
+//! `KJOB_DATABASE_URL`) makes each successful job's effect a row
+//! `(seq)` in `<table>`, written in one transaction with its
+//! `PgMarkers` mark in `<table>_marks`, so a job run again after a crash
+//! leaves no second row (`dup <seq>` is appended instead).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -71,8 +75,15 @@ async fn main() -> Result<(), String> {
         .collect();
     let delayed = std::env::var("KJOB_TEST_DELAYED").is_ok_and(|v| v == "1");
     let strict = std::env::var("KJOB_TEST_STRICT").is_ok_and(|v| v == "1");
+    let effects = match std::env::var("KJOB_TEST_EFFECTS") {
+        Ok(table) => Some(Arc::new(
+            Effects::connect(&env("KJOB_DATABASE_URL")?, &table, concurrency).await?,
+        )),
+        Err(_) => None,
+    };
     let handler = move |job: TestJob, ctx: JobContext| {
         let record = record.clone();
+        let effects = effects.clone();
         async move {
             if delayed {
                 let now = std::time::SystemTime::now()
@@ -93,6 +104,11 @@ async fn main() -> Result<(), String> {
             {
                 append_line(&record, &format!("failed {}", job.seq));
                 return Err(JobError::server("test: planned failure"));
+            }
+            if let Some(effects) = &effects {
+                if !effects.once(&ctx.id, job.seq).await? {
+                    append_line(&record, &format!("dup {}", job.seq));
+                }
             }
             append_line(&record, &format!("done {}", job.seq));
             if strict {
@@ -198,4 +214,57 @@ async fn main() -> Result<(), String> {
         eprintln!("{e}");
         std::process::exit(i32::from(e.exit_code()))
     })
+}
+
+/// A job's effect (a row) and its idempotency mark in one transaction, on
+/// one of a few connections (a job takes whichever is free).
+struct Effects {
+    clients: Vec<tokio::sync::Mutex<tokio_postgres::Client>>,
+    next: std::sync::atomic::AtomicUsize,
+    markers: kjob::idempotency::PgMarkers,
+    table: String,
+}
+
+impl Effects {
+    async fn connect(url: &str, table: &str, connections: usize) -> Result<Self, String> {
+        let markers = kjob::idempotency::PgMarkers::new(&format!("{table}_marks"))
+            .map_err(|e| e.to_string())?;
+        let mut clients = Vec::new();
+        for _ in 0..connections.clamp(1, 16) {
+            let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                .await
+                .map_err(|e| format!("{url}: {e}"))?;
+            tokio::spawn(conn);
+            clients.push(tokio::sync::Mutex::new(client));
+        }
+        Ok(Self {
+            clients,
+            next: Default::default(),
+            markers,
+            table: table.to_string(),
+        })
+    }
+
+    /// Writes the effect of job `id` unless its mark says it was written
+    /// before; false for a duplicate.
+    async fn once(&self, id: &str, seq: i64) -> Result<bool, JobError> {
+        let db = |e: tokio_postgres::Error| JobError::server(format!("test effects: {e}"));
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut client = self.clients[n % self.clients.len()].lock().await;
+        let tx = client.transaction().await.map_err(db)?;
+        let first = matches!(
+            self.markers.mark(&tx, id, "test").await.map_err(db)?,
+            kjob::idempotency::Mark::First
+        );
+        if first {
+            tx.execute(
+                &format!("INSERT INTO {} (seq) VALUES ($1)", self.table),
+                &[&seq],
+            )
+            .await
+            .map_err(db)?;
+        }
+        tx.commit().await.map_err(db)?;
+        Ok(first)
+    }
 }
