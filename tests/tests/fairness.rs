@@ -58,6 +58,7 @@ fn worker(
     fairness: Option<Fairness>,
     seen: Arc<Seen>,
     handler_ms: u64,
+    bound: Option<usize>,
 ) -> Worker {
     let mut b = Worker::builder(config.clone(), unique("g"))
         .handle_on(topic, move |_job: TestJob, ctx: JobContext| {
@@ -87,12 +88,16 @@ fn worker(
     if let Some(f) = fairness {
         b = b.fair(topic, f);
     }
+    if let Some(n) = bound {
+        b = b.max_in_flight_per_partition(n);
+    }
     b.build().expect("worker builds")
 }
 
 /// The longest wait (enqueue → start) of tenant B's 20 jobs behind a flood
-/// of 3 000 of tenant A's, with or without fairness.
-async fn b_wait_behind_a_flood(fair: bool) -> Duration {
+/// of 3 000 of tenant A's, with or without fairness, and with a partition
+/// buffer of `bound` records; and how many records were read past then.
+async fn b_wait_behind_a_flood(fair: bool, bound: Option<usize>) -> (Duration, u64) {
     let config = ensure_stack();
     let topic = unique("fair.flood");
     create_topic(&config, &topic, 2).await;
@@ -104,7 +109,7 @@ async fn b_wait_behind_a_flood(fair: bool) -> Duration {
     enqueue_many(&producer, &topic, &flood).await;
     let seen = Arc::new(Seen::default());
     let fairness = fair.then(Fairness::by_tenant);
-    let running = start(worker(&config, &topic, fairness, seen.clone(), 10));
+    let running = start(worker(&config, &topic, fairness, seen.clone(), 10, bound));
     // The flood is being worked through when B's jobs come.
     eventually(Duration::from_secs(60), "the flood runs", || {
         seen.started.lock().unwrap_or_else(|e| e.into_inner()).len() >= 200
@@ -121,25 +126,54 @@ async fn b_wait_behind_a_flood(fair: bool) -> Duration {
         enqueued.keys().all(|k| s.contains_key(k))
     })
     .await;
+    // The gauge behind `kjob_read_past`, refreshed about once a second.
+    let mut read_past = 0;
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until && read_past == 0 {
+        read_past = running.stats.read_past.load(Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     running.stop().await;
     let s = seen.started.lock().unwrap_or_else(|e| e.into_inner());
-    enqueued
+    let wait = enqueued
         .iter()
         .map(|(seq, at)| s[seq].saturating_duration_since(*at))
         .max()
-        .unwrap_or_default()
+        .unwrap_or_default();
+    (wait, read_past)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_flood_does_not_starve_the_others() {
     init_logging();
-    let fair = b_wait_behind_a_flood(true).await;
-    let unfair = b_wait_behind_a_flood(false).await;
+    let (fair, _) = b_wait_behind_a_flood(true, None).await;
+    let (unfair, _) = b_wait_behind_a_flood(false, None).await;
     println!("tenant B's longest wait behind a 3 000-job flood: {fair:?} fair, {unfair:?} without");
     // The flood alone takes about 3 000 × 10 ms / 8 slots ≈ 3.75 s.
     assert!(
         fair < Duration::from_millis(1_500),
         "with fairness B runs beside the flood: {fair:?}"
+    );
+    assert!(
+        unfair > fair * 2,
+        "without fairness B waits behind it: {unfair:?} against {fair:?}"
+    );
+}
+
+/// A flood far larger than the partitions' buffers (200 records each, so
+/// 2 800 of A's records are still unread when B's come): fairness reads
+/// past A's excess (`scheduler/passing.rs`) to reach B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_larger_than_the_buffer_is_read_past() {
+    init_logging();
+    let (fair, passed) = b_wait_behind_a_flood(true, Some(200)).await;
+    let (unfair, none) = b_wait_behind_a_flood(false, Some(200)).await;
+    println!("tenant B's longest wait behind a 3 000-job flood, 200-record buffers: {fair:?} fair ({passed} of A's records read past), {unfair:?} without");
+    assert!(passed > 0, "A's excess was read past");
+    assert_eq!(none, 0, "only a fair route reads past");
+    assert!(
+        fair < Duration::from_millis(1_500),
+        "with fairness B's records are read past the flood: {fair:?}"
     );
     assert!(
         unfair > fair * 2,
@@ -167,6 +201,7 @@ async fn weights_divide_the_slots_and_a_cap_bounds_a_tenant() {
         Some(Fairness::by_tenant().weight("a", 3)),
         seen.clone(),
         20,
+        None,
     ));
     eventually(Duration::from_secs(60), "half of the jobs ran", || {
         seen.started.lock().unwrap_or_else(|e| e.into_inner()).len() >= 400
@@ -215,6 +250,7 @@ async fn weights_divide_the_slots_and_a_cap_bounds_a_tenant() {
         Some(Fairness::by_tenant().cap(2)),
         seen.clone(),
         20,
+        None,
     ));
     eventually(Duration::from_secs(60), "the capped jobs ran", || {
         seen.started.lock().unwrap_or_else(|e| e.into_inner()).len() >= 100
@@ -240,6 +276,9 @@ fn spawn_worker(topic: &str, group: &str, record: &std::path::Path, effects: &st
         .env("KJOB_TEST_GROUP", group)
         .env("KJOB_TEST_RECORD", record)
         .env("KJOB_TEST_FAIR", "1")
+        // Buffers of 100 records: most of the flood is read past, and read
+        // again, before and after the kill.
+        .env("KJOB_TEST_MAX_IN_FLIGHT", "100")
         .env("KJOB_TEST_DELAY_MS", "5")
         .env("KJOB_TEST_CONCURRENCY", "8")
         .env("KJOB_INSTANCE_ID", "fair-0")

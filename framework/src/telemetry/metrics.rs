@@ -150,6 +150,9 @@ pub(crate) struct Snapshot {
     pub(crate) priority: [(usize, usize); crate::worker::Priority::LEVELS],
     /// Jobs parked: waiting for a downstream without a handler slot.
     pub(crate) parked: usize,
+    /// Per fair route main topic: records of a tenant over its share read
+    /// past, not yet read again.
+    pub(crate) read_past: Vec<(String, usize)>,
     /// Per fair route and tenant (the busiest [`TENANTS_SHOWN`], the rest
     /// as `other`): (ready, running).
     pub(crate) tenants: Vec<(String, String, usize, usize)>,
@@ -414,6 +417,21 @@ impl Metrics {
             "kjob_parked",
             "Jobs waiting for a downstream (registry, breaker, rate limit) without a handler slot",
             |s, g, out| out(s.parked as f64, vec![g.clone()]),
+        );
+        from_snapshot(
+            "kjob_read_past",
+            "Records of a fair route's tenant over its share of the buffer, read past to reach the other tenants and not yet read again",
+            |s, g, out| {
+                for (topic, n) in &s.read_past {
+                    out(
+                        *n as f64,
+                        vec![
+                            g.clone(),
+                            KeyValue::new("topic", topic.clone()),
+                        ],
+                    );
+                }
+            },
         );
         from_snapshot(
             "kjob_schedule_leader",

@@ -518,7 +518,7 @@ impl WorkerContext {
     /// oldest record this worker holds uncommitted (0 when nothing is).
     fn refresh_oldest_pending(&self) {
         let now = now_ms();
-        let (oldest, by_level, parked, skipped, tenants) = {
+        let (oldest, by_level, parked, skipped, tenants, read_past) = {
             let core = self.lock();
             (
                 core.sched.oldest_pending(),
@@ -526,8 +526,13 @@ impl WorkerContext {
                 core.sched.parked(),
                 core.sched.skipped_finished(),
                 core.sched.tenants(),
+                core.sched.read_past(),
             )
         };
+        let passed: usize = read_past.iter().map(|(_, n)| n).sum();
+        self.stats
+            .read_past
+            .store(passed as u64, AtomicOrdering::Relaxed);
         self.stats
             .skipped_finished
             .store(skipped, AtomicOrdering::Relaxed);
@@ -546,6 +551,7 @@ impl WorkerContext {
         snap.oldest_pending_seconds = ages;
         snap.priority = by_level;
         snap.parked = parked;
+        snap.read_past = read_past;
         snap.tenants = crate::telemetry::metrics::top_tenants(tenants);
         let mut jobs: Vec<&'static str> =
             self.routes.values().map(|e| e.route.job_name()).collect();

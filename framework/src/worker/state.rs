@@ -73,6 +73,9 @@ pub struct WorkerStats {
     /// it lost their partition, which then came back to it unchanged (a
     /// coordinator outage longer than the session).
     pub skipped_finished: AtomicU64,
+    /// Records of a fair route's flooding tenant read past (to reach the
+    /// other tenants behind them) and not yet read again, now.
+    pub read_past: AtomicU64,
     /// Set while the worker is assigned partitions and consuming.
     pub ready: AtomicBool,
     /// The metrics endpoint's bound address, once it listens.

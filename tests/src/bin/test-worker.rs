@@ -27,6 +27,8 @@
 //! `(seq)` in `<table>`, written in one transaction with its
 //! `PgMarkers` mark in `<table>_marks`, so a job run again after a crash
 //! leaves no second row (`dup <seq>` is appended instead).
+//! `KJOB_TEST_MAX_IN_FLIGHT=<n>` sets the partition buffer
+//! (`WorkerBuilder::max_in_flight_per_partition`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -155,6 +157,12 @@ async fn main() -> Result<(), String> {
             .parse()
             .map_err(|e| format!("KJOB_TEST_DEBOUNCE_MS={window}: {e}"))?;
         builder = builder.debounce(&topic, Duration::from_millis(ms));
+    }
+    if let Ok(n) = std::env::var("KJOB_TEST_MAX_IN_FLIGHT") {
+        let n: usize = n
+            .parse()
+            .map_err(|e| format!("KJOB_TEST_MAX_IN_FLIGHT={n}: {e}"))?;
+        builder = builder.max_in_flight_per_partition(n);
     }
     if let Ok(batches) = std::env::var("KJOB_TEST_BATCHES") {
         builder = builder.batches_on(&batches);

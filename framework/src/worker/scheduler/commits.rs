@@ -84,6 +84,20 @@ impl<R: Located> Scheduler<R> {
         }
     }
 
+    /// Per fair route main topic: records read past and not yet read again
+    /// (see `passing`).
+    pub(crate) fn read_past(&self) -> Vec<(String, usize)> {
+        let mut out: HashMap<String, usize> = HashMap::new();
+        for p in self.slots.iter().flatten() {
+            if let Some(pass) = &p.pass {
+                *out.entry(p.tp.0.clone()).or_default() += pass.passed();
+            }
+        }
+        let mut out: Vec<(String, usize)> = out.into_iter().collect();
+        out.sort();
+        out
+    }
+
     /// Records skipped so far because this member had finished them before
     /// (a partition that came back after it was lost).
     pub(crate) fn skipped_finished(&self) -> u64 {

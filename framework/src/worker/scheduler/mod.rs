@@ -69,6 +69,9 @@ mod fair;
 #[cfg(test)]
 mod fair_tests;
 mod parking;
+mod passing;
+#[cfg(test)]
+mod passing_tests;
 mod ready;
 #[cfg(test)]
 mod tests;
@@ -303,6 +306,12 @@ impl<R: Located> Scheduler<R> {
                 max_dispatched: None,
                 returning,
                 skip: None,
+                pass: self
+                    .fair_topics
+                    .get(&tp.0)
+                    .and_then(|r| self.ready.fair.get(usize::from(*r)))
+                    .filter(|r| r.route() == tp.0)
+                    .map(|_| passing::Passing::new(self.limits.max_in_flight)),
             };
             let slot = match self.slots.iter().position(Option::is_none) {
                 Some(free) => {
@@ -496,18 +505,38 @@ impl<R: Located> Scheduler<R> {
             return;
         }
         p.hold = None;
+        // A fair route's job belongs to the tenant its header names.
+        let fair = p.fair.filter(|_| !rec.foreign).and_then(|r| {
+            let route = self.ready.fair.get_mut(usize::from(r))?;
+            let tenant = rec.item.header(route.header()).unwrap_or("");
+            Some((r, route.intern(tenant)))
+        });
+        // Reading past a flood: a tenant over its share is read past.
+        if let (Some(pass), Some((_, tenant))) = (p.pass.as_mut(), fair) {
+            let seen = p.tracker.highest_seen();
+            let started = p.tracker.is_in_flight(rec.offset);
+            match pass.record(rec.offset, seen, started, tenant, rec.lane) {
+                passing::Verdict::Admit => pass.admitted(tenant),
+                passing::Verdict::Skip => return,
+                passing::Verdict::Pass => {
+                    // Unfinished in the tracker: never committed past.
+                    p.tracker.start_at(rec.offset, rec.timestamp_ms);
+                    Self::pause_if_over(p, self.limits.max_in_flight, out);
+                    return;
+                }
+                passing::Verdict::SeekForward(to) => {
+                    out.push(Action::Seek(p.tp.clone(), to));
+                    Self::pause_if_over(p, self.limits.max_in_flight, out);
+                    return;
+                }
+            }
+        }
         p.tracker.start_at(rec.offset, rec.timestamp_ms);
         self.seen_ms[p.level] = now_ms;
         if rec.foreign {
             p.tracker.finish(rec.offset);
             return;
         }
-        // A fair route's job belongs to the tenant its header names.
-        let fair = p.fair.and_then(|r| {
-            let route = self.ready.fair.get_mut(usize::from(r))?;
-            let tenant = rec.item.header(route.header()).unwrap_or("");
-            Some((r, route.intern(tenant)))
-        });
         let job = Job {
             ticket: Ticket {
                 slot,
@@ -533,11 +562,42 @@ impl<R: Located> Scheduler<R> {
                 self.ready.push(job);
             }
         }
-        if !p.paused_bound && p.tracker.in_flight() >= self.limits.max_in_flight {
+        Self::pause_if_over(p, self.limits.max_in_flight, out);
+    }
+
+    /// Pauses a partition whose buffer (or passed offsets) reached the bound.
+    fn pause_if_over(p: &mut Part<R>, bound: usize, out: &mut Vec<Action<R>>) {
+        if !p.paused_bound && p.over_bound(bound) {
             let was = p.wants_pause();
             p.paused_bound = true;
             if !was {
                 out.push(Action::Pause(p.tp.clone()));
+            }
+        }
+    }
+
+    /// Seeks a partition back to read what it passed, when that is due
+    /// (see [`passing`]), and resumes it if only its passed offsets had
+    /// paused it.
+    fn reread_if_due(p: &mut Part<R>, bound: usize, stopping: bool, out: &mut Vec<Action<R>>) {
+        if p.revoked || stopping {
+            return;
+        }
+        let seen = p.tracker.highest_seen();
+        let Some(back) = p.pass.as_mut().and_then(|pass| pass.reread(seen)) else {
+            return;
+        };
+        out.push(Action::Seek(p.tp.clone(), back));
+        Self::resume_if_under(p, bound, out);
+    }
+
+    /// Resumes a partition paused for its bound once its buffer is down to
+    /// three quarters of it.
+    fn resume_if_under(p: &mut Part<R>, bound: usize, out: &mut Vec<Action<R>>) {
+        if p.paused_bound && !p.revoked && p.buffered() <= bound * 3 / 4 && !p.over_bound(bound) {
+            p.paused_bound = false;
+            if !p.wants_pause() {
+                out.push(Action::Resume(p.tp.clone()));
             }
         }
     }
@@ -643,6 +703,9 @@ impl<R: Located> Scheduler<R> {
         if done {
             p.tracker.finish(ticket.offset);
         }
+        if let (Some(pass), Some((_, tenant))) = (p.pass.as_mut(), ticket.fair) {
+            pass.finished(tenant);
+        }
         // After a stop, the queues hold only what must still run.
         let next = match p.lanes.get_mut(&ticket.lane) {
             Some(l) if !p.revoked => {
@@ -657,15 +720,9 @@ impl<R: Located> Scheduler<R> {
                 p.lanes.remove(&ticket.lane);
             }
         }
-        if p.paused_bound
-            && !p.revoked
-            && !self.stopping
-            && p.tracker.in_flight() <= self.limits.max_in_flight * 3 / 4
-        {
-            p.paused_bound = false;
-            if !p.wants_pause() {
-                out.push(Action::Resume(p.tp.clone()));
-            }
+        if !self.stopping {
+            Self::reread_if_due(p, self.limits.max_in_flight, false, out);
+            Self::resume_if_under(p, self.limits.max_in_flight, out);
         }
     }
 
@@ -674,6 +731,7 @@ impl<R: Located> Scheduler<R> {
     pub(crate) fn tick(&mut self, now_ms: i64, out: &mut Vec<Action<R>>) {
         self.now_ms = self.now_ms.max(now_ms);
         for p in self.slots.iter_mut().flatten() {
+            Self::reread_if_due(p, self.limits.max_in_flight, self.stopping, out);
             if let Some(h) = p.hold.as_mut().filter(|h| !h.resumed && h.due_ms <= now_ms) {
                 h.resumed = true;
                 let offset = h.offset;

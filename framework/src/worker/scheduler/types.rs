@@ -174,6 +174,9 @@ pub(super) struct Part<R> {
     /// That state once taken up: records it saw finish are skipped as they
     /// are fetched again (offsets in order; dropped past its highest).
     pub(super) skip: Option<(u64, OffsetTracker)>,
+    /// On a fair route's main topic: what a flooding tenant's excess left
+    /// unread ([`super::passing`]).
+    pub(super) pass: Option<super::passing::Passing>,
 }
 
 /// The most lost partitions whose finished work is remembered (each costs
@@ -181,6 +184,18 @@ pub(super) struct Part<R> {
 pub(super) const LOST_KEPT: usize = 4_096;
 
 impl<R> Part<R> {
+    /// Records in memory: started and unfinished, less the passed ones
+    /// (their offsets are kept, not the records).
+    pub(super) fn buffered(&self) -> usize {
+        self.tracker.in_flight() - self.pass.as_ref().map_or(0, |p| p.passed())
+    }
+
+    /// Whether the partition must stop reading new records: its buffer is
+    /// full, or so are its passed offsets.
+    pub(super) fn over_bound(&self, bound: usize) -> bool {
+        self.buffered() >= bound || self.pass.as_ref().is_some_and(|p| p.full(bound))
+    }
+
     pub(super) fn wants_pause(&self) -> bool {
         self.paused_bound || self.hold.is_some_and(|h| !h.resumed)
     }
