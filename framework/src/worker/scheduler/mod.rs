@@ -504,6 +504,8 @@ impl<R: Located> Scheduler<R> {
             out.push(Action::Seek(p.tp.clone(), rec.offset));
             return;
         }
+        // The record a hold waited for comes again: new, not fetched twice.
+        let was_held = p.hold.is_some_and(|h| h.offset == rec.offset);
         p.hold = None;
         // A fair route's job belongs to the tenant its header names.
         let fair = p.fair.filter(|_| !rec.foreign).and_then(|r| {
@@ -513,7 +515,10 @@ impl<R: Located> Scheduler<R> {
         });
         // Reading past a flood: a tenant over its share is read past.
         if let (Some(pass), Some((_, tenant))) = (p.pass.as_mut(), fair) {
-            let seen = p.tracker.highest_seen();
+            let seen = match was_held {
+                true => Some(rec.offset - 1),
+                false => p.tracker.highest_seen(),
+            };
             let started = p.tracker.is_in_flight(rec.offset);
             match pass.record(rec.offset, seen, started, tenant, rec.lane) {
                 passing::Verdict::Admit => pass.admitted(tenant),
@@ -580,7 +585,8 @@ impl<R: Located> Scheduler<R> {
     /// (see [`passing`]), and resumes it if only its passed offsets had
     /// paused it.
     fn reread_if_due(p: &mut Part<R>, bound: usize, stopping: bool, out: &mut Vec<Action<R>>) {
-        if p.revoked || stopping {
+        // A hold keeps the fetch position at its record: read back after.
+        if p.revoked || stopping || p.hold.is_some() {
             return;
         }
         let seen = p.tracker.highest_seen();
@@ -735,6 +741,11 @@ impl<R: Located> Scheduler<R> {
             if let Some(h) = p.hold.as_mut().filter(|h| !h.resumed && h.due_ms <= now_ms) {
                 h.resumed = true;
                 let offset = h.offset;
+                // Paused only for its passed offsets: those are read back
+                // once the held record is in (no read-back during a hold).
+                if p.paused_bound && p.buffered() < self.limits.max_in_flight {
+                    p.paused_bound = false;
+                }
                 if !p.paused_bound && !p.revoked && !self.stopping {
                     out.push(Action::Resume(p.tp.clone()));
                     out.push(Action::Seek(p.tp.clone(), offset));
