@@ -24,6 +24,26 @@ impl Located for Rec {
     }
 }
 
+/// A scheduler with one fair route "t" (by `kjob-tenant`), its partition
+/// 0 assigned.
+fn assigned(concurrency: usize, bound: usize, commit_interval_ms: i64) -> Scheduler<Rec> {
+    let mut s = Scheduler::new(Limits {
+        concurrency,
+        max_in_flight: bound,
+        commit_interval_ms,
+    })
+    .with_fairness(vec![(
+        vec!["t".to_string()],
+        FairSpec {
+            route: "t".into(),
+            header: "kjob-tenant".into(),
+            ..FairSpec::default()
+        },
+    )]);
+    s.assign(&[("t".to_string(), 0)], &mut Vec::new());
+    s
+}
+
 /// What a simulated run saw.
 struct Run {
     /// Offsets in the order they started.
@@ -47,21 +67,8 @@ fn simulate(
     fetch: usize,
     picks: &[usize],
 ) -> Run {
-    let mut s: Scheduler<Rec> = Scheduler::new(Limits {
-        concurrency,
-        max_in_flight: bound,
-        commit_interval_ms: 1,
-    })
-    .with_fairness(vec![(
-        vec!["t".to_string()],
-        FairSpec {
-            route: "t".into(),
-            header: "kjob-tenant".into(),
-            ..FairSpec::default()
-        },
-    )]);
+    let mut s = assigned(concurrency, bound, 1);
     let mut out = Vec::new();
-    s.assign(&[("t".to_string(), 0)], &mut out);
     let (mut pos, mut paused) = (0i64, false);
     let mut running: Vec<Ticket> = Vec::new();
     let mut done = vec![false; log.len()];
@@ -236,21 +243,8 @@ fn passed_offsets_past_their_bound_pause_the_partition() {
 fn a_record_held_until_due_on_a_reading_past_partition_runs_when_due() {
     // A job enqueued to run a moment later sits on the main topic with its
     // run time: the partition holds at it, then fetches it again.
-    let mut s: Scheduler<Rec> = Scheduler::new(Limits {
-        concurrency: 2,
-        max_in_flight: 8,
-        commit_interval_ms: 1_000_000,
-    })
-    .with_fairness(vec![(
-        vec!["t".to_string()],
-        FairSpec {
-            route: "t".into(),
-            header: "kjob-tenant".into(),
-            ..FairSpec::default()
-        },
-    )]);
+    let mut s = assigned(2, 8, 1_000_000);
     let mut out = Vec::new();
-    s.assign(&[("t".to_string(), 0)], &mut out);
     let held = |due| Incoming {
         offset: 0,
         lane: LaneKey::Key(1),
