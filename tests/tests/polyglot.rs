@@ -121,19 +121,67 @@ fn command(lang: &str, name: &str) -> Command {
     }
 }
 
-/// Runs a script, failing the test with its output unless it succeeds, and
-/// parses the JSON line it prints last.
+/// How long one script may take. A script that waits on a socket forever
+/// (seen once: a registry client without a request timeout) would otherwise
+/// hang the whole suite; it is killed, and the test fails with its output.
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// Runs a script, failing the test with its output unless it succeeds within
+/// [`SCRIPT_TIMEOUT`], and parses the JSON line it prints last.
 fn run(mut c: Command, what: &str) -> serde_json::Value {
+    use std::io::Read;
+    use std::process::Stdio;
     let started = std::time::Instant::now();
-    let out = c
-        .output()
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Both pipes are drained while the script runs, so a chatty script
+    // never blocks on a full pipe.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            String::from_utf8_lossy(&buf).into_owned()
+        })
+    };
+    let out_reader = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err_reader = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if started.elapsed() < SCRIPT_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            Err(e) => panic!("{what}: waiting for it: {e}"),
+        }
+    };
+    let stdout = out_reader.join().unwrap_or_default();
+    let stderr = err_reader.join().unwrap_or_default();
+    let Some(status) = status else {
+        panic!("{what} did not finish within {SCRIPT_TIMEOUT:?} and was killed; its output so far:\n{stdout}\n{stderr}");
+    };
     assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{stdout}\n{stderr}",
-        out.status
+        status.success(),
+        "{what} failed ({status}):\n{stdout}\n{stderr}"
     );
     println!("{what}: {:.1?}", started.elapsed());
     let line = stdout

@@ -22,7 +22,10 @@ topic = os.environ["KJOB_TEST_TOPIC"]
 first = int(os.environ["KJOB_TEST_SEQ"])
 count = int(os.environ["KJOB_TEST_COUNT"])
 
-registry = SchemaRegistryClient({"url": os.environ["KJOB_SCHEMA_REGISTRY_URL"]})
+# The client has no request timeout by default: a registry that accepts the
+# connection and never answers would block this producer forever.
+registry = SchemaRegistryClient({"url": os.environ["KJOB_SCHEMA_REGISTRY_URL"],
+                                 "timeout": 10})
 serialize = AvroSerializer(registry, os.environ["KJOB_SCHEMA"])
 producer = Producer({
     "bootstrap.servers": os.environ["KJOB_BOOTSTRAP_SERVERS"],
@@ -38,7 +41,9 @@ for seq in range(first, first + count):
     headers = [("kjob-id", f"python-{seq}")] if seq < first + count // 2 else []
     producer.produce(topic, key=key, value=value, headers=headers,
                      on_delivery=lambda err, _msg: err and failed.append(str(err)))
-producer.flush(30)
+left = producer.flush(30)
+if left:
+    raise SystemExit(f"{left} records not delivered within 30 s")
 if failed:
     raise SystemExit(f"not delivered: {failed}")
 print(json.dumps({"produced": count}))
