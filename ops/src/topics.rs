@@ -115,8 +115,9 @@ pub fn route_topics(main: &str, group: Option<&str>, all_topics: &[String]) -> V
             }),
     );
     // The group's shared tiers, when its routes share them and this route
-    // has none of its own.
-    if let Some(g) = group.filter(|_| out.len() == 1) {
+    // has none of its own (and the group is not named like a route, whose
+    // tiers those would be).
+    if let Some(g) = group.filter(|g| out.len() == 1 && !exists(g)) {
         out.extend(
             discover_tiers(g, all_topics)
                 .into_iter()

@@ -171,3 +171,139 @@ async fn two_routes_retry_through_shared_tiers_across_a_sigkill() {
         .await
         .expect("drop");
 }
+
+/// A worker whose handler fails every job as invalid input while `broken`.
+fn breakable(
+    config: &kjob::KafkaConfig,
+    topic: &str,
+    group: &str,
+    broken: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handled: std::sync::Arc<std::sync::Mutex<Vec<(i64, String)>>>,
+) -> Running {
+    let w = kjob::Worker::builder(config.clone(), group)
+        .handle_on(topic, move |job: TestJob, ctx: kjob::JobContext| {
+            let (broken, handled) = (broken.clone(), handled.clone());
+            async move {
+                if broken.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Err(kjob::JobError::invalid_input("bad deploy"));
+                }
+                handled
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((job.seq, ctx.topic.to_string()));
+                Ok(())
+            }
+        })
+        .retry(kjob::retry::RetryPolicy::tiers([Duration::from_secs(1)]))
+        .shared_retry_tiers()
+        .build()
+        .expect("worker builds");
+    start(w)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_see_redrive_and_plan_the_shared_tiers() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    init_logging();
+    let config = ensure_stack();
+    let exe = env!("CARGO_BIN_EXE_kjob-cli");
+    let topic = unique("shared.ops");
+    let group = unique("gsharedops");
+    let tier = format!("{group}.retry.1s");
+    create_topic(&config, &topic, 2).await;
+    let producer = Producer::new(&config).expect("producer");
+    for i in 0..4 {
+        producer
+            .enqueue_to(&topic, &TestJob::ok(format!("k{i}"), i))
+            .await
+            .expect("enqueue");
+    }
+    let broken = Arc::new(AtomicBool::new(true));
+    let handled: Arc<Mutex<Vec<(i64, String)>>> = Default::default();
+    let w = breakable(&config, &topic, &group, broken.clone(), handled.clone());
+    eventually(Duration::from_secs(30), "four dead letters", || {
+        kjob::WorkerStats::get(&w.stats.dead_lettered) == 4
+    })
+    .await;
+    w.stop().await;
+
+    // status names the group's shared tier, with the route's own topics.
+    let status: serde_json::Value = serde_json::from_str(&kjob_ok(
+        exe,
+        &config,
+        &["status", "--topic", &topic, "--group", &group, "--json"],
+    ))
+    .expect("status --json");
+    let roles: Vec<(String, String)> = status["topics"]
+        .as_array()
+        .expect("topics")
+        .iter()
+        .map(|t| {
+            (
+                t["topic"].as_str().unwrap_or("").to_string(),
+                t["role"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        roles.contains(&(tier.clone(), "shared retry tier".to_string())),
+        "{roles:?}"
+    );
+
+    // A re-drive goes to the shared tier, naming the route; the fixed
+    // worker handles every job from there.
+    broken.store(false, Ordering::SeqCst);
+    let w = breakable(&config, &topic, &group, broken.clone(), handled.clone());
+    let done = kjob_ok(
+        exe,
+        &config,
+        &["dlq", "retry", "--topic", &topic, "--execute"],
+    );
+    assert!(
+        done.contains(&format!("re-drove 4 record(s) to `{tier}`")),
+        "{done}"
+    );
+    eventually(Duration::from_secs(30), "re-driven jobs handled", || {
+        handled.lock().map(|h| h.len() == 4).unwrap_or(false)
+    })
+    .await;
+    w.stop().await;
+    let from: Vec<String> = handled
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|(_, t)| t.clone())
+        .collect();
+    assert!(from.iter().all(|t| *t == tier), "{from:?}");
+
+    // The plan: the route's main and DLQ, and one shared tier, sized like
+    // the main topic.
+    let plan: serde_json::Value = serde_json::from_str(&kjob_ok(
+        exe,
+        &config,
+        &[
+            "topics",
+            "plan",
+            "--topic",
+            &topic,
+            "--tiers",
+            "1s",
+            "--shared-tiers",
+            "--group",
+            &group,
+            "--json",
+        ],
+    ))
+    .expect("plan --json");
+    assert_eq!(plan["after"]["partitions"], 2 + 2 + 2, "{plan}");
+    let shared: Vec<&serde_json::Value> = plan["topics"]
+        .as_array()
+        .expect("topics")
+        .iter()
+        .filter(|t| t["role"] == "shared_retry_tier")
+        .collect();
+    assert_eq!(shared.len(), 1, "{plan}");
+    assert_eq!(shared[0]["topic"], tier.as_str());
+    assert_eq!(shared[0]["action"], "keep", "{plan}");
+}

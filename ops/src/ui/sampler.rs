@@ -229,7 +229,11 @@ mod tests {
         }
         assert_eq!(route_for("g.schedules", "g"), None);
         assert_eq!(route_for("g.schedules.state", "g"), None);
-        assert_eq!(route_for("g.retry.30s", "g"), None, "a shared tier is no route");
+        assert_eq!(
+            route_for("g.retry.30s", "g"),
+            None,
+            "a shared tier is no route"
+        );
         // Another group's topic of that name is a main topic like any.
         assert_eq!(route_for("g.schedules", "h"), Some("g.schedules"));
         assert_eq!(route_for("orders.dlq", "g"), None);
