@@ -61,6 +61,10 @@ pub(crate) enum TopicsCommand {
         /// `WorkerBuilder::shared_retry_tiers`); --strict-order-on routes keep their own.
         #[arg(long, requires = "group")]
         shared_tiers: bool,
+        /// Partitions of the DLQs to create (`WorkerBuilder::dlq_partitions`; default: the
+        /// main topic's).
+        #[arg(long, value_name = "N")]
+        dlq_partitions: Option<usize>,
     },
     /// Create a route: `<topic>`, `<topic>.retry.<delay>` per tier and `<topic>.dlq`
     /// (existing ones are left alone). Dry run unless --execute.
@@ -289,12 +293,14 @@ pub(crate) async fn run(ctx: &Ctx, cmd: TopicsCommand) -> Result<()> {
             partitions,
             group,
             shared_tiers,
+            dlq_partitions,
         } => {
             let routes = PlanRoutes {
                 mains: topics,
                 delays_on,
                 strict_on,
                 shared_tiers,
+                dlq_partitions,
             };
             plan(ctx, routes, &tiers, partitions, group).await
         }
@@ -470,6 +476,7 @@ struct PlanRoutes {
     delays_on: Vec<String>,
     strict_on: Vec<String>,
     shared_tiers: bool,
+    dlq_partitions: Option<usize>,
 }
 
 /// `kjob topics plan`: see [`kjob_ops::topics::plan`].
@@ -485,7 +492,11 @@ async fn plan(
         delays_on,
         strict_on,
         shared_tiers,
+        dlq_partitions,
     } = routes;
+    if dlq_partitions == Some(0) {
+        return Err(Problem::usage("--dlq-partitions must be at least 1, got 0").into());
+    }
     if partitions < 1 {
         return Err(
             Problem::usage(format!("--partitions must be at least 1, got {partitions}")).into(),
@@ -520,6 +531,7 @@ async fn plan(
             delays: delays_on.contains(main),
             strict: strict_on.contains(main),
             shared: shared_tiers && !strict_on.contains(main),
+            dlq_partitions,
         })
         .collect();
     for layout in &layouts {

@@ -415,6 +415,9 @@ pub struct RouteLayout {
     /// (`WorkerBuilder::shared_retry_tiers`) instead of its own; see
     /// [`plan_shared`].
     pub shared: bool,
+    /// Partitions of its DLQ when it is created
+    /// (`WorkerBuilder::dlq_partitions`); `None`: the main topic's.
+    pub dlq_partitions: Option<usize>,
 }
 
 /// The topics `layout` needs and the route's topics it does not, against
@@ -452,11 +455,15 @@ pub fn plan(
         .iter()
         .map(|(topic, role)| {
             let today = topics.get(topic).copied();
+            let new_count = match role {
+                Role::Dlq => layout.dlq_partitions.unwrap_or(main_count),
+                _ => main_count,
+            };
             PlanRow {
                 topic: topic.clone(),
                 role: role.clone(),
                 today,
-                after: Some(today.unwrap_or(main_count)),
+                after: Some(today.unwrap_or(new_count)),
                 action: if today.is_some() {
                     PlanAction::Keep
                 } else {
@@ -545,6 +552,7 @@ mod plan_tests {
             delays: false,
             strict: false,
             shared: false,
+            dlq_partitions: None,
         };
         let rows = plan(&layout, &topics, 12);
         let of = |t: &str| {
@@ -600,14 +608,15 @@ mod plan_tests {
                 // One strict route keeps tiers of its own.
                 strict: r == 99,
                 shared: r != 99,
+                dlq_partitions: Some(1),
             })
             .collect();
         let mut rows: Vec<PlanRow> = layouts.iter().flat_map(|l| plan(l, &topics, 6)).collect();
         rows.extend(plan_shared("g", &layouts, &topics, 6));
         let after: usize = rows.iter().filter_map(|r| r.after).sum();
-        // 100 mains and DLQs of 12, 3 shared tiers of 12, the strict
+        // 100 mains of 12 and DLQs of 1, 3 shared tiers of 12, the strict
         // route's 3 tiers and order topic of 12.
-        assert_eq!(after, 100 * 12 * 2 + 3 * 12 + 4 * 12);
+        assert_eq!(after, 100 * 12 + 100 + 3 * 12 + 4 * 12);
         let shared: Vec<(&str, Option<usize>)> = rows
             .iter()
             .filter(|r| r.role == Role::SharedRetryTier)

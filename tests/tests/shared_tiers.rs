@@ -196,6 +196,7 @@ fn breakable(
         })
         .retry(kjob::retry::RetryPolicy::tiers([Duration::from_secs(1)]))
         .shared_retry_tiers()
+        .dlq_partitions(1)
         .build()
         .expect("worker builds");
     start(w)
@@ -227,6 +228,13 @@ async fn operators_see_redrive_and_plan_the_shared_tiers() {
     })
     .await;
     w.stop().await;
+    let counts = kjob::topics::partition_counts(&config, &[format!("{topic}.dlq"), tier.clone()])
+        .expect("metadata");
+    assert_eq!(
+        counts,
+        vec![Some(1), Some(2)],
+        "a DLQ of its own size, the tier the main's"
+    );
 
     // status names the group's shared tier, with the route's own topics.
     let status: serde_json::Value = serde_json::from_str(&kjob_ok(
@@ -277,8 +285,8 @@ async fn operators_see_redrive_and_plan_the_shared_tiers() {
         .collect();
     assert!(from.iter().all(|t| *t == tier), "{from:?}");
 
-    // The plan: the route's main and DLQ, and one shared tier, sized like
-    // the main topic.
+    // The plan: the route's main, its 1-partition DLQ and one shared tier,
+    // sized like the main topic.
     let plan: serde_json::Value = serde_json::from_str(&kjob_ok(
         exe,
         &config,
@@ -296,7 +304,7 @@ async fn operators_see_redrive_and_plan_the_shared_tiers() {
         ],
     ))
     .expect("plan --json");
-    assert_eq!(plan["after"]["partitions"], 2 + 2 + 2, "{plan}");
+    assert_eq!(plan["after"]["partitions"], 2 + 1 + 2, "{plan}");
     let shared: Vec<&serde_json::Value> = plan["topics"]
         .as_array()
         .expect("topics")

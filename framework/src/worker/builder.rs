@@ -70,6 +70,7 @@ pub struct WorkerBuilder {
     delayed_jobs: bool,
     delayed_routes: std::collections::BTreeSet<String>,
     shared_tiers: Option<super::SharedTiers>,
+    dlq_partitions: Option<usize>,
     schedules: Vec<crate::schedule::Schedule>,
     batches: Option<String>,
     batch_callbacks: Vec<&'static str>,
@@ -430,6 +431,18 @@ impl WorkerBuilder {
         self
     }
 
+    /// Creates a missing DLQ (`<topic>.dlq`) with `n` partitions (at least
+    /// 1) instead of its main topic's count. Dead letters are few and read
+    /// by operators, not by a group of workers, so one to three partitions
+    /// serve them; with 50 routes of 12 partitions that is 50 to 150 DLQ
+    /// partitions instead of 600. A dead letter's partition is chosen by
+    /// its key, so a key's dead letters stay in order. An existing DLQ is
+    /// used as it is.
+    pub fn dlq_partitions(mut self, n: usize) -> Self {
+        self.dlq_partitions = Some(n.max(1));
+        self
+    }
+
     /// Takes part in batches ([`crate::batch`]) on the batch topic
     /// [`crate::batch::DEFAULT_TOPIC`]: a finished job of a batch is
     /// recorded there before its offset is committed, and the worker joins
@@ -614,6 +627,7 @@ impl WorkerBuilder {
             batches: self.batches,
             strict: strict_topics,
             shared_tier_partitions: self.shared_tiers.as_ref().and_then(|t| t.partitions),
+            dlq_partitions: self.dlq_partitions,
             debounce: self.debounce,
             stats: Arc::new(WorkerStats::default()),
             #[cfg(feature = "postgres")]
@@ -900,6 +914,9 @@ pub struct Worker {
     /// Partitions of missing shared retry tiers, when set
     /// (`SharedTiers::partitions`); else the largest sharing main topic's.
     pub(super) shared_tier_partitions: Option<usize>,
+    /// Partitions of missing DLQs, when set (`WorkerBuilder::dlq_partitions`);
+    /// else the main topic's.
+    pub(super) dlq_partitions: Option<usize>,
     /// Debounce windows by main topic (`WorkerBuilder::debounce`).
     pub(super) debounce: HashMap<String, Duration>,
     pub(super) stats: Arc<WorkerStats>,
@@ -942,6 +959,7 @@ impl Worker {
             delayed_jobs: false,
             delayed_routes: Default::default(),
             shared_tiers: None,
+            dlq_partitions: None,
             schedules: Vec::new(),
             batches: None,
             batch_callbacks: Vec::new(),

@@ -94,6 +94,10 @@ impl Worker {
             .collect();
         let mut missing = Vec::new();
         for (topic, main) in &wanted {
+            // A DLQ with a partition count of its own (dlq_partitions).
+            let own = self
+                .dlq_partitions
+                .filter(|_| topic != main && *topic == dlq_topic(main));
             let main_count = count_of.get(main.as_str()).copied().flatten();
             let Some(main_count) = main_count else {
                 return Err(Error::MissingTopic {
@@ -102,12 +106,14 @@ impl Worker {
                 });
             };
             match count_of.get(topic.as_str()).copied().flatten() {
-                Some(n) if n != main_count => warn!(
+                Some(n) if n != main_count && own.is_none() => warn!(
                     topic = %topic, partitions = n, main = %main, main_partitions = main_count,
                     "partition count differs from the main topic"
                 ),
                 Some(_) => {}
-                None if self.create_topics => missing.push((topic.clone(), main_count as i32)),
+                None if self.create_topics => {
+                    missing.push((topic.clone(), own.unwrap_or(main_count) as i32))
+                }
                 None => {
                     return Err(Error::MissingTopic {
                         topic: topic.clone(),
