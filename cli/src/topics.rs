@@ -57,6 +57,14 @@ pub(crate) enum TopicsCommand {
         /// handled everything in it (without: when it holds no records).
         #[arg(long)]
         group: Option<String>,
+        /// The routes share retry tiers named after --group (`<group>.retry.<delay>`,
+        /// `WorkerBuilder::shared_retry_tiers`); --strict-order-on routes keep their own.
+        #[arg(long, requires = "group")]
+        shared_tiers: bool,
+        /// Partitions of the DLQs to create (`WorkerBuilder::dlq_partitions`; default: the
+        /// main topic's).
+        #[arg(long, value_name = "N")]
+        dlq_partitions: Option<usize>,
     },
     /// Create a route: `<topic>`, `<topic>.retry.<delay>` per tier and `<topic>.dlq`
     /// (existing ones are left alone). Dry run unless --execute.
@@ -284,7 +292,18 @@ pub(crate) async fn run(ctx: &Ctx, cmd: TopicsCommand) -> Result<()> {
             strict_on,
             partitions,
             group,
-        } => plan(ctx, topics, &tiers, delays_on, strict_on, partitions, group).await,
+            shared_tiers,
+            dlq_partitions,
+        } => {
+            let routes = PlanRoutes {
+                mains: topics,
+                delays_on,
+                strict_on,
+                shared_tiers,
+                dlq_partitions,
+            };
+            plan(ctx, routes, &tiers, partitions, group).await
+        }
         TopicsCommand::Create {
             topic,
             partitions,
@@ -451,16 +470,33 @@ pub(crate) async fn run(ctx: &Ctx, cmd: TopicsCommand) -> Result<()> {
     }
 }
 
+/// The routes `kjob topics plan` plans for, as its flags name them.
+struct PlanRoutes {
+    mains: Vec<String>,
+    delays_on: Vec<String>,
+    strict_on: Vec<String>,
+    shared_tiers: bool,
+    dlq_partitions: Option<usize>,
+}
+
 /// `kjob topics plan`: see [`kjob_ops::topics::plan`].
 async fn plan(
     ctx: &Ctx,
-    mains: Vec<String>,
+    routes: PlanRoutes,
     tiers: &str,
-    delays_on: Vec<String>,
-    strict_on: Vec<String>,
     partitions: i32,
     group: Option<String>,
 ) -> Result<()> {
+    let PlanRoutes {
+        mains,
+        delays_on,
+        strict_on,
+        shared_tiers,
+        dlq_partitions,
+    } = routes;
+    if dlq_partitions == Some(0) {
+        return Err(Problem::usage("--dlq-partitions must be at least 1, got 0").into());
+    }
     if partitions < 1 {
         return Err(
             Problem::usage(format!("--partitions must be at least 1, got {partitions}")).into(),
@@ -487,15 +523,24 @@ async fn plan(
         .collect();
     let replication = |t: &str| cluster.get(t).map_or(0, |i| i.replication_factor);
     let mut rows = Vec::new();
-    for main in &mains {
-        let layout = kjob_ops::topics::RouteLayout {
+    let layouts: Vec<kjob_ops::topics::RouteLayout> = mains
+        .iter()
+        .map(|main| kjob_ops::topics::RouteLayout {
             main: main.clone(),
             tiers: delays.clone(),
             delays: delays_on.contains(main),
             strict: strict_on.contains(main),
-        };
-        rows.extend(kjob_ops::topics::plan(
-            &layout,
+            shared: shared_tiers && !strict_on.contains(main),
+            dlq_partitions,
+        })
+        .collect();
+    for layout in &layouts {
+        rows.extend(kjob_ops::topics::plan(layout, &counts, partitions as usize));
+    }
+    if let Some(g) = group.as_deref().filter(|_| shared_tiers) {
+        rows.extend(kjob_ops::topics::plan_shared(
+            g,
+            &layouts,
             &counts,
             partitions as usize,
         ));

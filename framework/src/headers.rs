@@ -83,6 +83,13 @@ pub const OUTBOX_ROW: &str = "kjob-outbox-row";
 /// skip it: the move was for that group only. Kept in [`JobHeaders::extra`].
 pub const MOVED_FROM: &str = "kjob-moved-from";
 
+/// On a record in a shared retry tier (`<namespace>.retry.<delay>`, see
+/// `WorkerBuilder::shared_retry_tiers`): the main topic of the route it
+/// belongs to, which decodes and handles it. Written on every forward to a
+/// topic not named after the route, and carried on later hops. Kept in
+/// [`JobHeaders::extra`].
+pub const ROUTE: &str = "kjob-route";
+
 /// Longest error message stored in a header. Stack traces and HTML error
 /// pages from downstreams would otherwise bloat every retry record.
 pub const MAX_ERROR_BYTES: usize = 1024;

@@ -91,7 +91,8 @@ pub use job::{Job, JobContext};
 pub use kjob_derive::Job;
 pub use producer::{Enqueued, Producer};
 pub use worker::{
-    Ext, Fairness, GroupProtocol, OrderingMode, Priority, State, Worker, WorkerBuilder, WorkerStats,
+    Ext, Fairness, GroupProtocol, OrderingMode, Priority, SharedTiers, State, Worker,
+    WorkerBuilder, WorkerStats,
 };
 
 /// What a handler crate needs, in one import: `use kjob::prelude::*;`.

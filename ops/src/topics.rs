@@ -35,6 +35,10 @@ pub enum Role {
     Main,
     /// A retry tier: failed jobs wait there for their next attempt.
     RetryTier,
+    /// A retry tier the group's routes share (`<group>.retry.<delay>`,
+    /// `WorkerBuilder::shared_retry_tiers`): its lag counts every route's
+    /// retries, each record naming its route in `kjob-route`.
+    SharedRetryTier,
     /// A delay topic: delayed jobs wait there until their time.
     Delay,
     /// The dead-letter topic.
@@ -55,6 +59,7 @@ impl Role {
         match self {
             Role::Main => "main",
             Role::RetryTier => "retry tier",
+            Role::SharedRetryTier => "shared retry tier",
             Role::Delay => "delay",
             Role::Dlq => "dlq",
             Role::DlqAudit => "dlq audit",
@@ -70,7 +75,7 @@ impl Role {
     pub fn consumed(&self) -> bool {
         matches!(
             self,
-            Role::Main | Role::RetryTier | Role::Delay | Role::CronLeader
+            Role::Main | Role::RetryTier | Role::SharedRetryTier | Role::Delay | Role::CronLeader
         )
     }
 }
@@ -88,8 +93,10 @@ pub struct RouteTopic {
 }
 
 /// Every topic of the route of `main` that exists among `all_topics`, by
-/// role: main, retry tiers (shortest first), delay topics (shortest first),
-/// DLQ, DLQ audit, strict order, and with `group` the group's cron topics.
+/// role: main, retry tiers (shortest first; with `group`, the group's
+/// shared tiers for a route without tiers of its own), delay topics
+/// (shortest first), DLQ, DLQ audit, strict order, and with `group` the
+/// group's cron topics.
 pub fn route_topics(main: &str, group: Option<&str>, all_topics: &[String]) -> Vec<RouteTopic> {
     let exists = |t: &str| all_topics.iter().any(|a| a == t);
     let one = |topic: String, role: Role| RouteTopic {
@@ -107,6 +114,20 @@ pub fn route_topics(main: &str, group: Option<&str>, all_topics: &[String]) -> V
                 delay: Some(format_delay(d)),
             }),
     );
+    // The group's shared tiers, when its routes share them and this route
+    // has none of its own (and the group is not named like a route, whose
+    // tiers those would be).
+    if let Some(g) = group.filter(|g| out.len() == 1 && !exists(g)) {
+        out.extend(
+            discover_tiers(g, all_topics)
+                .into_iter()
+                .map(|(d, topic)| RouteTopic {
+                    topic,
+                    role: Role::SharedRetryTier,
+                    delay: Some(format_delay(d)),
+                }),
+        );
+    }
     let prefix = format!("{main}.delay.");
     out.extend(
         delay_topics(main)
@@ -390,6 +411,13 @@ pub struct RouteLayout {
     pub delays: bool,
     /// The order topic (`WorkerBuilder::strict_order`).
     pub strict: bool,
+    /// Its retry tiers are the shared `<namespace>.retry.<delay>`
+    /// (`WorkerBuilder::shared_retry_tiers`) instead of its own; see
+    /// [`plan_shared`].
+    pub shared: bool,
+    /// Partitions of its DLQ when it is created
+    /// (`WorkerBuilder::dlq_partitions`); `None`: the main topic's.
+    pub dlq_partitions: Option<usize>,
 }
 
 /// The topics `layout` needs and the route's topics it does not, against
@@ -404,12 +432,14 @@ pub fn plan(
 ) -> Vec<PlanRow> {
     let main_count = topics.get(&layout.main).copied().unwrap_or(partitions);
     let mut wanted: Vec<(String, Role)> = vec![(layout.main.clone(), Role::Main)];
-    wanted.extend(
-        layout
-            .tiers
-            .iter()
-            .map(|d| (kjob::retry::tier_topic(&layout.main, *d), Role::RetryTier)),
-    );
+    if !layout.shared {
+        wanted.extend(
+            layout
+                .tiers
+                .iter()
+                .map(|d| (kjob::retry::tier_topic(&layout.main, *d), Role::RetryTier)),
+        );
+    }
     if layout.delays {
         wanted.extend(
             delay_topics(&layout.main)
@@ -425,11 +455,15 @@ pub fn plan(
         .iter()
         .map(|(topic, role)| {
             let today = topics.get(topic).copied();
+            let new_count = match role {
+                Role::Dlq => layout.dlq_partitions.unwrap_or(main_count),
+                _ => main_count,
+            };
             PlanRow {
                 topic: topic.clone(),
                 role: role.clone(),
                 today,
-                after: Some(today.unwrap_or(main_count)),
+                after: Some(today.unwrap_or(new_count)),
                 action: if today.is_some() {
                     PlanAction::Keep
                 } else {
@@ -455,6 +489,48 @@ pub fn plan(
     rows
 }
 
+/// The shared retry tiers of the routes in `layouts` that share them
+/// (`shared`), named after `namespace` (the group unless the worker names
+/// another): one topic per distinct delay, with the largest main topic's
+/// partition count (the worker's default for tiers it creates) unless it
+/// exists. Empty when no route shares.
+pub fn plan_shared(
+    namespace: &str,
+    layouts: &[RouteLayout],
+    topics: &BTreeMap<String, usize>,
+    partitions: usize,
+) -> Vec<PlanRow> {
+    let sharing: Vec<&RouteLayout> = layouts.iter().filter(|l| l.shared).collect();
+    let widest = sharing
+        .iter()
+        .map(|l| topics.get(&l.main).copied().unwrap_or(partitions))
+        .max();
+    let Some(widest) = widest else {
+        return Vec::new();
+    };
+    let mut delays: Vec<Duration> = sharing.iter().flat_map(|l| l.tiers.clone()).collect();
+    delays.sort();
+    delays.dedup();
+    delays
+        .into_iter()
+        .map(|d| {
+            let topic = kjob::retry::tier_topic(namespace, d);
+            let today = topics.get(&topic).copied();
+            PlanRow {
+                after: Some(today.unwrap_or(widest)),
+                action: if today.is_some() {
+                    PlanAction::Keep
+                } else {
+                    PlanAction::Create
+                },
+                today,
+                topic,
+                role: Role::SharedRetryTier,
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod plan_tests {
     use super::*;
@@ -475,6 +551,8 @@ mod plan_tests {
             tiers: vec![Duration::from_secs(5), Duration::from_secs(30)],
             delays: false,
             strict: false,
+            shared: false,
+            dlq_partitions: None,
         };
         let rows = plan(&layout, &topics, 12);
         let of = |t: &str| {
@@ -512,5 +590,57 @@ mod plan_tests {
             .iter()
             .all(|r| r.action == PlanAction::Create && r.after == Some(12)));
         assert_eq!(fresh.len(), 1 + 2 + 7 + 1);
+    }
+
+    #[test]
+    fn shared_tiers_cost_one_set_for_every_route_and_free_the_routes_own() {
+        let secs = Duration::from_secs;
+        let mut topics = BTreeMap::new();
+        for r in 0..100 {
+            topics.insert(format!("r{r}"), 12);
+        }
+        topics.insert("r0.retry.5s".to_string(), 12);
+        let layouts: Vec<RouteLayout> = (0..100)
+            .map(|r| RouteLayout {
+                main: format!("r{r}"),
+                tiers: vec![secs(5), secs(30), secs(300)],
+                delays: false,
+                // One strict route keeps tiers of its own.
+                strict: r == 99,
+                shared: r != 99,
+                dlq_partitions: Some(1),
+            })
+            .collect();
+        let mut rows: Vec<PlanRow> = layouts.iter().flat_map(|l| plan(l, &topics, 6)).collect();
+        rows.extend(plan_shared("g", &layouts, &topics, 6));
+        let after: usize = rows.iter().filter_map(|r| r.after).sum();
+        // 100 mains of 12 and DLQs of 1, 3 shared tiers of 12, the strict
+        // route's 3 tiers and order topic of 12.
+        assert_eq!(after, 100 * 12 + 100 + 3 * 12 + 4 * 12);
+        let shared: Vec<(&str, Option<usize>)> = rows
+            .iter()
+            .filter(|r| r.role == Role::SharedRetryTier)
+            .map(|r| (r.topic.as_str(), r.after))
+            .collect();
+        assert_eq!(
+            shared,
+            vec![
+                ("g.retry.5s", Some(12)),
+                ("g.retry.30s", Some(12)),
+                ("g.retry.5m", Some(12))
+            ]
+        );
+        let r0_tier = rows
+            .iter()
+            .find(|r| r.topic == "r0.retry.5s")
+            .map(|r| r.action);
+        assert_eq!(
+            r0_tier,
+            Some(PlanAction::DeleteOnceDrained),
+            "the route's own tier is let go of"
+        );
+        assert!(rows
+            .iter()
+            .any(|r| r.topic == "r99.retry.5s" && r.action == PlanAction::Create));
     }
 }

@@ -7,6 +7,11 @@
 //! 2. Isolation: main-topic throughput (no-op handler) with empty tiers, and
 //!    with 10 000 records parked in a 1 h tier, in the same run. The last line
 //!    is the ratio.
+//! 3. A shared tier under another route's flood (`--flood N`, default
+//!    50 000; `--flood 0` skips it): route `bulk` fails N jobs once and route
+//!    `urgent` 300, each through a 1 s tier, with tiers per route and then
+//!    with `shared_retry_tiers` (one 1 s tier for both), in the same run.
+//!    Printed: each route's retry lateness (handler start - kjob-due-at).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -189,10 +194,129 @@ async fn main_rate(
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
+/// Section 3: `urgent`'s and `bulk`'s retry lateness (ms, sorted) when
+/// `bulk` fails `flood` jobs once and `urgent` 300, through per-route or
+/// shared 1 s tiers.
+async fn flooded_tier(
+    config: &KafkaConfig,
+    producer: &Producer,
+    flood: i64,
+    shared: bool,
+) -> anyhow::Result<(Vec<i64>, Vec<i64>)> {
+    let (urgent, bulk) = (unique("kjob.bench.urgent"), unique("kjob.bench.bulk"));
+    kjob::topics::create_topics(config, &[(urgent.clone(), 6), (bulk.clone(), 6)]).await?;
+    let job = |i: i64| BenchJob {
+        key: format!("k{i}"),
+        seq: i,
+        behaviour: "fail-first".into(),
+    };
+    let bulk_jobs: Vec<BenchJob> = (0..flood).map(job).collect();
+    let urgent_jobs: Vec<BenchJob> = (0..300).map(job).collect();
+    let late: Arc<Mutex<(Vec<i64>, Vec<i64>)>> = Default::default();
+    let handler = |urgent_route: bool| {
+        let late = late.clone();
+        move |_j: BenchJob, ctx: JobContext| {
+            if let (Some(due), true) = (ctx.due_at_ms, ctx.attempt == 2) {
+                if let Ok(mut v) = late.lock() {
+                    let l = kjob::dlq::now_ms() - due;
+                    if urgent_route {
+                        v.0.push(l)
+                    } else {
+                        v.1.push(l)
+                    }
+                }
+            }
+            async move {
+                if ctx.attempt == 1 {
+                    Err(JobError::server("bench: fail once"))
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    };
+    let mut builder = Worker::builder(config.clone(), unique("bench-flood"))
+        .handle_on(&urgent, handler(true))
+        .handle_on(&bulk, handler(false))
+        .retry(RetryPolicy::tiers([Duration::from_secs(1)]));
+    if shared {
+        builder = builder.shared_retry_tiers();
+    }
+    let worker = builder.build()?;
+    let stats = worker.stats();
+    // Both floods are written while the worker runs, urgent's spread over
+    // the bulk enqueue, so urgent's retries land among bulk's.
+    let (p, u, b) = (producer.clone(), urgent.clone(), bulk.clone());
+    let writer = tokio::spawn(async move {
+        let mut urgent_jobs = urgent_jobs.into_iter();
+        for chunk in bulk_jobs.chunks(((flood / 30).max(1)) as usize) {
+            for r in p.enqueue_batch_to(&b, chunk).await {
+                r?;
+            }
+            let ten: Vec<BenchJob> = urgent_jobs.by_ref().take(10).collect();
+            for r in p.enqueue_batch_to(&u, &ten).await {
+                r?;
+            }
+        }
+        let rest: Vec<BenchJob> = urgent_jobs.collect();
+        for r in p.enqueue_batch_to(&u, &rest).await {
+            r?;
+        }
+        anyhow::Ok(())
+    });
+    let total = (flood + 300) as u64;
+    run_until(worker, Duration::from_secs(300), || {
+        WorkerStats::get(&stats.handled) >= total
+    })
+    .await?;
+    writer.await??;
+    let (mut u, mut b) = late.lock().map(|v| v.clone()).unwrap_or_default();
+    u.sort();
+    b.sort();
+    Ok((u, b))
+}
+
+fn flag(name: &str, default: i64) -> anyhow::Result<i64> {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == name) {
+        Some(i) => args
+            .get(i + 1)
+            .context(format!("{name} takes a number"))?
+            .parse()
+            .context(format!("{name} takes a number")),
+        None => Ok(default),
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = KafkaConfig::from_env();
     let producer = Producer::new(&config)?;
+    let flood = flag("--flood", 50_000)?;
+    if flood > 0 {
+        for shared in [false, true] {
+            let (u, b) = flooded_tier(&config, &producer, flood, shared).await?;
+            let show = |v: &[i64]| {
+                format!(
+                    "{} retries, lateness p50 {} ms, p99 {} ms, max {} ms",
+                    v.len(),
+                    percentile(v, 0.5),
+                    percentile(v, 0.99),
+                    v.last().copied().unwrap_or(0)
+                )
+            };
+            let layout = if shared {
+                "shared 1 s tier   "
+            } else {
+                "tiers per route   "
+            };
+            println!("{layout} urgent: {}", show(&u));
+            println!("{layout} bulk ({flood}): {}", show(&b));
+        }
+    }
+    if std::env::args().any(|a| a == "--flood-only") {
+        return Ok(());
+    }
     lateness(&config, &producer, 300).await?;
     let n = 100_000;
     let empty = main_rate(&config, &producer, n, 0).await?;

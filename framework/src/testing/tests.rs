@@ -121,3 +121,140 @@ async fn a_retry_is_held_until_due_on_the_virtual_clock_and_the_watermark_waits(
     assert_eq!(h.handled()[2].attempt, 2);
     assert_eq!(h.committed("steps.retry.5s"), Some(1));
 }
+
+/// Fails the first `fails` attempts of every job with a retryable error.
+fn failing(fails: u32) -> impl crate::worker::Handler<Step, (JobContext,)> {
+    move |_job: Step, ctx: JobContext| async move {
+        if ctx.attempt <= fails {
+            Err(JobError::server("503 from the downstream"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[tokio::test]
+async fn shared_retry_tiers_carry_two_routes_with_their_own_policies() {
+    use crate::retry::RetryPolicy;
+    let secs = Duration::from_secs;
+    let builder = Worker::builder(KafkaConfig::from_env(), "g")
+        .handle_on("mail", failing(1))
+        .handle_on("crm", failing(2))
+        .retry_for("mail", RetryPolicy::tiers([secs(1)]).jitter(0.0))
+        .retry_for("crm", RetryPolicy::tiers([secs(1), secs(5)]).jitter(0.0))
+        .shared_retry_tiers();
+    let mut h = Harness::new(builder).unwrap();
+    for seq in 0..3 {
+        for topic in ["mail", "crm"] {
+            h.enqueue_to(
+                topic,
+                &Step {
+                    key: format!("k{seq}"),
+                    seq,
+                },
+            )
+            .unwrap();
+        }
+    }
+    h.run_until_idle().await;
+    let handled = h.handled();
+    let on = |job_topic: &str, tier: &str| {
+        handled
+            .iter()
+            .filter(|d| {
+                d.topic == tier
+                    && h.records(tier).iter().any(|r| {
+                        crate::headers::find(r.headers(), crate::headers::ROUTE) == Some(job_topic)
+                    })
+            })
+            .count()
+    };
+    assert_eq!(handled.len(), 6, "{handled:?}");
+    assert!(
+        handled.iter().all(|d| d.topic.starts_with("g.retry.")),
+        "{handled:?}"
+    );
+    // mail succeeds on attempt 2 from the shared 1 s tier; crm on attempt 3
+    // from the 5 s tier, the one both routes' 1 s tiers share before it.
+    let attempts = |tier: &str| -> Vec<u32> {
+        let mut a: Vec<u32> = handled
+            .iter()
+            .filter(|d| d.topic == tier)
+            .map(|d| d.attempt)
+            .collect();
+        a.sort_unstable();
+        a
+    };
+    assert_eq!(attempts("g.retry.1s"), vec![2, 2, 2]);
+    assert_eq!(attempts("g.retry.5s"), vec![3, 3, 3]);
+    assert!(on("mail", "g.retry.1s") > 0 && on("crm", "g.retry.5s") > 0);
+    assert_eq!(
+        h.records("g.retry.1s").len(),
+        6,
+        "both routes' first retries"
+    );
+    for r in h.records("g.retry.1s") {
+        let route = crate::headers::find(r.headers(), crate::headers::ROUTE);
+        assert!(matches!(route, Some("mail" | "crm")), "{route:?}");
+    }
+    assert!(h.records("mail.retry.1s").is_empty() && h.records("crm.retry.1s").is_empty());
+    assert!(h.dead_letters().is_empty());
+}
+
+#[tokio::test]
+async fn a_shared_tier_record_of_an_unknown_route_is_dead_lettered_naming_it() {
+    let builder = Worker::builder(KafkaConfig::from_env(), "g")
+        .handle_on("mail", failing(1))
+        .retry_for(
+            "mail",
+            crate::retry::RetryPolicy::tiers([Duration::from_secs(1)]),
+        )
+        .shared_retry_tiers();
+    let mut h = Harness::new(builder).unwrap();
+    h.enqueue_to(
+        "mail",
+        &Step {
+            key: "k".into(),
+            seq: 1,
+        },
+    )
+    .unwrap();
+    h.run().await;
+    let parked = h.records("g.retry.1s");
+    assert_eq!(parked.len(), 1);
+    // The same record, naming a route this worker does not serve.
+    let mut hostile = JobHeaders::parse(parked[0].headers());
+    hostile.extra.retain(|(k, _)| k != crate::headers::ROUTE);
+    hostile.extra.push((
+        crate::headers::ROUTE.into(),
+        "invoices\u{202e}".as_bytes().to_vec(),
+    ));
+    hostile.id = Some("hostile".into());
+    let copy = OwnedMessage::new(
+        parked[0].payload().map(<[u8]>::to_vec),
+        parked[0].key().map(<[u8]>::to_vec),
+        parked[0].topic().to_string(),
+        parked[0].timestamp(),
+        parked[0].partition(),
+        parked[0].offset(),
+        Some(hostile.to_owned_headers()),
+    );
+    h.redeliver(&copy).unwrap();
+    h.run_until_idle().await;
+    let dead = h.dead_letters();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].topic, "mail.dlq");
+    assert_eq!(dead[0].id, "hostile");
+    assert_eq!(dead[0].class, "permanent.invalid_input");
+    assert!(
+        dead[0].error.contains("invoices") && dead[0].error.contains("does not serve"),
+        "{}",
+        dead[0].error
+    );
+    assert_eq!(
+        h.handled().len(),
+        1,
+        "the real one still ran: {:?}",
+        h.handled()
+    );
+}

@@ -69,6 +69,8 @@ pub struct WorkerBuilder {
     create_topics: bool,
     delayed_jobs: bool,
     delayed_routes: std::collections::BTreeSet<String>,
+    shared_tiers: Option<super::SharedTiers>,
+    dlq_partitions: Option<usize>,
     schedules: Vec<crate::schedule::Schedule>,
     batches: Option<String>,
     batch_callbacks: Vec<&'static str>,
@@ -401,6 +403,46 @@ impl WorkerBuilder {
         self
     }
 
+    /// Retry tiers shared by the worker's routes instead of a set per
+    /// route: one topic per distinct tier delay, `<group>.retry.<delay>`
+    /// (say `mailer.retry.30s`), where per route it would be
+    /// `<topic>.retry.<delay>` for every route. A route of 12 partitions
+    /// with three tiers costs 36 tier partitions per route; shared, the
+    /// three tiers cost 36 for all routes together. Each record names its
+    /// route (`kjob-route`), so retry policies, metrics and DLQs stay per
+    /// route; routes whose policies have the same delay share that tier,
+    /// and a tier still releases its records in arrival order, since all
+    /// of them wait the same delay. Routes under
+    /// [`strict_order`](Self::strict_order) or [`fair`](Self::fair) keep
+    /// tiers of their own (strict order needs a key on one partition number
+    /// across the main topic and its tiers; fairness counts a route's
+    /// tenants across its topics). Per-route tiers stay the default: they
+    /// isolate one route's retry storm from another's, at the partition
+    /// cost above.
+    pub fn shared_retry_tiers(self) -> Self {
+        self.shared_retry_tiers_with(super::SharedTiers::default())
+    }
+
+    /// [`shared_retry_tiers`](Self::shared_retry_tiers) with a namespace
+    /// other than the group (workers of several groups sharing one set, or
+    /// a name that outlives a group rename) or a partition count of its own.
+    pub fn shared_retry_tiers_with(mut self, tiers: super::SharedTiers) -> Self {
+        self.shared_tiers = Some(tiers);
+        self
+    }
+
+    /// Creates a missing DLQ (`<topic>.dlq`) with `n` partitions (at least
+    /// 1) instead of its main topic's count. Dead letters are few and read
+    /// by operators, not by a group of workers, so one to three partitions
+    /// serve them; with 50 routes of 12 partitions that is 50 to 150 DLQ
+    /// partitions instead of 600. A dead letter's partition is chosen by
+    /// its key, so a key's dead letters stay in order. An existing DLQ is
+    /// used as it is.
+    pub fn dlq_partitions(mut self, n: usize) -> Self {
+        self.dlq_partitions = Some(n.max(1));
+        self
+    }
+
     /// Takes part in batches ([`crate::batch`]) on the batch topic
     /// [`crate::batch::DEFAULT_TOPIC`]: a finished job of a batch is
     /// recorded there before its offset is committed, and the worker joins
@@ -584,6 +626,8 @@ impl WorkerBuilder {
             schedules: self.schedules,
             batches: self.batches,
             strict: strict_topics,
+            shared_tier_partitions: self.shared_tiers.as_ref().and_then(|t| t.partitions),
+            dlq_partitions: self.dlq_partitions,
             debounce: self.debounce,
             stats: Arc::new(WorkerStats::default()),
             #[cfg(feature = "postgres")]
@@ -629,6 +673,11 @@ impl WorkerBuilder {
             return Err(Error::NoHandlers);
         }
         let mut entries: HashMap<String, RouteEntry> = HashMap::new();
+        // Shared tier topic -> main topic -> that route's entry for it.
+        let mut shared: std::collections::BTreeMap<
+            String,
+            rustc_hash::FxHashMap<String, RouteEntry>,
+        > = Default::default();
         let mut mains = Vec::new();
         let states = Arc::new(self.states.clone());
         let watchdog = Arc::new(watchdog::Watchdog::new(self.slow_attempt_warning));
@@ -670,7 +719,15 @@ impl WorkerBuilder {
                     gauges: gauges.clone(),
                 },
             )?;
-            for (i, tier) in retry.tier_topics(topic).into_iter().enumerate() {
+            let shares = self
+                .shared_tiers
+                .as_ref()
+                .filter(|_| !self.strict.contains(topic) && !self.fair.contains_key(topic));
+            let tiers_at: Arc<str> = match shares {
+                Some(t) => Arc::from(t.namespace_for(&self.settings.group)),
+                None => Arc::from(topic.as_str()),
+            };
+            for (i, tier) in retry.tier_topics(&tiers_at).into_iter().enumerate() {
                 let entry = RouteEntry {
                     route: route.clone(),
                     main: topic.clone(),
@@ -679,8 +736,12 @@ impl WorkerBuilder {
                     priority,
                     delays,
                     fair: fair.clone(),
+                    tiers_at: tiers_at.clone(),
+                    sharers: None,
                 };
-                if entries.insert(tier.clone(), entry).is_some() {
+                if shares.is_some() {
+                    shared.entry(tier).or_default().insert(topic.clone(), entry);
+                } else if entries.insert(tier.clone(), entry).is_some() {
                     return Err(Error::DuplicateTopic { topic: tier });
                 }
             }
@@ -694,6 +755,8 @@ impl WorkerBuilder {
                         priority,
                         delays,
                         fair: fair.clone(),
+                        tiers_at: tiers_at.clone(),
+                        sharers: None,
                     };
                     if entries.insert(delay.clone(), entry).is_some() {
                         return Err(Error::DuplicateTopic { topic: delay });
@@ -708,6 +771,8 @@ impl WorkerBuilder {
                 priority,
                 delays,
                 fair: fair.clone(),
+                tiers_at,
+                sharers: None,
             };
             if entries.insert(topic.clone(), entry).is_some() {
                 return Err(Error::DuplicateTopic {
@@ -715,6 +780,22 @@ impl WorkerBuilder {
                 });
             }
             mains.push(topic.clone());
+        }
+        // A shared tier's own entry stands for all its routes where the
+        // topic is what counts (subscription, creation, holds, priority);
+        // each record runs under its route's entry (RouteEntry::for_record).
+        for (tier, sharers) in shared {
+            let Some(first) = sharers.values().min_by(|a, b| a.main.cmp(&b.main)).cloned() else {
+                continue;
+            };
+            let entry = RouteEntry {
+                priority: Priority::default(),
+                sharers: Some(Arc::new(sharers)),
+                ..first
+            };
+            if entries.insert(tier.clone(), entry).is_some() {
+                return Err(Error::DuplicateTopic { topic: tier });
+            }
         }
         if let Some(unknown) = self.route_layers.keys().find(|t| !mains.contains(t)) {
             return Err(Error::NoSuchRoute {
@@ -830,6 +911,12 @@ pub struct Worker {
     pub(super) batches: Option<String>,
     /// Main topics under strict order (`WorkerBuilder::strict_order`).
     pub(super) strict: Vec<String>,
+    /// Partitions of missing shared retry tiers, when set
+    /// (`SharedTiers::partitions`); else the largest sharing main topic's.
+    pub(super) shared_tier_partitions: Option<usize>,
+    /// Partitions of missing DLQs, when set (`WorkerBuilder::dlq_partitions`);
+    /// else the main topic's.
+    pub(super) dlq_partitions: Option<usize>,
     /// Debounce windows by main topic (`WorkerBuilder::debounce`).
     pub(super) debounce: HashMap<String, Duration>,
     pub(super) stats: Arc<WorkerStats>,
@@ -871,6 +958,8 @@ impl Worker {
             create_topics: true,
             delayed_jobs: false,
             delayed_routes: Default::default(),
+            shared_tiers: None,
+            dlq_partitions: None,
             schedules: Vec::new(),
             batches: None,
             batch_callbacks: Vec::new(),

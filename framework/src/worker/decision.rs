@@ -81,7 +81,7 @@ impl Outcome {
 }
 
 /// Decides what follows `outcome` for `source` (a record of `main` or one of
-/// its tiers) on attempt `attempt`. `unit` is a random number in `[0, 1)` for
+/// its tiers, which are named after `tiers_at`) on attempt `attempt`. `unit` is a random number in `[0, 1)` for
 /// jitter and `now_ms` the clock; both are parameters so the decision is
 /// deterministic under test.
 #[allow(clippy::too_many_arguments)]
@@ -89,6 +89,7 @@ pub(super) fn next_step<M: rdkafka::message::Message>(
     outcome: &Attempt,
     source: &M,
     main: &str,
+    tiers_at: &str,
     group: &str,
     policy: &RetryPolicy,
     attempt: u32,
@@ -107,7 +108,7 @@ pub(super) fn next_step<M: rdkafka::message::Message>(
     };
     if class.is_retryable() {
         if let Some(plan) = policy.plan(attempt, retry_after, unit) {
-            if let Some(topic) = policy.tier_topic(main, plan.tier) {
+            if let Some(topic) = policy.tier_topic(tiers_at, plan.tier) {
                 let mut headers =
                     forward_headers(source, group, attempt + 1, class.as_str(), message, now_ms);
                 set_backtrace(&mut headers, None);
@@ -186,6 +187,7 @@ mod tests {
             &failed(ErrorClass::RetryableServer),
             &record(),
             "orders",
+            "orders",
             "g",
             &p,
             2,
@@ -210,11 +212,35 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_tier_is_named_after_its_namespace_and_the_dlq_after_the_route() {
+        let p = RetryPolicy::tiers([Duration::from_secs(5)]).jitter(0.0);
+        let retry = |attempt| {
+            next_step(
+                &failed(ErrorClass::RetryableServer),
+                &record(),
+                "orders",
+                "billing",
+                "g",
+                &p,
+                attempt,
+                0.0,
+                0,
+            )
+        };
+        assert!(matches!(retry(1), Next::Retry { ref topic, .. } if topic == "billing.retry.5s"));
+        assert!(
+            matches!(retry(3), Next::DeadLetter { ref topic, .. } if topic == "orders.dlq"),
+            "the DLQ stays the route's own"
+        );
+    }
+
+    #[test]
     fn permanent_and_exhausted_go_to_the_dlq() {
         let p = RetryPolicy::tiers([Duration::from_secs(5)]);
         let next = next_step(
             &failed(ErrorClass::PermanentNotFound),
             &record(),
+            "orders",
             "orders",
             "g",
             &p,
@@ -228,6 +254,7 @@ mod tests {
         let next = next_step(
             &failed(ErrorClass::RetryableTimeout),
             &record(),
+            "orders",
             "orders",
             "g",
             &p,
@@ -249,7 +276,17 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            next_step(&Attempt::Done, &record(), "orders", "g", &p, 1, 0.0, 0),
+            next_step(
+                &Attempt::Done,
+                &record(),
+                "orders",
+                "orders",
+                "g",
+                &p,
+                1,
+                0.0,
+                0
+            ),
             Next::Done
         );
     }

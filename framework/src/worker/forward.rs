@@ -110,11 +110,28 @@ impl Forwarder {
         // Every hop names its contract, as it carries its `kjob-id`: a
         // record from another producer has no `kjob-job` of its own, and
         // operators filter dead letters by it.
+        // A topic not named after the route (a shared retry tier) holds
+        // several routes' records: each names its own in `kjob-route`.
+        let names_route = target
+            .strip_prefix(main)
+            .is_some_and(|rest| rest.starts_with('.'));
+        let marked = !names_route
+            && !headers
+                .extra
+                .iter()
+                .any(|(k, v)| k == crate::headers::ROUTE && v == main.as_bytes());
         let named;
         let headers = match (&headers.job, self.contracts.get(main)) {
-            (None, Some(job)) => {
+            (job, contract) if marked || (job.is_none() && contract.is_some()) => {
                 let mut h = headers.clone();
-                h.job = Some((*job).to_string());
+                if let (None, Some(job)) = (&h.job, contract) {
+                    h.job = Some((*job).to_string());
+                }
+                if marked {
+                    h.extra.retain(|(k, _)| k != crate::headers::ROUTE);
+                    h.extra
+                        .push((crate::headers::ROUTE.to_string(), main.as_bytes().to_vec()));
+                }
                 named = h;
                 &named
             }

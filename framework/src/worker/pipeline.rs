@@ -278,13 +278,22 @@ impl Pipeline {
         unit: f64,
         now_ms: i64,
     ) -> Attempted {
-        let Some(entry) = self.routes.get(msg.topic()) else {
+        let Some(topic_entry) = self.routes.get(msg.topic()) else {
             // Unreachable: the consumer subscribes to route topics only. Not
             // marked done, so it is never lost.
             error!(topic = msg.topic(), "record from a topic without a route");
             return Attempted::released(Arc::from(""), "", 0);
         };
         let headers = JobHeaders::parse(msg.headers());
+        let Some(entry) = topic_entry.for_record(&headers) else {
+            let outcome = Box::pin(self.unrouted(topic_entry, msg, &headers)).await;
+            return Attempted {
+                outcome,
+                id: Arc::from(headers.job_id(msg.topic(), msg.partition(), msg.offset())),
+                job: topic_entry.route.job_name(),
+                attempt: headers.attempt.unwrap_or(1).max(1),
+            };
+        };
         let job = entry.route.job_name();
         let ended = |outcome| Attempted {
             outcome,
@@ -380,6 +389,7 @@ impl Pipeline {
             &result,
             msg,
             main,
+            &entry.tiers_at,
             group,
             policy,
             attempt,
@@ -409,6 +419,80 @@ impl Pipeline {
             job,
             attempt,
         }
+    }
+
+    /// A record in a shared retry tier that names no route of this worker
+    /// (a hostile or mistaken `kjob-route`, or a route only newer workers
+    /// serve, mid-deploy): dead-lettered into the DLQ of the route the
+    /// tier's entry stands for, with an error that names the route, so it
+    /// is neither lost nor run by the wrong handler. `kjob dlq retry`
+    /// re-drives it once a worker serves that route.
+    async fn unrouted<M: Message>(
+        &self,
+        topic_entry: &RouteEntry,
+        msg: &M,
+        headers: &JobHeaders,
+    ) -> Outcome {
+        let named = headers
+            .extra
+            .iter()
+            .find(|(k, _)| k == crate::headers::ROUTE)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            .or_else(|| headers.original_topic.clone());
+        let message = match &named {
+            Some(route) => format!(
+                "the shared retry tier `{}` holds a record of route `{}`, which this worker does not serve (its routes there: {}); run a worker with that route and re-drive it with `kjob dlq retry`",
+                msg.topic(),
+                crate::headers::truncate_utf8(route, 200),
+                topic_entry.sharers.as_ref().map_or(String::new(), |s| {
+                    let mut m: Vec<&str> = s.keys().map(String::as_str).collect();
+                    m.sort_unstable();
+                    m.join(", ")
+                }),
+            ),
+            None => format!(
+                "the shared retry tier `{}` holds a record that names no route (no `{}` header)",
+                msg.topic(),
+                crate::headers::ROUTE
+            ),
+        };
+        error!(topic = msg.topic(), partition = msg.partition(), offset = msg.offset(), %message, "dead-lettering a record without a route of this worker");
+        let attempt = headers.attempt.unwrap_or(1).max(1);
+        let now_ms = self.clock.now_ms();
+        let failed = Attempt::Failed {
+            class: crate::ErrorClass::PermanentInvalidInput,
+            message,
+            retry_after: None,
+            backtrace: None,
+        };
+        let next = next_step(
+            &failed,
+            msg,
+            &topic_entry.main,
+            &topic_entry.tiers_at,
+            &self.fw.group,
+            &topic_entry.retry,
+            attempt,
+            0.0,
+            now_ms,
+        );
+        let job = topic_entry.route.job_name();
+        let id = headers.job_id(msg.topic(), msg.partition(), msg.offset());
+        let span = handle_span(
+            msg,
+            topic_entry,
+            &context_for(msg, headers, Arc::from(id.as_str()), &self.group, None, job),
+            headers,
+            &self.server,
+        );
+        let settling = settle::Attempt {
+            id: &id,
+            job,
+            attempt,
+            duration_ms: 0,
+            span: &span,
+        };
+        settle(&self.fw, topic_entry, msg, next, None, &settling).await
     }
 
     /// Runs the handler stage under its span, with the attempt's metrics;

@@ -80,10 +80,11 @@ impl Worker {
             wanted.push((dlq_topic(main), main.clone()));
         }
         for (topic, entry) in &self.routes {
-            if entry.role.holds() {
+            if entry.role.holds() && entry.sharers.is_none() {
                 wanted.push((topic.clone(), entry.main.clone()));
             }
         }
+        self.shared_tier_topics().await?;
         let names: Vec<String> = wanted.iter().map(|(t, _)| t.clone()).collect();
         let counts = crate::topics::partition_counts_async(&self.config, &names).await?;
         let count_of: HashMap<&str, Option<usize>> = wanted
@@ -93,6 +94,10 @@ impl Worker {
             .collect();
         let mut missing = Vec::new();
         for (topic, main) in &wanted {
+            // A DLQ with a partition count of its own (dlq_partitions).
+            let own = self
+                .dlq_partitions
+                .filter(|_| topic != main && *topic == dlq_topic(main));
             let main_count = count_of.get(main.as_str()).copied().flatten();
             let Some(main_count) = main_count else {
                 return Err(Error::MissingTopic {
@@ -101,12 +106,14 @@ impl Worker {
                 });
             };
             match count_of.get(topic.as_str()).copied().flatten() {
-                Some(n) if n != main_count => warn!(
+                Some(n) if n != main_count && own.is_none() => warn!(
                     topic = %topic, partitions = n, main = %main, main_partitions = main_count,
                     "partition count differs from the main topic"
                 ),
                 Some(_) => {}
-                None if self.create_topics => missing.push((topic.clone(), main_count as i32)),
+                None if self.create_topics => {
+                    missing.push((topic.clone(), own.unwrap_or(main_count) as i32))
+                }
                 None => {
                     return Err(Error::MissingTopic {
                         topic: topic.clone(),
@@ -159,6 +166,74 @@ impl Worker {
             crate::topics::wait_visible(&self.config, &created).await?;
         }
         self.strict_topics().await
+    }
+
+    /// The shared retry tiers (`WorkerBuilder::shared_retry_tiers`), created
+    /// when missing and allowed: with the set partition count, else the
+    /// largest of the sharing routes' main topics, and a record size limit
+    /// that takes the largest record any of them accepts plus kjob's
+    /// headers. An existing one is used as it is: its partition count is
+    /// its own.
+    async fn shared_tier_topics(&self) -> Result<()> {
+        let shared: Vec<(&String, Vec<String>)> = self
+            .routes
+            .iter()
+            .filter_map(|(topic, e)| {
+                let mut mains: Vec<String> = e.sharers.as_ref()?.keys().cloned().collect();
+                mains.sort();
+                Some((topic, mains))
+            })
+            .collect();
+        if shared.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = shared.iter().map(|(t, _)| (*t).clone()).collect();
+        let counts = crate::topics::partition_counts_async(&self.config, &names).await?;
+        let missing: Vec<&(&String, Vec<String>)> = shared
+            .iter()
+            .zip(&counts)
+            .filter(|(_, c)| c.is_none())
+            .map(|(s, _)| s)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if !self.create_topics {
+            return Err(Error::MissingTopic {
+                topic: missing[0].0.clone(),
+                bootstrap: self.config.bootstrap_servers.clone(),
+            });
+        }
+        let mut mains: Vec<String> = missing.iter().flat_map(|(_, m)| m.clone()).collect();
+        mains.sort();
+        mains.dedup();
+        let main_counts = crate::topics::partition_counts_async(&self.config, &mains).await?;
+        let limits = crate::topics::max_message_bytes(&self.config, &mains).await;
+        let of = |main: &String| mains.iter().position(|m| m == main);
+        for (topic, sharing) in &missing {
+            let at: Vec<usize> = sharing.iter().filter_map(of).collect();
+            let partitions = self.shared_tier_partitions.unwrap_or_else(|| {
+                at.iter()
+                    .filter_map(|i| main_counts.get(*i).copied().flatten())
+                    .max()
+                    .unwrap_or(1)
+            });
+            let limit = at
+                .iter()
+                .filter_map(|i| limits.get(*i).copied().flatten())
+                .max();
+            let sized = limit.map(|b| (b + crate::topics::FORWARD_HEADROOM_BYTES).to_string());
+            let wanted = [((*topic).clone(), partitions as i32)];
+            match &sized {
+                Some(bytes) => {
+                    create_topics_with(&self.config, &wanted, &[("max.message.bytes", bytes)])
+                        .await?
+                }
+                None => create_topics(&self.config, &wanted).await?,
+            }
+        }
+        let created: Vec<String> = missing.iter().map(|(t, _)| (*t).clone()).collect();
+        crate::topics::wait_visible(&self.config, &created).await
     }
 
     /// For every strict-order route: the compacted `<main>.order` topic,

@@ -502,7 +502,7 @@ mod tests {
             None,
         );
         let policy = RetryPolicy::tiers([Duration::from_secs(5)]);
-        let next = next_step(&outcome, &record, "ping", "g", &policy, 1, 0.0, 0);
+        let next = next_step(&outcome, &record, "ping", "ping", "g", &policy, 1, 0.0, 0);
         assert_eq!(next, Next::Released, "nothing is forwarded");
     }
 

@@ -131,7 +131,7 @@ async fn not_due<M: Message>(
     let left = Duration::from_millis(u64::try_from(run_at - now_ms).unwrap_or(0));
     let hop = entry.retry.hop(left).and_then(|t| {
         let delay = entry.retry.tier_delay(t)?;
-        Some((entry.retry.tier_topic(&entry.main, t)?, delay))
+        Some((entry.retry.tier_topic(&entry.tiers_at, t)?, delay))
     });
     let Some((target, delay)) = hop else {
         return wait_out(waiter, run_at - now_ms).await;

@@ -153,4 +153,35 @@ pub(crate) struct RouteEntry {
     /// among tenants (`WorkerBuilder::fair`): its attempts are counted per
     /// tenant.
     pub fair: Option<Arc<str>>,
+    /// What the route's retry tier topics are named after: its main topic
+    /// (`<main>.retry.<delay>`), or the namespace of the shared tiers
+    /// (`<namespace>.retry.<delay>`, `WorkerBuilder::shared_retry_tiers`).
+    pub tiers_at: Arc<str>,
+    /// On a shared tier topic only: the entry of each route whose retries
+    /// pass through it, by main topic. A record there names its route in
+    /// `kjob-route` ([`crate::headers::ROUTE`]).
+    pub sharers: Option<Arc<rustc_hash::FxHashMap<String, RouteEntry>>>,
+}
+
+impl RouteEntry {
+    /// The entry a record of this topic runs under: this one, or on a
+    /// shared tier the entry of the route the record names
+    /// (`kjob-route`, else the topic it was first consumed from). `None`
+    /// for a record in a shared tier that names no route of this worker.
+    pub(crate) fn for_record<'a>(
+        &'a self,
+        headers: &crate::headers::JobHeaders,
+    ) -> Option<&'a RouteEntry> {
+        let Some(sharers) = &self.sharers else {
+            return Some(self);
+        };
+        let named = headers
+            .extra
+            .iter()
+            .find(|(k, _)| k == crate::headers::ROUTE)
+            .and_then(|(_, v)| std::str::from_utf8(v).ok());
+        named
+            .or(headers.original_topic.as_deref())
+            .and_then(|main| sharers.get(main))
+    }
 }

@@ -465,7 +465,13 @@ pub async fn plan_redrive_of(
         Target::Main => RedriveTarget::Main,
     };
     let (cfg, m) = (config.clone(), main.clone());
-    let target_topic = blocking(move || target_topic(&cfg, &m, target)).await?;
+    let mut groups: Vec<String> = picked
+        .iter()
+        .filter_map(|d| d.headers.group.clone())
+        .collect();
+    groups.sort();
+    groups.dedup();
+    let target_topic = blocking(move || target_topic(&cfg, &m, target, &groups)).await?;
     Ok(RedrivePlan {
         main,
         target_topic,

@@ -39,8 +39,17 @@ pub enum RedriveTarget {
     Main,
 }
 
-/// Resolves the topic a re-drive of `main`'s dead letters goes to. Blocking.
-pub fn target_topic(config: &KafkaConfig, main: &str, target: RedriveTarget) -> Result<String> {
+/// Resolves the topic a re-drive of `main`'s dead letters goes to: for
+/// [`RedriveTarget::FirstTier`] the route's shortest tier, or, for a route
+/// whose tiers are shared (`WorkerBuilder::shared_retry_tiers`), the
+/// shortest `<group>.retry.<delay>` of the first of `groups` (the groups
+/// that dead-lettered the records) that has them. Blocking.
+pub fn target_topic(
+    config: &KafkaConfig,
+    main: &str,
+    target: RedriveTarget,
+    groups: &[String],
+) -> Result<String> {
     match target {
         RedriveTarget::Main => {
             if partition_counts(config, &[main.to_string()])?[0].is_none() {
@@ -51,21 +60,31 @@ pub fn target_topic(config: &KafkaConfig, main: &str, target: RedriveTarget) -> 
             }
             Ok(main.to_string())
         }
-        RedriveTarget::FirstTier => discover_tiers(main, &list_topics(config)?)
-            .into_iter()
-            .next()
-            .map(|(_, t)| t)
-            .ok_or_else(|| Error::NoRetryTiers {
-                topic: main.to_string(),
-            }),
+        RedriveTarget::FirstTier => {
+            let all = list_topics(config)?;
+            std::iter::once(main)
+                .chain(groups.iter().map(String::as_str))
+                .find_map(|at| discover_tiers(at, &all).into_iter().next())
+                .map(|(_, t)| t)
+                .ok_or_else(|| Error::NoRetryTiers {
+                    topic: main.to_string(),
+                })
+        }
     }
 }
 
 /// The headers of a re-driven record: a fresh set of attempts (an operator
 /// decided it is worth trying again), due now, with the failure history and
 /// the original coordinates kept, and a pointer back to the dead letter.
-pub fn redrive_headers(d: &DeadLetter, main: &str, to_tier: bool) -> OwnedHeaders {
+pub fn redrive_headers(d: &DeadLetter, main: &str, target: &str) -> OwnedHeaders {
+    let to_tier = target != main;
     let mut h: JobHeaders = d.headers.clone();
+    // A shared tier holds several routes' records: this one names its own.
+    if to_tier && !target.starts_with(&format!("{main}.")) {
+        h.extra.retain(|(k, _)| k != kjob::headers::ROUTE);
+        h.extra
+            .push((kjob::headers::ROUTE.to_string(), main.as_bytes().to_vec()));
+    }
     h.attempt = Some(1);
     h.due_at_ms = if to_tier { Some(now_ms()) } else { None };
     h.extra.retain(|(k, _)| k != REDRIVEN_FROM);
@@ -124,7 +143,6 @@ pub async fn redrive(
     target: &str,
     by: &str,
 ) -> Result<()> {
-    let to_tier = target != main;
     let json = if is_json(d) {
         Some(encode_json_letter(producer, main, d).await?)
     } else {
@@ -139,7 +157,7 @@ pub async fn redrive(
             target,
             d.key.as_deref().map(str::as_bytes),
             payload,
-            redrive_headers(letter, main, to_tier),
+            redrive_headers(letter, main, target),
         )
         .await?;
     audit

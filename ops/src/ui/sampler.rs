@@ -85,7 +85,8 @@ pub(super) fn spawn(state: Shared, fixed: Vec<RouteKey>, discover: bool) {
 /// [`route_of`], as `kjob status` folds them, so `orders.delay.1m` is not a
 /// route of its own. The group's cron leader topic (and its state topic)
 /// belongs to every route of the group, and is shown on each (see
-/// `status::route_topics`): it is no route either. Nor is a DLQ (kjob
+/// `status::route_topics`): it is no route either, and neither are the
+/// group's shared retry tiers. Nor is a DLQ (kjob
 /// workers never consume one; a group that does is some other program).
 fn route_for<'t>(topic: &'t str, group: &str) -> Option<&'t str> {
     if topic == leader_topic(group) || topic == state_topic(group) {
@@ -93,6 +94,11 @@ fn route_for<'t>(topic: &'t str, group: &str) -> Option<&'t str> {
     }
     let main = route_of(topic);
     if main != topic && (topic == dlq_topic(main) || topic == dlq_audit_topic(main)) {
+        return None;
+    }
+    // The group's shared retry tiers (`<group>.retry.<delay>`) belong to
+    // every route of the group, as the cron topics do.
+    if main == group && main != topic {
         return None;
     }
     Some(main)
@@ -223,6 +229,11 @@ mod tests {
         }
         assert_eq!(route_for("g.schedules", "g"), None);
         assert_eq!(route_for("g.schedules.state", "g"), None);
+        assert_eq!(
+            route_for("g.retry.30s", "g"),
+            None,
+            "a shared tier is no route"
+        );
         // Another group's topic of that name is a main topic like any.
         assert_eq!(route_for("g.schedules", "h"), Some("g.schedules"));
         assert_eq!(route_for("orders.dlq", "g"), None);

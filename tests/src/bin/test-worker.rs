@@ -29,6 +29,10 @@
 //! leaves no second row (`dup <seq>` is appended instead).
 //! `KJOB_TEST_MAX_IN_FLIGHT=<n>` sets the partition buffer
 //! (`WorkerBuilder::max_in_flight_per_partition`).
+//! `KJOB_TEST_SHARED_TIERS=1` shares the retry tiers among the routes
+//! (`WorkerBuilder::shared_retry_tiers`); `KJOB_TEST_SECOND_TOPIC=<topic>`
+//! runs the same handler on a second route, with retry tiers of its own
+//! `KJOB_TEST_SECOND_TIERS_MS` (default `1000,2000`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -185,6 +189,20 @@ async fn main() -> Result<(), String> {
                 Ok::<(), JobError>(())
             }
         });
+    }
+    if std::env::var("KJOB_TEST_SHARED_TIERS").is_ok_and(|v| v == "1") {
+        builder = builder.shared_retry_tiers();
+    }
+    if let Ok(second) = std::env::var("KJOB_TEST_SECOND_TOPIC") {
+        let tiers: Vec<Duration> = std::env::var("KJOB_TEST_SECOND_TIERS_MS")
+            .unwrap_or_else(|_| "1000,2000".into())
+            .split(',')
+            .filter_map(|t| t.trim().parse().ok())
+            .map(Duration::from_millis)
+            .collect();
+        builder = builder
+            .handle_on(&second, handler.clone())
+            .retry_for(&second, kjob::retry::RetryPolicy::tiers(tiers));
     }
     let leader_record = record_path.clone();
     let worker = builder
