@@ -315,3 +315,94 @@ async fn operators_see_redrive_and_plan_the_shared_tiers() {
     assert_eq!(shared[0]["topic"], tier.as_str());
     assert_eq!(shared[0]["action"], "keep", "{plan}");
 }
+
+/// A worker of `topic` whose handler fails `fail-first` jobs once and
+/// `fail-twice` jobs twice, recording `(seq, topic, attempt)` of each
+/// success; its retries wait 3 s.
+fn flaky(
+    config: &kjob::KafkaConfig,
+    topic: &str,
+    group: &str,
+    shared: bool,
+    handled: std::sync::Arc<std::sync::Mutex<Vec<(i64, String, u32)>>>,
+) -> Running {
+    let mut b = kjob::Worker::builder(config.clone(), group)
+        .handle_on(topic, move |job: TestJob, ctx: kjob::JobContext| {
+            let handled = handled.clone();
+            async move {
+                let fails = if job.behaviour == "fail-twice" { 2 } else { 1 };
+                if ctx.attempt <= fails {
+                    return Err(kjob::JobError::server("planned"));
+                }
+                handled.lock().unwrap_or_else(|p| p.into_inner()).push((
+                    job.seq,
+                    ctx.topic.to_string(),
+                    ctx.attempt,
+                ));
+                Ok(())
+            }
+        })
+        .retry(kjob::retry::RetryPolicy::tiers([Duration::from_secs(3)]).max_attempts(4));
+    if shared {
+        b = b.shared_retry_tiers();
+    }
+    start(b.build().expect("worker builds"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_to_shared_tiers_runs_what_waits_in_the_routes_own_tiers() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("shared.upgrade");
+    let group = unique("gupgrade");
+    let (own, shared) = (format!("{topic}.retry.3s"), format!("{group}.retry.3s"));
+    create_topic(&config, &topic, 2).await;
+    let producer = Producer::new(&config).expect("producer");
+    for seq in 0..30 {
+        let behaviour = if seq < 20 { "fail-first" } else { "fail-twice" };
+        producer
+            .enqueue_to(&topic, &TestJob::with(format!("k{seq}"), seq, behaviour))
+            .await
+            .expect("enqueue");
+    }
+    // The per-route layout: every job fails into the route's own tier, and
+    // the worker stops before any is due.
+    let handled: std::sync::Arc<std::sync::Mutex<Vec<(i64, String, u32)>>> = Default::default();
+    let old = flaky(&config, &topic, &group, false, handled.clone());
+    eventually(
+        Duration::from_secs(30),
+        "30 jobs in the route's own tier",
+        || kjob::WorkerStats::get(&old.stats.retried) >= 30,
+    )
+    .await;
+    old.stop().await;
+    assert!(handled.lock().expect("lock").is_empty(), "none was due yet");
+    let parked: i64 = end_offsets(&config, &own, 2).iter().sum();
+    assert_eq!(parked, 30);
+
+    // The upgrade: the new worker shares its tiers, and still runs what
+    // waits in the old one; what fails again goes to the shared tier.
+    let new = flaky(&config, &topic, &group, true, handled.clone());
+    eventually(Duration::from_secs(60), "every job handled", || {
+        handled.lock().map(|h| h.len() >= 30).unwrap_or(false)
+    })
+    .await;
+    wait_committed_at_end(&config, &group, &own, 2).await;
+    new.stop().await;
+    let mut got = handled.lock().expect("lock").clone();
+    got.sort();
+    let seqs: Vec<i64> = got.iter().map(|(s, _, _)| *s).collect();
+    assert_eq!(
+        seqs,
+        (0..30).collect::<Vec<i64>>(),
+        "each job once: {got:?}"
+    );
+    for (seq, from, attempt) in &got {
+        let (want_topic, want_attempt) = if *seq < 20 { (&own, 2) } else { (&shared, 3) };
+        assert_eq!(
+            (from, *attempt),
+            (want_topic, want_attempt),
+            "seq {seq}: {got:?}"
+        );
+    }
+}

@@ -431,8 +431,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Creates a missing DLQ (`<topic>.dlq`) with `n` partitions (at least
-    /// 1) instead of its main topic's count. Dead letters are few and read
+    /// Creates a missing DLQ (`<topic>.dlq`) with `n` partitions, at least
+    /// one, instead of its main topic's count. Dead letters are few and read
     /// by operators, not by a group of workers, so one to three partitions
     /// serve them; with 50 routes of 12 partitions that is 50 to 150 DLQ
     /// partitions instead of 600. A dead letter's partition is chosen by

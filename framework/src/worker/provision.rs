@@ -62,6 +62,55 @@ impl Worker {
         Ok(())
     }
 
+    /// A route that shares its retry tiers (`WorkerBuilder::shared_retry_tiers`)
+    /// whose own tier topics still exist (the per-route layout before the
+    /// upgrade) reads them too, with a warning: jobs parked there run at
+    /// their due time, and a job that fails again goes on into the shared
+    /// tiers, so nothing is stranded by the change of layout and the old
+    /// topics drain. `kjob topics plan --shared-tiers` shows when they are
+    /// drained and can be deleted.
+    pub(super) async fn adopt_route_tiers(&mut self) -> Result<()> {
+        let sharing: Vec<(String, super::state::RouteEntry)> = self
+            .routes
+            .iter()
+            .filter(|(t, e)| e.role == TopicRole::Main && **t == e.main && *e.tiers_at != **t)
+            .map(|(t, e)| (t.clone(), e.clone()))
+            .collect();
+        if sharing.is_empty() {
+            return Ok(());
+        }
+        let config = self.config.clone();
+        let all = tokio::task::spawn_blocking(move || crate::topics::list_topics(&config))
+            .await
+            .map_err(|e| Error::Task {
+                what: "listing topics for a route's old retry tiers",
+                reason: e.to_string(),
+            })??;
+        for (main, base) in sharing {
+            for (delay, topic) in crate::retry::discover_tiers(&main, &all) {
+                if self.routes.contains_key(&topic) {
+                    continue;
+                }
+                warn!(route = %main, tier = %topic, "the route shares its retry tiers now, but its own tier topic exists: reading it until it is drained (what fails again goes to the shared tiers); `kjob topics plan --shared-tiers` shows when it can be deleted");
+                let i = base
+                    .retry
+                    .tiers
+                    .iter()
+                    .position(|t| *t == delay)
+                    .unwrap_or(0);
+                self.priorities.insert(topic.clone(), base.priority);
+                self.routes.insert(
+                    topic,
+                    super::state::RouteEntry {
+                        role: TopicRole::Tier(i),
+                        ..base.clone()
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Fails fast, with a clear message, if the registry is down or a main
     /// topic is missing; creates missing retry-tier and DLQ topics (with the
     /// main topic's partition count) when allowed, and warns about existing

@@ -46,6 +46,7 @@ impl Worker {
     /// commit, leave the group.
     pub async fn run_until<F: Future<Output = ()>>(mut self, stop: F) -> Result<()> {
         self.adopt_delay_topics().await?;
+        self.adopt_route_tiers().await?;
         self.preflight().await?;
         let producer =
             Producer::with_codec(&self.config, self.codec.clone(), Duration::from_secs(30))?;
