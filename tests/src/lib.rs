@@ -922,3 +922,37 @@ mod tests {
     }
 }
 pub mod sql_enqueue;
+
+/// A table of job effects for the test-worker's `KJOB_TEST_EFFECTS`: one
+/// `seq` row per successful job, written with its `PgMarkers` mark in
+/// `<table>_marks`, so a crash test can count effects. Returns a client
+/// and the table's name; [`effects_once`] counts and drops both tables.
+pub async fn effects_table(prefix: &str) -> (tokio_postgres::Client, String) {
+    let (db, conn) = tokio_postgres::connect(&ensure_postgres(), tokio_postgres::NoTls)
+        .await
+        .expect("postgres");
+    tokio::spawn(conn);
+    let effects = unique(prefix).replace(['.', '-'], "_");
+    let markers = kjob::idempotency::PgMarkers::new(&format!("{effects}_marks")).expect("name");
+    markers.create_table(&db).await.expect("marks table");
+    db.batch_execute(&format!("CREATE TABLE {effects} (seq BIGINT NOT NULL)"))
+        .await
+        .expect("effects table");
+    (db, effects)
+}
+
+/// The rows and distinct `seq`s in an [`effects_table`], which it drops
+/// with its marks table.
+pub async fn effects_once(db: &tokio_postgres::Client, effects: &str) -> (i64, i64) {
+    let row = db
+        .query_one(
+            &format!("SELECT count(*), count(DISTINCT seq) FROM {effects}"),
+            &[],
+        )
+        .await
+        .expect("effects");
+    db.batch_execute(&format!("DROP TABLE {effects}; DROP TABLE {effects}_marks"))
+        .await
+        .expect("drop");
+    (row.get(0), row.get(1))
+}

@@ -314,16 +314,7 @@ async fn a_sigkill_in_a_fair_flood_loses_nothing_and_keeps_each_keys_order() {
     let total: usize = by_key.values().map(Vec::len).sum();
     let record = std::env::temp_dir().join(unique("fair-record"));
     // Each job's effect is a row, written with its PgMarkers mark.
-    let (db, conn) = tokio_postgres::connect(&ensure_postgres(), tokio_postgres::NoTls)
-        .await
-        .expect("postgres");
-    tokio::spawn(conn);
-    let effects = unique("fair_effects").replace(['.', '-'], "_");
-    let markers = kjob::idempotency::PgMarkers::new(&format!("{effects}_marks")).expect("name");
-    markers.create_table(&db).await.expect("marks table");
-    db.batch_execute(&format!("CREATE TABLE {effects} (seq BIGINT NOT NULL)"))
-        .await
-        .expect("effects table");
+    let (db, effects) = effects_table("fair_effects").await;
     let mut first = spawn_worker(&topic, &group, &record, &effects);
     let keyed: Vec<Vec<(TestJob, &str)>> = by_key.into_values().collect();
     let (p, t) = (&producer, topic.as_str());
@@ -371,14 +362,7 @@ async fn a_sigkill_in_a_fair_flood_loses_nothing_and_keeps_each_keys_order() {
         assert_eq!(seqs, &sorted, "key {key}: first runs in log order");
     }
     let twice = starts.values().filter(|n| **n > 1).count();
-    let row = db
-        .query_one(
-            &format!("SELECT count(*), count(DISTINCT seq) FROM {effects}"),
-            &[],
-        )
-        .await
-        .expect("effects");
-    let (rows, distinct): (i64, i64) = (row.get(0), row.get(1));
+    let (rows, distinct) = effects_once(&db, &effects).await;
     let dups = lines.iter().filter(|l| l.starts_with("dup ")).count();
     println!(
         "{total} jobs, {twice} run again after the SIGKILL (uncommitted at the kill); \
@@ -386,9 +370,6 @@ async fn a_sigkill_in_a_fair_flood_loses_nothing_and_keeps_each_keys_order() {
     );
     assert_eq!(rows, total as i64, "every job's effect, once");
     assert_eq!(distinct, rows, "no effect twice");
-    db.batch_execute(&format!("DROP TABLE {effects}; DROP TABLE {effects}_marks"))
-        .await
-        .expect("drop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -48,16 +48,7 @@ async fn two_routes_retry_through_shared_tiers_across_a_sigkill() {
     let mail_seqs: Vec<i64> = (0..n).collect();
     let crm_seqs: Vec<i64> = (10_000..10_000 + n).collect();
     let record = std::env::temp_dir().join(unique("shared-record"));
-    let (db, conn) = tokio_postgres::connect(&ensure_postgres(), tokio_postgres::NoTls)
-        .await
-        .expect("postgres");
-    tokio::spawn(conn);
-    let effects = unique("shared_effects").replace(['.', '-'], "_");
-    let markers = kjob::idempotency::PgMarkers::new(&format!("{effects}_marks")).expect("name");
-    markers.create_table(&db).await.expect("marks table");
-    db.batch_execute(&format!("CREATE TABLE {effects} (seq BIGINT NOT NULL)"))
-        .await
-        .expect("effects table");
+    let (db, effects) = effects_table("shared_effects").await;
     let mut first = spawn_worker(&mail, &crm, &group, &record, &effects);
     for (topic, seqs, behaviour) in [
         (&mail, &mail_seqs, "fail-first"),
@@ -151,14 +142,7 @@ async fn two_routes_retry_through_shared_tiers_across_a_sigkill() {
     );
 
     // Each job's effect, once.
-    let row = db
-        .query_one(
-            &format!("SELECT count(*), count(DISTINCT seq) FROM {effects}"),
-            &[],
-        )
-        .await
-        .expect("effects");
-    let (rows, distinct): (i64, i64) = (row.get(0), row.get(1));
+    let (rows, distinct) = effects_once(&db, &effects).await;
     let lines = read_lines(&record);
     let failed = lines.iter().filter(|l| l.starts_with("failed ")).count();
     println!(
@@ -167,9 +151,6 @@ async fn two_routes_retry_through_shared_tiers_across_a_sigkill() {
     );
     assert_eq!(rows, all.len() as i64, "every job's effect, once");
     assert_eq!(distinct, rows, "no effect twice");
-    db.batch_execute(&format!("DROP TABLE {effects}; DROP TABLE {effects}_marks"))
-        .await
-        .expect("drop");
 }
 
 /// A worker whose handler fails every job as invalid input while `broken`.

@@ -45,6 +45,16 @@ fn env(name: &str) -> Result<String, String> {
     std::env::var(name).map_err(|_| format!("missing environment variable {name}"))
 }
 
+/// Comma-separated milliseconds from `name` (or `default`), as delays.
+fn delays_ms(name: &str, default: &str) -> Vec<Duration> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.into())
+        .split(',')
+        .filter_map(|t| t.trim().parse().ok())
+        .map(Duration::from_millis)
+        .collect()
+}
+
 #[tokio::main]
 async fn main() -> Result<(), String> {
     // `KJOB_TEST_TELEMETRY=1`: kjob's own log setup, as a service would
@@ -73,12 +83,7 @@ async fn main() -> Result<(), String> {
     };
     let commit = Duration::from_millis(ms("KJOB_TEST_COMMIT_MS", 200));
     let concurrency = ms("KJOB_TEST_CONCURRENCY", 64) as usize;
-    let tiers: Vec<Duration> = std::env::var("KJOB_TEST_TIERS_MS")
-        .unwrap_or_else(|_| "1000".into())
-        .split(',')
-        .filter_map(|t| t.trim().parse().ok())
-        .map(Duration::from_millis)
-        .collect();
+    let tiers = delays_ms("KJOB_TEST_TIERS_MS", "1000");
     let delayed = std::env::var("KJOB_TEST_DELAYED").is_ok_and(|v| v == "1");
     let strict = std::env::var("KJOB_TEST_STRICT").is_ok_and(|v| v == "1");
     let effects = match std::env::var("KJOB_TEST_EFFECTS") {
@@ -194,12 +199,7 @@ async fn main() -> Result<(), String> {
         builder = builder.shared_retry_tiers();
     }
     if let Ok(second) = std::env::var("KJOB_TEST_SECOND_TOPIC") {
-        let tiers: Vec<Duration> = std::env::var("KJOB_TEST_SECOND_TIERS_MS")
-            .unwrap_or_else(|_| "1000,2000".into())
-            .split(',')
-            .filter_map(|t| t.trim().parse().ok())
-            .map(Duration::from_millis)
-            .collect();
+        let tiers = delays_ms("KJOB_TEST_SECOND_TIERS_MS", "1000,2000");
         builder = builder
             .handle_on(&second, handler.clone())
             .retry_for(&second, kjob::retry::RetryPolicy::tiers(tiers));
