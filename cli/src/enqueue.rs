@@ -45,6 +45,11 @@ pub(crate) struct EnqueueArgs {
     /// through the route's delay topics.
     #[arg(long = "in", value_parser = humantime::parse_duration)]
     delay: Option<Duration>,
+    /// With --in: through the shared delay buckets `NS.delay.<bucket>`
+    /// (workers built with `SharedTiers::delay_buckets`; NS is their group
+    /// unless they name another) instead of the route's own.
+    #[arg(long, value_name = "NS", requires = "delay")]
+    shared_delays: Option<String>,
     /// `kjob-job` header (the contract name); defaults to the topic.
     #[arg(long)]
     job: Option<String>,
@@ -188,7 +193,10 @@ pub(crate) async fn run(ctx: &Ctx, args: EnqueueArgs) -> Result<()> {
             lines.len()
         );
     }
-    let producer = Producer::new(config)?;
+    let mut producer = Producer::new(config)?;
+    if let Some(ns) = &args.shared_delays {
+        producer = producer.shared_delay_buckets(ns);
+    }
     let run_at_ms = args.delay.map(|d| {
         (SystemTime::now() + d)
             .duration_since(UNIX_EPOCH)

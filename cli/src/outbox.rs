@@ -56,6 +56,11 @@ pub(crate) enum OutboxCommand {
         /// Serve /metrics and /healthz here (e.g. 127.0.0.1:9464).
         #[arg(long)]
         metrics_addr: Option<SocketAddr>,
+        /// Write delayed rows to the shared delay buckets `NS.delay.<bucket>`
+        /// (workers built with `SharedTiers::delay_buckets`; NS is their
+        /// group unless they name another).
+        #[arg(long, value_name = "NS")]
+        shared_delays: Option<String>,
     },
     /// Unsent rows, relay lag, publish rate, failing rows and live relays.
     Status {
@@ -161,6 +166,7 @@ pub(crate) async fn run(ctx: &Ctx, cmd: OutboxCommand) -> Result<()> {
             poll_interval,
             retention,
             metrics_addr,
+            shared_delays,
         } => {
             let _telemetry = kjob::telemetry::init()?;
             // The operator CLI fails connections fast; a relay must keep
@@ -176,6 +182,9 @@ pub(crate) async fn run(ctx: &Ctx, cmd: OutboxCommand) -> Result<()> {
                 .retention(retention);
             if let Some(addr) = metrics_addr {
                 relay = relay.metrics_endpoint(addr)?;
+            }
+            if let Some(ns) = &shared_delays {
+                relay = relay.shared_delay_buckets(ns);
             }
             relay.run().await.map_err(|e| anyhow!(e))
         }

@@ -61,6 +61,14 @@ pub(crate) enum TopicsCommand {
         /// `WorkerBuilder::shared_retry_tiers`); --strict-order-on routes keep their own.
         #[arg(long, requires = "group")]
         shared_tiers: bool,
+        /// With --shared-tiers: the --delays-on routes share delay buckets too
+        /// (`<group>.delay.<bucket>`, `SharedTiers::delay_buckets`).
+        #[arg(long, requires = "shared_tiers")]
+        shared_delays: bool,
+        /// Partitions of the shared tiers and buckets to create
+        /// (`SharedTiers::partitions`; default: the widest sharing main topic's).
+        #[arg(long, value_name = "N", requires = "shared_tiers")]
+        shared_partitions: Option<usize>,
         /// Partitions of the DLQs to create (`WorkerBuilder::dlq_partitions`; default: the
         /// main topic's).
         #[arg(long, value_name = "N")]
@@ -293,6 +301,8 @@ pub(crate) async fn run(ctx: &Ctx, cmd: TopicsCommand) -> Result<()> {
             partitions,
             group,
             shared_tiers,
+            shared_delays,
+            shared_partitions,
             dlq_partitions,
         } => {
             let routes = PlanRoutes {
@@ -300,6 +310,8 @@ pub(crate) async fn run(ctx: &Ctx, cmd: TopicsCommand) -> Result<()> {
                 delays_on,
                 strict_on,
                 shared_tiers,
+                shared_delays,
+                shared_partitions,
                 dlq_partitions,
             };
             plan(ctx, routes, &tiers, partitions, group).await
@@ -476,6 +488,8 @@ struct PlanRoutes {
     delays_on: Vec<String>,
     strict_on: Vec<String>,
     shared_tiers: bool,
+    shared_delays: bool,
+    shared_partitions: Option<usize>,
     dlq_partitions: Option<usize>,
 }
 
@@ -492,10 +506,15 @@ async fn plan(
         delays_on,
         strict_on,
         shared_tiers,
+        shared_delays,
+        shared_partitions,
         dlq_partitions,
     } = routes;
     if dlq_partitions == Some(0) {
         return Err(Problem::usage("--dlq-partitions must be at least 1, got 0").into());
+    }
+    if shared_partitions == Some(0) {
+        return Err(Problem::usage("--shared-partitions must be at least 1, got 0").into());
     }
     if partitions < 1 {
         return Err(
@@ -531,6 +550,7 @@ async fn plan(
             delays: delays_on.contains(main),
             strict: strict_on.contains(main),
             shared: shared_tiers && !strict_on.contains(main),
+            shared_delays: shared_delays && !strict_on.contains(main),
             dlq_partitions,
         })
         .collect();
@@ -543,6 +563,7 @@ async fn plan(
             &layouts,
             &counts,
             partitions as usize,
+            shared_partitions,
         ));
     }
     // What is left in each topic to let go of: the group's lag, or the

@@ -177,6 +177,14 @@ pub enum DelayError {
         /// Its main topic.
         main: String,
     },
+    /// A shared delay bucket does not exist.
+    #[error("shared delay bucket `{topic}` does not exist: start a worker whose routes share delay buckets under `{namespace}` (`shared_retry_tiers_with(SharedTiers::new().delay_buckets())`, namespace = its group unless `SharedTiers::namespace` names one; it creates them), or drop `shared_delay_buckets` from the producer if the workers keep delay topics per route")]
+    NoSharedTopic {
+        /// The missing topic.
+        topic: String,
+        /// The namespace the producer was given.
+        namespace: String,
+    },
     /// The topic's retention could not be read.
     #[error("cannot read retention.ms of delay topic `{topic}` ({reason}); grant DescribeConfigs on it to this principal (kafka-acls --add --operation DescribeConfigs --topic {topic})")]
     RetentionUnknown {

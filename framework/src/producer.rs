@@ -120,6 +120,10 @@ fn send_error_type(e: &Error) -> &'static str {
 #[derive(Clone)]
 pub(crate) struct DelayTopicCheck {
     config: KafkaConfig,
+    /// The namespace of shared delay buckets (`<ns>.delay.<bucket>`), when
+    /// the workers share them (`SharedTiers::delay_buckets`); else each
+    /// route's own (`<main>.delay.<bucket>`).
+    namespace: Option<Arc<str>>,
     /// An async lock: concurrent delayed enqueues wait for one reading
     /// instead of each asking the cluster.
     retention: Arc<tokio::sync::Mutex<HashMap<String, (Instant, i64)>>>,
@@ -129,8 +133,53 @@ impl DelayTopicCheck {
     pub(crate) fn new(config: &KafkaConfig) -> Self {
         Self {
             config: config.clone(),
+            namespace: None,
             retention: Arc::default(),
         }
+    }
+
+    /// Writes to the shared delay buckets of `namespace` from now on.
+    pub(crate) fn share(&mut self, namespace: &str) {
+        self.namespace = Some(Arc::from(namespace));
+        self.retention = Arc::default();
+    }
+
+    /// Whether jobs go to shared delay buckets (and name their route).
+    pub(crate) fn is_shared(&self) -> bool {
+        self.namespace.is_some()
+    }
+
+    /// The delay topic of bucket `bucket` for a job of main topic `main`.
+    pub(crate) fn topic(&self, main: &str, bucket: usize) -> String {
+        delay::delay_topic(self.namespace.as_deref().unwrap_or(main), bucket)
+    }
+
+    /// Where a job of `main` due at `run_at_ms` is written at `now_ms`,
+    /// with the headers that takes: its run time, and for a bucket its
+    /// release (`kjob-due-at`) and, in a shared bucket, its route
+    /// (`kjob-route`). Due too soon for any bucket, it is the main topic,
+    /// where the worker waits out the rest (in a bucket it would wait
+    /// behind records due up to a bucket later). One rule for the
+    /// producer, `kjob enqueue` and the outbox relay.
+    pub(crate) fn first_hop(
+        &self,
+        main: &str,
+        now_ms: i64,
+        run_at_ms: i64,
+        headers: &mut JobHeaders,
+    ) -> String {
+        headers.run_at_ms = Some(run_at_ms);
+        let Some(hop) = delay::first_hop(now_ms, run_at_ms) else {
+            return main.to_string();
+        };
+        headers.due_at_ms = Some(hop.release_ms);
+        if self.namespace.is_some() {
+            headers.extra.retain(|(k, _)| k != crate::headers::ROUTE);
+            headers
+                .extra
+                .push((crate::headers::ROUTE.to_string(), main.as_bytes().to_vec()));
+        }
+        self.topic(main, hop.bucket)
     }
 
     /// See [`Producer::check_delay_topics`].
@@ -142,10 +191,8 @@ impl DelayTopicCheck {
             topic: main.to_string(),
             reason,
         };
-        let topics: Vec<(usize, String)> = buckets
-            .iter()
-            .map(|b| (*b, delay::delay_topic(main, *b)))
-            .collect();
+        let topics: Vec<(usize, String)> =
+            buckets.iter().map(|b| (*b, self.topic(main, *b))).collect();
         let mut cache = self.retention.lock().await;
         let unknown: Vec<String> = {
             topics
@@ -161,9 +208,15 @@ impl DelayTopicCheck {
         if !unknown.is_empty() {
             let counts = crate::topics::partition_counts_async(&self.config, &unknown).await?;
             if let Some((t, _)) = unknown.iter().zip(&counts).find(|(_, c)| c.is_none()) {
-                return Err(err(DelayError::NoTopic {
-                    topic: t.clone(),
-                    main: main.to_string(),
+                return Err(err(match &self.namespace {
+                    Some(ns) => DelayError::NoSharedTopic {
+                        topic: t.clone(),
+                        namespace: ns.to_string(),
+                    },
+                    None => DelayError::NoTopic {
+                        topic: t.clone(),
+                        main: main.to_string(),
+                    },
                 }));
             }
             let read = crate::topics::retention_ms(&self.config, &unknown).await;
@@ -278,6 +331,17 @@ impl Producer {
             bootstrap: config.bootstrap_servers.clone(),
             delay_topics: DelayTopicCheck::new(config),
         })
+    }
+
+    /// Writes delayed jobs to the shared delay buckets
+    /// `<namespace>.delay.<bucket>` (naming each job's route in
+    /// `kjob-route`) instead of the route's own `<topic>.delay.<bucket>`:
+    /// the layout of workers built with
+    /// [`SharedTiers::delay_buckets`](crate::SharedTiers::delay_buckets),
+    /// whose namespace is their group unless they name another.
+    pub fn shared_delay_buckets(mut self, namespace: &str) -> Self {
+        self.delay_topics.share(namespace);
+        self
     }
 
     /// The registry client this producer encodes with.
@@ -525,17 +589,9 @@ impl Producer {
         mut headers: JobHeaders,
         run_at_ms: i64,
     ) -> Result<(String, i32, i64)> {
-        headers.run_at_ms = Some(run_at_ms);
-        // Due too soon for any bucket: the main topic, where the worker
-        // waits out the rest (in a bucket it would wait behind records due
-        // up to a bucket later).
-        let target = match delay::first_hop(now_ms, run_at_ms) {
-            Some(hop) => {
-                headers.due_at_ms = Some(hop.release_ms);
-                delay::delay_topic(main, hop.bucket)
-            }
-            None => main.to_string(),
-        };
+        let target = self
+            .delay_topics
+            .first_hop(main, now_ms, run_at_ms, &mut headers);
         let (partition, offset) = self
             .send_raw(&target, key, Some(payload), headers.to_owned_headers())
             .await?;

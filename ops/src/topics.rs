@@ -41,6 +41,10 @@ pub enum Role {
     SharedRetryTier,
     /// A delay topic: delayed jobs wait there until their time.
     Delay,
+    /// A delay bucket the group's routes share (`<group>.delay.<bucket>`,
+    /// `SharedTiers::delay_buckets`), each record naming its route in
+    /// `kjob-route`.
+    SharedDelay,
     /// The dead-letter topic.
     Dlq,
     /// The audit trail of what operators did with dead letters.
@@ -61,6 +65,7 @@ impl Role {
             Role::RetryTier => "retry tier",
             Role::SharedRetryTier => "shared retry tier",
             Role::Delay => "delay",
+            Role::SharedDelay => "shared delay",
             Role::Dlq => "dlq",
             Role::DlqAudit => "dlq audit",
             Role::StrictOrder => "strict order",
@@ -75,7 +80,12 @@ impl Role {
     pub fn consumed(&self) -> bool {
         matches!(
             self,
-            Role::Main | Role::RetryTier | Role::SharedRetryTier | Role::Delay | Role::CronLeader
+            Role::Main
+                | Role::RetryTier
+                | Role::SharedRetryTier
+                | Role::Delay
+                | Role::SharedDelay
+                | Role::CronLeader
         )
     }
 }
@@ -128,6 +138,7 @@ pub fn route_topics(main: &str, group: Option<&str>, all_topics: &[String]) -> V
                 }),
         );
     }
+    let own_delays = out.len();
     let prefix = format!("{main}.delay.");
     out.extend(
         delay_topics(main)
@@ -139,6 +150,21 @@ pub fn route_topics(main: &str, group: Option<&str>, all_topics: &[String]) -> V
                 role: Role::Delay,
             }),
     );
+    // The group's shared delay buckets, likewise, for a route without
+    // delay topics of its own.
+    if let Some(g) = group.filter(|g| out.len() == own_delays && !exists(g)) {
+        let prefix = format!("{g}.delay.");
+        out.extend(
+            delay_topics(g)
+                .into_iter()
+                .filter(|t| exists(t))
+                .map(|topic| RouteTopic {
+                    delay: topic.strip_prefix(&prefix).map(str::to_string),
+                    topic,
+                    role: Role::SharedDelay,
+                }),
+        );
+    }
     for (topic, role) in [
         (dlq_topic(main), Role::Dlq),
         (dlq_audit_topic(main), Role::DlqAudit),
@@ -415,6 +441,9 @@ pub struct RouteLayout {
     /// (`WorkerBuilder::shared_retry_tiers`) instead of its own; see
     /// [`plan_shared`].
     pub shared: bool,
+    /// Its delay buckets (when it takes delayed jobs) are the shared
+    /// `<namespace>.delay.<bucket>` (`SharedTiers::delay_buckets`).
+    pub shared_delays: bool,
     /// Partitions of its DLQ when it is created
     /// (`WorkerBuilder::dlq_partitions`); `None`: the main topic's.
     pub dlq_partitions: Option<usize>,
@@ -440,7 +469,7 @@ pub fn plan(
                 .map(|d| (kjob::retry::tier_topic(&layout.main, *d), Role::RetryTier)),
         );
     }
-    if layout.delays {
+    if layout.delays && !layout.shared_delays {
         wanted.extend(
             delay_topics(&layout.main)
                 .into_iter()
@@ -491,44 +520,65 @@ pub fn plan(
 
 /// The shared retry tiers of the routes in `layouts` that share them
 /// (`shared`), named after `namespace` (the group unless the worker names
-/// another): one topic per distinct delay, with the largest main topic's
-/// partition count (the worker's default for tiers it creates) unless it
-/// exists. Empty when no route shares.
+/// another): one topic per distinct delay; and the shared delay buckets
+/// `<namespace>.delay.<bucket>` when a route that takes delayed jobs shares
+/// them (`shared_delays`). A missing one gets `shared_partitions`
+/// (`SharedTiers::partitions`), else the largest sharing main topic's
+/// partition count, as the worker creates it. Empty when no route shares.
 pub fn plan_shared(
     namespace: &str,
     layouts: &[RouteLayout],
     topics: &BTreeMap<String, usize>,
     partitions: usize,
+    shared_partitions: Option<usize>,
 ) -> Vec<PlanRow> {
-    let sharing: Vec<&RouteLayout> = layouts.iter().filter(|l| l.shared).collect();
-    let widest = sharing
-        .iter()
-        .map(|l| topics.get(&l.main).copied().unwrap_or(partitions))
-        .max();
-    let Some(widest) = widest else {
-        return Vec::new();
+    let widest = |sharing: &[&RouteLayout]| {
+        sharing
+            .iter()
+            .map(|l| topics.get(&l.main).copied().unwrap_or(partitions))
+            .max()
+            .map(|w| shared_partitions.unwrap_or(w))
     };
-    let mut delays: Vec<Duration> = sharing.iter().flat_map(|l| l.tiers.clone()).collect();
-    delays.sort();
-    delays.dedup();
-    delays
-        .into_iter()
-        .map(|d| {
-            let topic = kjob::retry::tier_topic(namespace, d);
-            let today = topics.get(&topic).copied();
-            PlanRow {
-                after: Some(today.unwrap_or(widest)),
-                action: if today.is_some() {
-                    PlanAction::Keep
-                } else {
-                    PlanAction::Create
-                },
-                today,
-                topic,
-                role: Role::SharedRetryTier,
-            }
-        })
-        .collect()
+    let row = |topic: String, role: Role, new_count: usize| {
+        let today = topics.get(&topic).copied();
+        PlanRow {
+            after: Some(today.unwrap_or(new_count)),
+            action: if today.is_some() {
+                PlanAction::Keep
+            } else {
+                PlanAction::Create
+            },
+            today,
+            topic,
+            role,
+        }
+    };
+    let mut rows = Vec::new();
+    let sharing: Vec<&RouteLayout> = layouts.iter().filter(|l| l.shared).collect();
+    if let Some(count) = widest(&sharing) {
+        let mut delays: Vec<Duration> = sharing.iter().flat_map(|l| l.tiers.clone()).collect();
+        delays.sort();
+        delays.dedup();
+        rows.extend(delays.into_iter().map(|d| {
+            row(
+                kjob::retry::tier_topic(namespace, d),
+                Role::SharedRetryTier,
+                count,
+            )
+        }));
+    }
+    let delaying: Vec<&RouteLayout> = layouts
+        .iter()
+        .filter(|l| l.delays && l.shared_delays)
+        .collect();
+    if let Some(count) = widest(&delaying) {
+        rows.extend(
+            delay_topics(namespace)
+                .into_iter()
+                .map(|t| row(t, Role::SharedDelay, count)),
+        );
+    }
+    rows
 }
 
 #[cfg(test)]
@@ -552,6 +602,7 @@ mod plan_tests {
             delays: false,
             strict: false,
             shared: false,
+            shared_delays: false,
             dlq_partitions: None,
         };
         let rows = plan(&layout, &topics, 12);
@@ -608,11 +659,12 @@ mod plan_tests {
                 // One strict route keeps tiers of its own.
                 strict: r == 99,
                 shared: r != 99,
+                shared_delays: false,
                 dlq_partitions: Some(1),
             })
             .collect();
         let mut rows: Vec<PlanRow> = layouts.iter().flat_map(|l| plan(l, &topics, 6)).collect();
-        rows.extend(plan_shared("g", &layouts, &topics, 6));
+        rows.extend(plan_shared("g", &layouts, &topics, 6, None));
         let after: usize = rows.iter().filter_map(|r| r.after).sum();
         // 100 mains of 12 and DLQs of 1, 3 shared tiers of 12, the strict
         // route's 3 tiers and order topic of 12.
@@ -642,5 +694,78 @@ mod plan_tests {
         assert!(rows
             .iter()
             .any(|r| r.topic == "r99.retry.5s" && r.action == PlanAction::Create));
+    }
+
+    #[test]
+    fn shared_delay_buckets_replace_each_delaying_routes_own_and_take_the_set_partitions() {
+        let secs = Duration::from_secs;
+        let mut topics = BTreeMap::new();
+        for r in ["a", "b", "c"] {
+            topics.insert(r.to_string(), 6);
+        }
+        // Route a had delay topics of its own before the upgrade.
+        for t in delay_topics("a") {
+            topics.insert(t, 6);
+        }
+        let layouts: Vec<RouteLayout> = ["a", "b", "c"]
+            .iter()
+            .map(|r| RouteLayout {
+                main: r.to_string(),
+                tiers: vec![secs(5), secs(30)],
+                delays: *r != "c",
+                strict: false,
+                shared: true,
+                shared_delays: true,
+                dlq_partitions: Some(1),
+            })
+            .collect();
+        let mut rows: Vec<PlanRow> = layouts.iter().flat_map(|l| plan(l, &topics, 6)).collect();
+        rows.extend(plan_shared("g", &layouts, &topics, 6, Some(2)));
+        let shared: Vec<(String, Option<usize>)> = rows
+            .iter()
+            .filter(|r| r.role == Role::SharedDelay)
+            .map(|r| (r.topic.clone(), r.after))
+            .collect();
+        let want: Vec<(String, Option<usize>)> = delay_topics("g")
+            .into_iter()
+            .map(|t| (t, Some(2)))
+            .collect();
+        assert_eq!(shared, want, "one set of seven buckets, at the set count");
+        assert!(
+            rows.iter()
+                .filter(|r| r.topic.starts_with("a.delay."))
+                .all(|r| r.action == PlanAction::DeleteOnceDrained && r.after.is_none()),
+            "the route's own buckets are let go of once drained"
+        );
+        assert!(!rows.iter().any(|r| r.topic.starts_with("b.delay.")));
+        // 3 mains of 6, 3 DLQs of 1, 2 shared tiers and 7 shared buckets of 2.
+        let after: usize = rows.iter().filter_map(|r| r.after).sum();
+        assert_eq!(after, 3 * 6 + 3 + 2 * 2 + 7 * 2);
+    }
+
+    #[test]
+    fn a_route_lists_the_groups_shared_delay_buckets_when_it_has_none_of_its_own() {
+        let mut all: Vec<String> = vec!["orders".into(), "mails".into()];
+        all.extend(delay_topics("g"));
+        all.extend(delay_topics("mails"));
+        let orders = route_topics("orders", Some("g"), &all);
+        let shared: Vec<&str> = orders
+            .iter()
+            .filter(|t| t.role == Role::SharedDelay)
+            .map(|t| t.topic.as_str())
+            .collect();
+        assert_eq!(shared.len(), 7);
+        assert_eq!(
+            orders
+                .iter()
+                .find(|t| t.role == Role::SharedDelay)
+                .and_then(|t| t.delay.as_deref()),
+            Some("1s")
+        );
+        let mails = route_topics("mails", Some("g"), &all);
+        assert!(
+            mails.iter().all(|t| t.role != Role::SharedDelay),
+            "a route with delay topics of its own lists those"
+        );
     }
 }

@@ -387,3 +387,209 @@ async fn an_upgrade_to_shared_tiers_runs_what_waits_in_the_routes_own_tiers() {
         );
     }
 }
+
+/// `ran <seq> <at> <due>` lines: each run of a job, when it ran and when
+/// it was due (epoch ms).
+fn runs(record: &std::path::Path) -> HashMap<i64, Vec<(i64, i64)>> {
+    let mut m: HashMap<i64, Vec<(i64, i64)>> = HashMap::new();
+    for line in read_lines(record) {
+        let nums: Vec<i64> = line
+            .strip_prefix("ran ")
+            .map(|r| r.split(' ').filter_map(|x| x.parse().ok()).collect())
+            .unwrap_or_default();
+        if let [seq, at, due] = nums[..] {
+            m.entry(seq).or_default().push((at, due));
+        }
+    }
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_routes_delay_and_retry_through_shared_buckets_across_a_sigkill() {
+    init_logging();
+    let config = ensure_stack();
+    let (mail, crm) = (unique("sharedd.mail"), unique("sharedd.crm"));
+    let group = unique("gsharedd");
+    create_topic(&config, &mail, 2).await;
+    create_topic(&config, &crm, 3).await;
+    let record = std::env::temp_dir().join(unique("sharedd-record"));
+    let (db, effects) = effects_table("sharedd_effects").await;
+    let spawn = || {
+        Command::new(env!("CARGO_BIN_EXE_test-worker"))
+            .env("KJOB_TEST_EFFECTS", &effects)
+            .env("KJOB_DATABASE_URL", ensure_postgres())
+            .env("KJOB_TEST_TOPIC", &mail)
+            .env("KJOB_TEST_GROUP", &group)
+            .env("KJOB_TEST_RECORD", &record)
+            .env("KJOB_TEST_SHARED_TIERS", "1")
+            .env("KJOB_TEST_SHARED_DELAYS", "1")
+            .env("KJOB_TEST_DELAYED", "1")
+            .env("KJOB_TEST_TIERS_MS", "1000")
+            .env("KJOB_TEST_SECOND_TOPIC", &crm)
+            .env("KJOB_TEST_SECOND_TIERS_MS", "1000")
+            .env("KJOB_TEST_CONCURRENCY", "64")
+            .env("KJOB_INSTANCE_ID", "sharedd-0")
+            .spawn()
+            .expect("test-worker runs")
+    };
+    let mut first = spawn();
+    let buckets = kjob::delay::delay_topics(&group);
+    wait_topics_exist(&config, &buckets, "the group's shared delay buckets").await;
+    // The producer writes where the workers read: the group's buckets.
+    let producer = Producer::new(&config)
+        .expect("producer")
+        .shared_delay_buckets(&group);
+    // 150 jobs per route, due 0.2-12 s from now; every fifth fails once
+    // (its retry goes through the shared 1 s tier).
+    let n = 150i64;
+    let mut earliest: HashMap<i64, i64> = HashMap::new();
+    let before = kjob::dlq::now_ms();
+    for (topic, base) in [(&mail, 0), (&crm, 10_000)] {
+        for i in 0..n {
+            let seq = base + i;
+            let delay = Duration::from_millis(200 + (i as u64 * 7_919) % 11_800);
+            let behaviour = if i % 5 == 0 { "fail-first" } else { "ok" };
+            let e = producer
+                .enqueue_in_to(
+                    topic,
+                    &TestJob::with(format!("k{}", i % 20), seq, behaviour),
+                    delay,
+                )
+                .await
+                .expect("delayed enqueue");
+            assert!(
+                e.topic == *topic || e.topic.starts_with(&format!("{group}.delay.")),
+                "{e:?}"
+            );
+            earliest.insert(seq, before + delay.as_millis() as i64);
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    first.kill().expect("SIGKILL");
+    let _ = first.wait();
+    let mut second = spawn();
+    eventually(Duration::from_secs(120), "every delayed job done", || {
+        let finished: HashSet<i64> = read_lines(&record)
+            .iter()
+            .filter_map(|l| l.strip_prefix("done "))
+            .filter_map(|s| s.parse().ok())
+            .collect();
+        earliest.keys().all(|s| finished.contains(s))
+    })
+    .await;
+    let _ = second.kill();
+    let _ = second.wait();
+
+    let ran = runs(&record);
+    let mut late = Vec::new();
+    for (seq, floor) in &earliest {
+        let r = ran.get(seq).expect("every job ran");
+        for (at, due) in r {
+            assert!(at >= due, "job {seq} ran {} ms early", due - at);
+        }
+        assert!(r[0].0 >= *floor, "job {seq} ran before its delay");
+        late.push(r[0].0 - floor);
+    }
+    late.sort_unstable();
+    println!(
+        "{} delayed jobs through shared buckets across a SIGKILL: lateness p50 {} ms, max {} ms",
+        late.len(),
+        late[late.len() / 2],
+        late[late.len() - 1]
+    );
+    // Neither route has delay topics of its own; every record in the
+    // shared buckets names one of the two routes.
+    let own: Vec<String> = kjob::delay::delay_topics(&mail)
+        .into_iter()
+        .chain(kjob::delay::delay_topics(&crm))
+        .collect();
+    let counts = kjob::topics::partition_counts(&config, &own).expect("metadata");
+    assert!(counts.iter().all(Option::is_none), "{counts:?}");
+    let mut routes: HashMap<String, usize> = HashMap::new();
+    for t in &buckets {
+        for r in read_all(&config, t) {
+            let route =
+                kjob::headers::find(rdkafka::message::Message::headers(&r), kjob::headers::ROUTE)
+                    .unwrap_or("none")
+                    .to_string();
+            *routes.entry(route).or_default() += 1;
+        }
+    }
+    assert!(routes.keys().all(|r| *r == mail || *r == crm), "{routes:?}");
+    assert!(
+        routes.contains_key(&mail) && routes.contains_key(&crm),
+        "{routes:?}"
+    );
+    let (rows, distinct) = effects_once(&db, &effects).await;
+    println!("bucket records by route {routes:?}; {rows} effects");
+    assert_eq!(rows, earliest.len() as i64, "every job's effect, once");
+    assert_eq!(distinct, rows, "no effect twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_to_shared_delay_buckets_runs_what_waits_in_the_routes_own() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("sharedd.upgrade");
+    let group = unique("gupgraded");
+    create_topic(&config, &topic, 2).await;
+    // The per-route layout: jobs parked in the route's own delay topics
+    // (created as its worker would), by a producer not told of sharing.
+    let own = kjob::delay::delay_topics(&topic);
+    let parts: Vec<(String, i32)> = own.iter().map(|t| (t.clone(), 2)).collect();
+    kjob::topics::create_topics_with(&config, &parts, &[("retention.ms", "604800000")])
+        .await
+        .expect("own delay topics");
+    kjob::topics::wait_visible(&config, &own)
+        .await
+        .expect("visible");
+    let producer = Producer::new(&config).expect("producer");
+    let before = kjob::dlq::now_ms();
+    for seq in 0..20i64 {
+        producer
+            .enqueue_in_to(
+                &topic,
+                &TestJob::ok(format!("k{seq}"), seq),
+                Duration::from_secs(15),
+            )
+            .await
+            .expect("delayed enqueue");
+    }
+    // The upgraded worker shares its buckets, and still serves the old.
+    let handled: std::sync::Arc<std::sync::Mutex<Vec<(i64, String, i64)>>> = Default::default();
+    let h = handled.clone();
+    let worker = kjob::Worker::builder(config.clone(), &group)
+        .handle_on(&topic, move |job: TestJob, ctx: kjob::JobContext| {
+            let h = h.clone();
+            async move {
+                h.lock()
+                    .expect("lock")
+                    .push((job.seq, ctx.topic.to_string(), kjob::dlq::now_ms()));
+                Ok::<(), kjob::JobError>(())
+            }
+        })
+        .delayed_jobs_on(&topic)
+        .shared_retry_tiers_with(kjob::SharedTiers::new().delay_buckets())
+        .build()
+        .expect("worker builds");
+    let running = start(worker);
+    eventually(Duration::from_secs(60), "every parked job handled", || {
+        handled.lock().map(|h| h.len() >= 20).unwrap_or(false)
+    })
+    .await;
+    running.stop().await;
+    let mut got = handled.lock().expect("lock").clone();
+    got.sort();
+    assert_eq!(
+        got.iter().map(|(s, _, _)| *s).collect::<Vec<i64>>(),
+        (0..20).collect::<Vec<i64>>(),
+        "each once: {got:?}"
+    );
+    for (seq, from, at) in &got {
+        assert!(*at >= before + 15_000, "job {seq} ran early");
+        assert!(
+            from.starts_with(&format!("{group}.delay.")),
+            "job {seq} hopped on into the shared buckets, ran from {from}"
+        );
+    }
+}

@@ -73,7 +73,10 @@ pub(super) async fn prepare(
             match delay::first_hop(now_ms, run_at_ms) {
                 Some(hop) => {
                     set(&mut headers, headers::DUE_AT, hop.release_ms.to_string());
-                    delay::delay_topic(&row.topic, hop.bucket)
+                    if delay_topics.is_shared() {
+                        set(&mut headers, headers::ROUTE, row.topic.clone());
+                    }
+                    delay_topics.topic(&row.topic, hop.bucket)
                 }
                 // Due too soon for a bucket: the worker waits out the rest.
                 None => row.topic.clone(),

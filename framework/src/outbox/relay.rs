@@ -168,6 +168,15 @@ impl Relay {
         self
     }
 
+    /// Publishes delayed rows to the shared delay buckets
+    /// `<namespace>.delay.<bucket>`, as
+    /// [`Producer::shared_delay_buckets`] does: for workers built with
+    /// [`SharedTiers::delay_buckets`](crate::SharedTiers::delay_buckets).
+    pub fn shared_delay_buckets(mut self, namespace: &str) -> Self {
+        self.delay_topics.share(namespace);
+        self
+    }
+
     /// How long sent rows are kept (default 1 h); `Duration::ZERO` deletes
     /// them as soon as they are acknowledged.
     pub fn retention(mut self, d: Duration) -> Self {

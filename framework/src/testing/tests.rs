@@ -258,3 +258,95 @@ async fn a_shared_tier_record_of_an_unknown_route_is_dead_lettered_naming_it() {
         h.handled()
     );
 }
+
+#[tokio::test]
+async fn shared_delay_buckets_carry_each_routes_delayed_jobs_back_to_its_handler() {
+    let builder = Worker::builder(KafkaConfig::from_env(), "g")
+        .handle_on("mail", failing(0))
+        .handle_on("crm", failing(0))
+        .handle_on("plain", failing(0))
+        .delayed_jobs_on("mail")
+        .delayed_jobs_on("crm")
+        .priority("mail", crate::Priority::High)
+        .shared_retry_tiers_with(crate::SharedTiers::new().delay_buckets());
+    let mut h = Harness::new(builder).unwrap();
+    // Jobs written to the main topics with a run time 75 s ahead (as a
+    // producer that does not hop writes them): the worker hops them into
+    // the group's buckets.
+    let run_at = h.now_ms() + 75_000;
+    for topic in ["mail", "crm"] {
+        h.enqueue_to(
+            topic,
+            &Step {
+                key: "k".into(),
+                seq: 1,
+            },
+        )
+        .unwrap();
+        let first = h.records(topic).remove(0);
+        let mut delayed = JobHeaders::parse(first.headers());
+        delayed.id = Some(format!("{topic}-later"));
+        delayed.run_at_ms = Some(run_at);
+        h.append(
+            topic,
+            first.key().map(<[u8]>::to_vec),
+            first.payload().map(<[u8]>::to_vec),
+            delayed.to_owned_headers(),
+        )
+        .unwrap();
+    }
+    h.run().await;
+    assert_eq!(h.handled().len(), 2, "the undelayed ones ran at once");
+    let parked = h.records("g.delay.1m");
+    assert_eq!(parked.len(), 2, "both routes hop into the one 1 m bucket");
+    let mut routes: Vec<&str> = parked
+        .iter()
+        .filter_map(|r| crate::headers::find(r.headers(), crate::headers::ROUTE))
+        .collect();
+    routes.sort_unstable();
+    assert_eq!(routes, vec!["crm", "mail"]);
+    assert!(h.records("mail.delay.1m").is_empty() && h.records("crm.delay.1m").is_empty());
+    h.run_until_idle().await;
+    let later: Vec<(&str, &str, i64)> = h
+        .handled()
+        .iter()
+        .filter(|d| d.id.ends_with("-later"))
+        .map(|d| (d.id.as_str(), d.topic.as_str(), d.at_ms))
+        .collect();
+    assert_eq!(later.len(), 2, "{:?}", h.handled());
+    // The last hop ends within LEAD plus the shortest bucket of the run
+    // time; the worker waits the rest out on the real clock, which the
+    // harness's virtual clock does not move.
+    let remainder = (crate::delay::LEAD + crate::delay::BUCKETS[0]).as_millis() as i64;
+    for (id, topic, at) in later {
+        assert!(topic.starts_with("g.delay."), "{id} ran from {topic}");
+        assert!(
+            at < run_at && at >= run_at - remainder,
+            "{id} released at {at}, run time {run_at}"
+        );
+    }
+    assert!(h.dead_letters().is_empty());
+}
+
+#[test]
+fn a_shared_bucket_is_read_at_its_most_urgent_routes_priority_and_names_no_undelayed_route() {
+    let builder = Worker::builder(KafkaConfig::from_env(), "g")
+        .handle_on("mail", failing(0))
+        .handle_on("crm", failing(0))
+        .handle_on("plain", failing(0))
+        .delayed_jobs_on("mail")
+        .delayed_jobs_on("crm")
+        .priority("mail", crate::Priority::High)
+        .priority("crm", crate::Priority::Low)
+        .shared_retry_tiers_with(crate::SharedTiers::new().delay_buckets());
+    let routes = builder
+        .build_routes(Arc::new(crate::testing::MemorySchemas::default()))
+        .unwrap();
+    let bucket = &routes.entries["g.delay.10s"];
+    assert_eq!(bucket.priority, crate::Priority::High);
+    let mut sharers: Vec<&String> = bucket.sharers.as_ref().unwrap().keys().collect();
+    sharers.sort();
+    assert_eq!(sharers, vec!["crm", "mail"], "plain takes no delays");
+    assert!(!routes.entries.keys().any(|t| t.starts_with("mail.delay.")));
+    assert!(!routes.entries.keys().any(|t| t.starts_with("plain.delay.")));
+}

@@ -727,6 +727,11 @@ impl WorkerBuilder {
                 Some(t) => Arc::from(t.namespace_for(&self.settings.group)),
                 None => Arc::from(topic.as_str()),
             };
+            let shares_delays = shares.is_some_and(|t| t.delays) && delays;
+            let delays_at: Arc<str> = match shares_delays {
+                true => tiers_at.clone(),
+                false => Arc::from(topic.as_str()),
+            };
             for (i, tier) in retry.tier_topics(&tiers_at).into_iter().enumerate() {
                 let entry = RouteEntry {
                     route: route.clone(),
@@ -737,6 +742,7 @@ impl WorkerBuilder {
                     delays,
                     fair: fair.clone(),
                     tiers_at: tiers_at.clone(),
+                    delays_at: delays_at.clone(),
                     sharers: None,
                 };
                 if shares.is_some() {
@@ -746,7 +752,10 @@ impl WorkerBuilder {
                 }
             }
             if delays {
-                for (i, delay) in crate::delay::delay_topics(topic).into_iter().enumerate() {
+                for (i, delay) in crate::delay::delay_topics(&delays_at)
+                    .into_iter()
+                    .enumerate()
+                {
                     let entry = RouteEntry {
                         route: route.clone(),
                         main: topic.clone(),
@@ -756,9 +765,15 @@ impl WorkerBuilder {
                         delays,
                         fair: fair.clone(),
                         tiers_at: tiers_at.clone(),
+                        delays_at: delays_at.clone(),
                         sharers: None,
                     };
-                    if entries.insert(delay.clone(), entry).is_some() {
+                    if shares_delays {
+                        shared
+                            .entry(delay)
+                            .or_default()
+                            .insert(topic.clone(), entry);
+                    } else if entries.insert(delay.clone(), entry).is_some() {
                         return Err(Error::DuplicateTopic { topic: delay });
                     }
                 }
@@ -772,6 +787,7 @@ impl WorkerBuilder {
                 delays,
                 fair: fair.clone(),
                 tiers_at,
+                delays_at,
                 sharers: None,
             };
             if entries.insert(topic.clone(), entry).is_some() {
@@ -781,15 +797,23 @@ impl WorkerBuilder {
             }
             mains.push(topic.clone());
         }
-        // A shared tier's own entry stands for all its routes where the
+        // A shared topic's own entry stands for all its routes where the
         // topic is what counts (subscription, creation, holds, priority);
         // each record runs under its route's entry (RouteEntry::for_record).
+        // It is read at the most urgent of its routes' priorities: retries
+        // and delayed jobs are a small share of a route's work, and a High
+        // route's retry must not wait behind a Low route's main topic.
         for (tier, sharers) in shared {
             let Some(first) = sharers.values().min_by(|a, b| a.main.cmp(&b.main)).cloned() else {
                 continue;
             };
+            let priority = sharers
+                .values()
+                .map(|e| e.priority)
+                .min_by_key(|p| p.level())
+                .unwrap_or_default();
             let entry = RouteEntry {
-                priority: Priority::default(),
+                priority,
                 sharers: Some(Arc::new(sharers)),
                 ..first
             };

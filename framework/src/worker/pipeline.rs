@@ -421,7 +421,7 @@ impl Pipeline {
         }
     }
 
-    /// A record in a shared retry tier that names no route of this worker
+    /// A record in a shared retry tier or delay bucket that names no route of this worker
     /// (a hostile or mistaken `kjob-route`, or a route only newer workers
     /// serve, mid-deploy): dead-lettered into the DLQ of the route the
     /// tier's entry stands for, with an error that names the route, so it
@@ -441,7 +441,7 @@ impl Pipeline {
             .or_else(|| headers.original_topic.clone());
         let message = match &named {
             Some(route) => format!(
-                "the shared retry tier `{}` holds a record of route `{}`, which this worker does not serve (its routes there: {}); run a worker with that route and re-drive it with `kjob dlq retry`",
+                "the shared topic `{}` holds a record of route `{}`, which this worker does not serve (its routes there: {}); run a worker with that route and re-drive it with `kjob dlq retry`",
                 msg.topic(),
                 crate::headers::truncate_utf8(route, 200),
                 topic_entry.sharers.as_ref().map_or(String::new(), |s| {
@@ -451,7 +451,7 @@ impl Pipeline {
                 }),
             ),
             None => format!(
-                "the shared retry tier `{}` holds a record that names no route (no `{}` header)",
+                "the shared topic `{}` holds a record that names no route (no `{}` header)",
                 msg.topic(),
                 crate::headers::ROUTE
             ),

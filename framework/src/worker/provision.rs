@@ -19,11 +19,18 @@ impl Worker {
     /// their time instead of being stranded. `kjob topics plan` shows when
     /// the topics are drained and can be deleted; after that the route
     /// runs without them.
+    ///
+    /// A route that shares delay buckets (`SharedTiers::delay_buckets`)
+    /// reads its own delay topics the same way while they exist (the
+    /// layout before the upgrade, or a producer not yet told the
+    /// namespace); the jobs there hop on into the shared buckets.
     pub(super) async fn adopt_delay_topics(&mut self) -> Result<()> {
         let plain: Vec<String> = self
             .routes
             .iter()
-            .filter(|(t, e)| e.role == TopicRole::Main && !e.delays && **t == e.main)
+            .filter(|(t, e)| {
+                e.role == TopicRole::Main && **t == e.main && (!e.delays || *e.delays_at != ***t)
+            })
             .map(|(t, _)| t.clone())
             .collect();
         if plain.is_empty() {
@@ -40,10 +47,17 @@ impl Worker {
             if existing == 0 {
                 continue;
             }
-            warn!(route = %main, delay_topics = existing, "the route is not declared to take delayed jobs (delayed_jobs_on), but its delay topics exist: serving them so that what waits there runs at its time; `kjob topics plan` shows when they are drained and can be deleted");
             let Some(base) = self.routes.get(main).cloned() else {
                 continue;
             };
+            match base.delays {
+                true => {
+                    warn!(route = %main, delay_topics = existing, "the route shares delay buckets now, but its own delay topics exist: reading them until they are drained (their jobs hop on into the shared buckets); `kjob topics plan --shared-tiers` shows when they can be deleted")
+                }
+                false => {
+                    warn!(route = %main, delay_topics = existing, "the route is not declared to take delayed jobs (delayed_jobs_on), but its delay topics exist: serving them so that what waits there runs at its time; `kjob topics plan` shows when they are drained and can be deleted")
+                }
+            }
             for entry in self.routes.values_mut().filter(|e| e.main == *main) {
                 entry.delays = true;
             }
@@ -217,7 +231,8 @@ impl Worker {
         self.strict_topics().await
     }
 
-    /// The shared retry tiers (`WorkerBuilder::shared_retry_tiers`), created
+    /// The shared retry tiers and delay buckets
+    /// (`WorkerBuilder::shared_retry_tiers`), created
     /// when missing and allowed: with the set partition count, else the
     /// largest of the sharing routes' main topics, and a record size limit
     /// that takes the largest record any of them accepts plus kjob's
@@ -259,6 +274,7 @@ impl Worker {
         let main_counts = crate::topics::partition_counts_async(&self.config, &mains).await?;
         let limits = crate::topics::max_message_bytes(&self.config, &mains).await;
         let of = |main: &String| mains.iter().position(|m| m == main);
+        let retention = crate::delay::CREATED_RETENTION.as_millis().to_string();
         for (topic, sharing) in &missing {
             let at: Vec<usize> = sharing.iter().filter_map(of).collect();
             let partitions = self.shared_tier_partitions.unwrap_or_else(|| {
@@ -273,12 +289,22 @@ impl Worker {
                 .max();
             let sized = limit.map(|b| (b + crate::topics::FORWARD_HEADROOM_BYTES).to_string());
             let wanted = [((*topic).clone(), partitions as i32)];
-            match &sized {
-                Some(bytes) => {
-                    create_topics_with(&self.config, &wanted, &[("max.message.bytes", bytes)])
-                        .await?
-                }
-                None => create_topics(&self.config, &wanted).await?,
+            let mut cfg: Vec<(&str, &str)> = Vec::new();
+            if let Some(bytes) = &sized {
+                cfg.push(("max.message.bytes", bytes));
+            }
+            // A delay bucket gets an explicit retention (the delay producer
+            // checks it), whatever the broker's default.
+            let bucket = self
+                .routes
+                .get(*topic)
+                .is_some_and(|e| matches!(e.role, TopicRole::Delay(_)));
+            if bucket {
+                cfg.push(("retention.ms", &retention));
+            }
+            match cfg.is_empty() {
+                true => create_topics(&self.config, &wanted).await?,
+                false => create_topics_with(&self.config, &wanted, &cfg).await?,
             }
         }
         let created: Vec<String> = missing.iter().map(|(t, _)| (*t).clone()).collect();

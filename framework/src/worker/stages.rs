@@ -106,7 +106,7 @@ async fn hop_or_wait<M: Message>(
         let left = run_at - crate::clock::now_ms();
         return wait_out(waiter, left).await;
     };
-    let target = crate::delay::delay_topic(&entry.main, hop.bucket);
+    let target = crate::delay::delay_topic(&entry.delays_at, hop.bucket);
     let next = hop_headers(fw, msg, headers, hop.release_ms);
     debug!(job.id = next.id.as_deref().unwrap_or(""), at = %format_args!("{}:{}", msg.partition(), msg.offset()), next = %target, release_ms = hop.release_ms, run_at_ms = run_at, "delayed job hops on");
     Some(

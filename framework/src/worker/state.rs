@@ -157,8 +157,12 @@ pub(crate) struct RouteEntry {
     /// (`<main>.retry.<delay>`), or the namespace of the shared tiers
     /// (`<namespace>.retry.<delay>`, `WorkerBuilder::shared_retry_tiers`).
     pub tiers_at: Arc<str>,
-    /// On a shared tier topic only: the entry of each route whose retries
-    /// pass through it, by main topic. A record there names its route in
+    /// What the route's delay buckets are named after: its main topic
+    /// (`<main>.delay.<bucket>`), or the shared namespace
+    /// (`SharedTiers::delay_buckets`).
+    pub delays_at: Arc<str>,
+    /// On a shared tier or delay bucket only: the entry of each route
+    /// whose records pass through it, by main topic. A record there names its route in
     /// `kjob-route` ([`crate::headers::ROUTE`]).
     pub sharers: Option<Arc<rustc_hash::FxHashMap<String, RouteEntry>>>,
 }

@@ -39,7 +39,7 @@ use kjob::{KafkaConfig, Producer};
 use rdkafka::message::OwnedHeaders;
 
 use crate::problem::Problem;
-use crate::topics::{route_topics, Role};
+use crate::topics::route_topics;
 
 pub use kjob::headers::MOVED_FROM;
 
@@ -241,7 +241,7 @@ fn check_topic(config: &KafkaConfig, main: &str, group: &str, topic: &str) -> an
     }
     let waiting: Vec<String> = route_topics(main, Some(group), &names)
         .into_iter()
-        .filter(|t| matches!(t.role, Role::RetryTier | Role::Delay))
+        .filter(|t| super::holds(&t.role))
         .map(|t| t.topic)
         .collect();
     if waiting.iter().any(|t| t == topic) {

@@ -50,6 +50,30 @@ impl WaitingRecord {
     pub fn due_ms(&self) -> Option<i64> {
         self.headers.run_at_ms.or(self.headers.due_at_ms)
     }
+
+    /// Whether it is a job of route `main`: in a shared tier or bucket, the
+    /// route it names (`kjob-route`, else where it was first consumed).
+    pub fn of_route(&self, main: &str) -> bool {
+        let named = self
+            .headers
+            .extra
+            .iter()
+            .find(|(k, _)| k == kjob::headers::ROUTE)
+            .map(|(_, v)| v.as_slice());
+        match named {
+            Some(route) => route == main.as_bytes(),
+            None => self.headers.original_topic.as_deref() == Some(main),
+        }
+    }
+}
+
+/// The topics of a route where jobs wait for their time: its retry tiers
+/// and delay topics, its own or the group's shared ones.
+pub(crate) fn holds(role: &Role) -> bool {
+    matches!(
+        role,
+        Role::RetryTier | Role::Delay | Role::SharedRetryTier | Role::SharedDelay
+    )
 }
 
 /// One partition of a waiting topic.
@@ -72,7 +96,9 @@ pub struct WaitingPartition {
 pub struct WaitingTopic {
     /// The topic.
     pub topic: String,
-    /// [`Role::RetryTier`] or [`Role::Delay`].
+    /// [`Role::RetryTier`], [`Role::Delay`] or a shared one
+    /// ([`Role::SharedRetryTier`], [`Role::SharedDelay`]: its counts are
+    /// every route's, its records this route's).
     pub role: Role,
     /// Its delay (`30s`, `1d`).
     pub delay: Option<String>,
@@ -98,7 +124,8 @@ pub fn window(lag: &PartitionLag, max: usize) -> Option<(i64, i64)> {
     (to > from).then_some((from, to))
 }
 
-/// The retry tiers and delay topics of route `main` for `group`, shortest
+/// The retry tiers and delay topics of route `main` for `group` (the
+/// group's shared ones included), shortest
 /// delay first, each with the first `per_partition` records the group has
 /// not committed (capped at [`MAX_PER_PARTITION`]). Blocking.
 pub fn waiting(
@@ -111,7 +138,7 @@ pub fn waiting(
     let names = kjob::topics::list_topics(config)?;
     let topics: Vec<_> = route_topics(main, Some(group), &names)
         .into_iter()
-        .filter(|t| matches!(t.role, Role::RetryTier | Role::Delay))
+        .filter(|t| holds(&t.role))
         .collect();
     if topics.is_empty() {
         return Ok(Vec::new());
@@ -134,9 +161,16 @@ pub fn waiting(
                     committed: l.committed,
                     end: l.end,
                     waiting: (l.end - l.committed.unwrap_or(l.start).max(l.start)).max(0),
+                    // A shared topic's other routes' jobs are theirs to show.
                     records: read
                         .remove(&(t.topic.clone(), l.partition))
-                        .unwrap_or_default(),
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|r| {
+                            !matches!(t.role, Role::SharedRetryTier | Role::SharedDelay)
+                                || r.of_route(main)
+                        })
+                        .collect(),
                 })
                 .collect();
             partitions.sort_by_key(|p| p.partition);
@@ -257,5 +291,24 @@ mod tests {
         assert_eq!(r.due_ms(), Some(5));
         r.headers.run_at_ms = Some(9);
         assert_eq!(r.due_ms(), Some(9));
+    }
+
+    #[test]
+    fn a_shared_topics_record_belongs_to_the_route_it_names() {
+        let mut r = WaitingRecord {
+            partition: 0,
+            offset: 0,
+            key: None,
+            headers: JobHeaders::default(),
+            timestamp_ms: None,
+        };
+        assert!(!r.of_route("mails"));
+        r.headers.original_topic = Some("mails".into());
+        assert!(r.of_route("mails"));
+        r.headers
+            .extra
+            .push((kjob::headers::ROUTE.into(), b"invoices".to_vec()));
+        assert!(r.of_route("invoices"), "the route header decides");
+        assert!(!r.of_route("mails"));
     }
 }

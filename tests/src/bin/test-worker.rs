@@ -32,7 +32,9 @@
 //! `KJOB_TEST_SHARED_TIERS=1` shares the retry tiers among the routes
 //! (`WorkerBuilder::shared_retry_tiers`); `KJOB_TEST_SECOND_TOPIC=<topic>`
 //! runs the same handler on a second route, with retry tiers of its own
-//! `KJOB_TEST_SECOND_TIERS_MS` (default `1000,2000`).
+//! `KJOB_TEST_SECOND_TIERS_MS` (default `1000,2000`); with
+//! `KJOB_TEST_SHARED_DELAYS=1` too, the routes also share delay buckets
+//! (`SharedTiers::delay_buckets`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -196,7 +198,11 @@ async fn main() -> Result<(), String> {
         });
     }
     if std::env::var("KJOB_TEST_SHARED_TIERS").is_ok_and(|v| v == "1") {
-        builder = builder.shared_retry_tiers();
+        let mut shared = kjob::SharedTiers::new();
+        if std::env::var("KJOB_TEST_SHARED_DELAYS").is_ok_and(|v| v == "1") {
+            shared = shared.delay_buckets();
+        }
+        builder = builder.shared_retry_tiers_with(shared);
     }
     if let Ok(second) = std::env::var("KJOB_TEST_SECOND_TOPIC") {
         let tiers = delays_ms("KJOB_TEST_SECOND_TIERS_MS", "1000,2000");
