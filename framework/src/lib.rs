@@ -146,6 +146,7 @@ mod book {
         #[cfg(feature = "postgres")]
         Outbox = "outbox.md";
         ComingFrom = "coming-from.md";
+        Topology = "topology.md";
         Deploys = "deploys.md";
         Evolution = "evolution.md";
         Dashboard = "dashboard.md";

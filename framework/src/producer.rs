@@ -173,7 +173,7 @@ impl DelayTopicCheck {
             return main.to_string();
         };
         headers.due_at_ms = Some(hop.release_ms);
-        if self.namespace.is_some() {
+        if self.is_shared() {
             headers.extra.retain(|(k, _)| k != crate::headers::ROUTE);
             headers
                 .extra

@@ -295,6 +295,45 @@ async fn operators_see_redrive_and_plan_the_shared_tiers() {
     assert_eq!(shared.len(), 1, "{plan}");
     assert_eq!(shared[0]["topic"], tier.as_str());
     assert_eq!(shared[0]["action"], "keep", "{plan}");
+
+    // With shared delay buckets of 1 partition: seven more to create.
+    let plan: serde_json::Value = serde_json::from_str(&kjob_ok(
+        exe,
+        &config,
+        &[
+            "topics",
+            "plan",
+            "--topic",
+            &topic,
+            "--tiers",
+            "1s",
+            "--delays-on",
+            &topic,
+            "--shared-tiers",
+            "--shared-delays",
+            "--shared-partitions",
+            "1",
+            "--group",
+            &group,
+            "--json",
+        ],
+    ))
+    .expect("plan --json");
+    let buckets: Vec<&serde_json::Value> = plan["topics"]
+        .as_array()
+        .expect("topics")
+        .iter()
+        .filter(|t| t["role"] == "shared_delay")
+        .collect();
+    assert_eq!(buckets.len(), 7, "{plan}");
+    assert!(
+        buckets.iter().all(|b| b["action"] == "create"
+            && b["topic"]
+                .as_str()
+                .is_some_and(|t| t.starts_with(&format!("{group}.delay.")))),
+        "{plan}"
+    );
+    assert_eq!(plan["after"]["partitions"], 2 + 1 + 2 + 7, "{plan}");
 }
 
 /// A worker of `topic` whose handler fails `fail-first` jobs once and

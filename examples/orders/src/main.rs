@@ -6,9 +6,10 @@
 //!
 //! 1. it **enqueues** N jobs (acknowledged by the broker before it counts them),
 //! 2. it runs a **worker** whose handlers simulate real downstreams: a few
-//!    milliseconds of latency, an occasional 503 (retried through the delay
-//!    tiers `<topic>.retry.1s`, `.5s`, `.15s`), and a rare order that no
-//!    longer exists (dead-lettered to `<topic>.dlq` at once),
+//!    milliseconds of latency, an occasional 503 (retried through the
+//!    group's shared retry tiers `orders-demo.retry.1s`, `.5s`, `.15s`), and
+//!    a rare order that no longer exists (dead-lettered to `<topic>.dlq` at
+//!    once),
 //! 3. it waits until every job is handled or dead-lettered **and** the
 //!    group's committed offsets reach the end of every partition, then prints
 //!    a summary.
@@ -16,8 +17,15 @@
 //! Two scheduling features show on the way: confirmation mails are a
 //! `Priority::High` route and CRM syncs `Priority::Low`, so a customer's
 //! mail never waits behind a sync backlog; and a few "how was your order?"
-//! follow-up mails are enqueued with `enqueue_in` (3 s), through the delay
-//! topics `<topic>.delay.<bucket>`, and run no earlier than that.
+//! follow-up mails are enqueued with `enqueue_in` (3 s), through the
+//! group's delay buckets `orders-demo.delay.<bucket>`, and run no earlier
+//! than that.
+//!
+//! The layout is the compact one (`shared_retry_tiers_with`,
+//! `dlq_partitions`): the three routes share one set of retry tiers and
+//! delay buckets of 3 partitions, and their DLQs have one partition each,
+//! so the demo leaves 52 partitions behind where tiers and DLQs per route
+//! would leave 133 (both counts with the group's 1-partition control topic).
 //!
 //! Run it with `./dev demo` (starts the local stack if needed).
 
@@ -32,7 +40,9 @@ use comfy_table::Table;
 use contracts::{RenderInvoicePdf, SendOrderConfirmation, SyncCustomerToCrm};
 use indicatif::{ProgressBar, ProgressStyle};
 use kjob::retry::RetryPolicy;
-use kjob::{Job, JobContext, JobError, KafkaConfig, Priority, Producer, Worker, WorkerStats};
+use kjob::{
+    Job, JobContext, JobError, KafkaConfig, Priority, Producer, SharedTiers, Worker, WorkerStats,
+};
 use rand::Rng;
 
 #[derive(Parser, Debug, Clone)]
@@ -50,7 +60,7 @@ struct Args {
     /// Simulated handler latency, upper bound in milliseconds.
     #[arg(long, default_value_t = 8)]
     max_latency_ms: u64,
-    /// Partitions per topic when the topics are created.
+    /// Partitions of each main topic when the topics are created.
     #[arg(long, default_value_t = 6)]
     partitions: i32,
     /// Consumer group of the demo worker.
@@ -142,13 +152,18 @@ fn retry_policy() -> RetryPolicy {
     ])
 }
 
-/// Main topics and their retry tiers: everything the worker's group consumes.
-fn consumed_topics() -> Vec<String> {
-    let policy = retry_policy();
+/// Partitions of the shared retry tiers and delay buckets: retries and
+/// delayed jobs are a small share of the demo's work, and three partitions
+/// still let three workers share it.
+const SHARED_PARTITIONS: usize = 3;
+
+/// The main topics, then the group's shared retry tiers and delay buckets:
+/// everything the worker's group consumes.
+fn consumed_topics(group: &str) -> Vec<String> {
     topics()
         .into_iter()
-        .flat_map(|t| std::iter::once(t.clone()).chain(policy.tier_topics(&t)))
-        .chain(kjob::delay::delay_topics(SendOrderConfirmation::NAME))
+        .chain(retry_policy().tier_topics(group))
+        .chain(kjob::delay::delay_topics(group))
         .collect()
 }
 
@@ -228,10 +243,11 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("creating the demo topics")?;
 
-    // The confirmation route's delay topics, for the follow-up mails below.
-    let delays: Vec<(String, i32)> = kjob::delay::delay_topics(SendOrderConfirmation::NAME)
+    // The group's delay buckets, for the follow-up mails below (the worker
+    // would create them too, but the producer writes before it starts).
+    let delays: Vec<(String, i32)> = kjob::delay::delay_topics(&args.group)
         .into_iter()
-        .map(|t| (t, args.partitions))
+        .map(|t| (t, SHARED_PARTITIONS as i32))
         .collect();
     let retention = kjob::delay::CREATED_RETENTION.as_millis().to_string();
     kjob::topics::create_topics_with(&config, &delays, &[("retention.ms", &retention)])
@@ -240,7 +256,8 @@ async fn main() -> anyhow::Result<()> {
     let delay_names: Vec<String> = delays.into_iter().map(|(t, _)| t).collect();
     kjob::topics::wait_visible(&config, &delay_names).await?;
 
-    let producer = Producer::new(&config)?;
+    // Delayed jobs go where the workers read them: the group's buckets.
+    let producer = Producer::new(&config)?.shared_delay_buckets(&args.group);
     // Register the contracts up front: an incompatible schema fails here.
     producer.prepare::<SendOrderConfirmation>().await?;
     producer.prepare::<RenderInvoicePdf>().await?;
@@ -278,8 +295,16 @@ async fn main() -> anyhow::Result<()> {
         .retry(retry_policy())
         .priority(SendOrderConfirmation::NAME, Priority::High)
         .priority(SyncCustomerToCrm::NAME, Priority::Low)
-        // Only the follow-up mails are delayed: one route with delay topics.
+        // Only the follow-up mails are delayed.
         .delayed_jobs_on(SendOrderConfirmation::NAME)
+        // One set of retry tiers and delay buckets for the three routes, and
+        // small DLQs: 52 partitions instead of 133.
+        .shared_retry_tiers_with(
+            SharedTiers::new()
+                .delay_buckets()
+                .partitions(SHARED_PARTITIONS),
+        )
+        .dlq_partitions(1)
         .concurrency(256)
         .build()?;
     let stats = worker.stats();
@@ -294,7 +319,7 @@ async fn main() -> anyhow::Result<()> {
             .context("progress template")?,
     );
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
-    let lag_topics = consumed_topics();
+    let lag_topics = consumed_topics(&args.group);
     let lag = loop {
         let done = WorkerStats::get(&stats.handled) + WorkerStats::get(&stats.dead_lettered);
         bar.set_position(done.min(enqueued));

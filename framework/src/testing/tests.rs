@@ -329,7 +329,7 @@ async fn shared_delay_buckets_carry_each_routes_delayed_jobs_back_to_its_handler
 }
 
 #[test]
-fn a_shared_bucket_is_read_at_its_most_urgent_routes_priority_and_names_no_undelayed_route() {
+fn a_shared_bucket_of_mixed_priorities_is_read_at_normal_and_names_no_undelayed_route() {
     let builder = Worker::builder(KafkaConfig::from_env(), "g")
         .handle_on("mail", failing(0))
         .handle_on("crm", failing(0))
@@ -343,10 +343,30 @@ fn a_shared_bucket_is_read_at_its_most_urgent_routes_priority_and_names_no_undel
         .build_routes(Arc::new(crate::testing::MemorySchemas::default()))
         .unwrap();
     let bucket = &routes.entries["g.delay.10s"];
-    assert_eq!(bucket.priority, crate::Priority::High);
+    assert_eq!(
+        bucket.priority,
+        crate::Priority::Normal,
+        "a Low route's hops must not compete at High"
+    );
+    let tier = &routes.entries["g.retry.5s"];
+    assert_eq!(tier.priority, crate::Priority::Normal);
     let mut sharers: Vec<&String> = bucket.sharers.as_ref().unwrap().keys().collect();
     sharers.sort();
     assert_eq!(sharers, vec!["crm", "mail"], "plain takes no delays");
     assert!(!routes.entries.keys().any(|t| t.starts_with("mail.delay.")));
     assert!(!routes.entries.keys().any(|t| t.starts_with("plain.delay.")));
+}
+
+#[test]
+fn a_shared_tier_of_routes_of_one_priority_is_read_at_it() {
+    let builder = Worker::builder(KafkaConfig::from_env(), "g")
+        .handle_on("mail", failing(0))
+        .handle_on("sms", failing(0))
+        .priority("mail", crate::Priority::High)
+        .priority("sms", crate::Priority::High)
+        .shared_retry_tiers();
+    let routes = builder
+        .build_routes(Arc::new(crate::testing::MemorySchemas::default()))
+        .unwrap();
+    assert_eq!(routes.entries["g.retry.5s"].priority, crate::Priority::High);
 }

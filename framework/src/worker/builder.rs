@@ -800,18 +800,19 @@ impl WorkerBuilder {
         // A shared topic's own entry stands for all its routes where the
         // topic is what counts (subscription, creation, holds, priority);
         // each record runs under its route's entry (RouteEntry::for_record).
-        // It is read at the most urgent of its routes' priorities: retries
-        // and delayed jobs are a small share of a route's work, and a High
-        // route's retry must not wait behind a Low route's main topic.
+        // It is read at its routes' priority when they all have the same,
+        // else at Normal: a priority is a partition's, not a record's, so a
+        // Low route's retry storm in a tier read at High would compete with
+        // the High routes' main topics, the outage spreading to the work
+        // the priorities protect.
         for (tier, sharers) in shared {
             let Some(first) = sharers.values().min_by(|a, b| a.main.cmp(&b.main)).cloned() else {
                 continue;
             };
-            let priority = sharers
-                .values()
-                .map(|e| e.priority)
-                .min_by_key(|p| p.level())
-                .unwrap_or_default();
+            let priority = match first.priority {
+                p if sharers.values().all(|e| e.priority == p) => p,
+                _ => Priority::Normal,
+            };
             let entry = RouteEntry {
                 priority,
                 sharers: Some(Arc::new(sharers)),

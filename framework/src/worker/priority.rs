@@ -10,7 +10,7 @@
 //! 200 000. Nothing is paused for it and polling never stops: bulk work goes
 //! on at its share and takes every slot again a second after the urgent
 //! work went quiet. A route's retry tiers have its priority; a tier or
-//! delay bucket shared by several routes has the most urgent of theirs.
+//! delay bucket shared by routes of different priorities has `Normal`.
 
 /// How urgent a route's jobs are, relative to the other routes of the same
 /// worker. The default is [`Priority::Normal`].

@@ -96,8 +96,9 @@ fn route_for<'t>(topic: &'t str, group: &str) -> Option<&'t str> {
     if main != topic && (topic == dlq_topic(main) || topic == dlq_audit_topic(main)) {
         return None;
     }
-    // The group's shared retry tiers (`<group>.retry.<delay>`) belong to
-    // every route of the group, as the cron topics do.
+    // The group's shared retry tiers (`<group>.retry.<delay>`) and delay
+    // buckets (`<group>.delay.<bucket>`) belong to every route of the
+    // group, as the cron topics do.
     if main == group && main != topic {
         return None;
     }
@@ -234,6 +235,7 @@ mod tests {
             None,
             "a shared tier is no route"
         );
+        assert_eq!(route_for("g.delay.1m", "g"), None, "nor a shared bucket");
         // Another group's topic of that name is a main topic like any.
         assert_eq!(route_for("g.schedules", "h"), Some("g.schedules"));
         assert_eq!(route_for("orders.dlq", "g"), None);
