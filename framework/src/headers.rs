@@ -145,6 +145,22 @@ pub struct JobHeaders {
 }
 
 impl JobHeaders {
+    /// The route a record of a shared tier or delay bucket names
+    /// ([`ROUTE`]), as raw bytes (a hostile value need not be UTF-8).
+    pub fn route(&self) -> Option<&[u8]> {
+        self.extra
+            .iter()
+            .find(|(k, _)| k == ROUTE)
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// Names `main` as the record's route ([`ROUTE`]), replacing any value.
+    pub fn set_route(&mut self, main: &str) {
+        self.extra.retain(|(k, _)| k != ROUTE);
+        self.extra
+            .push((ROUTE.to_string(), main.as_bytes().to_vec()));
+    }
+
     /// Parses a record's headers. Malformed kjob values (say, a non-numeric
     /// attempt) are treated as absent rather than failing the job: a header is
     /// metadata, and the payload may still be perfectly good.

@@ -174,10 +174,7 @@ impl DelayTopicCheck {
         };
         headers.due_at_ms = Some(hop.release_ms);
         if self.is_shared() {
-            headers.extra.retain(|(k, _)| k != crate::headers::ROUTE);
-            headers
-                .extra
-                .push((crate::headers::ROUTE.to_string(), main.as_bytes().to_vec()));
+            headers.set_route(main);
         }
         self.topic(main, hop.bucket)
     }

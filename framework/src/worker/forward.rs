@@ -115,11 +115,7 @@ impl Forwarder {
         let names_route = target
             .strip_prefix(main)
             .is_some_and(|rest| rest.starts_with('.'));
-        let marked = !names_route
-            && !headers
-                .extra
-                .iter()
-                .any(|(k, v)| k == crate::headers::ROUTE && v == main.as_bytes());
+        let marked = !names_route && headers.route() != Some(main.as_bytes());
         let named;
         let headers = match (&headers.job, self.contracts.get(main)) {
             (job, contract) if marked || (job.is_none() && contract.is_some()) => {
@@ -128,9 +124,7 @@ impl Forwarder {
                     h.job = Some((*job).to_string());
                 }
                 if marked {
-                    h.extra.retain(|(k, _)| k != crate::headers::ROUTE);
-                    h.extra
-                        .push((crate::headers::ROUTE.to_string(), main.as_bytes().to_vec()));
+                    h.set_route(main);
                 }
                 named = h;
                 &named

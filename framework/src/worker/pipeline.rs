@@ -434,10 +434,8 @@ impl Pipeline {
         headers: &JobHeaders,
     ) -> Outcome {
         let named = headers
-            .extra
-            .iter()
-            .find(|(k, _)| k == crate::headers::ROUTE)
-            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            .route()
+            .map(|v| String::from_utf8_lossy(v).into_owned())
             .or_else(|| headers.original_topic.clone());
         let message = match &named {
             Some(route) => format!(

@@ -179,11 +179,7 @@ impl RouteEntry {
         let Some(sharers) = &self.sharers else {
             return Some(self);
         };
-        let named = headers
-            .extra
-            .iter()
-            .find(|(k, _)| k == crate::headers::ROUTE)
-            .and_then(|(_, v)| std::str::from_utf8(v).ok());
+        let named = headers.route().and_then(|v| std::str::from_utf8(v).ok());
         named
             .or(headers.original_topic.as_deref())
             .and_then(|main| sharers.get(main))

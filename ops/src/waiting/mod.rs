@@ -54,13 +54,7 @@ impl WaitingRecord {
     /// Whether it is a job of route `main`: in a shared tier or bucket, the
     /// route it names (`kjob-route`, else where it was first consumed).
     pub fn of_route(&self, main: &str) -> bool {
-        let named = self
-            .headers
-            .extra
-            .iter()
-            .find(|(k, _)| k == kjob::headers::ROUTE)
-            .map(|(_, v)| v.as_slice());
-        match named {
+        match self.headers.route() {
             Some(route) => route == main.as_bytes(),
             None => self.headers.original_topic.as_deref() == Some(main),
         }
