@@ -103,7 +103,7 @@ fn print(status: &RouteStatus, json_out: bool) -> Result<()> {
             role,
             s.partitions.to_string(),
             s.records.to_string(),
-            opt(s.lag),
+            s.lag_text(),
             s.oldest_pending_seconds
                 .map_or("-".into(), |a| format!("{a:.1}s")),
             s.handled_per_second

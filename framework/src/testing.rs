@@ -230,6 +230,7 @@ impl Harness {
         let routes = builder.build_routes(schemas.clone() as Arc<dyn SchemaSource>)?;
         let priorities = builder.topic_priorities(&routes.entries);
         let fairness = builder.topic_fairness(&routes.entries);
+        let turns = builder.topic_turns(&routes.entries);
         let mut order: Vec<String> = routes.entries.keys().cloned().collect();
         // Main topics first, then tiers shortest-first, like a fair consumer.
         order.sort_by_key(|t| {
@@ -274,7 +275,8 @@ impl Harness {
         pipeline.park = false;
         let mut sched = Scheduler::new(settings.1)
             .with_priorities(priorities)
-            .with_fairness(fairness);
+            .with_fairness(fairness)
+            .with_turns(turns);
         let tps: Vec<(String, i32)> = order.iter().map(|t| (t.clone(), 0)).collect();
         let mut out = Vec::new();
         sched.assign(&tps, &mut out);

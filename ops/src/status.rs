@@ -63,6 +63,44 @@ pub struct TopicStatus {
     /// When the next waiting job of a retry tier is due (epoch ms).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_due_ms: Option<i64>,
+    /// On a shared tier or delay bucket, whose `lag` is every sharing
+    /// route's: this route's part of it, counted from the records' route
+    /// header.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route_waiting: Option<RouteShare>,
+}
+
+/// A route's jobs among what waits in a shared tier or delay bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct RouteShare {
+    /// This route's records among the uncommitted ones read.
+    pub jobs: i64,
+    /// Whether every uncommitted record was read; `false` when there were
+    /// more than [`crate::waiting::ROUTE_COUNT_BOUND`]: `jobs` is then a
+    /// lower bound.
+    pub exact: bool,
+}
+
+impl TopicStatus {
+    /// What waits here for this route: its share on a shared topic, the
+    /// lag elsewhere.
+    pub fn route_lag(&self) -> Option<i64> {
+        self.route_waiting.map(|s| s.jobs).or(self.lag)
+    }
+
+    /// The lag as operators read it: `120` on a route's own topic,
+    /// `120 (40 this route)` on a shared one (`≥40` when only part of it
+    /// was read), `-` for a topic the group does not consume.
+    pub fn lag_text(&self) -> String {
+        match (self.lag, self.route_waiting) {
+            (None, _) => "-".into(),
+            (Some(l), None) => l.to_string(),
+            (Some(l), Some(s)) => {
+                let at_least = if s.exact { "" } else { "≥" };
+                format!("{l} ({at_least}{} this route)", s.jobs)
+            }
+        }
+    }
 }
 
 /// The DLQ of a route, counted with a bounded read.
@@ -218,7 +256,7 @@ pub fn status_between(
         .collect();
     let heads = pending_heads(config, &consumed_rows)?;
     let dlq = dlq_status(config, &main);
-    let statuses: Vec<TopicStatus> = names
+    let mut statuses: Vec<TopicStatus> = names
         .iter()
         .map(|t| {
             let mine: Vec<&PartitionLag> = now.rows.iter().filter(|r| &r.topic == t).collect();
@@ -253,9 +291,31 @@ pub fn status_between(
                     Vec::new()
                 },
                 next_due_ms: my_heads.filter_map(|h| h.due_at_ms).min(),
+                route_waiting: None,
             }
         })
         .collect();
+    // A shared topic's lag is every route's: count this route's part.
+    for s in &mut statuses {
+        let shared = role_of(&s.topic)
+            .is_some_and(|r| matches!(r.role, Role::SharedRetryTier | Role::SharedDelay));
+        let Some(lag) = s.lag.filter(|_| shared) else {
+            continue;
+        };
+        let (jobs, exact) = match lag {
+            0 => (0, true),
+            _ => {
+                let rows: Vec<PartitionLag> = now
+                    .rows
+                    .iter()
+                    .filter(|r| r.topic == s.topic)
+                    .cloned()
+                    .collect();
+                crate::waiting::count_of_route(config, &main, &rows)?
+            }
+        };
+        s.route_waiting = Some(RouteShare { jobs, exact });
+    }
     let retried_per_second = roles
         .iter()
         .filter(|t| t.role == Role::RetryTier)
@@ -339,4 +399,46 @@ pub fn read_status(
     std::thread::sleep(interval);
     let now = sample(config, group, &topics)?;
     status_between(config, group, &first, &now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topic(lag: Option<i64>, share: Option<RouteShare>) -> TopicStatus {
+        TopicStatus {
+            topic: "g.retry.30s".into(),
+            role: "shared retry tier".into(),
+            delay: Some("30s".into()),
+            partitions: 2,
+            records: 8,
+            lag,
+            oldest_pending_seconds: None,
+            handled_per_second: None,
+            partition_lag: Vec::new(),
+            next_due_ms: None,
+            route_waiting: share,
+        }
+    }
+
+    #[test]
+    fn a_shared_topic_shows_the_routes_part_of_its_lag() {
+        let exact = RouteShare {
+            jobs: 3,
+            exact: true,
+        };
+        let partial = RouteShare {
+            jobs: 3,
+            exact: false,
+        };
+        assert_eq!(topic(Some(8), Some(exact)).lag_text(), "8 (3 this route)");
+        assert_eq!(
+            topic(Some(8), Some(partial)).lag_text(),
+            "8 (≥3 this route)"
+        );
+        assert_eq!(topic(Some(8), None).lag_text(), "8");
+        assert_eq!(topic(None, None).lag_text(), "-");
+        assert_eq!(topic(Some(8), Some(exact)).route_lag(), Some(3));
+        assert_eq!(topic(Some(8), None).route_lag(), Some(8));
+    }
 }

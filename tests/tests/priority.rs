@@ -3,8 +3,9 @@
 //! drains.
 //!
 //! Not a timing test: it counts how many bulk jobs finish between the urgent
-//! enqueue and the last urgent completion. Without priorities the urgent
-//! jobs queue behind every bulk job already fetched (about 190 here).
+//! enqueue and the last urgent completion. Without priorities the two
+//! routes would take turns for slots (one bulk job per urgent one); with
+//! them the urgent jobs take the free slots first.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -76,7 +77,7 @@ async fn urgent_jobs_overtake_a_bulk_backlog_and_the_backlog_still_drains() {
         "urgent jobs enqueued after {before} of {BULK} bulk jobs; all {URGENT} handled by bulk job {last}"
     );
     // About a second of bulk progress (4 slots x 50 ms) covers fetching the
-    // urgent records; without priorities they would wait for the ~190
+    // urgent records; first-in first-out they would wait for the ~190
     // bulk jobs already fetched ahead of them.
     assert!(
         last - before <= 80,

@@ -632,3 +632,168 @@ async fn an_upgrade_to_shared_delay_buckets_runs_what_waits_in_the_routes_own() 
         );
     }
 }
+
+/// Bulk retries handled when each urgent retry started.
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<u64>>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_one_routes_retries_in_a_shared_tier_does_not_queue_another_routes_behind_it() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    const BULK: u64 = 1_500;
+    const URGENT: i64 = 10;
+    init_logging();
+    let config = ensure_stack();
+    let (bulk, urgent) = (unique("flood.bulk"), unique("flood.urgent"));
+    let group = unique("gflood");
+    create_topic(&config, &bulk, 1).await;
+    create_topic(&config, &urgent, 1).await;
+    let producer = Producer::new(&config).expect("producer");
+    let bulk_retried = Arc::new(AtomicU64::new(0));
+    let seen: Seen = Default::default();
+    let (b, b2, s) = (bulk_retried.clone(), bulk_retried.clone(), seen.clone());
+    // Every job fails once into the one shared 1 s tier (one partition, so
+    // bulk's retries sit ahead of urgent's in the log); a bulk retry takes
+    // 10 ms, so its 1 500 retries keep the worker's 4 slots busy for
+    // about 4 s.
+    let worker = kjob::Worker::builder(config.clone(), &group)
+        .handle_on(&bulk, move |_job: TestJob, ctx: kjob::JobContext| {
+            let b = b.clone();
+            async move {
+                if ctx.attempt == 1 {
+                    return Err(kjob::JobError::server("planned"));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                b.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+        })
+        .handle_on(&urgent, move |_job: TestJob, ctx: kjob::JobContext| {
+            let (b, s) = (b2.clone(), s.clone());
+            async move {
+                if ctx.attempt == 1 {
+                    return Err(kjob::JobError::server("planned"));
+                }
+                let done = b.load(Ordering::Relaxed);
+                s.lock().unwrap_or_else(|p| p.into_inner()).push(done);
+                Ok(())
+            }
+        })
+        .retry(kjob::retry::RetryPolicy::tiers([Duration::from_secs(1)]).max_attempts(3))
+        .shared_retry_tiers_with(kjob::SharedTiers::new().partitions(1))
+        .concurrency(4)
+        .build()
+        .expect("worker builds");
+    let running = start(worker);
+    for seq in 0..BULK as i64 {
+        producer
+            .enqueue_to(&bulk, &TestJob::with(format!("b{seq}"), seq, "ok"))
+            .await
+            .expect("enqueue");
+    }
+    eventually(
+        Duration::from_secs(60),
+        "bulk's first attempts all failed into the shared tier",
+        || kjob::WorkerStats::get(&running.stats.retried) >= BULK,
+    )
+    .await;
+    for seq in 0..URGENT {
+        producer
+            .enqueue_to(&urgent, &TestJob::with(format!("u{seq}"), seq, "ok"))
+            .await
+            .expect("enqueue");
+    }
+    eventually(Duration::from_secs(60), "urgent's retries handled", || {
+        seen.lock()
+            .map(|v| v.len() == URGENT as usize)
+            .unwrap_or(false)
+    })
+    .await;
+    let at: Vec<u64> = seen.lock().expect("lock").clone();
+    let bulk_then = bulk_retried.load(Ordering::Relaxed);
+    eprintln!("urgent retries started after {at:?} of {BULK} bulk retries (now {bulk_then})");
+    // First-in first-out, urgent's retries would start after every bulk
+    // retry ahead of them in the tier (all 1 500). Taking turns, each
+    // waits for a bulk job or so once it is due; half of the flood is far
+    // more than the tier's 1 s delay leaves room for.
+    assert!(
+        at.iter().all(|n| *n < BULK / 2),
+        "urgent's retries waited behind bulk's: started after {at:?} of {BULK}"
+    );
+    eventually(Duration::from_secs(60), "the flood drained", || {
+        bulk_retried.load(Ordering::Relaxed) == BULK
+    })
+    .await;
+    wait_committed_at_end(&config, &group, &format!("{group}.retry.1s"), 1).await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_counts_each_routes_part_of_a_shared_tier() {
+    init_logging();
+    let config = ensure_stack();
+    let exe = env!("CARGO_BIN_EXE_kjob-cli");
+    let (mail, crm) = (unique("share.mail"), unique("share.crm"));
+    let group = unique("gshare");
+    let tier = format!("{group}.retry.30s");
+    create_topic(&config, &mail, 2).await;
+    create_topic(&config, &crm, 2).await;
+    let producer = Producer::new(&config).expect("producer");
+    for (topic, n) in [(&mail, 3), (&crm, 5)] {
+        for seq in 0..n {
+            producer
+                .enqueue_to(topic, &TestJob::ok(format!("k{seq}"), seq))
+                .await
+                .expect("enqueue");
+        }
+    }
+    // Every first attempt fails into the shared 30 s tier; the worker
+    // stops before any is due, so all 8 wait there uncommitted.
+    let fail = |_job: TestJob, _ctx: kjob::JobContext| async {
+        Err::<(), _>(kjob::JobError::server("planned"))
+    };
+    let w = start(
+        kjob::Worker::builder(config.clone(), &group)
+            .handle_on(&mail, fail)
+            .handle_on(&crm, fail)
+            .retry(kjob::retry::RetryPolicy::tiers([Duration::from_secs(30)]).max_attempts(2))
+            .shared_retry_tiers()
+            .build()
+            .expect("worker builds"),
+    );
+    eventually(Duration::from_secs(30), "8 jobs in the shared tier", || {
+        kjob::WorkerStats::get(&w.stats.retried) >= 8
+    })
+    .await;
+    w.stop().await;
+    for (topic, mine) in [(&mail, 3), (&crm, 5)] {
+        let status: serde_json::Value = serde_json::from_str(&kjob_ok(
+            exe,
+            &config,
+            &["status", "--topic", topic, "--group", &group, "--json"],
+        ))
+        .expect("status --json");
+        let row = status["topics"]
+            .as_array()
+            .expect("topics")
+            .iter()
+            .find(|t| t["topic"] == tier.as_str())
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(row["lag"], 8, "the tier's lag is both routes': {row}");
+        assert_eq!(
+            (
+                &row["route_waiting"]["jobs"],
+                &row["route_waiting"]["exact"]
+            ),
+            (&serde_json::json!(mine), &serde_json::json!(true)),
+            "{topic}'s part: {row}"
+        );
+        let table = kjob_ok(
+            exe,
+            &config,
+            &["status", "--topic", topic, "--group", &group],
+        );
+        assert!(table.contains(&format!("8 ({mine} this route)")), "{table}");
+    }
+}

@@ -574,6 +574,7 @@ impl WorkerBuilder {
         let (_, limits) = self.scheduler_settings();
         let priorities = self.topic_priorities(&routes.entries);
         let fairness = self.topic_fairness(&routes.entries);
+        let turns = self.topic_turns(&routes.entries);
         let run_limits = self.run_limits.with_env()?;
         let mut names = std::collections::HashSet::new();
         for s in &self.schedules {
@@ -608,6 +609,7 @@ impl WorkerBuilder {
             limits,
             priorities,
             fairness,
+            turns,
             run_limits,
             metrics,
             endpoint: self.endpoint,
@@ -651,6 +653,28 @@ impl WorkerBuilder {
                 commit_interval_ms: self.settings.commit_interval.as_millis() as i64,
             },
         )
+    }
+
+    /// Which route each consumed topic's jobs belong to, so that the
+    /// routes of one priority level take turns for slots: a route's own
+    /// tiers and buckets are its own, a shared one's records name theirs.
+    pub(crate) fn topic_turns(
+        &self,
+        routes: &HashMap<String, RouteEntry>,
+    ) -> super::scheduler::Turns {
+        let mut mains: Vec<&str> = routes.values().map(|e| e.main.as_str()).collect();
+        mains.sort_unstable();
+        mains.dedup();
+        let mut turns = super::scheduler::Turns::default();
+        for (topic, e) in routes {
+            if e.sharers.is_some() {
+                turns.shared.insert(topic.clone());
+            } else if let Ok(i) = mains.binary_search(&e.main.as_str()) {
+                let i = u16::try_from(i).unwrap_or(u16::MAX);
+                turns.own.insert(topic.clone(), i);
+            }
+        }
+        turns
     }
 
     /// Every consumed topic's priority: a route's tiers take its main
@@ -920,6 +944,8 @@ pub struct Worker {
     pub(super) priorities: HashMap<String, Priority>,
     /// The fair routes' topics and settings (`WorkerBuilder::fair`).
     pub(super) fairness: Vec<(Vec<String>, super::scheduler::FairSpec)>,
+    /// Which route each topic's jobs take their turn as.
+    pub(super) turns: super::scheduler::Turns,
     pub(super) run_limits: limits::Limits,
     pub(super) config: KafkaConfig,
     pub(super) settings: Settings,

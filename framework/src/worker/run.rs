@@ -164,7 +164,8 @@ impl Worker {
         let hub = Arc::new(hub::Hub::new(
             Scheduler::new(limits)
                 .with_priorities(self.priorities.clone())
-                .with_fairness(self.fairness.clone()),
+                .with_fairness(self.fairness.clone())
+                .with_turns(self.turns.clone()),
             senders,
         ));
         let dispatchers: Vec<_> = receivers

@@ -179,7 +179,7 @@ fn route_card(v: &RouteView) -> Markup {
                         @for t in &s.topics {
                             tr {
                                 td.mono { (t.topic) } td { (t.role) } td.num { (t.partitions) }
-                                td.num.lag data-topic=(t.topic) { (t.lag.map_or("-".to_string(), |l| l.to_string())) }
+                                td.num.lag data-topic=(t.topic) { (t.lag_text()) }
                                 td.num { (t.oldest_pending_seconds.map_or("-".to_string(), |s| format!("{:.1}s", s.max(0.0) + 0.0))) }
                                 td.num { (t.handled_per_second.map_or("-".to_string(), rate)) }
                             }

@@ -159,9 +159,9 @@ pub(super) async fn route(
                     table {
                         thead { tr { th { "tier" } th.num { "jobs waiting" } th { "next due" } } }
                         tbody {
-                            @for t in s.topics.iter().filter(|t| t.role == "retry tier") {
+                            @for t in s.topics.iter().filter(|t| t.role == "retry tier" || t.role == "shared retry tier") {
                                 tr {
-                                    td.mono { (t.topic) } td.num { (t.lag.unwrap_or(0)) }
+                                    td.mono { (t.topic) } td.num { (t.route_lag().unwrap_or(0)) }
                                     td { (when(t.next_due_ms, now)) }
                                 }
                             }

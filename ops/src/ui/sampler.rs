@@ -185,7 +185,8 @@ fn tick(
             Ok((now, status)) => {
                 view.history.push_back(Point {
                     at_ms: kjob::dlq::now_ms(),
-                    lag: status.topics.iter().filter_map(|t| t.lag).sum(),
+                    // A shared topic counts this route's part of its lag.
+                    lag: status.topics.iter().filter_map(|t| t.route_lag()).sum(),
                     // A fold from +0.0: `sum()` of no floats is -0.0.
                     handled: status
                         .topics

@@ -178,6 +178,34 @@ pub fn waiting(
         .collect())
 }
 
+/// How many records `kjob status` reads at most per shared tier or delay
+/// bucket to count one route's share of what waits there.
+pub const ROUTE_COUNT_BOUND: usize = 10_000;
+
+/// Of the records the group has not committed in `lags` (the partitions of
+/// one shared tier or delay bucket), how many are route `main`'s, and
+/// whether every one was read (at most [`ROUTE_COUNT_BOUND`] are, spread
+/// over the partitions; past that the count is a lower bound). Blocking.
+pub fn count_of_route(
+    config: &KafkaConfig,
+    main: &str,
+    lags: &[PartitionLag],
+) -> Result<(i64, bool)> {
+    let per = (ROUTE_COUNT_BOUND / lags.len().max(1)).max(1);
+    let windows: Vec<(&PartitionLag, (i64, i64))> = lags
+        .iter()
+        .filter_map(|l| Some((l, window(l, per)?)))
+        .collect();
+    let complete = windows.iter().all(|(l, (_, to))| *to >= l.end);
+    let read = read_windows(config, &windows)?;
+    let wanted: i64 = windows.iter().map(|(_, (from, to))| to - from).sum();
+    let got: i64 = read.values().map(|v| v.len() as i64).sum();
+    let mine = read.values().flatten().filter(|r| r.of_route(main)).count();
+    // A read cut short (records deleted under it, or the 30 s limit) is a
+    // lower bound too.
+    Ok((mine as i64, complete && got >= wanted))
+}
+
 /// A consumer for manual assignments only: it joins no group and commits
 /// nothing (the group id is required by librdkafka, never used).
 fn reader(config: &KafkaConfig) -> Result<BaseConsumer> {

@@ -30,6 +30,13 @@
 //!   bulk handlers are, and a trickle of urgent jobs costs bulk a slot or
 //!   two, not a quarter. Less urgent partitions are never paused for it:
 //!   polling goes on and their share of slots keeps them moving.
+//! * **Turns.** Within a level, each route's ready jobs queue on their
+//!   own and the routes with ready jobs take turns for free slots, one
+//!   job each (a route alone takes all it can). A route's tiers and
+//!   delay buckets count as the route; a record in a shared tier or
+//!   bucket counts as the route it names. So a flood of one route's jobs
+//!   costs another route of the same level a turn, not a place behind the
+//!   whole flood ([`Turns`]).
 //! * **Backpressure.** At `max_in_flight` accepted-but-unfinished records a
 //!   partition is paused, and resumed at three quarters (so a single busy
 //!   partition never drains while librdkafka refetches what the pause
@@ -87,7 +94,7 @@ use crate::worker::Priority;
 
 pub(crate) use fair::FairSpec;
 use ready::Ready;
-pub(crate) use types::{Action, Incoming, Job, LaneKey, Limits, Located, Ticket, Tp};
+pub(crate) use types::{Action, Incoming, Job, LaneKey, Limits, Located, Ticket, Tp, Turns};
 use types::{Hold, Lane, Part, ACTIVE_MS, LOST_KEPT};
 
 /// See the module docs.
@@ -101,6 +108,8 @@ pub(crate) struct Scheduler<R> {
     priorities: HashMap<String, Priority>,
     /// Topic -> its fair route's index (main topic and tiers alike).
     fair_topics: HashMap<String, u16>,
+    /// Which route each topic's jobs take their turn as.
+    turns: Turns,
     /// Running jobs per priority level.
     running_at: [usize; Priority::LEVELS],
     /// When each level last took a record (ms).
@@ -146,6 +155,7 @@ impl<R: Located> Scheduler<R> {
             running: 0,
             priorities: HashMap::new(),
             fair_topics: HashMap::new(),
+            turns: Turns::default(),
             running_at: [0; Priority::LEVELS],
             seen_ms: [i64::MIN; Priority::LEVELS],
             demand: [(0, i64::MIN); Priority::LEVELS],
@@ -165,6 +175,13 @@ impl<R: Located> Scheduler<R> {
     /// Applies to partitions assigned from now on.
     pub(crate) fn with_priorities(mut self, priorities: HashMap<String, Priority>) -> Self {
         self.priorities = priorities;
+        self
+    }
+
+    /// Lets the routes of a level take turns for free slots (see the
+    /// `ready` module). Applies to partitions assigned from now on.
+    pub(crate) fn with_turns(mut self, turns: Turns) -> Self {
+        self.turns = turns;
         self
     }
 
@@ -297,6 +314,7 @@ impl<R: Located> Scheduler<R> {
                 epoch: self.next_epoch,
                 level,
                 fair: self.fair_topics.get(&tp.0).copied(),
+                turn: self.turns.for_topic(&tp.0),
                 tracker: OffsetTracker::new(),
                 released: CancellationToken::new(),
                 lanes: FxHashMap::default(),
@@ -550,6 +568,7 @@ impl<R: Located> Scheduler<R> {
                 lane: rec.lane,
                 level: p.level,
                 fair,
+                turn: p.turn.unwrap_or_else(|| self.turns.named(&rec.item)),
             },
             item: rec.item,
             released: p.released.clone(),

@@ -1,5 +1,8 @@
 //! The ready queues: jobs whose lane is free, one queue per priority
-//! level, a fair route's jobs kept per tenant ([`FairRoute`]).
+//! level. Within a level each route has a queue of its own and the routes
+//! with ready jobs take turns, one job each, so a flood of one route's
+//! jobs does not queue another route's behind it; a fair route's jobs are
+//! kept per tenant ([`FairRoute`]).
 
 use std::collections::VecDeque;
 
@@ -7,16 +10,43 @@ use super::fair::FairRoute;
 use super::types::{Job, Ticket};
 use crate::worker::Priority;
 
-/// One place in a level's ready queue: a job, or `n` ready jobs of a fair
+/// One place in a route's ready queue: a job, or `n` ready jobs of a fair
 /// route (which of them runs is the route's fair pick, [`FairRoute`]).
 pub(super) enum Entry<R> {
     Job(Job<R>),
     Fair(u16, usize),
 }
 
-/// Jobs whose lane is free, one queue per priority level.
+/// One level's ready jobs: a queue per route, and the routes whose queue
+/// holds something, in turn order.
+struct Level<R> {
+    routes: Vec<VecDeque<Entry<R>>>,
+    turns: VecDeque<u16>,
+}
+
+impl<R> Level<R> {
+    fn new() -> Self {
+        Self {
+            routes: Vec::new(),
+            turns: VecDeque::new(),
+        }
+    }
+
+    fn queue(&mut self, route: u16) -> &mut VecDeque<Entry<R>> {
+        let i = usize::from(route);
+        if self.routes.len() <= i {
+            self.routes.resize_with(i + 1, VecDeque::new);
+        }
+        if self.routes[i].is_empty() {
+            self.turns.push_back(route);
+        }
+        &mut self.routes[i]
+    }
+}
+
+/// Jobs whose lane is free, one set of queues per priority level.
 pub(super) struct Ready<R> {
-    queues: [VecDeque<Entry<R>>; Priority::LEVELS],
+    levels: [Level<R>; Priority::LEVELS],
     /// Ready jobs per level (a fair entry counts its jobs).
     counts: [usize; Priority::LEVELS],
     /// The fair routes' ready jobs by tenant, by route index.
@@ -26,7 +56,7 @@ pub(super) struct Ready<R> {
 impl<R> Ready<R> {
     pub(super) fn new() -> Self {
         Self {
-            queues: std::array::from_fn(|_| VecDeque::new()),
+            levels: std::array::from_fn(|_| Level::new()),
             counts: [0; Priority::LEVELS],
             fair: Vec::new(),
         }
@@ -35,7 +65,7 @@ impl<R> Ready<R> {
     pub(super) fn push(&mut self, job: Job<R>) {
         let level = job.ticket.level;
         self.counts[level] += 1;
-        let q = &mut self.queues[level];
+        let q = self.levels[level].queue(job.ticket.turn);
         match job.ticket.fair {
             Some((r, t)) => {
                 if let Some(route) = self.fair.get_mut(usize::from(r)) {
@@ -51,15 +81,52 @@ impl<R> Ready<R> {
         }
     }
 
-    /// Takes up to `n` jobs of `level` in queue order (a fair route's by
-    /// its fair pick) into `out`; answers how many. A fair route whose
-    /// tenants with ready jobs are all at their cap keeps its place.
+    /// Takes up to `n` jobs of `level` into `out`, the routes taking turns
+    /// and each route's in queue order (a fair route's by its fair pick);
+    /// answers how many. A fair route whose tenants with ready jobs are
+    /// all at their cap keeps its place.
     pub(super) fn take(&mut self, level: usize, n: usize, out: &mut Vec<Job<R>>) -> usize {
         let mut taken = 0;
         let mut blocked: Vec<u16> = Vec::new();
+        // Routes whose queue holds only blocked entries: back in line after.
+        let mut waiting: Vec<u16> = Vec::new();
+        let fair = &mut self.fair;
+        let lv = &mut self.levels[level];
+        while taken < n {
+            let Some(r) = lv.turns.pop_front() else {
+                break;
+            };
+            // Alone in line: the route takes all it can in one go.
+            let quantum = if lv.turns.is_empty() { n - taken } else { 1 };
+            let q = &mut lv.routes[usize::from(r)];
+            let got = Self::take_from(q, fair, &mut blocked, quantum, out);
+            taken += got;
+            if got == 0 {
+                waiting.push(r);
+            } else if !q.is_empty() {
+                lv.turns.push_back(r);
+            }
+        }
+        // In their old order, ahead of the routes that had a turn.
+        for r in waiting.into_iter().rev() {
+            lv.turns.push_front(r);
+        }
+        self.counts[level] -= taken;
+        taken
+    }
+
+    /// Takes up to `n` jobs of one route's queue, in its order.
+    fn take_from(
+        q: &mut VecDeque<Entry<R>>,
+        fair: &mut [FairRoute<R>],
+        blocked: &mut Vec<u16>,
+        n: usize,
+        out: &mut Vec<Job<R>>,
+    ) -> usize {
+        let mut taken = 0;
         let mut kept: Vec<Entry<R>> = Vec::new();
         while taken < n {
-            let Some(entry) = self.queues[level].pop_front() else {
+            let Some(entry) = q.pop_front() else {
                 break;
             };
             match entry {
@@ -69,7 +136,7 @@ impl<R> Ready<R> {
                 }
                 Entry::Fair(r, mut left) => {
                     if !blocked.contains(&r) {
-                        if let Some(route) = self.fair.get_mut(usize::from(r)) {
+                        if let Some(route) = fair.get_mut(usize::from(r)) {
                             while left > 0 && taken < n {
                                 let Some(j) = route.pick() else {
                                     blocked.push(r);
@@ -88,9 +155,8 @@ impl<R> Ready<R> {
             }
         }
         for e in kept.into_iter().rev() {
-            self.queues[level].push_front(e);
+            q.push_front(e);
         }
-        self.counts[level] -= taken;
         taken
     }
 
@@ -138,34 +204,38 @@ impl<R> Ready<R> {
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&Job<R>) -> bool) {
         // Fair jobs first: then as many of each route's tokens go.
         let mut gone: Vec<usize> = self.fair.iter_mut().map(|f| f.retain(&mut keep)).collect();
-        for (level, q) in self.queues.iter_mut().enumerate() {
+        for (level, lv) in self.levels.iter_mut().enumerate() {
             let mut removed = 0;
-            q.retain(|e| match e {
-                Entry::Job(j) => {
-                    let k = keep(j);
-                    removed += usize::from(!k);
-                    k
+            for q in &mut lv.routes {
+                q.retain(|e| match e {
+                    Entry::Job(j) => {
+                        let k = keep(j);
+                        removed += usize::from(!k);
+                        k
+                    }
+                    Entry::Fair(..) => true,
+                });
+                for e in q.iter_mut().rev() {
+                    if let Entry::Fair(r, n) = e {
+                        let g = &mut gone[usize::from(*r)];
+                        let cut = (*g).min(*n);
+                        *n -= cut;
+                        *g -= cut;
+                        removed += cut;
+                    }
                 }
-                Entry::Fair(..) => true,
-            });
-            for e in q.iter_mut().rev() {
-                if let Entry::Fair(r, n) = e {
-                    let g = &mut gone[usize::from(*r)];
-                    let cut = (*g).min(*n);
-                    *n -= cut;
-                    *g -= cut;
-                    removed += cut;
-                }
+                q.retain(|e| !matches!(e, Entry::Fair(_, 0)));
             }
-            q.retain(|e| !matches!(e, Entry::Fair(_, 0)));
+            let routes = &lv.routes;
+            lv.turns.retain(|r| !routes[usize::from(*r)].is_empty());
             self.counts[level] -= removed;
         }
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = &Job<R>> {
-        self.queues
+        self.levels
             .iter()
-            .flatten()
+            .flat_map(|lv| lv.routes.iter().flatten())
             .filter_map(|e| match e {
                 Entry::Job(j) => Some(j),
                 Entry::Fair(..) => None,
@@ -174,7 +244,10 @@ impl<R> Ready<R> {
     }
 
     pub(super) fn clear(&mut self) {
-        self.queues.iter_mut().for_each(VecDeque::clear);
+        for lv in &mut self.levels {
+            lv.routes.iter_mut().for_each(VecDeque::clear);
+            lv.turns.clear();
+        }
         self.fair.iter_mut().for_each(FairRoute::clear);
         self.counts = [0; Priority::LEVELS];
     }

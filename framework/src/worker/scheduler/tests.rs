@@ -948,3 +948,129 @@ proptest! {
         prop_assert!(!sim.paused, "no partition left paused");
     }
 }
+
+/// A record of a named topic that names its route (`kjob-route`), as in a
+/// shared tier.
+struct Named(&'static str, &'static str);
+
+impl Located for Named {
+    fn topic(&self) -> &str {
+        self.0
+    }
+    fn partition(&self) -> i32 {
+        0
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        (name == crate::headers::ROUTE).then_some(self.1)
+    }
+}
+
+fn named(topic: &'static str, route: &'static str, offset: i64) -> Incoming<Named> {
+    Incoming {
+        offset,
+        lane: LaneKey::Offset(offset),
+        timestamp_ms: None,
+        due_ms: None,
+        foreign: false,
+        item: Named(topic, route),
+    }
+}
+
+/// Two routes, `bulk` (index 0) and `urgent` (1), with the shared tier
+/// `g.retry.1s`.
+fn two_routes() -> Turns {
+    Turns {
+        own: HashMap::from([
+            ("bulk".to_string(), 0),
+            ("bulk.retry.1s".to_string(), 0),
+            ("urgent".to_string(), 1),
+        ]),
+        shared: HashSet::from(["g.retry.1s".to_string()]),
+    }
+}
+
+fn started_named(out: &[Action<Named>]) -> Vec<(&'static str, Ticket)> {
+    out.iter()
+        .flat_map(|a| match a {
+            Action::Run(jobs) => jobs.iter().map(|j| (j.item.1, j.ticket)).collect(),
+            _ => vec![],
+        })
+        .collect()
+}
+
+#[test]
+fn routes_of_one_level_take_turns_so_a_flood_does_not_queue_another_route_behind_it() {
+    let mut s = Scheduler::new(limits(4, 10_000)).with_turns(two_routes());
+    let mut out = Vec::new();
+    let tps: Vec<Tp> = ["bulk", "bulk.retry.1s", "urgent"]
+        .iter()
+        .map(|t| (t.to_string(), 0))
+        .collect();
+    s.assign(&tps, &mut out);
+    // A flood of bulk work, first attempts and retries, fills the slots
+    // and the ready queue.
+    for o in 0..500 {
+        s.record(named("bulk", "bulk", o), 0, &mut out);
+        s.record(named("bulk.retry.1s", "bulk", o), 0, &mut out);
+    }
+    out.clear();
+    s.dispatch(&mut out);
+    let mut running: Vec<Ticket> = started_named(&out).into_iter().map(|(_, t)| t).collect();
+    assert_eq!(running.len(), 4);
+    // Urgent jobs arrive behind 996 ready bulk jobs of the same level.
+    for o in 0..3 {
+        s.record(named("urgent", "urgent", o), 0, &mut out);
+    }
+    let mut order = Vec::new();
+    for _ in 0..6 {
+        out.clear();
+        let t = running.remove(0);
+        s.finished(t, true, &mut out);
+        s.dispatch(&mut out);
+        for (route, t) in started_named(&out) {
+            order.push(route);
+            running.push(t);
+        }
+    }
+    assert_eq!(
+        order,
+        vec!["bulk", "urgent", "bulk", "urgent", "bulk", "urgent"],
+        "each freed slot goes to the next route in turn: urgent waits for one bulk job, not 996"
+    );
+    // With urgent idle, bulk takes every slot again.
+    for t in running.drain(..) {
+        s.finished(t, true, &mut out);
+    }
+    out.clear();
+    s.dispatch(&mut out);
+    let next = started_named(&out);
+    assert_eq!(next.len(), 4);
+    assert!(next.iter().all(|(r, _)| *r == "bulk"));
+}
+
+#[test]
+fn a_shared_tier_record_takes_the_turn_of_the_route_it_names() {
+    let mut s = Scheduler::new(limits(2, 10_000)).with_turns(two_routes());
+    let mut out = Vec::new();
+    s.assign(&[("g.retry.1s".to_string(), 0)], &mut out);
+    // Bulk's retries ahead of urgent's in the one shared tier partition.
+    for o in 0..100 {
+        s.record(named("g.retry.1s", "bulk", o), 0, &mut out);
+    }
+    s.record(named("g.retry.1s", "urgent", 100), 0, &mut out);
+    s.record(named("g.retry.1s", "nobody", 101), 0, &mut out);
+    out.clear();
+    s.dispatch(&mut out);
+    let first: Vec<(&str, i64)> = started_named(&out)
+        .iter()
+        .map(|(r, t)| (*r, t.offset))
+        .collect();
+    assert_eq!(
+        first,
+        vec![("bulk", 0), ("urgent", 100)],
+        "urgent's retry starts beside bulk's first, not after 100 of them"
+    );
+    // A record naming no route of the worker waits with the unnamed ones
+    // (here: bulk, index 0), in its order.
+    assert_eq!(s.ready_len(), 100);
+}

@@ -54,6 +54,8 @@ pub(crate) struct Ticket {
     pub(super) level: usize,
     /// A fair route's job: the route's index and its tenant's.
     pub(super) fair: Option<(u16, u32)>,
+    /// The route whose turn the job waits for in its level ([`Turns`]).
+    pub(super) turn: u16,
 }
 
 #[cfg(test)]
@@ -67,6 +69,7 @@ impl Ticket {
             lane: LaneKey::Offset(offset),
             level: 0,
             fair: None,
+            turn: 0,
         }
     }
 }
@@ -118,6 +121,40 @@ impl<R> std::fmt::Debug for Action<R> {
     }
 }
 
+/// Which route each topic's jobs belong to, so that the routes of one
+/// priority level take turns for free slots (see the `ready` module).
+/// Topics it does not name are all one route.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Turns {
+    /// A route's own topics (main, tiers, delay buckets) -> the route's
+    /// index; a route's main topic names it.
+    pub own: std::collections::HashMap<String, u16>,
+    /// Shared tiers and delay buckets: a record there takes the turn of
+    /// the route it names (`kjob-route`, else `kjob-original-topic`).
+    pub shared: std::collections::HashSet<String>,
+}
+
+impl Turns {
+    /// The route a record of a shared topic belongs to, by the route or
+    /// original topic its headers name; an unknown name goes with the
+    /// topics `Turns` does not name.
+    pub(super) fn named<L: Located>(&self, rec: &L) -> u16 {
+        rec.header(crate::headers::ROUTE)
+            .or_else(|| rec.header(crate::headers::ORIGINAL_TOPIC))
+            .and_then(|main| self.own.get(main))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The turn of a partition of `topic` ([`Part::turn`]).
+    pub(super) fn for_topic(&self, topic: &str) -> Option<u16> {
+        match self.shared.contains(topic) {
+            true => None,
+            false => Some(self.own.get(topic).copied().unwrap_or(0)),
+        }
+    }
+}
+
 /// The scheduler's limits.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Limits {
@@ -155,6 +192,9 @@ pub(super) struct Part<R> {
     pub(super) level: usize,
     /// The fair route the topic belongs to, if any (its index).
     pub(super) fair: Option<u16>,
+    /// The route whose turn the topic's jobs wait for; `None` on a shared
+    /// tier or bucket, where each record names its route ([`Turns`]).
+    pub(super) turn: Option<u16>,
     pub(super) tracker: OffsetTracker,
     /// Cancelled when this assignment ends (see [`Job::released`]).
     pub(super) released: CancellationToken,
