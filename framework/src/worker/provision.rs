@@ -24,7 +24,8 @@ impl Worker {
     /// reads its own delay topics the same way while they exist (the
     /// layout before the upgrade, or a producer not yet told the
     /// namespace); the jobs there hop on into the shared buckets.
-    pub(super) async fn adopt_delay_topics(&mut self) -> Result<()> {
+    /// `listed`: every topic of the cluster, when the caller has them.
+    pub(super) async fn adopt_delay_topics(&mut self, listed: Option<&[String]>) -> Result<()> {
         let plain: Vec<String> = self
             .routes
             .iter()
@@ -40,7 +41,17 @@ impl Worker {
             .iter()
             .flat_map(|m| crate::delay::delay_topics(m))
             .collect();
-        let counts = crate::topics::partition_counts_async(&self.config, &names).await?;
+        let counts: Vec<Option<usize>> = match listed {
+            // Existence is all that matters here.
+            Some(all) => {
+                let all: std::collections::HashSet<&str> = all.iter().map(String::as_str).collect();
+                names
+                    .iter()
+                    .map(|n| all.contains(n.as_str()).then_some(1))
+                    .collect()
+            }
+            None => crate::topics::partition_counts_async(&self.config, &names).await?,
+        };
         let per_route = crate::delay::delay_topics("x").len();
         for (main, found) in plain.iter().zip(counts.chunks(per_route)) {
             let existing = found.iter().filter(|c| c.is_some()).count();
@@ -83,25 +94,13 @@ impl Worker {
     /// tiers, so nothing is stranded by the change of layout and the old
     /// topics drain. `kjob topics plan --shared-tiers` shows when they are
     /// drained and can be deleted.
-    pub(super) async fn adopt_route_tiers(&mut self) -> Result<()> {
-        let sharing: Vec<(String, super::state::RouteEntry)> = self
-            .routes
-            .iter()
-            .filter(|(t, e)| e.role == TopicRole::Main && **t == e.main && *e.tiers_at != **t)
-            .map(|(t, e)| (t.clone(), e.clone()))
-            .collect();
-        if sharing.is_empty() {
+    /// `listed` is every topic of the cluster ([`Worker::list_for_adoption`]).
+    pub(super) async fn adopt_route_tiers(&mut self, listed: Option<&[String]>) -> Result<()> {
+        let (sharing, Some(all)) = (self.sharing_routes(), listed) else {
             return Ok(());
-        }
-        let config = self.config.clone();
-        let all = tokio::task::spawn_blocking(move || crate::topics::list_topics(&config))
-            .await
-            .map_err(|e| Error::Task {
-                what: "listing topics for a route's old retry tiers",
-                reason: e.to_string(),
-            })??;
+        };
         for (main, base) in sharing {
-            for (delay, topic) in crate::retry::discover_tiers(&main, &all) {
+            for (delay, topic) in crate::retry::discover_tiers(&main, all) {
                 if self.routes.contains_key(&topic) {
                     continue;
                 }
@@ -123,6 +122,34 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// The main topics of routes that share their retry tiers, with their
+    /// entries.
+    fn sharing_routes(&self) -> Vec<(String, super::state::RouteEntry)> {
+        self.routes
+            .iter()
+            .filter(|(t, e)| e.role == TopicRole::Main && **t == e.main && *e.tiers_at != **t)
+            .map(|(t, e)| (t.clone(), e.clone()))
+            .collect()
+    }
+
+    /// Every topic of the cluster when a route shares its retry tiers (its
+    /// own old tiers are found by listing), else `None`: a full listing is
+    /// slow on a cluster of tens of thousands of partitions, so it is only
+    /// made when needed.
+    pub(super) async fn list_for_adoption(&self) -> Result<Option<Vec<String>>> {
+        if self.sharing_routes().is_empty() {
+            return Ok(None);
+        }
+        let config = self.config.clone();
+        let all = tokio::task::spawn_blocking(move || crate::topics::list_topics(&config))
+            .await
+            .map_err(|e| Error::Task {
+                what: "listing topics for a route's old retry tiers",
+                reason: e.to_string(),
+            })??;
+        Ok(Some(all))
     }
 
     /// Fails fast, with a clear message, if the registry is down or a main

@@ -45,8 +45,12 @@ impl Worker {
     /// finish in-flight jobs within the grace period, cancel the rest,
     /// commit, leave the group.
     pub async fn run_until<F: Future<Output = ()>>(mut self, stop: F) -> Result<()> {
-        self.adopt_delay_topics().await?;
-        self.adopt_route_tiers().await?;
+        // One listing of the cluster's topics serves both adoptions when a
+        // route shares its tiers (it needs one anyway); otherwise the delay
+        // topics are asked for by name.
+        let listed = self.list_for_adoption().await?;
+        self.adopt_delay_topics(listed.as_deref()).await?;
+        self.adopt_route_tiers(listed.as_deref()).await?;
         self.preflight().await?;
         let producer =
             Producer::with_codec(&self.config, self.codec.clone(), Duration::from_secs(30))?;
