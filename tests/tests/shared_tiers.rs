@@ -633,14 +633,12 @@ async fn an_upgrade_to_shared_delay_buckets_runs_what_waits_in_the_routes_own() 
     }
 }
 
-/// Bulk retries handled when each urgent retry started.
-type Seen = std::sync::Arc<std::sync::Mutex<Vec<u64>>>;
+/// When something happened (epoch ms), shared with the handlers.
+type Times = std::sync::Arc<std::sync::Mutex<Vec<(i64, i64)>>>;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_one_routes_retries_in_a_shared_tier_does_not_queue_another_routes_behind_it() {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::Arc;
-    const BULK: u64 = 1_500;
+    const BULK: i64 = 1_000;
     const URGENT: i64 = 10;
     init_logging();
     let config = ensure_stack();
@@ -649,13 +647,13 @@ async fn a_flood_of_one_routes_retries_in_a_shared_tier_does_not_queue_another_r
     create_topic(&config, &bulk, 1).await;
     create_topic(&config, &urgent, 1).await;
     let producer = Producer::new(&config).expect("producer");
-    let bulk_retried = Arc::new(AtomicU64::new(0));
-    let seen: Seen = Default::default();
-    let (b, b2, s) = (bulk_retried.clone(), bulk_retried.clone(), seen.clone());
-    // Every job fails once into the one shared 1 s tier (one partition, so
-    // bulk's retries sit ahead of urgent's in the log); a bulk retry takes
-    // 10 ms, so its 1 500 retries keep the worker's 4 slots busy for
-    // about 4 s.
+    // (start, end) of each bulk retry; (due, start) of each urgent one.
+    let (bulk_runs, urgent_runs): (Times, Times) = Default::default();
+    let (b, u) = (bulk_runs.clone(), urgent_runs.clone());
+    // Every job fails once into the one shared 5 s tier (one partition, so
+    // bulk's retries sit ahead of urgent's in the log). A bulk retry takes
+    // 300 ms, so its 1 000 retries keep the worker's 32 slots busy for
+    // about 9 s, past urgent's retries' due time.
     let worker = kjob::Worker::builder(config.clone(), &group)
         .handle_on(&bulk, move |_job: TestJob, ctx: kjob::JobContext| {
             let b = b.clone();
@@ -663,29 +661,42 @@ async fn a_flood_of_one_routes_retries_in_a_shared_tier_does_not_queue_another_r
                 if ctx.attempt == 1 {
                     return Err(kjob::JobError::server("planned"));
                 }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                b.fetch_add(1, Ordering::Relaxed);
+                let start = kjob::dlq::now_ms();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let end = kjob::dlq::now_ms();
+                b.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((start, end));
                 Ok(())
             }
         })
         .handle_on(&urgent, move |_job: TestJob, ctx: kjob::JobContext| {
-            let (b, s) = (b2.clone(), s.clone());
+            let u = u.clone();
             async move {
                 if ctx.attempt == 1 {
                     return Err(kjob::JobError::server("planned"));
                 }
-                let done = b.load(Ordering::Relaxed);
-                s.lock().unwrap_or_else(|p| p.into_inner()).push(done);
+                let due = ctx.due_at_ms.unwrap_or(0);
+                u.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((due, kjob::dlq::now_ms()));
                 Ok(())
             }
         })
-        .retry(kjob::retry::RetryPolicy::tiers([Duration::from_secs(1)]).max_attempts(3))
+        // No jitter: a jittered record ahead in the tier may be due later
+        // than urgent's and hold it (up to the jitter's spread); that is
+        // the tier's order, not the worker's, and not what this measures.
+        .retry(
+            kjob::retry::RetryPolicy::tiers([Duration::from_secs(5)])
+                .max_attempts(3)
+                .jitter(0.0),
+        )
         .shared_retry_tiers_with(kjob::SharedTiers::new().partitions(1))
-        .concurrency(4)
+        .concurrency(32)
         .build()
         .expect("worker builds");
     let running = start(worker);
-    for seq in 0..BULK as i64 {
+    for seq in 0..BULK {
         producer
             .enqueue_to(&bulk, &TestJob::with(format!("b{seq}"), seq, "ok"))
             .await
@@ -694,7 +705,7 @@ async fn a_flood_of_one_routes_retries_in_a_shared_tier_does_not_queue_another_r
     eventually(
         Duration::from_secs(60),
         "bulk's first attempts all failed into the shared tier",
-        || kjob::WorkerStats::get(&running.stats.retried) >= BULK,
+        || kjob::WorkerStats::get(&running.stats.retried) >= BULK as u64,
     )
     .await;
     for seq in 0..URGENT {
@@ -703,28 +714,46 @@ async fn a_flood_of_one_routes_retries_in_a_shared_tier_does_not_queue_another_r
             .await
             .expect("enqueue");
     }
+    let len = |t: &Times| t.lock().map(|v| v.len()).unwrap_or(0);
     eventually(Duration::from_secs(60), "urgent's retries handled", || {
-        seen.lock()
-            .map(|v| v.len() == URGENT as usize)
-            .unwrap_or(false)
+        len(&urgent_runs) == URGENT as usize
     })
     .await;
-    let at: Vec<u64> = seen.lock().expect("lock").clone();
-    let bulk_then = bulk_retried.load(Ordering::Relaxed);
-    eprintln!("urgent retries started after {at:?} of {BULK} bulk retries (now {bulk_then})");
-    // First-in first-out, urgent's retries would start after every bulk
-    // retry ahead of them in the tier (all 1 500). Taking turns, each
-    // waits for a bulk job or so once it is due; half of the flood is far
-    // more than the tier's 1 s delay leaves room for.
-    assert!(
-        at.iter().all(|n| *n < BULK / 2),
-        "urgent's retries waited behind bulk's: started after {at:?} of {BULK}"
-    );
     eventually(Duration::from_secs(60), "the flood drained", || {
-        bulk_retried.load(Ordering::Relaxed) == BULK
+        len(&bulk_runs) == BULK as usize
     })
     .await;
-    wait_committed_at_end(&config, &group, &format!("{group}.retry.1s"), 1).await;
+    let (bulk_runs, urgent_runs) = (
+        bulk_runs.lock().expect("lock").clone(),
+        urgent_runs.lock().expect("lock").clone(),
+    );
+    // Bulk retries started while each urgent retry was due but waiting.
+    let overtaken: Vec<usize> = urgent_runs
+        .iter()
+        .map(|(due, start)| {
+            bulk_runs
+                .iter()
+                .filter(|(s, _)| s > due && s < start)
+                .count()
+        })
+        .collect();
+    let still_due = |at: i64| bulk_runs.iter().filter(|(s, _)| *s > at).count();
+    let left: Vec<usize> = urgent_runs.iter().map(|(due, _)| still_due(*due)).collect();
+    let late: Vec<i64> = urgent_runs.iter().map(|(due, start)| start - due).collect();
+    eprintln!("bulk retries started while urgent's waited: {overtaken:?}; bulk retries still to start then: {left:?}; urgent's lateness (ms): {late:?}");
+    // The flood outlasted urgent's due time, so the test means something.
+    assert!(
+        left.iter().all(|n| *n > 100),
+        "bulk's flood was over before urgent's retries were due: {left:?}"
+    );
+    // First-in first-out, every bulk retry ahead in the tier starts first
+    // (several hundred). Taking turns, an urgent retry waits for a free
+    // slot, a few bulk starts at most.
+    assert!(
+        overtaken.iter().all(|n| *n <= 32),
+        "urgent's due retries waited behind bulk's: {overtaken:?} bulk retries started ahead of them"
+    );
+    wait_committed_at_end(&config, &group, &format!("{group}.retry.5s"), 1).await;
     running.stop().await;
 }
 
