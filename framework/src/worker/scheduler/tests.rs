@@ -1074,3 +1074,45 @@ fn a_shared_tier_record_takes_the_turn_of_the_route_it_names() {
     // (here: bulk, index 0), in its order.
     assert_eq!(s.ready_len(), 100);
 }
+
+proptest! {
+    /// However the records of three routes of one level interleave, the
+    /// free slots are shared out turn by turn: a route with jobs still
+    /// ready never got more than one job fewer than any other route.
+    #[test]
+    fn routes_of_one_level_share_free_slots_turn_by_turn(
+        order in proptest::collection::vec(0usize..3, 1..150),
+        concurrency in 1usize..40,
+    ) {
+        const TOPICS: [&str; 3] = ["r0", "r1", "r2"];
+        let turns = Turns {
+            own: TOPICS.iter().enumerate().map(|(i, t)| (t.to_string(), i as u16)).collect(),
+            shared: HashSet::new(),
+        };
+        let mut s = Scheduler::new(limits(concurrency, 10_000)).with_turns(turns);
+        let mut out = Vec::new();
+        let tps: Vec<Tp> = TOPICS.iter().map(|t| (t.to_string(), 0)).collect();
+        s.assign(&tps, &mut out);
+        let mut offsets = [0i64; 3];
+        for r in &order {
+            s.record(named(TOPICS[*r], TOPICS[*r], offsets[*r]), 0, &mut out);
+            offsets[*r] += 1;
+        }
+        out.clear();
+        s.dispatch(&mut out);
+        let mut got = [0i64; 3];
+        for (route, _) in started_named(&out) {
+            let i = TOPICS.iter().position(|t| *t == route).unwrap_or(0);
+            got[i] += 1;
+        }
+        let total: i64 = offsets.iter().sum();
+        prop_assert_eq!(got.iter().sum::<i64>(), total.min(concurrency as i64));
+        for i in 0..3 {
+            if got[i] < offsets[i] {
+                for j in 0..3 {
+                    prop_assert!(got[i] + 1 >= got[j], "route {} got {:?} of {:?}", i, got, offsets);
+                }
+            }
+        }
+    }
+}
