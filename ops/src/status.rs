@@ -302,8 +302,8 @@ pub fn status_between(
         let Some(lag) = s.lag.filter(|_| shared) else {
             continue;
         };
-        let (jobs, exact) = match lag {
-            0 => (0, true),
+        let counted = match lag {
+            0 => Ok((0, true)),
             _ => {
                 let rows: Vec<PartitionLag> = now
                     .rows
@@ -311,10 +311,12 @@ pub fn status_between(
                     .filter(|r| r.topic == s.topic)
                     .cloned()
                     .collect();
-                crate::waiting::count_of_route(config, &main, &rows)?
+                crate::waiting::count_of_route(config, &main, &rows)
             }
         };
-        s.route_waiting = Some(RouteShare { jobs, exact });
+        // A topic this user may describe but not read (an ACL) keeps its
+        // total lag: the status does not fail for the count.
+        s.route_waiting = counted.ok().map(|(jobs, exact)| RouteShare { jobs, exact });
     }
     let retried_per_second = roles
         .iter()
