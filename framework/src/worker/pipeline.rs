@@ -317,8 +317,14 @@ impl Pipeline {
         // A main-topic record carries a run time only when it was enqueued
         // due too soon for a delay bucket.
         if entry.role.holds() || headers.run_at_ms.is_some() {
-            let before = stages::before(&self.fw, entry, msg, &headers, waiter, now_ms);
-            if let Some(outcome) = Box::pin(before).await {
+            // Built inside `Box::pin`, never bound to a local first: a local
+            // future keeps its storage in this future's state until the end
+            // of its scope, which is what boxing avoids.
+            if let Some(outcome) = Box::pin(stages::before(
+                &self.fw, entry, msg, &headers, waiter, now_ms,
+            ))
+            .await
+            {
                 return ended(outcome);
             }
             now_ms = now_ms.max(self.clock.now_ms());
@@ -327,8 +333,7 @@ impl Pipeline {
         // key makes it moot.
         if let (Some(d), TopicRole::Main, Some(key)) = (&self.debounce, entry.role, msg.key()) {
             if let Some(window) = d.window(msg.topic()) {
-                let wait = self.debounced(d, window, msg, key, waiter);
-                if let Some(outcome) = Box::pin(wait).await {
+                if let Some(outcome) = Box::pin(self.debounced(d, window, msg, key, waiter)).await {
                     if outcome == Outcome::Superseded {
                         WorkerStats::bump(&self.fw.stats.superseded);
                         self.fw.metrics.outcome(job, "superseded");
@@ -381,22 +386,10 @@ impl Pipeline {
             debug!(job.id = %id, job.type = job, attempt, "released before its handler started");
             return Attempted::released(id, job, attempt);
         }
-        // 4. The decision. A retry's wait (a Retry-After above all) counts
-        // from the failure, not from when the attempt began.
+        // 4. The decision, and 5. settling it. A retry's wait (a
+        // Retry-After above all) counts from the failure, not from when the
+        // attempt began.
         let failed_at_ms = self.clock.now_ms().max(now_ms);
-        let (main, group, policy) = (&entry.main, &self.fw.group, &entry.retry);
-        let next = next_step(
-            &result,
-            msg,
-            main,
-            &entry.tiers_at,
-            group,
-            policy,
-            attempt,
-            unit,
-            failed_at_ms,
-        );
-        // 5. Settle it.
         let settling = settle::Attempt {
             id: &id,
             job,
@@ -404,7 +397,19 @@ impl Pipeline {
             duration_ms,
             span: &span,
         };
-        let outcome = settle(&self.fw, entry, msg, next, gate, &settling).await;
+        let outcome = match settle::decide(
+            &self.fw,
+            entry,
+            msg,
+            result,
+            gate,
+            settling,
+            unit,
+            failed_at_ms,
+        ) {
+            settle::Settling::Now(outcome) => outcome,
+            settle::Settling::Later(forward) => forward.await,
+        };
         // 6. A job of a batch: its completion goes to the batch topic,
         // acknowledged before its offset is committed (the recorder's
         // barrier in the commit path).

@@ -5,8 +5,9 @@
 use rdkafka::message::Message;
 use tracing::{debug, warn};
 
-use super::decision::{Next, Outcome};
+use super::decision::{next_step, Next, Outcome};
 use super::forward::Forwarder;
+use super::route::Attempt as RouteAttempt;
 use super::state::{RouteEntry, WorkerStats};
 use super::strict::{self, Gate};
 use crate::classify::ErrorClass;
@@ -19,6 +20,52 @@ pub(super) struct Attempt<'a> {
     pub(super) attempt: u32,
     pub(super) duration_ms: u64,
     pub(super) span: &'a JobSpan,
+}
+
+/// How an attempt settles: at once, or through a forward still to await.
+pub(super) enum Settling<F> {
+    /// A job done outside strict order: counted and logged, nothing to
+    /// await (nearly every attempt).
+    Now(Outcome),
+    /// A retry, a dead letter, a release or strict order's chain: boxed,
+    /// so its state (a forward, a state write) is not part of every
+    /// attempt's future, which stays small enough to move and allocate
+    /// cheaply.
+    Later(std::pin::Pin<Box<F>>),
+}
+
+/// Decides where the attempt's `result` sends `msg` ([`next_step`]) and
+/// settles it: without an await when it is done outside strict order.
+/// Synchronous, so the decision's values never live in the attempt's
+/// future. `unit` is the jitter's draw; `failed_at_ms` when it ended.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn decide<'a, M: Message>(
+    fw: &'a Forwarder,
+    entry: &'a RouteEntry,
+    msg: &'a M,
+    result: RouteAttempt,
+    gate: Option<Gate<'a, 'a>>,
+    a: Attempt<'a>,
+    unit: f64,
+    failed_at_ms: i64,
+) -> Settling<impl std::future::Future<Output = Outcome> + 'a> {
+    let next = next_step(
+        &result,
+        msg,
+        &entry.main,
+        &entry.tiers_at,
+        &fw.group,
+        &entry.retry,
+        a.attempt,
+        unit,
+        failed_at_ms,
+    );
+    match (next, gate) {
+        (Next::Done, None) => Settling::Now(done(fw, msg, &a)),
+        (next, gate) => Settling::Later(Box::pin(async move {
+            settle(fw, entry, msg, next, gate, &a).await
+        })),
+    }
 }
 
 /// Carries out `next` for `msg`, under strict order when `gate` is set.
@@ -34,18 +81,19 @@ pub(super) async fn settle<M: Message>(
     let at = At(msg);
     // A finished job leaves its key's chain (strict order), so the next
     // one can run; if that state write fails, the record is re-delivered.
+    // The gate's futures are boxed: strict order is rare, and unboxed its
+    // state write would make every attempt's future kilobytes larger.
     let finished = |outcome: Outcome| async move {
         match gate {
-            Some(g) if !g.finished(&entry.main, id).await => Outcome::Released,
+            Some(g) if !Box::pin(g.finished(&entry.main, id)).await => Outcome::Released,
             _ => outcome,
         }
     };
     match next {
         Next::Released => Outcome::Released,
+        Next::Done if gate.is_none() => done(fw, msg, a),
         Next::Done => {
-            WorkerStats::bump(&fw.stats.handled);
-            fw.metrics.outcome(job, "ok");
-            debug!(job.id = %id, job.type = job, attempt, at = %at, duration_ms, outcome = "ok", "job handled");
+            done(fw, msg, a);
             finished(Outcome::Handled).await
         }
         Next::Retry {
@@ -67,7 +115,7 @@ pub(super) async fn settle<M: Message>(
             if let Some(g) = gate {
                 // It heads its key's chain before it is in the tier.
                 strict::set_follows(&mut headers, None);
-                if !g.retrying(&entry.main, id, headers.due_at_ms).await {
+                if !Box::pin(g.retrying(&entry.main, id, headers.due_at_ms)).await {
                     return Outcome::Released;
                 }
             }
@@ -128,6 +176,16 @@ pub(super) async fn settle<M: Message>(
             finished(outcome).await
         }
     }
+}
+
+/// Counts and logs a job its handler finished: all that settling a done
+/// job outside strict order takes, with nothing to await.
+pub(super) fn done<M: Message>(fw: &Forwarder, msg: &M, a: &Attempt<'_>) -> Outcome {
+    let (id, job, attempt, duration_ms) = (a.id, a.job, a.attempt, a.duration_ms);
+    WorkerStats::bump(&fw.stats.handled);
+    fw.metrics.outcome(job, "ok");
+    debug!(job.id = %id, job.type = job, attempt, at = %At(msg), duration_ms, outcome = "ok", "job handled");
+    Outcome::Handled
 }
 
 /// `partition:offset` of a record, formatted only if a log line is written.
