@@ -7,8 +7,11 @@
 //!
 //! One worker serves two routes: `critical` (4 partitions) and `bulk`
 //! (8 partitions), both with a 2 ms handler. Critical jobs arrive at a
-//! steady 200/s; each carries its enqueue time, and the handler records
-//! enqueue -> done. Per setting (critical `High` / bulk `Low`, then both at
+//! steady 200/s from their own producer (as password resets come from
+//! another process than a bulk send); each carries its enqueue time, and
+//! the handler records enqueue -> done and, against the time the broker
+//! acknowledged the job, ack -> start (the part the worker alone adds).
+//! Per setting (critical `High` / bulk `Low`, then both at
 //! the default `Normal` for comparison), in a fresh group and topics:
 //!
 //! 1. **baseline**: critical alone for `--secs` (default 10);
@@ -66,25 +69,50 @@ fn summarize(mut v: Vec<i64>) -> Phase {
 }
 
 /// Enqueues critical jobs at 200/s for `secs`, each stamped with its
-/// enqueue time (in `seq`).
-async fn critical_load(producer: Producer, topic: String, secs: u64) -> anyhow::Result<()> {
+/// enqueue time (in `seq`); returns `(seq, acknowledged at)` per job.
+async fn critical_load(
+    producer: Producer,
+    topic: String,
+    secs: u64,
+) -> anyhow::Result<Vec<(i64, i64)>> {
     let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / CRITICAL_RATE));
     let until = Instant::now() + Duration::from_secs(secs);
     let mut pending = Vec::new();
     while Instant::now() < until {
         tick.tick().await;
+        let seq = now_us();
         let job = BenchJob {
-            key: format!("c{}", now_us() % 64),
-            seq: now_us(),
+            key: format!("c{}", seq % 64),
+            seq,
             behaviour: "ok".into(),
         };
         let (p, t) = (producer.clone(), topic.clone());
-        pending.push(tokio::spawn(async move { p.enqueue_to(&t, &job).await }));
+        pending.push(tokio::spawn(async move {
+            p.enqueue_to(&t, &job).await.map(|_| (seq, now_us()))
+        }));
     }
+    let mut acks = Vec::with_capacity(pending.len());
     for h in pending {
-        h.await?.context("critical enqueue")?;
+        acks.push(h.await?.context("critical enqueue")?);
     }
-    Ok(())
+    Ok(acks)
+}
+
+/// Enqueue -> done, and ack -> start, of the critical jobs handled.
+fn phase(samples: &Mutex<Vec<(i64, i64, i64)>>, acks: &[(i64, i64)]) -> (Phase, Phase) {
+    let taken = samples
+        .lock()
+        .map(|mut v| std::mem::take(&mut *v))
+        .unwrap_or_default();
+    let acked: std::collections::HashMap<i64, i64> = acks.iter().copied().collect();
+    let done = summarize(taken.iter().map(|(seq, _, done)| done - seq).collect());
+    let start = summarize(
+        taken
+            .iter()
+            .filter_map(|(seq, start, _)| acked.get(seq).map(|ack| (start - ack).max(0)))
+            .collect(),
+    );
+    (done, start)
 }
 
 async fn run(
@@ -103,17 +131,21 @@ async fn run(
         .context("creating the bench topics")?;
     let producer = Producer::new(config)?;
     producer.prepare::<BenchJob>().await?;
+    let urgent = Producer::new(config)?;
+    urgent.prepare::<BenchJob>().await?;
 
-    let samples = Arc::new(Mutex::new(Vec::<i64>::new()));
+    // (seq, start, done) per critical job handled.
+    let samples = Arc::new(Mutex::new(Vec::<(i64, i64, i64)>::new()));
     let bulk_done = Arc::new(AtomicU64::new(0));
     let (s, b) = (samples.clone(), bulk_done.clone());
     let worker = Worker::builder(config.clone(), format!("bench-prio-{}", &suffix[..8]))
         .handle_on(&critical, move |job: BenchJob, _ctx: JobContext| {
             let s = s.clone();
             async move {
+                let start = now_us();
                 tokio::time::sleep(HANDLER).await;
                 if let Ok(mut v) = s.lock() {
-                    v.push(now_us() - job.seq);
+                    v.push((job.seq, start, now_us()));
                 }
                 Ok::<(), JobError>(())
             }
@@ -135,23 +167,17 @@ async fn run(
     }));
     // Join, and warm the path up.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    critical_load(producer.clone(), critical.clone(), 2).await?;
+    critical_load(urgent.clone(), critical.clone(), 2).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     samples.lock().map(|mut v| v.clear()).ok();
 
-    critical_load(producer.clone(), critical.clone(), secs).await?;
+    let acks = critical_load(urgent.clone(), critical.clone(), secs).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let baseline = summarize(
-        samples
-            .lock()
-            .map(|mut v| std::mem::take(&mut *v))
-            .unwrap_or_default(),
-    );
+    let (baseline, baseline_start) = phase(&samples, &acks);
 
     // The flood: every bulk job enqueued at once, before critical resumes
     // (with `--burst 1`, critical goes on during the enqueue burst too).
-    let during =
-        burst.then(|| tokio::spawn(critical_load(producer.clone(), critical.clone(), secs)));
+    let during = burst.then(|| tokio::spawn(critical_load(urgent.clone(), critical.clone(), secs)));
     let flood_start = Instant::now();
     let jobs: Vec<BenchJob> = (0..BULK).map(|i| BenchJob::new(i, 10_000)).collect();
     for chunk in jobs.chunks(20_000) {
@@ -162,23 +188,18 @@ async fn run(
     let enqueued_in = flood_start.elapsed();
     let bulk_before = bulk_done.load(AtomicOrdering::Relaxed);
     let window = Instant::now();
-    match during {
+    let acks = match during {
         Some(h) => h.await??,
-        None => critical_load(producer.clone(), critical.clone(), secs).await?,
-    }
+        None => critical_load(urgent.clone(), critical.clone(), secs).await?,
+    };
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let flood = summarize(
-        samples
-            .lock()
-            .map(|mut v| std::mem::take(&mut *v))
-            .unwrap_or_default(),
-    );
+    let (flood, flood_start_lat) = phase(&samples, &acks);
     let bulk_rate = (bulk_done.load(AtomicOrdering::Relaxed) - bulk_before) as f64
         / window.elapsed().as_secs_f64();
     let _ = stop.send(());
     running.await??;
     println!(
-        "| {name} | {:.1} / {:.1} ms ({}) | {:.1} / {:.1} ms ({}) | {:.2}x | {:.0} jobs/s | {:.1} s |",
+        "| {name} | {:.1} / {:.1} ms ({}) | {:.1} / {:.1} ms ({}) | {:.2}x | {:.1} / {:.1} ms | {:.1} / {:.1} ms | {:.0} jobs/s | {:.1} s |",
         baseline.p50_ms,
         baseline.p99_ms,
         baseline.n,
@@ -186,6 +207,10 @@ async fn run(
         flood.p99_ms,
         flood.n,
         flood.p99_ms / baseline.p99_ms,
+        baseline_start.p50_ms,
+        baseline_start.p99_ms,
+        flood_start_lat.p50_ms,
+        flood_start_lat.p99_ms,
         bulk_rate,
         enqueued_in.as_secs_f64(),
     );
@@ -201,8 +226,8 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "critical {CRITICAL_RATE}/s, handlers {HANDLER:?}, {BULK} bulk jobs at once, {secs} s per phase\n"
     );
-    println!("| setting | critical p50 / p99 alone (jobs) | critical p50 / p99 during the flood (jobs) | p99 ratio | bulk handled during the flood | bulk enqueue took |");
-    println!("|---|---|---|---|---|---|");
+    println!("| setting | critical enqueue -> done p50 / p99 alone (jobs) | same during the flood (jobs) | p99 ratio | ack -> start p50 / p99 alone | same during the flood | bulk handled during the flood | bulk enqueue took |");
+    println!("|---|---|---|---|---|---|---|---|");
     run(
         &config,
         "critical High, bulk Low",

@@ -28,7 +28,11 @@
 //!   once within the last second, at least 1 and at most a quarter of the
 //!   slots. So an urgent job finds a free slot at once however slow the
 //!   bulk handlers are, and a trickle of urgent jobs costs bulk a slot or
-//!   two, not a quarter. Less urgent partitions are never paused for it:
+//!   two, not a quarter. Less urgent levels borrow from the reserve as
+//!   many slots as the worker frees within 2 ms at its current rate, so
+//!   short bulk handlers pay nothing for it (an urgent job waits at most
+//!   that long for the next freed slot, which is its own). Less urgent
+//!   partitions are never paused for it:
 //!   polling goes on and their share of slots keeps them moving.
 //! * **Turns.** Within a level, each route's ready jobs queue on their
 //!   own and the routes with ready jobs take turns for free slots, one
@@ -95,7 +99,7 @@ use crate::worker::Priority;
 pub(crate) use fair::FairSpec;
 use ready::Ready;
 pub(crate) use types::{Action, Incoming, Job, LaneKey, Limits, Located, Ticket, Tp, Turns};
-use types::{Hold, Lane, Part, ACTIVE_MS, LOST_KEPT};
+use types::{Hold, Lane, Part, ACTIVE_MS, BORROW_MS, LOST_KEPT};
 
 /// See the module docs.
 pub(crate) struct Scheduler<R> {
@@ -117,6 +121,11 @@ pub(crate) struct Scheduler<R> {
     /// Per level: the most jobs it ran or had ready at once in the current
     /// one-second window, and when that window began (ms).
     demand: [(usize, i64); Priority::LEVELS],
+    /// Slots freed (jobs finished, any level) in the previous and the
+    /// current one-second window, and when the current one began (ms):
+    /// how fast a slot frees, which decides how much of the reserve less
+    /// urgent levels may borrow.
+    turnover: (usize, usize, i64),
     /// The latest time an event brought (ms).
     now_ms: i64,
     next_epoch: u64,
@@ -159,6 +168,7 @@ impl<R: Located> Scheduler<R> {
             running_at: [0; Priority::LEVELS],
             seen_ms: [i64::MIN; Priority::LEVELS],
             demand: [(0, i64::MIN); Priority::LEVELS],
+            turnover: (0, 0, i64::MIN),
             now_ms: i64::MIN,
             next_epoch: 0,
             stopping: false,
@@ -224,12 +234,46 @@ impl<R: Located> Scheduler<R> {
     /// and at most a quarter of the slots. A trickle of urgent jobs so
     /// keeps a slot or two free, not a quarter of the worker; a burst of
     /// them widens the reserve for the next second.
+    ///
+    /// Less urgent levels may borrow from it as many slots as the worker
+    /// frees within [`BORROW_MS`] at its rate of the last second: an
+    /// urgent job that finds every slot taken then waits that long at
+    /// most for one (freed slots go to the most urgent level first). With
+    /// short bulk handlers (a slot frees every few microseconds) the
+    /// reserve so costs bulk nothing; with slow ones it stays whole.
     fn reserve_for(&self, level: usize) -> usize {
         if !(0..level).any(|l| self.active(l)) {
             return 0;
         }
         let peak = (0..level).map(|l| self.demand[l].0).max().unwrap_or(0);
-        (2 * peak).clamp(1, (self.limits.concurrency / 4).max(1))
+        let reserve = (2 * peak).clamp(1, (self.limits.concurrency / 4).max(1));
+        reserve.saturating_sub(self.freed_within(BORROW_MS))
+    }
+
+    /// Slots the worker frees within `ms` at its rate of finishes in the
+    /// last one-second window (the fuller of the previous and the current).
+    fn freed_within(&self, ms: i64) -> usize {
+        let (prev, cur, since) = self.turnover;
+        let prev = if self.now_ms.saturating_sub(since) < 2 * ACTIVE_MS {
+            prev
+        } else {
+            0
+        };
+        let per_window = prev.max(cur);
+        per_window.saturating_mul(usize::try_from(ms).unwrap_or(0))
+            / usize::try_from(ACTIVE_MS).unwrap_or(1)
+    }
+
+    /// Counts a freed slot in the turnover window.
+    fn note_freed(&mut self) {
+        let (prev, cur, since) = &mut self.turnover;
+        let age = self.now_ms.saturating_sub(*since);
+        if age >= ACTIVE_MS {
+            *prev = if age < 2 * ACTIVE_MS { *cur } else { 0 };
+            *cur = 0;
+            *since = self.now_ms;
+        }
+        *cur += 1;
     }
 
     /// Records each level's demand now (running plus ready) in its
@@ -698,6 +742,7 @@ impl<R: Located> Scheduler<R> {
         if holding {
             self.running = self.running.saturating_sub(1);
             self.running_at[ticket.level] = self.running_at[ticket.level].saturating_sub(1);
+            self.note_freed();
         }
         self.ready.finished(&ticket, holding);
         let Some(p) = self

@@ -199,6 +199,104 @@ fn a_trickle_of_urgent_jobs_keeps_two_slots_and_a_burst_widens_the_reserve() {
 }
 
 #[test]
+fn short_bulk_handlers_borrow_the_reserve_and_slow_ones_leave_it() {
+    let mut s = Scheduler::new(limits(64, 100_000)).with_priorities(HashMap::from([
+        ("hi".to_string(), Priority::High),
+        ("lo".to_string(), Priority::Low),
+    ]));
+    let mut out = Vec::new();
+    s.assign(&[("hi".to_string(), 0), ("lo".to_string(), 0)], &mut out);
+    for o in 0..20_000 {
+        s.record(on("lo", o), 0, &mut out);
+    }
+    // One urgent job keeps the High level active for a second.
+    s.record(on("hi", 0), 0, &mut out);
+    out.clear();
+    s.dispatch(&mut out);
+    let mut running: VecDeque<Ticket> = started(&out)
+        .into_iter()
+        .filter(|(t, _)| *t == "lo")
+        .map(|(_, t)| t)
+        .collect();
+    assert_eq!(running.len(), 61, "slow turnover: bulk leaves the reserve");
+    for (_, t) in started(&out).into_iter().filter(|(t, _)| *t == "hi") {
+        s.finished(t, true, &mut out);
+    }
+    // Short bulk handlers: 12 slots free per millisecond.
+    let mut hi_offset = 1;
+    for ms in 1..=200 {
+        s.tick(ms, &mut out);
+        out.clear();
+        for _ in 0..12 {
+            if let Some(t) = running.pop_front() {
+                s.finished(t, true, &mut out);
+            }
+        }
+        s.dispatch(&mut out);
+        for (topic, t) in started(&out) {
+            if topic == "lo" {
+                running.push_back(t);
+            } else {
+                s.finished(t, true, &mut out);
+            }
+        }
+        if ms % 20 == 0 {
+            // The trickle goes on: each urgent job starts as soon as it is
+            // ready or at the next freed slot.
+            s.record(on("hi", hi_offset), ms, &mut out);
+            hi_offset += 1;
+        }
+    }
+    let (bulk_running, _) = s.by_level()[2];
+    assert_eq!(
+        bulk_running, 64,
+        "with 2 400 slots freed in 200 ms bulk borrows the whole reserve"
+    );
+    // An urgent job now takes the very next freed slot.
+    out.clear();
+    s.record(on("hi", hi_offset), 201, &mut out);
+    s.dispatch(&mut out);
+    assert!(started(&out).is_empty(), "every slot is taken");
+    if let Some(t) = running.pop_front() {
+        s.finished(t, true, &mut out);
+    }
+    out.clear();
+    s.dispatch(&mut out);
+    assert_eq!(
+        started(&out).iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+        vec!["hi"],
+        "the freed slot is the urgent job's"
+    );
+    // Bulk slows to one finish every 10 ms: after two quiet seconds the
+    // reserve is whole again.
+    out.clear();
+    for ms in (210..2_400).step_by(10) {
+        s.tick(ms, &mut out);
+        if let Some(t) = running.pop_front() {
+            s.finished(t, true, &mut out);
+        }
+        if ms % 100 == 0 {
+            s.record(on("hi", hi_offset + 1), ms, &mut out);
+            hi_offset += 1;
+        }
+        s.dispatch(&mut out);
+        for (topic, t) in started(&out) {
+            if topic == "lo" {
+                running.push_back(t);
+            } else {
+                s.finished(t, true, &mut out);
+            }
+        }
+        out.clear();
+    }
+    assert!(
+        s.by_level()[2].0 <= 62,
+        "slow bulk leaves the reserve again: {:?}",
+        s.by_level()
+    );
+}
+
+#[test]
 fn without_priorities_every_topic_shares_one_level() {
     let mut s: Scheduler<Topical> = Scheduler::new(limits(4, 1_000));
     let mut out = Vec::new();

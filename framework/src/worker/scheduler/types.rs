@@ -177,6 +177,11 @@ pub(super) struct Hold {
 /// enough to bridge the gaps of a steady trickle of urgent jobs.
 pub(super) const ACTIVE_MS: i64 = 1_000;
 
+/// How long an urgent job may wait for a slot that less urgent levels
+/// borrowed from its reserve: well under the latency an urgent job's
+/// handler and intake add anyway.
+pub(super) const BORROW_MS: i64 = 2;
+
 /// A lane with a job ready or running at its head.
 pub(super) struct Lane<R> {
     /// The head job was dispatched (it is not in the ready queue).
