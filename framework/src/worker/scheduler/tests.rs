@@ -146,20 +146,43 @@ fn urgent_jobs_take_free_slots_first_and_bulk_keeps_three_quarters_meanwhile() {
     assert_eq!(s.running(), 8, "bulk takes all 8 slots again");
 }
 
-#[test]
-fn a_trickle_of_urgent_jobs_keeps_two_slots_and_a_burst_widens_the_reserve() {
-    let mut s = Scheduler::new(limits(64, 10_000)).with_priorities(HashMap::from([
+/// A 64-slot scheduler with a High topic `hi` and a Low topic `lo`:
+/// `bulk` records on `lo`, then one on `hi`.
+fn hi_and_lo(bound: usize, bulk: i64) -> (Scheduler<Topical>, Vec<Action<Topical>>) {
+    let mut s = Scheduler::new(limits(64, bound)).with_priorities(HashMap::from([
         ("hi".to_string(), Priority::High),
         ("lo".to_string(), Priority::Low),
     ]));
     let mut out = Vec::new();
     s.assign(&[("hi".to_string(), 0), ("lo".to_string(), 0)], &mut out);
-    for o in 0..1_000 {
+    for o in 0..bulk {
         s.record(on("lo", o), 0, &mut out);
     }
-    // One urgent job at a time: bulk leaves 2 slots free beside it.
     s.record(on("hi", 0), 0, &mut out);
     out.clear();
+    (s, out)
+}
+
+/// Of the jobs `out` started: bulk ones join `running`, urgent ones finish
+/// at once.
+fn settle_started(
+    s: &mut Scheduler<Topical>,
+    running: &mut VecDeque<Ticket>,
+    out: &mut Vec<Action<Topical>>,
+) {
+    for (topic, t) in started(out) {
+        if topic == "lo" {
+            running.push_back(t);
+        } else {
+            s.finished(t, true, out);
+        }
+    }
+}
+
+#[test]
+fn a_trickle_of_urgent_jobs_keeps_two_slots_and_a_burst_widens_the_reserve() {
+    // One urgent job at a time: bulk leaves 2 slots free beside it.
+    let (mut s, mut out) = hi_and_lo(10_000, 1_000);
     s.dispatch(&mut out);
     let first = started(&out);
     assert_eq!(first.iter().filter(|(t, _)| *t == "hi").count(), 1);
@@ -200,18 +223,8 @@ fn a_trickle_of_urgent_jobs_keeps_two_slots_and_a_burst_widens_the_reserve() {
 
 #[test]
 fn short_bulk_handlers_borrow_the_reserve_and_slow_ones_leave_it() {
-    let mut s = Scheduler::new(limits(64, 100_000)).with_priorities(HashMap::from([
-        ("hi".to_string(), Priority::High),
-        ("lo".to_string(), Priority::Low),
-    ]));
-    let mut out = Vec::new();
-    s.assign(&[("hi".to_string(), 0), ("lo".to_string(), 0)], &mut out);
-    for o in 0..20_000 {
-        s.record(on("lo", o), 0, &mut out);
-    }
     // One urgent job keeps the High level active for a second.
-    s.record(on("hi", 0), 0, &mut out);
-    out.clear();
+    let (mut s, mut out) = hi_and_lo(100_000, 20_000);
     s.dispatch(&mut out);
     let mut running: VecDeque<Ticket> = started(&out)
         .into_iter()
@@ -233,13 +246,7 @@ fn short_bulk_handlers_borrow_the_reserve_and_slow_ones_leave_it() {
             }
         }
         s.dispatch(&mut out);
-        for (topic, t) in started(&out) {
-            if topic == "lo" {
-                running.push_back(t);
-            } else {
-                s.finished(t, true, &mut out);
-            }
-        }
+        settle_started(&mut s, &mut running, &mut out);
         if ms % 20 == 0 {
             // The trickle goes on: each urgent job starts as soon as it is
             // ready or at the next freed slot.
@@ -280,13 +287,7 @@ fn short_bulk_handlers_borrow_the_reserve_and_slow_ones_leave_it() {
             hi_offset += 1;
         }
         s.dispatch(&mut out);
-        for (topic, t) in started(&out) {
-            if topic == "lo" {
-                running.push_back(t);
-            } else {
-                s.finished(t, true, &mut out);
-            }
-        }
+        settle_started(&mut s, &mut running, &mut out);
         out.clear();
     }
     assert!(
