@@ -28,10 +28,11 @@
 //!   once within the last second, at least 1 and at most a quarter of the
 //!   slots. So an urgent job finds a free slot at once however slow the
 //!   bulk handlers are, and a trickle of urgent jobs costs bulk a slot or
-//!   two, not a quarter. Less urgent levels borrow from the reserve as
-//!   many slots as the worker frees within 2 ms at its current rate, so
-//!   short bulk handlers pay nothing for it (an urgent job waits at most
-//!   that long for the next freed slot, which is its own). Less urgent
+//!   two, not a quarter. Less urgent levels borrow from the reserve, all
+//!   but one slot, as many slots as the worker frees within 2 ms at its
+//!   current rate, so short bulk handlers pay one slot for it (an urgent
+//!   job beyond the kept slot waits about that long for the next freed
+//!   slot, which is its own). Less urgent
 //!   partitions are never paused for it:
 //!   polling goes on and their share of slots keeps them moving.
 //! * **Turns.** Within a level, each route's ready jobs queue on their
@@ -99,7 +100,7 @@ use crate::worker::Priority;
 pub(crate) use fair::FairSpec;
 use ready::Ready;
 pub(crate) use types::{Action, Incoming, Job, LaneKey, Limits, Located, Ticket, Tp, Turns};
-use types::{Hold, Lane, Part, ACTIVE_MS, BORROW_MS, LOST_KEPT};
+use types::{Hold, Lane, Part, ACTIVE_MS, ACTIVE_MS_USIZE, BORROW_MS, LOST_KEPT};
 
 /// See the module docs.
 pub(crate) struct Scheduler<R> {
@@ -235,33 +236,37 @@ impl<R: Located> Scheduler<R> {
     /// keeps a slot or two free, not a quarter of the worker; a burst of
     /// them widens the reserve for the next second.
     ///
-    /// Less urgent levels may borrow from it as many slots as the worker
-    /// frees within [`BORROW_MS`] at its rate of the last second: an
-    /// urgent job that finds every slot taken then waits that long at
-    /// most for one (freed slots go to the most urgent level first). With
-    /// short bulk handlers (a slot frees every few microseconds) the
-    /// reserve so costs bulk nothing; with slow ones it stays whole.
+    /// Less urgent levels may borrow from it, all but one slot, as many
+    /// slots as the worker frees within [`BORROW_MS`] at its rate of the
+    /// last second: an urgent job beyond the one kept slot then waits
+    /// about that long for one (freed slots go to the most urgent level
+    /// first). With short bulk handlers (a slot frees every few
+    /// microseconds) the reserve so costs bulk one slot; with slow ones it
+    /// stays whole.
     fn reserve_for(&self, level: usize) -> usize {
         if !(0..level).any(|l| self.active(l)) {
             return 0;
         }
         let peak = (0..level).map(|l| self.demand[l].0).max().unwrap_or(0);
         let reserve = (2 * peak).clamp(1, (self.limits.concurrency / 4).max(1));
-        reserve.saturating_sub(self.freed_within(BORROW_MS))
+        // One slot is never lent: borrowed slots may meet bulk jobs that
+        // turn slow (a downstream hangs), and the urgent level must still
+        // find a slot at once.
+        reserve.saturating_sub(self.borrowable()).max(1)
     }
 
-    /// Slots the worker frees within `ms` at its rate of finishes in the
-    /// last one-second window (the fuller of the previous and the current).
-    fn freed_within(&self, ms: i64) -> usize {
+    /// Slots the worker frees within [`BORROW_MS`] at its rate of finishes
+    /// in the last second: the fuller of the previous and the current
+    /// window, counting only windows that began less than two seconds ago.
+    fn borrowable(&self) -> usize {
         let (prev, cur, since) = self.turnover;
-        let prev = if self.now_ms.saturating_sub(since) < 2 * ACTIVE_MS {
-            prev
-        } else {
-            0
+        let age = self.now_ms.saturating_sub(since);
+        let per_second = match age {
+            a if a < ACTIVE_MS => prev.max(cur),
+            a if a < 2 * ACTIVE_MS => cur,
+            _ => 0,
         };
-        let per_window = prev.max(cur);
-        per_window.saturating_mul(usize::try_from(ms).unwrap_or(0))
-            / usize::try_from(ACTIVE_MS).unwrap_or(1)
+        per_second.saturating_mul(BORROW_MS) / ACTIVE_MS_USIZE
     }
 
     /// Counts a freed slot in the turnover window.

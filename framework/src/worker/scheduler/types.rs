@@ -180,7 +180,10 @@ pub(super) const ACTIVE_MS: i64 = 1_000;
 /// How long an urgent job may wait for a slot that less urgent levels
 /// borrowed from its reserve: well under the latency an urgent job's
 /// handler and intake add anyway.
-pub(super) const BORROW_MS: i64 = 2;
+pub(super) const BORROW_MS: usize = 2;
+
+/// [`ACTIVE_MS`] for slot arithmetic.
+pub(super) const ACTIVE_MS_USIZE: usize = ACTIVE_MS as usize;
 
 /// A lane with a job ready or running at its head.
 pub(super) struct Lane<R> {
