@@ -94,3 +94,102 @@ async fn urgent_jobs_overtake_a_bulk_backlog_and_the_backlog_still_drains() {
     wait_committed_at_end(&config, &group, &urgent, 2).await;
     running.stop().await;
 }
+
+/// The urgent route's partitions are read through queues of their own
+/// (`framework/src/worker/intake.rs`), split again after every assignment.
+/// Across a member joining and leaving, with urgent jobs enqueued all the
+/// while: every job runs, each key's jobs first run in enqueue order (a
+/// split queue read before the records still in the main queue would run
+/// newer offsets first), and every offset is committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn urgent_partitions_read_first_keep_order_and_lose_nothing_across_rebalances() {
+    const KEYS: i64 = 40;
+    const FIRST: i64 = 1_500;
+    const MORE: i64 = 1_500;
+    init_logging();
+    let config = ensure_stack();
+    let (urgent, bulk) = (unique("prio.split.urgent"), unique("prio.split.bulk"));
+    create_topic(&config, &urgent, 4).await;
+    create_topic(&config, &bulk, 4).await;
+    let producer = Producer::new(&config).expect("producer");
+    enqueue_n(&producer, &bulk, 3_000, 100, "ok").await;
+    enqueue_n(&producer, &urgent, FIRST, KEYS, "ok").await;
+
+    // (key, seq) in the order handlers started, over both members.
+    let seen: Arc<Mutex<Vec<(String, i64)>>> = Arc::default();
+    let group = unique("prio-split-g");
+    let member = |seen: Arc<Mutex<Vec<(String, i64)>>>, mine: Arc<AtomicU64>| {
+        Worker::builder(config.clone(), &group)
+            .handle_on(&bulk, |_job: TestJob, _ctx: JobContext| async move {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                Ok::<(), JobError>(())
+            })
+            .handle_on(&urgent, move |job: TestJob, _ctx: JobContext| {
+                let (seen, mine) = (seen.clone(), mine.clone());
+                async move {
+                    seen.lock().unwrap().push((job.key.clone(), job.seq));
+                    mine.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    Ok::<(), JobError>(())
+                }
+            })
+            .priority(&urgent, Priority::High)
+            .priority(&bulk, Priority::Low)
+            .concurrency(8)
+            .build()
+            .expect("worker builds")
+    };
+    let count = |seen: &Arc<Mutex<Vec<(String, i64)>>>| seen.lock().unwrap().len() as i64;
+    let a = start(member(seen.clone(), Arc::default()));
+    eventually(Duration::from_secs(60), "urgent jobs started", || {
+        count(&seen) >= 300
+    })
+    .await;
+    let by_b = Arc::new(AtomicU64::new(0));
+    let b = start(member(seen.clone(), by_b.clone()));
+    // More urgent jobs while the group rebalances, same keys, later seqs.
+    let jobs: Vec<TestJob> = (FIRST..FIRST + MORE)
+        .map(|i| TestJob::with(format!("k{}", i % KEYS), i, "ok"))
+        .collect();
+    for r in producer.enqueue_batch_to(&urgent, &jobs).await {
+        r.expect("enqueue acknowledged");
+    }
+    eventually(
+        Duration::from_secs(60),
+        "the second member took part",
+        || by_b.load(Ordering::Relaxed) >= 200,
+    )
+    .await;
+    b.stop().await;
+    eventually(Duration::from_secs(120), "every urgent job handled", || {
+        let s = seen.lock().unwrap();
+        let distinct: std::collections::HashSet<i64> = s.iter().map(|(_, q)| *q).collect();
+        distinct.len() as i64 == FIRST + MORE
+    })
+    .await;
+    wait_committed_at_end(&config, &group, &urgent, 4).await;
+    wait_committed_at_end(&config, &group, &bulk, 4).await;
+    a.stop().await;
+
+    // Per key, the first start of each job in enqueue order.
+    let s = seen.lock().unwrap();
+    let mut first: std::collections::HashMap<&str, Vec<i64>> = Default::default();
+    let mut once = std::collections::HashSet::new();
+    for (key, seq) in s.iter() {
+        if once.insert(*seq) {
+            first.entry(key.as_str()).or_default().push(*seq);
+        }
+    }
+    for (key, seqs) in &first {
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "key {key} started out of order: {seqs:?}"
+        );
+    }
+    eprintln!(
+        "{} starts for {} urgent jobs over two rebalances, {} by the second member",
+        s.len(),
+        FIRST + MORE,
+        by_b.load(Ordering::Relaxed)
+    );
+}

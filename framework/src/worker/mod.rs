@@ -49,6 +49,7 @@ mod fairness;
 mod forward;
 mod handler;
 mod hub;
+mod intake;
 mod limits;
 mod membership;
 pub(crate) mod park;

@@ -100,6 +100,9 @@ pub(crate) struct WorkerContext {
     /// it, so a position another member committed is never mistaken for
     /// one of ours that happens to have the same offset.
     pub commit_tag: String,
+    /// Bumped by every change of the assignment: the intake splits the
+    /// urgent partitions again after each ([`super::intake`]).
+    pub assignments: std::sync::atomic::AtomicU64,
 }
 
 /// A tag no other consumer (in this process or elsewhere) uses: the
@@ -192,6 +195,7 @@ impl ConsumerContext for WorkerContext {
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(_) = rebalance {
             // Only now is the assignment in effect on the consumer.
+            self.assignments.fetch_add(1, AtomicOrdering::AcqRel);
             let actions = std::mem::take(&mut self.lock().post_assign);
             self.execute(consumer, actions, CommitMode::Sync, true);
             self.apply_holds(consumer, true);
@@ -303,6 +307,7 @@ impl WorkerContext {
         let tps = tps_of(tpl);
         let lost = consumer.assignment_lost();
         info!(partitions = ?tps, lost, "revoking");
+        self.assignments.fetch_add(1, AtomicOrdering::AcqRel);
         self.stats.set_assigned(&tps, false);
         let mut out = Vec::new();
         {
@@ -576,9 +581,12 @@ impl WorkerContext {
 /// rest, commit) is complete; the caller then closes the consumer.
 pub(crate) fn poll_loop(
     ctx: &WorkerContext,
-    consumer: &BaseConsumer<WorkerContext>,
+    consumer: &Arc<BaseConsumer<WorkerContext>>,
     abandon: impl FnOnce(),
 ) -> Result<(), FatalConsumerError> {
+    // Urgent routes' partitions, read first (none when all routes share
+    // one priority).
+    let mut intake = super::intake::Intake::new(&ctx.routes, consumer);
     let mut last_gauges = Instant::now();
     let mut fatal = None;
     let mut batch: Vec<Polled> = Vec::with_capacity(MAX_BATCH);
@@ -601,25 +609,49 @@ pub(crate) fn poll_loop(
         }
         // While jobs run, completions may leave consumer actions behind
         // (a resume): block only briefly, so they are carried out promptly.
-        let timeout = if busy {
+        let mut timeout = if busy {
             BUSY_WAIT
         } else {
             ctx.settings.poll_timeout
         };
-        let mut next = consumer.poll(timeout);
+        let mut copy = |m: &rdkafka::message::BorrowedMessage<'_>| {
+            let name = m.topic();
+            let topic = match topics.get(name) {
+                Some(t) => t.clone(),
+                None => {
+                    let t: Arc<str> = Arc::from(name);
+                    topics.insert(name.to_string(), t.clone());
+                    t
+                }
+            };
+            Polled::copy(m, topic)
+        };
+        // Urgent partitions first: their records join the batch ahead of
+        // whatever the main queue holds.
+        let mut failed = None;
+        if let Some(intake) = intake.as_mut() {
+            let generation = ctx.assignments.load(AtomicOrdering::Acquire);
+            intake.refresh(consumer, generation, || ctx.stats.assignment());
+            failed = intake.read(&mut batch, MAX_BATCH, &mut copy);
+            if intake.active() {
+                timeout = timeout.min(super::intake::SPLIT_WAIT);
+            }
+        }
+        if !batch.is_empty() {
+            timeout = Duration::ZERO;
+        }
+        // Always polled, even after a full batch of urgent records: the
+        // main queue also serves the rebalance and commit callbacks.
+        let mut next = match failed {
+            Some(e) => Some(Err(e)),
+            None => consumer.poll(timeout),
+        };
+        let mut from_main = 0;
         while let Some(result) = next {
             match result {
                 Ok(m) => {
-                    let name = m.topic();
-                    let topic = match topics.get(name) {
-                        Some(t) => t.clone(),
-                        None => {
-                            let t: Arc<str> = Arc::from(name);
-                            topics.insert(name.to_string(), t.clone());
-                            t
-                        }
-                    };
-                    batch.push(Polled::copy(&m, topic));
+                    batch.push(copy(&m));
+                    from_main += 1;
                 }
                 Err(e) => {
                     match fatal_consumer_error(consumer, &e) {
@@ -636,6 +668,9 @@ pub(crate) fn poll_loop(
                 break;
             }
             next = consumer.poll(Duration::ZERO);
+        }
+        if let Some(intake) = intake.as_mut() {
+            intake.main_drained(from_main);
         }
         if batch.is_empty() {
             continue;

@@ -249,6 +249,7 @@ impl Worker {
             debounce,
             held: std::sync::Mutex::new(Default::default()),
             commit_tag: poll::commit_tag(),
+            assignments: Default::default(),
         };
         let consumer = Arc::new(self.consumer(context)?);
         let mut topics = self.topics();
