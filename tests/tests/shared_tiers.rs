@@ -696,11 +696,15 @@ async fn a_flood_of_one_routes_retries_in_a_shared_tier_does_not_queue_another_r
         .build()
         .expect("worker builds");
     let running = start(worker);
-    for seq in 0..BULK {
-        producer
-            .enqueue_to(&bulk, &TestJob::with(format!("b{seq}"), seq, "ok"))
-            .await
-            .expect("enqueue");
+    // Enqueued at once, not one acknowledgement at a time: sent one by
+    // one on a loaded machine, the first attempts (and so the retries'
+    // due times) spread over seconds, the worker keeps up with them, and
+    // no flood is left when urgent's retries come due.
+    let jobs: Vec<TestJob> = (0..BULK)
+        .map(|seq| TestJob::with(format!("b{seq}"), seq, "ok"))
+        .collect();
+    for r in producer.enqueue_batch_to(&bulk, &jobs).await {
+        r.expect("enqueue acknowledged");
     }
     eventually(
         Duration::from_secs(60),
