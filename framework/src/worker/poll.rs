@@ -575,6 +575,22 @@ impl WorkerContext {
     }
 }
 
+/// Logs a consumer error, from the main queue or a split one, and returns
+/// it as fatal when the cluster refused the consumer.
+fn consumer_error(
+    consumer: &BaseConsumer<WorkerContext>,
+    e: &rdkafka::error::KafkaError,
+) -> Option<FatalConsumerError> {
+    let f = fatal_consumer_error(consumer, e);
+    match &f {
+        Some(f) => {
+            tracing::error!(error = %e, reason = %f.message, "consumer refused by the cluster; stopping")
+        }
+        None => warn!(error = %e, "consumer error"),
+    }
+    f
+}
+
 /// The poll loop. Returns once stopping is set, or a fatal consumer error
 /// (an ACL, the credentials) was seen, and the shutdown sequence (drop
 /// queued work, wait for running jobs within the grace period, cancel the
@@ -640,12 +656,13 @@ pub(crate) fn poll_loop(
         if !batch.is_empty() {
             timeout = Duration::ZERO;
         }
-        // Always polled, even after a full batch of urgent records: the
-        // main queue also serves the rebalance and commit callbacks.
-        let mut next = match failed {
-            Some(e) => Some(Err(e)),
-            None => consumer.poll(timeout),
-        };
+        if let Some(e) = failed {
+            fatal = fatal.or_else(|| consumer_error(consumer, &e));
+        }
+        // Always polled, even after a full batch of urgent records or an
+        // error from a split queue: the main queue also serves the
+        // rebalance and commit callbacks.
+        let mut next = consumer.poll(timeout);
         let mut from_main = 0;
         while let Some(result) = next {
             match result {
@@ -654,13 +671,7 @@ pub(crate) fn poll_loop(
                     from_main += 1;
                 }
                 Err(e) => {
-                    match fatal_consumer_error(consumer, &e) {
-                        Some(f) => {
-                            tracing::error!(error = %e, reason = %f.message, "consumer refused by the cluster; stopping");
-                            fatal = Some(f);
-                        }
-                        None => warn!(error = %e, "consumer error"),
-                    }
+                    fatal = fatal.or_else(|| consumer_error(consumer, &e));
                     break;
                 }
             }
