@@ -44,7 +44,9 @@ pub(super) async fn run(
                 let a = p
                     .attempt(&job.item, &waiter, rand::random::<f64>(), now)
                     .await;
-                (job.ticket, a.outcome.is_final())
+                // The record's buffer goes back to the poll thread, not to
+                // this thread's allocator (see super::recycle).
+                (job.ticket, a.outcome.is_final(), job.item.into_bytes())
             });
         }
     };
@@ -56,10 +58,15 @@ pub(super) async fn run(
                 None => open = false,
             },
             Some(first) = running.next(), if !running.is_empty() => {
-                let mut finished: Vec<(Ticket, bool)> = vec![first];
-                while let Some(Some(more)) = running.next().now_or_never() {
-                    finished.push(more);
+                let mut finished: Vec<(Ticket, bool)> = Vec::new();
+                let mut buffers: Vec<Vec<u8>> = Vec::new();
+                let mut next = Some(first);
+                while let Some((ticket, last, bytes)) = next {
+                    finished.push((ticket, last));
+                    buffers.push(bytes);
+                    next = running.next().now_or_never().flatten();
                 }
+                hub.buffers.give(&mut buffers);
                 let released = hub.finished(me, finished);
                 if !released.is_empty() {
                     start(&mut running, released);

@@ -39,6 +39,8 @@ pub(crate) struct Hub {
     /// Signalled after completions while someone waits for them.
     progress: Condvar,
     pub(super) dispatch: Dispatch,
+    /// Finished records' buffers, back to the poll thread.
+    pub(super) buffers: super::recycle::Buffers,
 }
 
 impl Hub {
@@ -57,6 +59,7 @@ impl Hub {
             }),
             progress: Condvar::new(),
             dispatch: Dispatch::new(senders),
+            buffers: Default::default(),
         }
     }
 

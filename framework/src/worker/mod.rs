@@ -59,6 +59,7 @@ pub(crate) mod polled;
 mod priority;
 mod provision;
 pub(crate) mod record;
+mod recycle;
 mod refusal;
 pub(crate) mod route;
 mod run;

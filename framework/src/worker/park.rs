@@ -21,7 +21,7 @@ use std::task::Poll;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::scheduler::Ticket;
+use super::scheduler::{Released, Ticket};
 
 /// Where parked jobs give their slot back and ask for it again: the
 /// worker's hub. The test harness has none (a wait there keeps its slot).
@@ -37,13 +37,13 @@ pub(crate) trait Slots: Send + Sync {
 #[derive(Clone)]
 pub(crate) struct Waiter {
     slots: Option<(Arc<dyn Slots>, Ticket)>,
-    released: CancellationToken,
+    released: Released,
 }
 
 impl Waiter {
     /// A waiter for the job `ticket`, released by `released` (its
     /// partition's token).
-    pub(crate) fn new(slots: Arc<dyn Slots>, ticket: Ticket, released: CancellationToken) -> Self {
+    pub(crate) fn new(slots: Arc<dyn Slots>, ticket: Ticket, released: Released) -> Self {
         Self {
             slots: Some((slots, ticket)),
             released,
@@ -52,7 +52,7 @@ impl Waiter {
 
     /// A waiter that keeps the slot while it waits (the harness, and
     /// attempts run outside a scheduler).
-    pub(crate) fn holding(released: CancellationToken) -> Self {
+    pub(crate) fn holding(released: Released) -> Self {
         Self {
             slots: None,
             released,
@@ -121,7 +121,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_ready_wait_never_parks_and_a_pending_one_parks_until_granted() {
         let log = Arc::new(Log::default());
-        let w = Waiter::new(log.clone(), ticket(), CancellationToken::new());
+        let w = Waiter::new(log.clone(), ticket(), Default::default());
         assert_eq!(w.wait(async { 1 }).await, Some(1));
         assert!(
             log.calls.lock().unwrap().is_empty(),
@@ -148,7 +148,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_release_ends_a_parked_wait_and_a_wait_for_a_grant() {
         let log = Arc::new(Log::default());
-        let released = CancellationToken::new();
+        let released = std::sync::Arc::new(CancellationToken::new());
         let w = Waiter::new(log.clone(), ticket(), released.clone());
         let cancel = async {
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
@@ -158,7 +158,7 @@ mod tests {
         assert_eq!(v, None);
 
         // Waiting for a grant that never comes: released too.
-        let released = CancellationToken::new();
+        let released = std::sync::Arc::new(CancellationToken::new());
         let w = Waiter::new(log.clone(), ticket(), released.clone());
         let cancel = async {
             tokio::time::sleep(std::time::Duration::from_secs(3)).await;

@@ -608,7 +608,11 @@ pub(crate) fn poll_loop(
     let mut batch: Vec<Polled> = Vec::with_capacity(MAX_BATCH);
     // Topic names, shared by every record of their topic.
     let mut topics: rustc_hash::FxHashMap<String, Arc<str>> = Default::default();
+    // Finished records' buffers, reused for the next records (see
+    // super::recycle): refilled from the dispatchers once per turn.
+    let mut spare: Vec<Vec<u8>> = Vec::new();
     while !ctx.is_stopping() && fatal.is_none() {
+        ctx.hub.buffers.take(&mut spare);
         let mut out = Vec::new();
         let busy = {
             let mut core = ctx.lock();
@@ -640,7 +644,7 @@ pub(crate) fn poll_loop(
                     t
                 }
             };
-            Polled::copy(m, topic)
+            Polled::copy_into(m, topic, spare.pop().unwrap_or_default())
         };
         // Urgent partitions first: their records join the batch ahead of
         // whatever the main queue holds.

@@ -76,7 +76,18 @@ impl Polled {
     /// Copies `msg`; `topic` is its topic name, shared by every record of
     /// the topic.
     pub(crate) fn copy(msg: &BorrowedMessage<'_>, topic: Arc<str>) -> Self {
-        let mut bytes = Vec::new();
+        Self::copy_into(msg, topic, Vec::new())
+    }
+
+    /// [`Polled::copy`] into `bytes`, an emptied buffer of an earlier
+    /// record ([`super::recycle`]), so that no allocation is needed when
+    /// it is large enough.
+    pub(crate) fn copy_into(
+        msg: &BorrowedMessage<'_>,
+        topic: Arc<str>,
+        mut bytes: Vec<u8>,
+    ) -> Self {
+        bytes.clear();
         let push = |bytes: &mut Vec<u8>, b: &[u8]| {
             let at = bytes.len() as u32;
             bytes.extend_from_slice(b);
@@ -144,6 +155,12 @@ impl Polled {
 }
 
 impl Polled {
+    /// The record's buffer, to be reused for another record
+    /// ([`super::recycle`]).
+    pub(crate) fn into_bytes(self) -> Vec<u8> {
+        self.data.bytes
+    }
+
     /// An rdkafka `OwnedMessage` with the same content, for code that keeps
     /// records as such (the DLQ store): unlike `detach()`, its header names
     /// are valid UTF-8, so rdkafka's accessors cannot panic on them later.

@@ -467,7 +467,7 @@ mod tests {
         let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let route = ping_route(registry.clone(), &[], handled.clone());
         let payload = frame(7, b"\x02a");
-        let released = CancellationToken::new();
+        let released = std::sync::Arc::new(CancellationToken::new());
         let waiter = Waiter::holding(released.clone());
         let outcome = route.run(Some(&payload), ctx(), &waiter, &WATCHED).await;
         // Not a retryable failure (which would walk the tiers): the same
@@ -482,7 +482,7 @@ mod tests {
         let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let route = ping_route(Arc::new(DownRegistry), &[], handled.clone());
         let payload = frame(7, b"\x02a");
-        let released = CancellationToken::new();
+        let released = std::sync::Arc::new(CancellationToken::new());
         let waiter = Waiter::holding(released.clone());
         let run = route.run(Some(&payload), ctx(), &waiter, &WATCHED);
         let cancel = async {
@@ -533,7 +533,7 @@ mod tests {
         let payload = frame(7, b"\x02a");
 
         // Parked in the layer when the revoke comes: released, not run.
-        let released = CancellationToken::new();
+        let released = std::sync::Arc::new(CancellationToken::new());
         let waiter = Waiter::holding(released.clone());
         let run = route.run(Some(&payload), ctx(), &waiter, &WATCHED);
         let revoke = async {
@@ -546,7 +546,7 @@ mod tests {
 
         // Past the layer, inside its 50 ms handler, when the revoke comes:
         // the handler finishes.
-        let released = CancellationToken::new();
+        let released = std::sync::Arc::new(CancellationToken::new());
         let waiter = Waiter::holding(released.clone());
         let run = route.run(Some(&payload), ctx(), &waiter, &WATCHED);
         let revoke = async {

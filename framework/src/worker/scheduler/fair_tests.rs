@@ -243,7 +243,7 @@ proptest! {
                     f.push(ids[who], Job {
                         ticket: Ticket::for_test(next),
                         item: Tenanted(next, names[who]),
-                        released: tokio_util::sync::CancellationToken::new(),
+                        released: Default::default(),
                     });
                     pushed[who].push(next);
                     next += 1;

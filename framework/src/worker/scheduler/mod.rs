@@ -99,7 +99,9 @@ use crate::worker::Priority;
 
 pub(crate) use fair::FairSpec;
 use ready::Ready;
-pub(crate) use types::{Action, Incoming, Job, LaneKey, Limits, Located, Ticket, Tp, Turns};
+pub(crate) use types::{
+    Action, Incoming, Job, LaneKey, Limits, Located, Released, Ticket, Tp, Turns,
+};
 use types::{Hold, Lane, Part, ACTIVE_MS, ACTIVE_MS_USIZE, BORROW_MS, LOST_KEPT};
 
 /// See the module docs.
@@ -365,7 +367,7 @@ impl<R: Located> Scheduler<R> {
                 fair: self.fair_topics.get(&tp.0).copied(),
                 turn: self.turns.for_topic(&tp.0),
                 tracker: OffsetTracker::new(),
-                released: CancellationToken::new(),
+                released: std::sync::Arc::new(CancellationToken::new()),
                 lanes: FxHashMap::default(),
                 paused_bound: false,
                 hold: None,

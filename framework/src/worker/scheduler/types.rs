@@ -74,6 +74,13 @@ impl Ticket {
     }
 }
 
+/// A partition's release signal, shared by its jobs: an `Arc` around one
+/// token rather than clones of it, because cloning or dropping a
+/// `CancellationToken` takes the mutex of its tree node. With a clone per
+/// record, the poll thread (cloning) and the dispatchers (dropping) took
+/// each partition's lock once per job; an `Arc` costs an atomic add.
+pub(crate) type Released = std::sync::Arc<CancellationToken>;
+
 /// A job to run now.
 pub(crate) struct Job<R> {
     pub ticket: Ticket,
@@ -83,7 +90,7 @@ pub(crate) struct Job<R> {
     /// by a layer such as the breaker) gives up then instead of holding the
     /// revoke or the shutdown; it is uncommitted, so the next owner runs it.
     /// A handler that already started is never cut short by it.
-    pub released: CancellationToken,
+    pub released: Released,
 }
 
 /// What the adapter must do.
@@ -205,7 +212,7 @@ pub(super) struct Part<R> {
     pub(super) turn: Option<u16>,
     pub(super) tracker: OffsetTracker,
     /// Cancelled when this assignment ends (see [`Job::released`]).
-    pub(super) released: CancellationToken,
+    pub(super) released: Released,
     /// Fx, not SipHash: looked up twice per record. Its keys are offsets
     /// or per-process randomly seeded hashes of record keys (see
     /// `record::incoming`), so a producer cannot aim keys at one bucket.
