@@ -1,6 +1,7 @@
 //! Dispatcher tasks: where `Run` batches execute on the async runtime.
 //!
-//! The worker starts one dispatcher per runtime thread. Each receives its
+//! The worker starts one dispatcher per runtime thread but one ([`count`]:
+//! the poll thread and librdkafka's threads need a core too). Each receives its
 //! share of every batch the poll thread releases and drives those attempts
 //! concurrently in one `FuturesUnordered`, so no task is spawned per record
 //! and the poll thread wakes each dispatcher once per batch, not per
@@ -21,6 +22,12 @@ use super::polled::Polled;
 use super::scheduler::{Job, Ticket};
 use crate::dlq::now_ms;
 
+/// How many dispatchers a runtime of `workers` threads gets: all but one,
+/// at least one.
+pub(super) fn count(workers: usize) -> usize {
+    workers.saturating_sub(1).max(1)
+}
+
 /// Runs batches from `jobs`, and what their completions release, until the
 /// channel closes and every attempt finished (or the task is aborted at the
 /// end of the grace period). `me` is this dispatcher's index in the hub.
@@ -35,7 +42,9 @@ pub(super) async fn run(
         // One clock read per batch: its jobs start together.
         let now = now_ms();
         for job in batch {
-            let p = pipeline.clone();
+            // Borrowed, not cloned: an `Arc` clone per job is an atomic
+            // add on a cache line every dispatcher touches.
+            let p = &*pipeline;
             let waiter = match pipeline.park {
                 true => Waiter::new(hub.clone(), job.ticket, job.released),
                 false => Waiter::holding(job.released),
@@ -74,5 +83,16 @@ pub(super) async fn run(
             }
             else => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn one_runtime_thread_is_left_for_the_poll_and_broker_threads() {
+        assert_eq!(super::count(0), 1);
+        assert_eq!(super::count(1), 1);
+        assert_eq!(super::count(2), 1);
+        assert_eq!(super::count(8), 7);
     }
 }

@@ -151,12 +151,15 @@ impl Worker {
             info!(%bound, "metrics endpoint listening");
             self.spawn_lag_refresh(background.clone());
         }
-        // Dispatchers: one task per runtime thread, each running its share of
-        // every `Run` batch concurrently. No task is spawned per record.
-        let threads = tokio::runtime::Handle::current()
-            .metrics()
-            .num_workers()
-            .max(1);
+        // Dispatchers: one task per runtime thread but one, each running its
+        // share of every `Run` batch concurrently. No task is spawned per
+        // record. The thread left over is for the poll thread and
+        // librdkafka's broker threads, which are busy whenever the
+        // dispatchers are: on 2 cores, two dispatchers beside them made
+        // four busy threads on two cores, and one dispatcher did the same
+        // work with less CPU per job and more jobs/s (benches/RESULTS.md,
+        // "Cost per job (issue 29): third step").
+        let threads = dispatcher::count(tokio::runtime::Handle::current().metrics().num_workers());
         let mut senders = Vec::with_capacity(threads);
         let mut receivers = Vec::with_capacity(threads);
         for _ in 0..threads {
