@@ -21,13 +21,20 @@
 //! (rdkafka's `store_offset_from_message` adds the 1 itself; kjob never uses
 //! it, so the +1 lives only here.)
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 
 /// Per-partition bookkeeping of started and finished offsets.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct OffsetTracker {
-    /// In-flight offsets and their record timestamps (epoch ms), if known.
-    in_flight: BTreeMap<i64, Option<i64>>,
+    /// Started offsets in ascending order, each with its record's timestamp
+    /// (epoch ms) if known; a finished one stays as a tombstone until it
+    /// reaches the front, so the front is always the lowest offset in
+    /// flight. Records arrive in offset order, so a start is a push at the
+    /// back and needs no allocation of its own (a `BTreeMap` allocated a
+    /// node per few records on the poll thread, freed on a dispatcher).
+    in_flight: VecDeque<Entry>,
+    /// How many entries are in flight (not tombstones).
+    live: usize,
     highest_seen: Option<i64>,
     /// The first offset this assignment saw: where fetching began, so the
     /// group's committed position (or the reset position) at assignment.
@@ -40,6 +47,19 @@ pub(crate) struct OffsetTracker {
     /// may be the group's position now.
     sent: std::collections::VecDeque<i64>,
 }
+
+/// One started offset.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    offset: i64,
+    timestamp_ms: Option<i64>,
+    done: bool,
+}
+
+/// Tombstones beyond the live entries (plus this) are swept out at once:
+/// behind a long-running job at the front, its partition's later jobs keep
+/// finishing, and the deque must not grow with them.
+const TOMBSTONE_SLACK: usize = 1024;
 
 /// How many sent commit positions a tracker remembers (one per commit
 /// interval: a minute at the default second).
@@ -61,9 +81,32 @@ impl OffsetTracker {
     /// [`OffsetTracker::start`] with the record's timestamp, so the age of
     /// the oldest pending record can be reported.
     pub(crate) fn start_at(&mut self, offset: i64, timestamp_ms: Option<i64>) {
-        let entry = self.in_flight.entry(offset).or_insert(timestamp_ms);
-        if entry.is_none() {
-            *entry = timestamp_ms;
+        let fresh = Entry {
+            offset,
+            timestamp_ms,
+            done: false,
+        };
+        if self.in_flight.back().is_none_or(|b| b.offset < offset) {
+            self.in_flight.push_back(fresh);
+            self.live += 1;
+        } else {
+            // Out of order (fetched again after a seek): kept sorted.
+            match self.find(offset) {
+                Ok(i) => {
+                    if let Some(e) = self.in_flight.get_mut(i) {
+                        if e.done {
+                            *e = fresh;
+                            self.live += 1;
+                        } else if e.timestamp_ms.is_none() {
+                            e.timestamp_ms = timestamp_ms;
+                        }
+                    }
+                }
+                Err(i) => {
+                    self.in_flight.insert(i, fresh);
+                    self.live += 1;
+                }
+            }
         }
         if self.highest_seen.is_none_or(|h| offset > h) {
             self.highest_seen = Some(offset);
@@ -80,7 +123,15 @@ impl OffsetTracker {
 
     /// Whether `offset` is started and not finished.
     pub(crate) fn is_in_flight(&self, offset: i64) -> bool {
-        self.in_flight.contains_key(&offset)
+        self.find(offset)
+            .ok()
+            .and_then(|i| self.in_flight.get(i))
+            .is_some_and(|e| !e.done)
+    }
+
+    /// Where `offset` is (or would be) in the sorted entries.
+    fn find(&self, offset: i64) -> Result<usize, usize> {
+        self.in_flight.binary_search_by_key(&offset, |e| e.offset)
     }
 
     /// Whether this tracker saw `offset` finish: at or below the highest
@@ -109,26 +160,45 @@ impl OffsetTracker {
     /// Marks a record done. Returns false if it was not in flight (a stale
     /// completion from before a rebalance), which callers may log.
     pub(crate) fn finish(&mut self, offset: i64) -> bool {
-        self.in_flight.remove(&offset).is_some()
+        let Ok(i) = self.find(offset) else {
+            return false;
+        };
+        match self.in_flight.get_mut(i) {
+            Some(e) if !e.done => e.done = true,
+            _ => return false,
+        }
+        self.live -= 1;
+        while self.in_flight.front().is_some_and(|e| e.done) {
+            self.in_flight.pop_front();
+        }
+        if self.in_flight.len() > self.live + TOMBSTONE_SLACK {
+            self.in_flight.retain(|e| !e.done);
+        }
+        true
     }
 
     /// Timestamp (epoch ms) of the oldest in-flight record, if known.
     pub(crate) fn oldest_timestamp(&self) -> Option<i64> {
-        self.in_flight.values().flatten().min().copied()
+        self.in_flight
+            .iter()
+            .filter(|e| !e.done)
+            .filter_map(|e| e.timestamp_ms)
+            .min()
     }
 
     /// How many records are started but not finished. Records dropped
     /// without finishing (queued work on revoke) simply stay here, so the
     /// watermark never passes them and they are re-delivered.
     pub(crate) fn in_flight(&self) -> usize {
-        self.in_flight.len()
+        self.live
     }
 
     /// The next offset to read, as Kafka wants it committed: the lowest
     /// in-flight offset, or highest seen + 1. `None` before the first record.
     pub(crate) fn watermark(&self) -> Option<i64> {
-        match self.in_flight.keys().next() {
-            Some(lowest) => Some(*lowest),
+        // The front is never a tombstone (see `finish`).
+        match self.in_flight.front() {
+            Some(lowest) => Some(lowest.offset),
             None => self.highest_seen.map(|h| h + 1),
         }
     }
@@ -273,6 +343,68 @@ mod tests {
         assert!(!t.position_unchanged(105), "moved by someone else");
         assert!(t.finished_here(104) && !t.finished_here(105));
         assert!(!t.finished_here(99) && !t.finished_here(110));
+    }
+
+    #[test]
+    fn restarts_out_of_order_and_tombstones_keep_the_watermark_right() {
+        let mut t = OffsetTracker::new();
+        for o in [10, 11, 12, 20] {
+            t.start(o);
+        }
+        assert!(t.finish(11) && t.finish(12));
+        assert_eq!(t.watermark(), Some(10));
+        // 11 fetched again after a seek back: in flight again, once.
+        t.start_at(11, Some(7));
+        t.start_at(11, Some(9));
+        assert!(t.is_in_flight(11));
+        assert_eq!(t.in_flight(), 3);
+        assert_eq!(t.oldest_timestamp(), Some(7));
+        // A lower offset than any started: in front of the rest.
+        t.start(5);
+        assert_eq!(t.watermark(), Some(5));
+        for o in [5, 10, 11] {
+            assert!(t.finish(o));
+        }
+        assert_eq!(t.watermark(), Some(20));
+        assert!(t.finish(20));
+        assert_eq!((t.watermark(), t.in_flight()), (Some(21), 0));
+    }
+
+    #[test]
+    fn a_long_job_at_the_front_does_not_grow_the_tracker_with_tombstones() {
+        let mut t = OffsetTracker::new();
+        t.start(0);
+        for o in 1..100_000 {
+            t.start(o);
+            assert!(t.finish(o));
+        }
+        assert_eq!(t.watermark(), Some(0));
+        assert_eq!(t.in_flight(), 1);
+        assert!(t.in_flight.len() <= 1 + TOMBSTONE_SLACK + 1);
+        assert!(t.finish(0));
+        assert_eq!(t.watermark(), Some(100_000));
+    }
+
+    proptest::proptest! {
+        /// Against a plain set of in-flight offsets: any order of starts
+        /// (ascending with seeks back) and finishes gives the same answers.
+        #[test]
+        fn agrees_with_a_set_of_in_flight_offsets(ops in proptest::collection::vec((0u8..3, 0i64..64), 0..400)) {
+            let mut t = OffsetTracker::new();
+            let mut model = std::collections::BTreeSet::new();
+            let mut next = 0i64;
+            for (op, o) in ops {
+                match op {
+                    0 => { t.start(next); model.insert(next); next += 1 + o % 3; }
+                    1 => { let o = o.min(next); t.start(o); model.insert(o); }
+                    _ => { let o = o.min(next); proptest::prop_assert_eq!(t.finish(o), model.remove(&o)); }
+                }
+                proptest::prop_assert_eq!(t.in_flight(), model.len());
+                let want = model.iter().next().copied().or(t.highest_seen().map(|h| h + 1));
+                proptest::prop_assert_eq!(t.watermark(), want);
+                proptest::prop_assert_eq!(t.is_in_flight(o), model.contains(&o));
+            }
+        }
     }
 
     #[test]
