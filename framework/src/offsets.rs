@@ -61,6 +61,9 @@ struct Entry {
 /// finishing, and the deque must not grow with them.
 const TOMBSTONE_SLACK: usize = 1024;
 
+/// An empty tracker with room for more entries than this gives it back.
+const SHRINK_ABOVE: usize = 1024;
+
 /// How many sent commit positions a tracker remembers (one per commit
 /// interval: a minute at the default second).
 const SENT_KEPT: usize = 64;
@@ -173,6 +176,11 @@ impl OffsetTracker {
         }
         if self.in_flight.len() > self.live + TOMBSTONE_SLACK {
             self.in_flight.retain(|e| !e.done);
+        }
+        // A burst's room is given back once the partition is idle, so
+        // many partitions do not each keep their largest backlog's size.
+        if self.in_flight.is_empty() && self.in_flight.capacity() > SHRINK_ABOVE {
+            self.in_flight.shrink_to(SHRINK_ABOVE / 4);
         }
         true
     }
@@ -383,6 +391,10 @@ mod tests {
         assert!(t.in_flight.len() <= 1 + TOMBSTONE_SLACK + 1);
         assert!(t.finish(0));
         assert_eq!(t.watermark(), Some(100_000));
+        assert!(
+            t.in_flight.capacity() <= SHRINK_ABOVE,
+            "room given back when idle"
+        );
     }
 
     proptest::proptest! {
