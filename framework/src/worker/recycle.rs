@@ -46,13 +46,17 @@ impl Buffers {
             return;
         }
         let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
-        for mut b in done.drain(..) {
+        // Taken from the back, so that a buffer that does not fit stays in
+        // `done` and is not freed while the lock is held.
+        while let Some(b) = done.last() {
             if pool.kept.len() >= KEEP || pool.bytes + b.capacity() > KEEP_TOTAL {
                 break;
             }
-            b.clear();
-            pool.bytes += b.capacity();
-            pool.kept.push(b);
+            if let Some(mut b) = done.pop() {
+                b.clear();
+                pool.bytes += b.capacity();
+                pool.kept.push(b);
+            }
         }
         drop(pool);
         // What did not fit is freed here, outside the lock.
