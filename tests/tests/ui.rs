@@ -160,8 +160,19 @@ async fn click(c: &Client, css: &str) {
             .wait()
             .at_most(Duration::from_secs(20))
             .for_element(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("no `{css}` to click: {e}"));
+            .await;
+        let found = match found {
+            Ok(f) => f,
+            Err(e) => {
+                let url = c
+                    .current_url()
+                    .await
+                    .map(|u| u.to_string())
+                    .unwrap_or_default();
+                let page = c.source().await.unwrap_or_default();
+                panic!("no `{css}` to click on {url}: {e}\n{page}")
+            }
+        };
         match found.click().await {
             Ok(_) => return,
             Err(e) if tries < 5 && format!("{e:?}").contains("StaleElementReference") => {
@@ -510,7 +521,19 @@ async fn the_dashboard_in_a_real_browser() {
     })
     .await;
     w.stop().await;
-    c.goto(&dlq_url).await.expect("goto");
+    // The page lists what the DLQ topic holds when it is loaded: wait until
+    // all six are listed, or the preview may pick fewer (or none, and then
+    // there is no execute button).
+    let start = Instant::now();
+    loop {
+        c.goto(&dlq_url).await.expect("goto");
+        let count = text(&c, "p.count").await;
+        if count.contains("6 unresolved") {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(40), "{count}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     c.execute(
         "document.querySelector('form.redrive input[name=rate]').value = '1';",
         vec![],
@@ -518,6 +541,11 @@ async fn the_dashboard_in_a_real_browser() {
     .await
     .expect("execute");
     click(&c, "#redrive-preview").await;
+    let preview = text(&c, "p.preview").await;
+    assert!(
+        preview.contains("6 record(s) would be re-driven"),
+        "{preview}"
+    );
     click(&c, "#redrive-execute").await;
     click(&c, "#cancel").await;
     let start = Instant::now();
