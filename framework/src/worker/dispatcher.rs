@@ -60,6 +60,10 @@ pub(super) async fn run(
         }
     };
     let mut open = true;
+    // Reused across completion batches: one pair of allocations per
+    // dispatcher, not per batch.
+    let mut finished: Vec<(Ticket, bool)> = Vec::new();
+    let mut buffers: Vec<Vec<u8>> = Vec::new();
     loop {
         tokio::select! {
             batch = jobs.recv(), if open => match batch {
@@ -67,8 +71,6 @@ pub(super) async fn run(
                 None => open = false,
             },
             Some(first) = running.next(), if !running.is_empty() => {
-                let mut finished: Vec<(Ticket, bool)> = Vec::new();
-                let mut buffers: Vec<Vec<u8>> = Vec::new();
                 let mut next = Some(first);
                 while let Some((ticket, last, bytes)) = next {
                     finished.push((ticket, last));
@@ -76,7 +78,9 @@ pub(super) async fn run(
                     next = running.next().now_or_never().flatten();
                 }
                 hub.buffers.give(&mut buffers);
-                let released = hub.finished(me, finished);
+                // Those the pool had no room for.
+                buffers.clear();
+                let released = hub.finished(me, &mut finished);
                 if !released.is_empty() {
                     start(&mut running, released);
                 }

@@ -72,12 +72,13 @@ impl Hub {
     /// Dispatcher `me` reports attempts that finished together. The jobs
     /// this releases are returned for `me` to run at once, except a share
     /// of a large release, which goes to the other dispatchers.
-    pub(crate) fn finished(&self, me: usize, batch: Done) -> Vec<Job<Polled>> {
+    /// `batch` is drained, not consumed, so the dispatcher reuses it.
+    pub(crate) fn finished(&self, me: usize, batch: &mut Done) -> Vec<Job<Polled>> {
         let mut out = Vec::new();
         let mut mine = Vec::new();
         let wake = {
             let mut core = self.lock();
-            for (t, ok) in batch {
+            for (t, ok) in batch.drain(..) {
                 core.sched.finished(t, ok, &mut out);
                 // A job released while it waited for a slot.
                 core.grants.remove(&t);
@@ -85,7 +86,14 @@ impl Hub {
             core.sched.dispatch(&mut out);
             for action in out {
                 match action {
-                    Action::Run(jobs) => mine.extend(self.dispatch.share(me, jobs)),
+                    Action::Run(jobs) => {
+                        let share = self.dispatch.share(me, jobs);
+                        if mine.is_empty() {
+                            mine = share;
+                        } else {
+                            mine.extend(share);
+                        }
+                    }
                     Action::Grant(tickets) => core.grant(tickets),
                     other => core.deferred.push(other),
                 }
@@ -177,11 +185,13 @@ impl Dispatch {
     /// thread) and deals a large one out to all, returning `me`'s share.
     fn share(&self, me: usize, jobs: Vec<Job<Polled>>) -> Vec<Job<Polled>> {
         let chunks = self.deal(jobs);
-        let single = chunks.len() == 1;
+        if chunks.len() == 1 {
+            return chunks.into_iter().next().unwrap_or_default();
+        }
         let mut mine = Vec::new();
         for (i, chunk) in chunks.into_iter().enumerate() {
-            if single || i == me {
-                mine.extend(chunk);
+            if i == me {
+                mine = chunk;
             } else {
                 self.to(i, chunk);
             }
@@ -205,7 +215,8 @@ impl Dispatch {
         if jobs.len() < 8 || n == 1 {
             return vec![jobs];
         }
-        let mut chunks: Vec<Vec<Job<Polled>>> = (0..n).map(|_| Vec::new()).collect();
+        let each = jobs.len().div_ceil(n);
+        let mut chunks: Vec<Vec<Job<Polled>>> = (0..n).map(|_| Vec::with_capacity(each)).collect();
         for (i, j) in jobs.into_iter().enumerate() {
             chunks[i % n].push(j);
         }

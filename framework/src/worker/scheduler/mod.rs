@@ -687,7 +687,10 @@ impl<R: Located> Scheduler<R> {
         {
             return;
         }
-        let mut batch: Vec<Job<R>> = Vec::new();
+        // Sized once: growing it job by job was a visible share of the
+        // dispatcher's time under a no-op load (issue 29).
+        let room = self.limits.concurrency.saturating_sub(self.running);
+        let mut batch: Vec<Job<R>> = Vec::with_capacity(room.min(self.ready.len()));
         let mut grants: Vec<Ticket> = Vec::new();
         self.note_demand();
         for level in 0..Priority::LEVELS {
