@@ -132,13 +132,19 @@ async fn dashboard(config: &KafkaConfig, args: &[&str]) -> (Guard, String) {
 }
 
 async fn text(c: &Client, css: &str) -> String {
+    found(c, css, "").await.text().await.expect("element text")
+}
+
+/// Waits up to 20 s for `css`; panics with the page's address and source
+/// when it never appears, so a failed run shows what the page held.
+async fn found(c: &Client, css: &str, to: &str) -> fantoccini::elements::Element {
     match c
         .wait()
         .at_most(Duration::from_secs(20))
         .for_element(Locator::Css(css))
         .await
     {
-        Ok(e) => e.text().await.expect("element text"),
+        Ok(e) => e,
         Err(e) => {
             let url = c
                 .current_url()
@@ -146,7 +152,7 @@ async fn text(c: &Client, css: &str) -> String {
                 .map(|u| u.to_string())
                 .unwrap_or_default();
             let page = c.source().await.unwrap_or_default();
-            panic!("no `{css}` on {url}: {e}\n{page}")
+            panic!("no `{css}`{to} on {url}: {e}\n{page}")
         }
     }
 }
@@ -156,24 +162,7 @@ async fn click(c: &Client, css: &str) {
     // and clicking it (a stale element): find it again, a few times.
     let mut tries = 0;
     loop {
-        let found = c
-            .wait()
-            .at_most(Duration::from_secs(20))
-            .for_element(Locator::Css(css))
-            .await;
-        let found = match found {
-            Ok(f) => f,
-            Err(e) => {
-                let url = c
-                    .current_url()
-                    .await
-                    .map(|u| u.to_string())
-                    .unwrap_or_default();
-                let page = c.source().await.unwrap_or_default();
-                panic!("no `{css}` to click on {url}: {e}\n{page}")
-            }
-        };
-        match found.click().await {
+        match found(c, css, " to click").await.click().await {
             Ok(_) => return,
             Err(e) if tries < 5 && format!("{e:?}").contains("StaleElementReference") => {
                 tries += 1;
