@@ -269,7 +269,10 @@ impl WorkerBuilder {
 
     /// Records dispatched but not finished per partition before the
     /// partition is paused (default 5000). Resumed at three quarters. Memory is bounded
-    /// by this times the assigned partitions times the record size.
+    /// by this times the assigned partitions times the record size. A pause
+    /// makes librdkafka drop what it prefetched for the partition and fetch
+    /// it again on resume, so a higher bound trades memory for less of that
+    /// refetching under a backlog of cheap jobs.
     pub fn max_in_flight_per_partition(mut self, n: usize) -> Self {
         self.settings.max_in_flight_per_partition = n.max(1);
         self
