@@ -267,12 +267,16 @@ impl WorkerBuilder {
         self
     }
 
-    /// Records dispatched but not finished per partition before the
-    /// partition is paused (default 5000). Resumed at three quarters. Memory is bounded
-    /// by this times the assigned partitions times the record size. A pause
-    /// makes librdkafka drop what it prefetched for the partition and fetch
-    /// it again on resume, so a higher bound trades memory for less of that
-    /// refetching under a backlog of cheap jobs.
+    /// Records read but not finished per partition before the worker
+    /// stops reading the partition (default 5000); it reads on at three
+    /// quarters. A main-topic partition is then left unread in its own
+    /// librdkafka queue rather than paused, because a pause makes
+    /// librdkafka drop what it prefetched and fetch it again. librdkafka
+    /// prefetches up to as many records again per partition (at most
+    /// 8 MiB, `queued.min.messages` and `queued.max.messages.kbytes`), so
+    /// memory is bounded by about twice this, times the assigned
+    /// partitions, times the record size. Retry tiers and fair routes,
+    /// read through the consumer's main queue, are paused.
     pub fn max_in_flight_per_partition(mut self, n: usize) -> Self {
         self.settings.max_in_flight_per_partition = n.max(1);
         self

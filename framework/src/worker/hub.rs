@@ -23,6 +23,14 @@ pub(crate) struct Core {
     pub sched: Scheduler<Polled>,
     /// Partitions kjob paused on the consumer and has not resumed since.
     pub applied_pause: HashSet<Tp>,
+    /// Main-topic partitions at their in-flight bound that are read through
+    /// their own queue: not paused on the consumer (a pause makes
+    /// librdkafka fetch and parse again what it had prefetched), only left
+    /// unread until the scheduler resumes them ([`super::intake`]).
+    pub throttled: HashSet<Tp>,
+    /// Bumped by every change of `throttled`, so the poll thread copies it
+    /// only when it changed.
+    pub throttle_version: u64,
     /// Actions of an assignment, applied once it is in effect.
     pub post_assign: Vec<Action<Polled>>,
     /// Consumer actions that completions caused, for the poll thread.
@@ -52,6 +60,8 @@ impl Hub {
             core: Mutex::new(Core {
                 sched,
                 applied_pause: HashSet::new(),
+                throttled: HashSet::new(),
+                throttle_version: 0,
                 post_assign: Vec::new(),
                 deferred: Vec::new(),
                 waiters: 0,

@@ -1,16 +1,25 @@
-//! Intake in priority order: the main topics of the more urgent routes are
-//! read through queues of their own, polled before the consumer's main
-//! queue.
+//! Intake: every main-topic partition is read through a queue of its own
+//! (`BaseConsumer::split_partition_queue`), for two reasons.
 //!
-//! librdkafka delivers every assigned partition through one queue, in the
-//! order its fetches returned. During a bulk enqueue burst that queue holds
-//! thousands of bulk records, and an urgent record fetched behind them
-//! waits until the poll thread has taken them all, a batch a turn, before
-//! any priority lane can apply (issue 31 measured ack -> start p99 of
-//! 54-125 ms for it). Here each assigned partition of a main topic whose
-//! route is more urgent than the worker's least urgent level is split off
-//! (`BaseConsumer::split_partition_queue`), and every turn reads those
-//! queues first, most urgent level first.
+//! * **Priority order.** librdkafka delivers every partition through one
+//!   queue, in the order its fetches returned. During a bulk enqueue burst
+//!   that queue holds thousands of bulk records, and an urgent record
+//!   fetched behind them waits until the poll thread has taken them all
+//!   (issue 31 measured ack -> start p99 of 54-125 ms for it). Read a queue
+//!   per partition, most urgent level first, it waits for nothing.
+//! * **Backpressure without a pause.** A partition at its in-flight bound
+//!   is left unread, not paused. A pause makes librdkafka drop what it had
+//!   prefetched for the partition and fetch and parse it again on resume
+//!   (issue 29 counted 2.2 records parsed per no-op job); an unread queue
+//!   only stops growing at librdkafka's prefetch limits, which the worker
+//!   sets from the bound (`queued.min.messages`, in `run.rs`). The
+//!   no-op bench went from 3.1 to 2.5 µs of CPU and from 365 k to 606 k
+//!   jobs/s on 2 cores.
+//!
+//! Within a level the first queue read rotates from turn to turn, and each
+//! queue gives at most its share of the batch before the next is read.
+//! Fair routes stay in the main queue: they read past a flooding tenant
+//! with seeks, and so do the tier topics, whose holds pause.
 //!
 //! Two rules keep the commit guarantee:
 //! * **Order within a partition.** Records fetched before a split stay in
@@ -19,18 +28,15 @@
 //!   right after the split has left it: the main queue is first-in
 //!   first-out, so that is when the poll thread has taken as many records
 //!   from it as it held then, or has seen it empty. A partition's records
-//!   so reach the scheduler in offset order (its watermark assumes that),
-//!   and an urgent record waits at most for the backlog that was ahead of
-//!   it anyway, not for the main queue to run dry during a flood.
+//!   so reach the scheduler in offset order (its watermark assumes that).
 //! * **Re-split after every assignment.** librdkafka points a partition's
 //!   fetch queue back at the main queue when it assigns it, so each change
-//!   of the assignment splits the urgent partitions again (a partition split
-//!   twice is the same queue, its records stay in order) and gates them
-//!   anew.
+//!   of the assignment splits the partitions again (a partition split twice
+//!   is the same queue, its records stay in order) and gates them anew.
 //!
-//! A split queue does not end the main queue's blocking wait, so while
-//! urgent partitions are split the poll thread waits at most
-//! [`SPLIT_WAIT`] at a time, idle or not.
+//! A blocking wait in one librdkafka queue is not ended by another, so the
+//! poll thread waits in none: it parks, and each queue's non-empty callback
+//! unparks it ([`Wake`]).
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,7 +47,7 @@ use rdkafka::bindings as rd;
 use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use tracing::{debug, warn};
 
 use super::poll::WorkerContext;
@@ -49,9 +55,32 @@ use super::polled::Polled;
 use super::scheduler::Tp;
 use super::state::{RouteEntry, TopicRole};
 
-/// The longest the poll thread blocks in the main queue while partitions
-/// are split: a record arriving in a split queue does not wake it.
-pub(crate) const SPLIT_WAIT: Duration = Duration::from_millis(2);
+/// Wakes the poll thread when any queue it reads turns non-empty.
+///
+/// librdkafka wakes a thread blocked in one queue only for that queue, and
+/// the poll thread reads many. So it blocks in none: it parks, and every
+/// queue's non-empty callback (the main queue's too) unparks it. The
+/// callbacks run on librdkafka's threads and take no lock of its own, so
+/// they cannot deadlock with it; an unpark that comes before the park makes
+/// the park return at once, so none is lost.
+#[derive(Default)]
+pub(crate) struct Wake {
+    thread: std::sync::OnceLock<std::thread::Thread>,
+}
+
+impl Wake {
+    /// Called once, on the poll thread, before its first wait.
+    pub(crate) fn register(&self) {
+        let _ = self.thread.set(std::thread::current());
+    }
+
+    /// A queue turned non-empty.
+    pub(crate) fn notify(&self) {
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+}
 
 type KjobConsumer = BaseConsumer<WorkerContext>;
 
@@ -59,7 +88,7 @@ type KjobConsumer = BaseConsumer<WorkerContext>;
 pub(crate) struct Intake {
     /// Main topics read through their own queues, and their level (0 the
     /// most urgent).
-    urgent: FxHashMap<String, usize>,
+    split: FxHashMap<String, usize>,
     /// The split partitions, most urgent level first.
     queues: Vec<Split>,
     /// The assignment generation the queues were split for.
@@ -73,6 +102,13 @@ pub(crate) struct Intake {
     /// served and stale records it dropped are not counted, so the count
     /// can only open the gate late, never early.
     taken: usize,
+    /// Partitions left unread for now: at their in-flight bound.
+    stopped: FxHashSet<Tp>,
+    /// The poll thread's wake-up, given to every split queue's callback.
+    wake: Arc<Wake>,
+    /// Turns read so far: the first queue read within a level rotates, so
+    /// no partition of a level is always read last.
+    turn: usize,
 }
 
 struct Split {
@@ -82,36 +118,56 @@ struct Split {
     /// Records of the partition fetched before the split may still wait in
     /// the main queue: not read until it was seen empty.
     gated: bool,
+    /// At its in-flight bound: not read until the scheduler resumes it.
+    stopped: bool,
     /// Set by librdkafka when the queue turns non-empty, and by the reader
     /// when it left records in it: an empty queue costs no poll.
     pending: Arc<AtomicBool>,
 }
 
 impl Intake {
-    /// `None` when every route of the worker has the same priority: then
-    /// there is nothing to read first, and the main queue serves all.
+    /// `None` when the worker has no main topic to read through its own
+    /// queues (fair routes read past floods with seeks, through the main
+    /// queue).
     pub(crate) fn new(
         routes: &FxHashMap<String, RouteEntry>,
         consumer: &Arc<KjobConsumer>,
+        wake: Arc<Wake>,
     ) -> Option<Self> {
-        let least = routes.values().map(|e| e.priority.level()).max()?;
-        let urgent: FxHashMap<String, usize> = routes
+        let split: FxHashMap<String, usize> = routes
             .iter()
-            .filter(|(_, e)| e.role == TopicRole::Main && e.priority.level() < least)
+            .filter(|(_, e)| reads_split(e))
             .map(|(t, e)| (t.clone(), e.priority.level()))
             .collect();
-        if urgent.is_empty() {
+        if split.is_empty() {
             return None;
         }
         let main = MainQueue::of(consumer)?;
         Some(Self {
-            urgent,
+            split,
             queues: Vec::new(),
             generation: u64::MAX,
             main,
             backlog: 0,
             taken: 0,
+            stopped: FxHashSet::default(),
+            wake,
+            turn: 0,
         })
+    }
+
+    /// The partitions the scheduler holds at their bound changed: they are
+    /// left unread, the others read again.
+    pub(crate) fn stop_only(&mut self, stopped: &std::collections::HashSet<Tp>) {
+        self.stopped = stopped.iter().cloned().collect();
+        for s in &mut self.queues {
+            let now = self.stopped.contains(&s.tp);
+            if s.stopped && !now {
+                // Records may have arrived meanwhile without a callback.
+                s.pending.store(true, Ordering::Release);
+            }
+            s.stopped = now;
+        }
     }
 
     /// After an assignment changed (`generation` differs from the last
@@ -131,7 +187,7 @@ impl Intake {
         // partition would have just set.
         self.queues.clear();
         for (topic, partition) in &assigned() {
-            let Some(&level) = self.urgent.get(topic) else {
+            let Some(&level) = self.split.get(topic) else {
                 continue;
             };
             let Some(mut queue) = consumer.split_partition_queue(topic, *partition) else {
@@ -140,9 +196,15 @@ impl Intake {
             };
             let pending = Arc::new(AtomicBool::new(true));
             let flag = pending.clone();
-            queue.set_nonempty_callback(move || flag.store(true, Ordering::Release));
+            let wake = self.wake.clone();
+            queue.set_nonempty_callback(move || {
+                flag.store(true, Ordering::Release);
+                wake.notify();
+            });
+            let tp = (topic.clone(), *partition);
             self.queues.push(Split {
-                tp: (topic.clone(), *partition),
+                stopped: self.stopped.contains(&tp),
+                tp,
                 level,
                 queue,
                 gated: true,
@@ -156,49 +218,72 @@ impl Intake {
         self.taken = 0;
         debug!(
             split = self.queues.len(),
-            "urgent partitions read through their own queues"
+            "main-topic partitions read through their own queues"
         );
     }
 
-    /// Whether any partition is read through its own queue.
-    pub(crate) fn active(&self) -> bool {
-        !self.queues.is_empty()
+    /// Waits up to `timeout` for a record or an event in any queue the
+    /// poll thread reads; returns at once if one already waits.
+    pub(crate) fn wait(&self, timeout: Duration) {
+        let waiting = self.main.len() > 0
+            || self
+                .queues
+                .iter()
+                .any(|s| !s.gated && !s.stopped && s.pending.load(Ordering::Acquire));
+        if !waiting {
+            std::thread::park_timeout(timeout);
+        }
     }
 
     /// Takes up to `limit` records from the open split queues, most urgent
-    /// level first, into `batch` (through `copy`). Returns the first error
-    /// a queue reported, after which it reads no further.
+    /// level first, into `batch` (through `copy`). Within a level each
+    /// queue gives at most its share of what is left before the next is
+    /// read, the first one rotating from turn to turn, so one busy
+    /// partition does not crowd out the others. Returns the first error a
+    /// queue reported, after which it reads no further.
     pub(crate) fn read(
         &mut self,
         batch: &mut Vec<Polled>,
         limit: usize,
         mut copy: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> Polled,
     ) -> Option<rdkafka::error::KafkaError> {
-        for split in self.queues.iter_mut().filter(|s| !s.gated) {
-            if batch.len() >= limit {
-                return None;
-            }
-            if !split.pending.swap(false, Ordering::AcqRel) {
-                continue;
-            }
+        self.turn = self.turn.wrapping_add(1);
+        let mut start = 0;
+        while start < self.queues.len() {
+            let level = self.queues[start].level;
+            let end = start
+                + self.queues[start..]
+                    .iter()
+                    .take_while(|s| s.level == level)
+                    .count();
+            let group = &mut self.queues[start..end];
+            let n = group.len();
+            // Passes over the level until it is empty or the batch full.
             loop {
-                if batch.len() >= limit {
-                    // Records left behind: read again next turn.
-                    split.pending.store(true, Ordering::Release);
-                    break;
-                }
-                match split.queue.poll(Duration::ZERO) {
-                    None => break,
-                    Some(Ok(m)) => {
-                        debug_assert_eq!(m.partition(), split.tp.1);
-                        batch.push(copy(&m));
+                let before = batch.len();
+                let share = (limit.saturating_sub(before) / n).max(MIN_SHARE);
+                for i in 0..n {
+                    let split = &mut group[(self.turn + i) % n];
+                    if batch.len() >= limit {
+                        return None;
                     }
-                    Some(Err(e)) => {
-                        split.pending.store(true, Ordering::Release);
+                    if split.gated || split.stopped {
+                        continue;
+                    }
+                    if let Some(e) =
+                        read_one(split, batch, (batch.len() + share).min(limit), &mut copy)
+                    {
                         return Some(e);
                     }
                 }
+                if batch.len() >= limit || batch.len() == before {
+                    break;
+                }
             }
+            if batch.len() >= limit {
+                return None;
+            }
+            start = end;
         }
         None
     }
@@ -214,6 +299,47 @@ impl Intake {
         {
             for s in &mut self.queues {
                 s.gated = false;
+            }
+        }
+    }
+}
+
+/// The fewest records a queue gives per pass: reading a queue costs a lock
+/// and a callback check, so tiny shares would waste them.
+const MIN_SHARE: usize = 64;
+
+/// Whether a route's main topic is read through a queue per partition: a
+/// fair route reads past a flooding tenant with seeks, and its records
+/// stay in the main queue.
+pub(crate) fn reads_split(e: &RouteEntry) -> bool {
+    e.role == TopicRole::Main && e.fair.is_none()
+}
+
+/// Takes records from one split queue until it is empty or `batch` holds
+/// `upto`; records left behind are read again next turn.
+fn read_one(
+    split: &mut Split,
+    batch: &mut Vec<Polled>,
+    upto: usize,
+    copy: &mut impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> Polled,
+) -> Option<rdkafka::error::KafkaError> {
+    if !split.pending.swap(false, Ordering::AcqRel) {
+        return None;
+    }
+    loop {
+        if batch.len() >= upto {
+            split.pending.store(true, Ordering::Release);
+            return None;
+        }
+        match split.queue.poll(Duration::ZERO) {
+            None => return None,
+            Some(Ok(m)) => {
+                debug_assert_eq!(m.partition(), split.tp.1);
+                batch.push(copy(&m));
+            }
+            Some(Err(e)) => {
+                split.pending.store(true, Ordering::Release);
+                return Some(e);
             }
         }
     }

@@ -103,6 +103,12 @@ pub(crate) struct WorkerContext {
     /// Bumped by every change of the assignment: the intake splits the
     /// urgent partitions again after each ([`super::intake`]).
     pub assignments: std::sync::atomic::AtomicU64,
+    /// Set once the poll thread reads main-topic partitions through their
+    /// own queues ([`super::intake`]): only then is a partition at its
+    /// bound left unread instead of paused.
+    pub split_reading: AtomicBool,
+    /// Unparks the poll thread when a queue it reads turns non-empty.
+    pub wake: Arc<super::intake::Wake>,
 }
 
 /// A tag no other consumer (in this process or elsewhere) uses: the
@@ -313,6 +319,9 @@ impl WorkerContext {
         {
             let mut core = self.lock();
             core.sched.revoke(&tps);
+            if tps.iter().any(|tp| core.throttled.remove(tp)) {
+                core.throttle_version += 1;
+            }
             if !lost {
                 let deadline = Instant::now() + self.settings.revoke_timeout;
                 while core.sched.running_in(&tps) > 0 {
@@ -351,12 +360,24 @@ impl WorkerContext {
             return;
         }
         let (mut paused, mut resumed, mut committed) = (Vec::new(), Vec::new(), Vec::new());
+        let mut throttled = Vec::new();
         // A synchronous commit that returned is acknowledged.
         let acked = matches!(mode, CommitMode::Sync);
         for action in actions {
             match action {
                 Action::Run(jobs) => self.hub.dispatch.send(jobs),
                 Action::Grant(tickets) => self.lock().grant(tickets),
+                // At its bound, a main-topic partition read through its
+                // own queue is left unread rather than paused: a pause
+                // makes librdkafka fetch and parse again all it had
+                // prefetched (issue 29). Its prefetch limits hold the rest.
+                // After an assignment the partition may not be split yet,
+                // and a stopping worker should stop fetching: both pause.
+                Action::Pause(tp)
+                    if !after_assign && !self.is_stopping() && self.reads_split(&tp.0) =>
+                {
+                    throttled.push(tp);
+                }
                 Action::Pause(tp) => {
                     if let Err(e) = consumer.pause(&tpl_of(std::slice::from_ref(&tp))) {
                         warn!(error = %e, topic = %tp.0, partition = tp.1, "pause failed");
@@ -365,6 +386,7 @@ impl WorkerContext {
                     }
                 }
                 Action::Resume(tp) if self.holds.as_ref().is_some_and(|h| h.held(&tp.0)) => {
+                    self.unthrottle(&tp);
                     // Paused for the whole group: the scheduler's own view
                     // is "not paused", the consumer's stays paused.
                     if let Err(e) = consumer.pause(&tpl_of(std::slice::from_ref(&tp))) {
@@ -372,6 +394,8 @@ impl WorkerContext {
                     }
                     resumed.push(tp);
                 }
+                // Only left unread: reading it again is the whole resume.
+                Action::Resume(tp) if self.unthrottle(&tp) && !after_assign => {}
                 Action::Resume(tp) => {
                     if let Err(e) = consumer.resume(&tpl_of(std::slice::from_ref(&tp))) {
                         warn!(error = %e, topic = %tp.0, partition = tp.1, "resume failed");
@@ -428,10 +452,14 @@ impl WorkerContext {
                 }
             }
         }
-        if paused.is_empty() && resumed.is_empty() && committed.is_empty() {
+        if paused.is_empty() && resumed.is_empty() && committed.is_empty() && throttled.is_empty() {
             return;
         }
         let mut core = self.lock();
+        if !throttled.is_empty() {
+            core.throttled.extend(throttled);
+            core.throttle_version += 1;
+        }
         for tp in paused {
             if after_assign && !core.applied_pause.contains(&tp) {
                 debug!(topic = %tp.0, partition = tp.1, "pause state corrected after an assignment: paused");
@@ -447,6 +475,27 @@ impl WorkerContext {
         if acked {
             core.sched.acknowledged(&committed);
         }
+    }
+
+    /// Whether a partition of `topic` is read through its own queue, so
+    /// that leaving it unread holds it at its bound.
+    fn reads_split(&self, topic: &str) -> bool {
+        self.split_reading.load(AtomicOrdering::Acquire)
+            && self
+                .routes
+                .get(topic)
+                .is_some_and(super::intake::reads_split)
+    }
+
+    /// Reads a partition left unread at its bound again. Returns whether it
+    /// was left unread (and not also paused on the consumer).
+    fn unthrottle(&self, tp: &Tp) -> bool {
+        let mut core = self.lock();
+        if !core.throttled.remove(tp) {
+            return false;
+        }
+        core.throttle_version += 1;
+        !core.applied_pause.contains(tp)
     }
 
     /// Pauses the assigned partitions of the routes paused for the group
@@ -602,7 +651,11 @@ pub(crate) fn poll_loop(
 ) -> Result<(), FatalConsumerError> {
     // Urgent routes' partitions, read first (none when all routes share
     // one priority).
-    let mut intake = super::intake::Intake::new(&ctx.routes, consumer);
+    ctx.wake.register();
+    let mut intake = super::intake::Intake::new(&ctx.routes, consumer, ctx.wake.clone());
+    ctx.split_reading
+        .store(intake.is_some(), AtomicOrdering::Release);
+    let mut throttle_seen = 0;
     let mut last_gauges = Instant::now();
     let mut fatal = None;
     let mut batch: Vec<Polled> = Vec::with_capacity(MAX_BATCH);
@@ -619,6 +672,12 @@ pub(crate) fn poll_loop(
             core.take_deferred(&mut out);
             core.sched.tick(now_ms(), &mut out);
             core.sched.dispatch(&mut out);
+            if let Some(intake) = intake.as_mut() {
+                if core.throttle_version != throttle_seen {
+                    throttle_seen = core.throttle_version;
+                    intake.stop_only(&core.throttled);
+                }
+            }
             core.sched.running() > 0 || core.sched.ready_len() > 0
         };
         ctx.execute(consumer, out, CommitMode::Async, false);
@@ -653,9 +712,11 @@ pub(crate) fn poll_loop(
             let generation = ctx.assignments.load(AtomicOrdering::Acquire);
             intake.refresh(consumer, generation, || ctx.stats.assignment());
             failed = intake.read(&mut batch, MAX_BATCH, &mut copy);
-            if intake.active() {
-                timeout = timeout.min(super::intake::SPLIT_WAIT);
+            // Blocking in the main queue would miss the split ones.
+            if batch.is_empty() && failed.is_none() {
+                intake.wait(timeout);
             }
+            timeout = Duration::ZERO;
         }
         if !batch.is_empty() {
             timeout = Duration::ZERO;

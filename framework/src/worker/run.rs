@@ -233,6 +233,7 @@ impl Worker {
                     reason: e.to_string(),
                 })??
         };
+        let wake: Arc<super::intake::Wake> = Default::default();
         let context = poll::WorkerContext {
             hub,
             routes: self
@@ -253,8 +254,13 @@ impl Worker {
             held: std::sync::Mutex::new(Default::default()),
             commit_tag: poll::commit_tag(),
             assignments: Default::default(),
+            split_reading: AtomicBool::new(false),
+            wake: wake.clone(),
         };
-        let consumer = Arc::new(self.consumer(context)?);
+        let mut consumer = self.consumer(context)?;
+        // The poll thread parks while it waits for any of its queues.
+        consumer.set_nonempty_callback(move || wake.notify());
+        let consumer = Arc::new(consumer);
         let mut topics = self.topics();
         if !self.schedules.is_empty() {
             // Its partition 0's owner is the group's schedule leader.
@@ -399,6 +405,7 @@ impl Worker {
         // A default only: a client.id the user configured wins (overrides
         // are applied on top of the defaults).
         let client_id = crate::config::default_client_id(&self.settings.group);
+        let queued_min = self.settings.max_in_flight_per_partition.to_string();
         let mut defaults = vec![
             ("group.id", self.settings.group.as_str()),
             ("client.id", client_id.as_str()),
@@ -416,6 +423,14 @@ impl Worker {
             // that left it idle for up to a second (no-op throughput 79k
             // jobs/s instead of 215k on the bench machine).
             ("fetch.queue.backoff.ms", "10"),
+            // Main-topic partitions are read through a queue each
+            // (intake.rs), and librdkafka's prefetch limits then hold per
+            // partition: by default 100 000 records or 64 MiB each, where
+            // the single main queue held that much in all. A partition at
+            // its in-flight bound is left unread, so librdkafka holds at
+            // most about the bound again, and at most 8 MiB.
+            ("queued.min.messages", queued_min.as_str()),
+            ("queued.max.messages.kbytes", "8192"),
         ];
         defaults.extend(membership::consumer_settings(self.protocol));
         let mut cfg = self.config.client_config(&defaults);

@@ -1,0 +1,119 @@
+//! The in-flight bound without pausing.
+//!
+//! A main-topic partition at its bound is left unread in its own
+//! librdkafka queue instead of being paused (a pause makes librdkafka fetch
+//! and parse again all it had prefetched). These tests hold partitions at a
+//! tiny bound hundreds of times and require what a pause guaranteed: every
+//! job runs once, each key in order, everything is committed; and a
+//! partition whose queue was left unread is read again after a rebalance.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker};
+use kjob_integration_tests::*;
+
+/// Handler starts in order: (key, seq).
+type Starts = Arc<Mutex<Vec<(String, i64)>>>;
+
+fn worker(config: &KafkaConfig, group: &str, topic: &str, starts: Starts) -> Worker {
+    Worker::builder(config.clone(), group)
+        .handle_on(topic, move |job: TestJob, _ctx: JobContext| {
+            let starts = starts.clone();
+            async move {
+                starts.lock().unwrap().push((job.key.clone(), job.seq));
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                Ok::<(), JobError>(())
+            }
+        })
+        .concurrency(8)
+        // Far below each partition's backlog: every partition reaches it
+        // again and again.
+        .max_in_flight_per_partition(16)
+        .commit_interval(Duration::from_millis(200))
+        .build()
+        .expect("worker builds")
+}
+
+/// Every seq in `0..n` started exactly once (`restarts` tolerated after a
+/// rebalance), and each key's first starts are in enqueue order.
+fn check(starts: &Starts, n: i64, rebalanced: bool) {
+    let s = starts.lock().unwrap();
+    let mut first: HashMap<&str, Vec<i64>> = HashMap::new();
+    let mut once = HashSet::new();
+    for (key, seq) in s.iter() {
+        if once.insert(*seq) {
+            first.entry(key.as_str()).or_default().push(*seq);
+        }
+    }
+    assert_eq!(once.len() as i64, n, "every job started");
+    if !rebalanced {
+        assert_eq!(
+            s.len() as i64,
+            n,
+            "no job started twice without a rebalance"
+        );
+    }
+    for (key, seqs) in &first {
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "key {key} started out of order: {seqs:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_held_at_a_tiny_bound_run_everything_once_and_in_order() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("backpressure.once");
+    let group = unique("g");
+    create_topic(&config, &topic, 3).await;
+    let producer = Producer::new(&config).expect("producer");
+    const N: i64 = 3_000;
+    enqueue_n(&producer, &topic, N, 60, "ok").await;
+
+    let starts: Starts = Default::default();
+    let w = start(worker(&config, &group, &topic, starts.clone()));
+    eventually(Duration::from_secs(90), "every job started", || {
+        starts.lock().unwrap().len() as i64 >= N
+    })
+    .await;
+    wait_committed_at_end(&config, &group, &topic, 3).await;
+    w.stop().await;
+    check(&starts, N, false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_left_unread_at_the_bound_are_read_again_after_a_join() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("backpressure.join");
+    let group = unique("g");
+    create_topic(&config, &topic, 4).await;
+    let producer = Producer::new(&config).expect("producer");
+    const N: i64 = 4_000;
+    enqueue_n(&producer, &topic, N, 80, "ok").await;
+
+    let starts: Starts = Default::default();
+    let a = start(worker(&config, &group, &topic, starts.clone()));
+    eventually(
+        Duration::from_secs(60),
+        "A is working through the backlog",
+        || starts.lock().unwrap().len() >= 300,
+    )
+    .await;
+    // Every partition of A is at its bound now; B's join moves some of
+    // them, A keeps the others, left unread until they drain.
+    let b = start(worker(&config, &group, &topic, starts.clone()));
+    eventually(Duration::from_secs(120), "every job started", || {
+        let s = starts.lock().unwrap();
+        s.iter().map(|(_, q)| *q).collect::<HashSet<_>>().len() as i64 == N
+    })
+    .await;
+    wait_committed_at_end(&config, &group, &topic, 4).await;
+    b.stop().await;
+    a.stop().await;
+    check(&starts, N, true);
+}
