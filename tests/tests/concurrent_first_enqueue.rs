@@ -31,7 +31,12 @@ const TOPICS: usize = 40;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn producers_racing_on_a_fresh_topic_all_enqueue_its_first_job() {
     init_logging();
-    let config: KafkaConfig = ensure_stack();
+    // What is tested is the race on the compatibility level, not the
+    // registry's latency: 320 first enqueues at once on a 2-core machine
+    // once kept Apicurio from answering one of them within the default
+    // 10 s, so each request gets 25 s (below the 30 s hang check).
+    let config: KafkaConfig =
+        ensure_stack().registry_timeouts(Duration::from_secs(5), Duration::from_secs(25));
     let topics: Vec<String> = (0..TOPICS).map(|_| unique("firstenq")).collect();
     let wanted: Vec<(String, i32)> = topics.iter().map(|t| (t.clone(), 1)).collect();
     kjob::topics::create_topics(&config, &wanted)
