@@ -12,9 +12,9 @@
 //!   prefetched for the partition and fetch and parse it again on resume
 //!   (issue 29 counted 2.2 records parsed per no-op job); an unread queue
 //!   only stops growing at librdkafka's prefetch limits, which the worker
-//!   sets from the bound (`queued.min.messages`, in `run.rs`). The
-//!   no-op bench went from 3.1 to 2.5 µs of CPU and from 365 k to 606 k
-//!   jobs/s on 2 cores.
+//!   sets from the bound (`queued.min.messages`, in `run.rs`). In the
+//!   no-op bench that is about 14 % less CPU per job and 1.5 times the
+//!   jobs/s on 2 cores (`benches/RESULTS.md`, issue 29's fifth step).
 //!
 //! Within a level the first queue read rotates from turn to turn, and each
 //! queue gives at most its share of the batch before the next is read.
@@ -171,7 +171,7 @@ impl Intake {
     }
 
     /// After an assignment changed (`generation` differs from the last
-    /// one), splits the assigned urgent partitions again and gates them.
+    /// one), splits the assigned main-topic partitions again and gates them.
     pub(crate) fn refresh(
         &mut self,
         consumer: &Arc<KjobConsumer>,

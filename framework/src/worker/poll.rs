@@ -101,7 +101,7 @@ pub(crate) struct WorkerContext {
     /// one of ours that happens to have the same offset.
     pub commit_tag: String,
     /// Bumped by every change of the assignment: the intake splits the
-    /// urgent partitions again after each ([`super::intake`]).
+    /// main-topic partitions again after each ([`super::intake`]).
     pub assignments: std::sync::atomic::AtomicU64,
     /// Set once the poll thread reads main-topic partitions through their
     /// own queues ([`super::intake`]): only then is a partition at its
@@ -649,9 +649,9 @@ pub(crate) fn poll_loop(
     consumer: &Arc<BaseConsumer<WorkerContext>>,
     abandon: impl FnOnce(),
 ) -> Result<(), FatalConsumerError> {
-    // Urgent routes' partitions, read first (none when all routes share
-    // one priority).
     ctx.wake.register();
+    // Main-topic partitions, each through its own queue, most urgent
+    // first (none when only fair routes are handled).
     let mut intake = super::intake::Intake::new(&ctx.routes, consumer, ctx.wake.clone());
     ctx.split_reading
         .store(intake.is_some(), AtomicOrdering::Release);
@@ -705,7 +705,7 @@ pub(crate) fn poll_loop(
             };
             Polled::copy_into(m, topic, spare.pop().unwrap_or_default())
         };
-        // Urgent partitions first: their records join the batch ahead of
+        // Split partitions first: their records join the batch ahead of
         // whatever the main queue holds.
         let mut failed = None;
         if let Some(intake) = intake.as_mut() {
@@ -724,7 +724,7 @@ pub(crate) fn poll_loop(
         if let Some(e) = failed {
             fatal = fatal.or_else(|| consumer_error(consumer, &e));
         }
-        // Always polled, even after a full batch of urgent records or an
+        // Always polled, even after a full batch of split records or an
         // error from a split queue: the main queue also serves the
         // rebalance and commit callbacks.
         let mut next = consumer.poll(timeout);
