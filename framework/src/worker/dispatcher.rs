@@ -54,7 +54,8 @@ pub(super) async fn run(
                     .attempt(&job.item, &waiter, rand::random::<f64>(), now)
                     .await;
                 // The record's buffer goes back to the poll thread, not to
-                // this thread's allocator (see super::recycle).
+                // this thread's allocator (see super::recycle); a held
+                // record is destroyed here (super::held).
                 (job.ticket, a.outcome.is_final(), job.item.into_bytes())
             });
         }

@@ -44,12 +44,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::bindings as rd;
-use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
 use rustc_hash::{FxHashMap, FxHashSet};
 use tracing::{debug, warn};
 
+use super::held::{Origins, SplitQueue};
 use super::poll::WorkerContext;
 use super::polled::Polled;
 use super::scheduler::Tp;
@@ -109,12 +108,15 @@ pub(crate) struct Intake {
     /// Turns read so far: the first queue read within a level rotates, so
     /// no partition of a level is always read last.
     turn: usize,
+    /// What the split queues' records count themselves in: the consumer
+    /// must outlive every record still held (super::held).
+    origins: Origins,
 }
 
 struct Split {
     tp: Tp,
     level: usize,
-    queue: PartitionQueue<WorkerContext>,
+    queue: SplitQueue,
     /// Records of the partition fetched before the split may still wait in
     /// the main queue: not read until it was seen empty.
     gated: bool,
@@ -153,6 +155,7 @@ impl Intake {
             stopped: FxHashSet::default(),
             wake,
             turn: 0,
+            origins: Origins::default(),
         })
     }
 
@@ -190,14 +193,15 @@ impl Intake {
             let Some(&level) = self.split.get(topic) else {
                 continue;
             };
-            let Some(mut queue) = consumer.split_partition_queue(topic, *partition) else {
+            let origin = self.origins.add(Arc::from(topic.as_str()), consumer);
+            let Some(mut queue) = SplitQueue::split(origin, *partition) else {
                 warn!(%topic, partition, "could not read the partition through its own queue; it is read with the others");
                 continue;
             };
             let pending = Arc::new(AtomicBool::new(true));
             let flag = pending.clone();
             let wake = self.wake.clone();
-            queue.set_nonempty_callback(move || {
+            queue.on_nonempty(move || {
                 flag.store(true, Ordering::Release);
                 wake.notify();
             });
@@ -236,7 +240,7 @@ impl Intake {
     }
 
     /// Takes up to `limit` records from the open split queues, most urgent
-    /// level first, into `batch` (through `copy`). Within a level each
+    /// level first, into `batch`, held, not copied (super::held). Within a level each
     /// queue gives at most its share of what is left before the next is
     /// read, the first one rotating from turn to turn, so one busy
     /// partition does not crowd out the others. Returns the first error a
@@ -245,7 +249,6 @@ impl Intake {
         &mut self,
         batch: &mut Vec<Polled>,
         limit: usize,
-        mut copy: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> Polled,
     ) -> Option<rdkafka::error::KafkaError> {
         self.turn = self.turn.wrapping_add(1);
         let mut start = 0;
@@ -270,9 +273,7 @@ impl Intake {
                     if split.gated || split.stopped {
                         continue;
                     }
-                    if let Some(e) =
-                        read_one(split, batch, (batch.len() + share).min(limit), &mut copy)
-                    {
+                    if let Some(e) = read_one(split, batch, (batch.len() + share).min(limit)) {
                         return Some(e);
                     }
                 }
@@ -286,6 +287,19 @@ impl Intake {
             start = end;
         }
         None
+    }
+
+    /// Drops the split queues, then waits up to `bound` until no record
+    /// read through them is held (see [`Origins::released`]); false if
+    /// some still are after it.
+    pub(crate) fn close(&mut self, bound: Duration) -> bool {
+        self.queues.clear();
+        self.origins.released(bound)
+    }
+
+    /// How many records read through split queues are held now.
+    pub(crate) fn held(&self) -> usize {
+        self.origins.held()
     }
 
     /// Called after the poll thread took `taken` records from the main
@@ -321,28 +335,19 @@ fn read_one(
     split: &mut Split,
     batch: &mut Vec<Polled>,
     upto: usize,
-    copy: &mut impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> Polled,
 ) -> Option<rdkafka::error::KafkaError> {
     if !split.pending.swap(false, Ordering::AcqRel) {
         return None;
     }
-    loop {
-        if batch.len() >= upto {
-            split.pending.store(true, Ordering::Release);
-            return None;
-        }
-        match split.queue.poll(Duration::ZERO) {
-            None => return None,
-            Some(Ok(m)) => {
-                debug_assert_eq!(m.partition(), split.tp.1);
-                batch.push(copy(&m));
-            }
-            Some(Err(e)) => {
-                split.pending.store(true, Ordering::Release);
-                return Some(e);
-            }
-        }
+    let room = upto.saturating_sub(batch.len());
+    let (error, emptied) = split.queue.read(room, |m| {
+        debug_assert_eq!(m.partition(), split.tp.1);
+        batch.push(Polled::held(m));
+    });
+    if !emptied || error.is_some() {
+        split.pending.store(true, Ordering::Release);
     }
+    error
 }
 
 /// A handle to the consumer's main queue, held to read its length.

@@ -48,6 +48,7 @@ mod dispatcher;
 mod fairness;
 mod forward;
 mod handler;
+mod held;
 mod hub;
 mod intake;
 mod limits;

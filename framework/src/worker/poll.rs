@@ -711,7 +711,7 @@ pub(crate) fn poll_loop(
         if let Some(intake) = intake.as_mut() {
             let generation = ctx.assignments.load(AtomicOrdering::Acquire);
             intake.refresh(consumer, generation, || ctx.stats.assignment());
-            failed = intake.read(&mut batch, MAX_BATCH, &mut copy);
+            failed = intake.read(&mut batch, MAX_BATCH);
             // Blocking in the main queue would miss the split ones.
             if batch.is_empty() && failed.is_none() {
                 intake.wait(timeout);
@@ -765,8 +765,23 @@ pub(crate) fn poll_loop(
         ctx.execute(consumer, out, CommitMode::Async, false);
     }
     shutdown(ctx, consumer, abandon);
+    if let Some(intake) = intake.as_mut() {
+        // Records read through split queues hold the consumer (see
+        // super::held): wait for the last of them, so that the consumer is
+        // closed here, off the async runtime, when the caller drops it.
+        if !intake.close(RELEASE_BOUND) {
+            warn!(
+                held = intake.held(),
+                "records are still held by jobs that did not end; the consumer closes when the last of them is dropped"
+            );
+        }
+    }
     fatal.map_or(Ok(()), Err)
 }
+
+/// How long the poll thread waits, after the shutdown sequence, for the
+/// jobs it abandoned to drop their records.
+const RELEASE_BOUND: Duration = Duration::from_secs(5);
 
 /// Shutdown: stop fetching, drop what has not started, let running jobs
 /// finish within the grace period, abandon the rest, commit. Leaving the

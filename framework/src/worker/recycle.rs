@@ -1,6 +1,8 @@
 //! Record buffers go back to the poll thread when their attempt ends.
 //!
-//! The poll thread copies every record into one buffer ([`super::polled`]);
+//! The poll thread copies every record of the consumer's own queue (retry
+//! tiers, delay buckets, fair routes; main-topic records are held instead,
+//! [`super::held`]) into one buffer ([`super::polled`]);
 //! a dispatcher, on another thread, finishes with it. Freed there, each
 //! buffer went back to the poll thread's glibc arena under that arena's
 //! lock, and the poll thread, whose own cache never refilled, took every
@@ -41,7 +43,8 @@ impl Buffers {
     /// Keeps the buffers of `done` (emptied) for the poll thread, up to
     /// the bound; one lock for the whole batch.
     pub(crate) fn give(&self, done: &mut Vec<Vec<u8>>) {
-        done.retain(|b| b.capacity() <= KEEP_BYTES);
+        // A held record's (super::held) is empty and unallocated.
+        done.retain(|b| b.capacity() > 0 && b.capacity() <= KEEP_BYTES);
         if done.is_empty() {
             return;
         }
