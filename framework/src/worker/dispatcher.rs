@@ -53,10 +53,7 @@ pub(super) async fn run(
                 let a = p
                     .attempt(&job.item, &waiter, rand::random::<f64>(), now)
                     .await;
-                // The record's buffer goes back to the poll thread, not to
-                // this thread's allocator (see super::recycle); a held
-                // record is destroyed here (super::held).
-                (job.ticket, a.outcome.is_final(), job.item.into_bytes())
+                (job.ticket, a.outcome.is_final(), job.item)
             });
         }
     };
@@ -64,7 +61,7 @@ pub(super) async fn run(
     // Reused across completion batches: one pair of allocations per
     // dispatcher, not per batch.
     let mut finished: Vec<(Ticket, bool)> = Vec::new();
-    let mut buffers: Vec<Vec<u8>> = Vec::new();
+    let mut records: Vec<Polled> = Vec::new();
     loop {
         tokio::select! {
             batch = jobs.recv(), if open => match batch {
@@ -73,14 +70,14 @@ pub(super) async fn run(
             },
             Some(first) = running.next(), if !running.is_empty() => {
                 let mut next = Some(first);
-                while let Some((ticket, last, bytes)) = next {
+                while let Some((ticket, last, record)) = next {
                     finished.push((ticket, last));
-                    buffers.push(bytes);
+                    records.push(record);
                     next = running.next().now_or_never().flatten();
                 }
-                hub.buffers.give(&mut buffers);
-                // Those the pool had no room for.
-                buffers.clear();
+                // Destroyed and reused on the poll thread, not here (see
+                // super::recycle).
+                hub.returned.give(&mut records);
                 let released = hub.finished(me, &mut finished);
                 if !released.is_empty() {
                     start(&mut running, released);

@@ -47,8 +47,8 @@ pub(crate) struct Hub {
     /// Signalled after completions while someone waits for them.
     progress: Condvar,
     pub(super) dispatch: Dispatch,
-    /// Finished records' buffers, back to the poll thread.
-    pub(super) buffers: super::recycle::Buffers,
+    /// Finished records, back to the poll thread (super::recycle).
+    pub(super) returned: super::recycle::Returned<Polled>,
 }
 
 impl Hub {
@@ -69,7 +69,7 @@ impl Hub {
             }),
             progress: Condvar::new(),
             dispatch: Dispatch::new(senders),
-            buffers: Default::default(),
+            returned: Default::default(),
         }
     }
 

@@ -48,10 +48,10 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rustc_hash::{FxHashMap, FxHashSet};
 use tracing::{debug, warn};
 
-use super::held::{Origins, SplitQueue};
 use super::poll::WorkerContext;
 use super::polled::Polled;
 use super::scheduler::Tp;
+use super::split_queue::{Fetched, SplitQueue};
 use super::state::{RouteEntry, TopicRole};
 
 /// Wakes the poll thread when any queue it reads turns non-empty.
@@ -108,9 +108,6 @@ pub(crate) struct Intake {
     /// Turns read so far: the first queue read within a level rotates, so
     /// no partition of a level is always read last.
     turn: usize,
-    /// What the split queues' records count themselves in: the consumer
-    /// must outlive every record still held (super::held).
-    origins: Origins,
 }
 
 struct Split {
@@ -155,7 +152,6 @@ impl Intake {
             stopped: FxHashSet::default(),
             wake,
             turn: 0,
-            origins: Origins::default(),
         })
     }
 
@@ -193,8 +189,9 @@ impl Intake {
             let Some(&level) = self.split.get(topic) else {
                 continue;
             };
-            let origin = self.origins.add(Arc::from(topic.as_str()), consumer);
-            let Some(mut queue) = SplitQueue::split(origin, *partition) else {
+            let Some(mut queue) =
+                SplitQueue::split(consumer, Arc::from(topic.as_str()), *partition)
+            else {
                 warn!(%topic, partition, "could not read the partition through its own queue; it is read with the others");
                 continue;
             };
@@ -240,7 +237,8 @@ impl Intake {
     }
 
     /// Takes up to `limit` records from the open split queues, most urgent
-    /// level first, into `batch`, held, not copied (super::held). Within a level each
+    /// level first, into `batch` (through `copy`, given each record and
+    /// its topic's shared name). Within a level each
     /// queue gives at most its share of what is left before the next is
     /// read, the first one rotating from turn to turn, so one busy
     /// partition does not crowd out the others. Returns the first error a
@@ -249,6 +247,7 @@ impl Intake {
         &mut self,
         batch: &mut Vec<Polled>,
         limit: usize,
+        mut copy: impl FnMut(&Fetched, &Arc<str>) -> Polled,
     ) -> Option<rdkafka::error::KafkaError> {
         self.turn = self.turn.wrapping_add(1);
         let mut start = 0;
@@ -273,7 +272,9 @@ impl Intake {
                     if split.gated || split.stopped {
                         continue;
                     }
-                    if let Some(e) = read_one(split, batch, (batch.len() + share).min(limit)) {
+                    if let Some(e) =
+                        read_one(split, batch, (batch.len() + share).min(limit), &mut copy)
+                    {
                         return Some(e);
                     }
                 }
@@ -287,19 +288,6 @@ impl Intake {
             start = end;
         }
         None
-    }
-
-    /// Drops the split queues, then waits up to `bound` until no record
-    /// read through them is held (see [`Origins::released`]); false if
-    /// some still are after it.
-    pub(crate) fn close(&mut self, bound: Duration) -> bool {
-        self.queues.clear();
-        self.origins.released(bound)
-    }
-
-    /// How many records read through split queues are held now.
-    pub(crate) fn held(&self) -> usize {
-        self.origins.held()
     }
 
     /// Called after the poll thread took `taken` records from the main
@@ -335,6 +323,7 @@ fn read_one(
     split: &mut Split,
     batch: &mut Vec<Polled>,
     upto: usize,
+    copy: &mut impl FnMut(&Fetched, &Arc<str>) -> Polled,
 ) -> Option<rdkafka::error::KafkaError> {
     if !split.pending.swap(false, Ordering::AcqRel) {
         return None;
@@ -342,7 +331,7 @@ fn read_one(
     let room = upto.saturating_sub(batch.len());
     let (error, emptied) = split.queue.read(room, |m| {
         debug_assert_eq!(m.partition(), split.tp.1);
-        batch.push(Polled::held(m));
+        batch.push(copy(m, split.queue.topic()));
     });
     if !emptied || error.is_some() {
         split.pending.store(true, Ordering::Release);

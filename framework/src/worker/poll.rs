@@ -661,11 +661,15 @@ pub(crate) fn poll_loop(
     let mut batch: Vec<Polled> = Vec::with_capacity(MAX_BATCH);
     // Topic names, shared by every record of their topic.
     let mut topics: rustc_hash::FxHashMap<String, Arc<str>> = Default::default();
-    // Finished records' buffers, reused for the next records (see
-    // super::recycle): refilled from the dispatchers once per turn.
-    let mut spare: Vec<Vec<u8>> = Vec::new();
+    // Finished records, back from the dispatchers once per turn: destroyed
+    // here, their buffers kept for the next records (see super::recycle).
+    let mut returned: Vec<Polled> = Vec::new();
+    let mut spare = super::recycle::Spare::default();
     while !ctx.is_stopping() && fatal.is_none() {
-        ctx.hub.buffers.take(&mut spare);
+        ctx.hub.returned.take(&mut returned);
+        for r in returned.drain(..) {
+            spare.keep(r.into_bytes());
+        }
         let mut out = Vec::new();
         let busy = {
             let mut core = ctx.lock();
@@ -693,25 +697,15 @@ pub(crate) fn poll_loop(
         } else {
             ctx.settings.poll_timeout
         };
-        let mut copy = |m: &rdkafka::message::BorrowedMessage<'_>| {
-            let name = m.topic();
-            let topic = match topics.get(name) {
-                Some(t) => t.clone(),
-                None => {
-                    let t: Arc<str> = Arc::from(name);
-                    topics.insert(name.to_string(), t.clone());
-                    t
-                }
-            };
-            Polled::copy_into(m, topic, spare.pop().unwrap_or_default())
-        };
         // Split partitions first: their records join the batch ahead of
         // whatever the main queue holds.
         let mut failed = None;
         if let Some(intake) = intake.as_mut() {
             let generation = ctx.assignments.load(AtomicOrdering::Acquire);
             intake.refresh(consumer, generation, || ctx.stats.assignment());
-            failed = intake.read(&mut batch, MAX_BATCH);
+            failed = intake.read(&mut batch, MAX_BATCH, |m, topic| {
+                Polled::copy_fetched(m, topic.clone(), spare.take())
+            });
             // Blocking in the main queue would miss the split ones.
             if batch.is_empty() && failed.is_none() {
                 intake.wait(timeout);
@@ -724,6 +718,18 @@ pub(crate) fn poll_loop(
         if let Some(e) = failed {
             fatal = fatal.or_else(|| consumer_error(consumer, &e));
         }
+        let mut copy = |m: &rdkafka::message::BorrowedMessage<'_>| {
+            let name = m.topic();
+            let topic = match topics.get(name) {
+                Some(t) => t.clone(),
+                None => {
+                    let t: Arc<str> = Arc::from(name);
+                    topics.insert(name.to_string(), t.clone());
+                    t
+                }
+            };
+            Polled::copy_into(m, topic, spare.take())
+        };
         // Always polled, even after a full batch of split records or an
         // error from a split queue: the main queue also serves the
         // rebalance and commit callbacks.
@@ -765,23 +771,8 @@ pub(crate) fn poll_loop(
         ctx.execute(consumer, out, CommitMode::Async, false);
     }
     shutdown(ctx, consumer, abandon);
-    if let Some(intake) = intake.as_mut() {
-        // Records read through split queues hold the consumer (see
-        // super::held): wait for the last of them, so that the consumer is
-        // closed here, off the async runtime, when the caller drops it.
-        if !intake.close(RELEASE_BOUND) {
-            warn!(
-                held = intake.held(),
-                "records are still held by jobs that did not end; the consumer closes when the last of them is dropped"
-            );
-        }
-    }
     fatal.map_or(Ok(()), Err)
 }
-
-/// How long the poll thread waits, after the shutdown sequence, for the
-/// jobs it abandoned to drop their records.
-const RELEASE_BOUND: Duration = Duration::from_secs(5);
 
 /// Shutdown: stop fetching, drop what has not started, let running jobs
 /// finish within the grace period, abandon the rest, commit. Leaving the

@@ -1,17 +1,18 @@
-//! Record buffers go back to the poll thread when their attempt ends.
+//! Finished records go back to the poll thread, which reuses their
+//! buffers.
 //!
-//! The poll thread copies every record of the consumer's own queue (retry
-//! tiers, delay buckets, fair routes; main-topic records are held instead,
-//! [`super::held`]) into one buffer ([`super::polled`]);
-//! a dispatcher, on another thread, finishes with it. Freed there, each
-//! buffer went back to the poll thread's glibc arena under that arena's
-//! lock, and the poll thread, whose own cache never refilled, took every
-//! new buffer from the arena's bins: a quarter of the poll thread's time
-//! per job went to `malloc` and the lock. Handing the emptied buffers back
-//! instead, in one batch per completion batch, lets the poll thread reuse
-//! them: in steady state a record costs no allocation at all.
+//! The poll thread copies every record into one buffer
+//! ([`super::polled`]); a dispatcher, on another thread, finishes with
+//! it. Freed there, each buffer went back to the poll thread's glibc arena
+//! under that arena's lock, and the poll thread, whose own cache never
+//! refilled, took every new buffer from the arena's bins: a quarter of the
+//! poll thread's time per job went to `malloc` and the lock. So the
+//! dispatchers hand finished records back ([`Returned`]), in one batch per
+//! completion batch, and the poll thread keeps their buffers for the next
+//! records ([`Spare`]), or frees them itself: in steady state a record
+//! costs no allocation of kjob's at all.
 //!
-//! The pool is bounded, in count and in each buffer's size, so a burst of
+//! The stash is bounded, in count and in each buffer's size, so a burst of
 //! large records cannot pin its memory after the burst.
 
 use std::sync::{Mutex, PoisonError};
@@ -21,60 +22,75 @@ const KEEP: usize = 1024;
 /// A buffer larger than this is freed, not kept: one large record must not
 /// hold its size for every record after it.
 const KEEP_BYTES: usize = 16 * 1024;
-/// The pool's capacity in all, in bytes: about a thousand typical kjob
+/// The stash's capacity in all, in bytes: about a thousand typical kjob
 /// records (a few hundred bytes of payload and headers each).
 const KEEP_TOTAL: usize = 1024 * 1024;
 
-/// Emptied record buffers, shared by the dispatchers (giving) and the poll
+/// Finished records, handed from the dispatchers (giving) to the poll
 /// thread (taking).
-#[derive(Default)]
-pub(crate) struct Buffers {
-    pool: Mutex<Pool>,
+pub(crate) struct Returned<T> {
+    done: Mutex<Vec<T>>,
 }
 
+impl<T> Default for Returned<T> {
+    fn default() -> Self {
+        Self {
+            done: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl<T> Returned<T> {
+    /// Hands `done` over (leaving it empty, its capacity kept); one lock.
+    pub(crate) fn give(&self, done: &mut Vec<T>) {
+        if done.is_empty() {
+            return;
+        }
+        let mut all = self.done.lock().unwrap_or_else(PoisonError::into_inner);
+        all.append(done);
+    }
+
+    /// Moves everything handed over into `into`, to be dropped by the
+    /// caller outside the lock.
+    pub(crate) fn take(&self, into: &mut Vec<T>) {
+        let mut all = self.done.lock().unwrap_or_else(PoisonError::into_inner);
+        if into.is_empty() {
+            std::mem::swap(&mut *all, into);
+        } else {
+            into.append(&mut all);
+        }
+    }
+}
+
+/// The poll thread's emptied buffers, reused for the next records.
 #[derive(Default)]
-struct Pool {
+pub(crate) struct Spare {
     kept: Vec<Vec<u8>>,
     /// The kept buffers' capacity, in bytes.
     bytes: usize,
 }
 
-impl Buffers {
-    /// Keeps the buffers of `done` (emptied) for the poll thread, up to
-    /// the bound; one lock for the whole batch.
-    pub(crate) fn give(&self, done: &mut Vec<Vec<u8>>) {
-        // A held record's (super::held) is empty and unallocated.
-        done.retain(|b| b.capacity() > 0 && b.capacity() <= KEEP_BYTES);
-        if done.is_empty() {
+impl Spare {
+    /// Keeps `b`, emptied, if it fits the bounds; frees it otherwise.
+    pub(crate) fn keep(&mut self, mut b: Vec<u8>) {
+        let cap = b.capacity();
+        if cap == 0 || cap > KEEP_BYTES || self.kept.len() >= KEEP || self.bytes + cap > KEEP_TOTAL
+        {
             return;
         }
-        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
-        // Taken from the back, so that a buffer that does not fit stays in
-        // `done` and is not freed while the lock is held.
-        while let Some(b) = done.last() {
-            if pool.kept.len() >= KEEP || pool.bytes + b.capacity() > KEEP_TOTAL {
-                break;
-            }
-            if let Some(mut b) = done.pop() {
-                b.clear();
-                pool.bytes += b.capacity();
-                pool.kept.push(b);
-            }
-        }
-        drop(pool);
-        // What did not fit is freed here, outside the lock.
-        done.clear();
+        b.clear();
+        self.bytes += cap;
+        self.kept.push(b);
     }
 
-    /// Moves the kept buffers into `spare` (the poll thread's own stash,
-    /// which it draws from without a lock until it is empty).
-    pub(crate) fn take(&self, spare: &mut Vec<Vec<u8>>) {
-        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
-        pool.bytes = 0;
-        if spare.is_empty() {
-            std::mem::swap(&mut pool.kept, spare);
-        } else {
-            spare.append(&mut pool.kept);
+    /// A buffer to fill: a kept one, or a new (unallocated) one.
+    pub(crate) fn take(&mut self) -> Vec<u8> {
+        match self.kept.pop() {
+            Some(b) => {
+                self.bytes -= b.capacity();
+                b
+            }
+            None => Vec::new(),
         }
     }
 }
@@ -84,58 +100,61 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buffers_come_back_emptied_and_bounded() {
-        let b = Buffers::default();
-        let mut done: Vec<Vec<u8>> = (0..KEEP + 10).map(|i| vec![i as u8; 64]).collect();
-        done.push(vec![0; KEEP_BYTES + 1]);
-        b.give(&mut done);
-        assert!(done.is_empty());
-        let mut spare = Vec::new();
-        b.take(&mut spare);
-        assert_eq!(spare.len(), KEEP, "kept up to the bound, the rest freed");
+    fn spare_buffers_come_back_emptied_and_bounded() {
+        let mut s = Spare::default();
+        for i in 0..KEEP + 10 {
+            s.keep(vec![i as u8; 64]);
+        }
+        s.keep(vec![0; KEEP_BYTES + 1]);
+        s.keep(Vec::new());
+        assert_eq!(s.kept.len(), KEEP, "kept up to the bound, the rest freed");
+        let mut taken = Vec::new();
+        loop {
+            let b = s.take();
+            if b.capacity() == 0 {
+                break;
+            }
+            assert!(b.is_empty() && b.capacity() >= 64 && b.capacity() <= KEEP_BYTES);
+            taken.push(b);
+        }
+        assert_eq!(taken.len(), KEEP);
+        assert_eq!(s.bytes, 0);
         // The bound in bytes holds too.
-        let mut big: Vec<Vec<u8>> = (0..200).map(|_| Vec::with_capacity(KEEP_BYTES)).collect();
-        b.give(&mut big);
-        let mut kept = Vec::new();
-        b.take(&mut kept);
-        assert_eq!(kept.len(), KEEP_TOTAL / KEEP_BYTES);
-        assert!(spare.iter().all(|s| s.is_empty() && s.capacity() >= 64));
-        assert!(spare.iter().all(|s| s.capacity() <= KEEP_BYTES));
-        let mut more = Vec::new();
-        b.take(&mut more);
-        assert!(more.is_empty(), "taken once");
+        for _ in 0..200 {
+            s.keep(Vec::with_capacity(KEEP_BYTES));
+        }
+        assert_eq!(s.kept.len(), KEEP_TOTAL / KEEP_BYTES);
+        assert!(s.bytes <= KEEP_TOTAL);
     }
 
     #[test]
-    fn buffers_given_from_many_threads_all_come_back_under_the_bound() {
-        let b = std::sync::Arc::new(Buffers::default());
-        let givers: Vec<_> = (0..4)
-            .map(|_| {
-                let b = b.clone();
+    fn records_returned_from_many_threads_all_reach_the_taker_once() {
+        let r = std::sync::Arc::new(Returned::<u32>::default());
+        let givers: Vec<_> = (0..4u32)
+            .map(|g| {
+                let r = r.clone();
                 std::thread::spawn(move || {
-                    for _ in 0..25 {
-                        let mut done: Vec<Vec<u8>> =
-                            (0..8).map(|_| Vec::with_capacity(32)).collect();
-                        b.give(&mut done);
+                    for i in 0..50u32 {
+                        let mut done: Vec<u32> = (0..8).map(|k| g * 1000 + i * 8 + k).collect();
+                        r.give(&mut done);
+                        assert!(done.is_empty());
                     }
                 })
             })
             .collect();
-        let mut taken = 0;
-        let mut spare = Vec::new();
-        for _ in 0..200 {
-            b.take(&mut spare);
-            taken += spare.len();
-            spare.clear();
+        let mut taken = Vec::new();
+        for _ in 0..100 {
+            r.take(&mut taken);
             std::thread::yield_now();
         }
         for g in givers {
             assert!(g.join().is_ok());
         }
-        b.take(&mut spare);
-        taken += spare.len();
-        // 800 in all, under the bound: none may be dropped, whatever the
-        // interleaving.
-        assert_eq!(taken, 4 * 25 * 8, "every buffer given came back");
+        r.take(&mut taken);
+        taken.sort_unstable();
+        let before = taken.len();
+        taken.dedup();
+        assert_eq!(before, taken.len(), "none taken twice");
+        assert_eq!(taken.len(), 4 * 50 * 8, "none lost");
     }
 }

@@ -1,14 +1,15 @@
-//! Records held in librdkafka's buffer until their attempt ends.
+//! Records read from each partition's own queue in batches.
 //!
-//! A main-topic record is not copied out of librdkafka: the worker owns
-//! librdkafka's message and destroys it on the dispatcher thread that ran
-//! its attempt (framework/src/worker/held.rs). These tests drive that from
-//! many threads at once against the real broker: attempts finishing in any
-//! order, a join that revokes partitions while their records are held, a
-//! stop while jobs run, and a stop that abandons jobs still holding their
-//! records. Each handler checks what it reads from the held record (key,
-//! payload, headers) against what was enqueued, so a record read after it
-//! was destroyed, or another record's bytes, fails the test.
+//! The worker takes main-topic records from librdkafka a batch at a time
+//! and copies each before librdkafka's message is destroyed; finished
+//! records go back to the poll thread, whose buffers the next records
+//! reuse (framework/src/worker/split_queue.rs, recycle.rs). These tests
+//! drive that from many threads at once against the real broker: attempts
+//! finishing in any order, a join that revokes partitions while their
+//! records are in flight, a stop while jobs run, and a stop that abandons
+//! jobs. Each handler checks what it reads (key, payload, headers) against
+//! what was enqueued, so a record read from a reused buffer, or another
+//! record's bytes, fails the test.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -38,7 +39,7 @@ fn worker(
             let starts = starts.clone();
             async move {
                 // The payload decoded, the key and the headers read from
-                // the held record must all be this job's.
+                // the record must all be this job's.
                 assert_eq!(
                     job.key,
                     format!("k{}", job.seq % KEYS),
@@ -99,10 +100,10 @@ fn check(starts: &Starts, n: i64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn held_records_finish_in_any_order_across_a_join_and_a_stop() {
+async fn records_finish_in_any_order_across_a_join_and_a_stop() {
     init_logging();
     let config = ensure_stack();
-    let topic = unique("held.join");
+    let topic = unique("batch_read.join");
     let group = unique("g");
     create_topic(&config, &topic, 4).await;
     let producer = Producer::new(&config).expect("producer");
@@ -123,7 +124,7 @@ async fn held_records_finish_in_any_order_across_a_join_and_a_stop() {
         starts.lock().unwrap().len() >= 500
     })
     .await;
-    // B's join revokes some of A's partitions while A holds their records.
+    // B's join revokes some of A's partitions while their records run.
     let b = start(worker(
         &config,
         &group,
@@ -136,7 +137,7 @@ async fn held_records_finish_in_any_order_across_a_join_and_a_stop() {
         starts.lock().unwrap().len() >= 2_500
     })
     .await;
-    // A stops with jobs running and records held.
+    // A stops with jobs running.
     a.stop().await;
     eventually(Duration::from_secs(120), "every job started", || {
         let s = starts.lock().unwrap();
@@ -149,10 +150,10 @@ async fn held_records_finish_in_any_order_across_a_join_and_a_stop() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_stop_that_abandons_jobs_holding_records_still_closes_and_loses_nothing() {
+async fn a_stop_that_abandons_running_jobs_closes_and_loses_nothing() {
     init_logging();
     let config = ensure_stack();
-    let topic = unique("held.abandon");
+    let topic = unique("batch_read.abandon");
     let group = unique("g");
     create_topic(&config, &topic, 2).await;
     let producer = Producer::new(&config).expect("producer");
@@ -162,19 +163,16 @@ async fn a_stop_that_abandons_jobs_holding_records_still_closes_and_loses_nothin
     let starts: Starts = Default::default();
     let grace = Duration::from_millis(300);
     let a = start(worker(&config, &group, &topic, starts.clone(), grace, true));
-    eventually(
-        Duration::from_secs(60),
-        "jobs are blocked, holding their records",
-        || starts.lock().unwrap().len() >= 64,
-    )
+    eventually(Duration::from_secs(60), "jobs are blocked", || {
+        starts.lock().unwrap().len() >= 64
+    })
     .await;
-    // The grace period ends with 64 jobs running: they are abandoned, and
-    // the records they hold are dropped on the runtime after the abort.
+    // The grace period ends with 64 jobs running: they are abandoned.
     let t = Instant::now();
     a.stop().await;
     assert!(
         t.elapsed() < Duration::from_secs(15),
-        "the worker closed {:?} after the stop: records held by abandoned jobs kept it open",
+        "the worker closed {:?} after the stop: abandoned jobs kept it open",
         t.elapsed()
     );
     // Nothing was committed past them: a new worker, whose jobs do not
