@@ -1,5 +1,6 @@
 //! Intake: every main-topic partition is read through a queue of its own
-//! (`BaseConsumer::split_partition_queue`), for two reasons.
+//! (librdkafka's partition queue, split off as rdkafka's `split_partition_queue`
+//! does, and read in batches: [`super::split_queue`]), for two reasons.
 //!
 //! * **Priority order.** librdkafka delivers every partition through one
 //!   queue, in the order its fetches returned. During a bulk enqueue burst
