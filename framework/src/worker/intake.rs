@@ -114,7 +114,7 @@ pub(crate) struct Intake {
 struct Split {
     tp: Tp,
     level: usize,
-    queue: SplitQueue,
+    queue: SplitQueue<WorkerContext>,
     /// Records of the partition fetched before the split may still wait in
     /// the main queue: not read until it was seen empty.
     gated: bool,

@@ -22,13 +22,9 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use rdkafka::bindings as rd;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Timestamp;
-
-use super::poll::WorkerContext;
-
-type KjobConsumer = BaseConsumer<WorkerContext>;
 
 /// A record just taken from a split queue, owned until [`SplitQueue::read`]
 /// destroys it after the caller's look; it never leaves that call.
@@ -106,14 +102,14 @@ impl Drop for Fetched {
 
 /// A partition's own queue (librdkafka's fetch queue of the partition,
 /// no longer forwarded to the consumer's queue), read in batches.
-pub(crate) struct SplitQueue {
+pub(crate) struct SplitQueue<C: ConsumerContext + 'static> {
     queue: NonNull<rd::rd_kafka_queue_t>,
     /// The non-empty callback's state, given to librdkafka as its opaque
     /// pointer: it must stay put until the callback is disabled.
     callback: Option<Box<Callback>>,
     topic: Arc<str>,
     /// Keeps librdkafka alive for as long as the handle.
-    _consumer: Arc<KjobConsumer>,
+    _consumer: Arc<BaseConsumer<C>>,
 }
 
 /// What the non-empty callback does.
@@ -121,17 +117,17 @@ struct Callback(Box<dyn Fn() + Send + Sync>);
 
 // SAFETY: a librdkafka queue handle may be used and destroyed from any
 // thread; the poll thread is its only user.
-unsafe impl Send for SplitQueue {}
+unsafe impl<C: ConsumerContext + 'static> Send for SplitQueue<C> {}
 
 /// Records taken per librdkafka call at most.
 const CHUNK: usize = 256;
 
-impl SplitQueue {
+impl<C: ConsumerContext + 'static> SplitQueue<C> {
     /// Splits `partition` of `topic` off the consumer's queue (as rdkafka's
     /// `split_partition_queue`). `None` if librdkafka does not know the
     /// partition.
     pub(crate) fn split(
-        consumer: &Arc<KjobConsumer>,
+        consumer: &Arc<BaseConsumer<C>>,
         topic: Arc<str>,
         partition: i32,
     ) -> Option<Self> {
@@ -230,7 +226,7 @@ impl SplitQueue {
     }
 }
 
-impl Drop for SplitQueue {
+impl<C: ConsumerContext + 'static> Drop for SplitQueue<C> {
     fn drop(&mut self) {
         // SAFETY: a valid handle, destroyed once, here, while librdkafka
         // lives (`_consumer` is dropped after this). The callback is
