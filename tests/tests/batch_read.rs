@@ -112,27 +112,23 @@ async fn records_finish_in_any_order_across_a_join_and_a_stop() {
 
     let starts: Starts = Default::default();
     let grace = Duration::from_secs(10);
-    let a = start(worker(
-        &config,
-        &group,
-        &topic,
-        starts.clone(),
-        grace,
-        false,
-    ));
+    let member = || {
+        start(worker(
+            &config,
+            &group,
+            &topic,
+            starts.clone(),
+            grace,
+            false,
+        ))
+    };
+    let a = member();
     eventually(Duration::from_secs(60), "A is running jobs", || {
         starts.lock().unwrap().len() >= 500
     })
     .await;
     // B's join revokes some of A's partitions while their records run.
-    let b = start(worker(
-        &config,
-        &group,
-        &topic,
-        starts.clone(),
-        grace,
-        false,
-    ));
+    let b = member();
     eventually(Duration::from_secs(60), "A and B ran more", || {
         starts.lock().unwrap().len() >= 2_500
     })

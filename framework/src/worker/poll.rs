@@ -661,7 +661,7 @@ pub(crate) fn poll_loop(
     let mut batch: Vec<Polled> = Vec::with_capacity(MAX_BATCH);
     // Topic names, shared by every record of their topic.
     let mut topics: rustc_hash::FxHashMap<String, Arc<str>> = Default::default();
-    // Finished records, back from the dispatchers once per turn: destroyed
+    // Finished records, back from the dispatchers once per turn: dropped
     // here, their buffers kept for the next records (see super::recycle).
     let mut returned: Vec<Polled> = Vec::new();
     let mut spare = super::recycle::Spare::default();

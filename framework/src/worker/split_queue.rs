@@ -7,9 +7,10 @@
 //! copied ([`super::polled`]) and the event destroyed. [`SplitQueue::read`]
 //! takes up to a batch of records in one librdkafka call
 //! (`rd_kafka_consume_batch_queue`) and hands each to the caller as a
-//! [`Fetched`], destroyed right after, on the poll thread. In three
-//! interleaved 1 000 000-job no-op runs that took the poll thread from
-//! 106-107 to 96-101 CPU ticks and the worker from 2.75 to 2.6 µs of CPU
+//! [`Fetched`], destroyed right after, on the poll thread. With finished
+//! records' buffers freed back on the poll thread ([`super::recycle`]),
+//! three interleaved 1 000 000-job no-op runs went from 107-110 to 80-87
+//! CPU ticks on the poll thread and from 2.69-2.81 to 2.35-2.45 µs of CPU
 //! per job (benches/RESULTS.md, issue 29's sixth step).
 //!
 //! Keeping each record in librdkafka's buffer until its attempt ended,
