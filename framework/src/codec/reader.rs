@@ -213,7 +213,33 @@ impl ReaderSchema {
             Some(w) => w,
             None => source.writer(id).await?,
         };
-        let writer = writer.schema();
+        self.decode_with(id, writer.schema(), body)
+    }
+
+    /// Decodes a framed record into `J` if its writer schema is cached in
+    /// `source`; `None` if it is not (then [`ReaderSchema::decode`] fetches
+    /// it). Synchronous, so the worker decodes nearly every record without
+    /// a future: a cached schema is the steady state.
+    pub fn decode_cached<J: Job>(
+        &self,
+        source: &dyn SchemaSource,
+        bytes: Option<&[u8]>,
+    ) -> Option<std::result::Result<J, DecodeError>> {
+        let (id, body) = match split_frame(bytes) {
+            Ok(frame) => frame,
+            Err(e) => return Some(Err(e)),
+        };
+        let writer = source.cached(id)?;
+        Some(self.decode_with(id, writer.schema(), body))
+    }
+
+    /// Decodes `body`, written with the schema `writer` registered as `id`.
+    fn decode_with<J: Job>(
+        &self,
+        id: u32,
+        writer: &Schema,
+        body: &[u8],
+    ) -> std::result::Result<J, DecodeError> {
         if self.is_identical(id, writer) {
             let mut cursor = body;
             let fast = match &self.direct {

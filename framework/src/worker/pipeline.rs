@@ -33,6 +33,7 @@ use super::route::Attempt;
 use super::settle::{self, settle};
 use super::stages;
 use super::state::{RouteEntry, TopicRole, WorkerStats};
+use super::strict::Gate;
 use crate::headers::JobHeaders;
 use crate::job::JobContext;
 use crate::telemetry::metrics::Metrics;
@@ -96,6 +97,35 @@ pub(crate) struct Pipeline {
 pub(crate) struct Names {
     topic: Arc<str>,
     job: Arc<str>,
+}
+
+/// A record [`Pipeline::prepare`] cannot make ready for its handler
+/// without awaiting something first. Its headers are boxed: this is the
+/// rare path, and the common one stays small.
+enum Waits<'a> {
+    /// A record of a shared tier or bucket that names no route here.
+    Unrouted(Box<JobHeaders>),
+    /// A record that may wait or hop first ([`Pipeline::before`]).
+    Before(&'a RouteEntry, Box<JobHeaders>, Option<Gate<'a, 'a>>),
+}
+
+/// What the handler stage needs, prepared from the record's headers,
+/// which are gone by then.
+struct Ready<'a> {
+    entry: &'a RouteEntry,
+    /// Strict order's gate for the record's key, on a route that asks.
+    gate: Option<Gate<'a, 'a>>,
+    ctx: JobContext,
+    span: JobSpan,
+    /// The job's id and attempt number, out of `ctx` (which moves into
+    /// the handler's future).
+    id: Arc<str>,
+    attempt: u32,
+    /// The batch the job belongs to, if any ([`crate::batch`]).
+    batch: Option<String>,
+    /// When the handler starts (later than the attempt's start if it
+    /// waited first).
+    now_ms: i64,
 }
 
 /// The context a handler sees for `msg`, with the job id `id`. The topic's
@@ -271,6 +301,10 @@ impl Pipeline {
     /// `unit` in `[0, 1)` for retry jitter (both parameters, so the harness
     /// is deterministic). `waiter` parks the job while it waits before its
     /// handler, and gives up when the job is released ([`super::park`]).
+    ///
+    /// Its future is allocated once per job by the dispatcher, so what it
+    /// holds across an await is kept small: the record's parsed headers and
+    /// every rare stage stay in [`Pipeline::prepare`] or in boxed futures.
     pub(crate) async fn attempt<M: Message>(
         &self,
         msg: &M,
@@ -284,100 +318,24 @@ impl Pipeline {
             error!(topic = msg.topic(), "record from a topic without a route");
             return Attempted::released(Arc::from(""), "", 0);
         };
-        let headers = JobHeaders::parse(msg.headers());
-        let Some(entry) = topic_entry.for_record(&headers) else {
-            let outcome = Box::pin(self.unrouted(topic_entry, msg, &headers)).await;
-            return Attempted {
-                outcome,
-                id: Arc::from(headers.job_id(msg.topic(), msg.partition(), msg.offset())),
-                job: topic_entry.route.job_name(),
-                attempt: headers.attempt.unwrap_or(1).max(1),
-            };
+        // Steps 0 to 2 and what the handler needs. Bound field by field: a
+        // `Ready` kept in a local would stay in this future's state until
+        // it ends, even once its fields moved out.
+        let Ready {
+            entry,
+            gate,
+            ctx,
+            span,
+            id,
+            attempt,
+            batch,
+            now_ms,
+        } = match self.prelude(topic_entry, msg, waiter, now_ms).await {
+            Ok(ready) => ready,
+            Err(ended) => return ended,
         };
-        let job = entry.route.job_name();
-        let ended = |outcome| Attempted {
-            outcome,
-            id: Arc::from(headers.job_id(msg.topic(), msg.partition(), msg.offset())),
-            job,
-            attempt: headers.attempt.unwrap_or(1).max(1),
-        };
-        // 0. An operator's hand: a cancelled waiting job is finished unrun;
-        // a job another group's operator moved to "now" is that group's.
-        if entry.role.holds() && self.is_cancelled(entry, &headers) {
-            let outcome = Box::pin(self.cancelled(entry, msg, &headers, job)).await;
-            return ended(outcome);
-        }
-        if headers.group.is_some() && self.moved_for_another_group(entry, &headers) {
-            WorkerStats::bump(&self.fw.stats.skipped_foreign);
-            return ended(Outcome::Handled);
-        }
-        // 1. The stages of the topic's role. Boxed, like every rare path:
-        // their futures stay out of each attempt's state.
-        let mut now_ms = now_ms;
-        // A main-topic record carries a run time only when it was enqueued
-        // due too soon for a delay bucket.
-        if entry.role.holds() || headers.run_at_ms.is_some() {
-            // Built inside `Box::pin`, never bound to a local first: a local
-            // future keeps its storage in this future's state until the end
-            // of its scope, which is what boxing avoids.
-            if let Some(outcome) = Box::pin(stages::before(
-                &self.fw, entry, msg, &headers, waiter, now_ms,
-            ))
-            .await
-            {
-                return ended(outcome);
-            }
-            now_ms = now_ms.max(self.clock.now_ms());
-        }
-        // A debounced route's job waits out its window; a newer one of its
-        // key makes it moot.
-        if let (Some(d), TopicRole::Main, Some(key)) = (&self.debounce, entry.role, msg.key()) {
-            if let Some(window) = d.window(msg.topic()) {
-                if let Some(outcome) = Box::pin(self.debounced(d, window, msg, key, waiter)).await {
-                    if outcome == Outcome::Superseded {
-                        WorkerStats::bump(&self.fw.stats.superseded);
-                        self.fw.metrics.outcome(job, "superseded");
-                        debug!(job.type = job, partition = msg.partition(), offset = msg.offset(), outcome = "superseded", "a newer job of its key arrived; not run");
-                        if let (Some(recorder), Some(batch)) = (&self.batches, &headers.batch) {
-                            let id = headers.job_id(msg.topic(), msg.partition(), msg.offset());
-                            recorder.push(batch, &id, true);
-                        }
-                    }
-                    return ended(outcome);
-                }
-                now_ms = now_ms.max(self.clock.now_ms());
-            }
-        }
-        // 2. Strict order.
-        let gate = self.strict.as_deref().and_then(|s| s.gate(entry, msg));
-        if let Some(g) = &gate {
-            if let Some(outcome) = Box::pin(g.before(&self.fw, entry, msg, &headers, now_ms)).await
-            {
-                return ended(outcome);
-            }
-        }
         // 3. The handler.
-        let id: Arc<str> = match &headers.id {
-            Some(id) => Arc::from(id.as_str()),
-            None => Arc::from(headers.job_id(msg.topic(), msg.partition(), msg.offset())),
-        };
-        let names = self.names.get(msg.topic());
-        let mut ctx = context_for(msg, &headers, id, &self.group, names, job);
-        match entry.role {
-            // Its lateness is measured against the time it was asked for.
-            TopicRole::Delay(_) => ctx.due_at_ms = headers.run_at_ms.or(ctx.due_at_ms),
-            // A job due too soon for a bucket, or at a time already passed
-            // when it was written: due at the later of the two.
-            TopicRole::Main => {
-                if let Some(run_at) = headers.run_at_ms {
-                    let written = msg.timestamp().to_millis().unwrap_or(run_at);
-                    ctx.due_at_ms = Some(run_at.max(written));
-                }
-            }
-            TopicRole::Tier(_) => {}
-        }
-        let (id, attempt) = (ctx.id.clone(), ctx.attempt);
-        let span = handle_span(msg, entry, &ctx, &headers, &self.server);
+        let job = entry.route.job_name();
         let (result, duration_ms) = self
             .handle(entry, msg, ctx, &id, &span, waiter, now_ms)
             .await;
@@ -413,7 +371,7 @@ impl Pipeline {
         // 6. A job of a batch: its completion goes to the batch topic,
         // acknowledged before its offset is committed (the recorder's
         // barrier in the commit path).
-        if let (Some(batch), Some(recorder)) = (&headers.batch, &self.batches) {
+        if let (Some(batch), Some(recorder)) = (&batch, &self.batches) {
             if matches!(outcome, Outcome::Handled | Outcome::DeadLettered) {
                 recorder.push(batch, &id, outcome == Outcome::Handled);
             }
@@ -423,6 +381,186 @@ impl Pipeline {
             id,
             job,
             attempt,
+        }
+    }
+
+    /// Steps 0 to 2: what must happen before the handler, and what it
+    /// needs. Its future is part of the attempt's only while it is
+    /// awaited, so its state shares room with the handler's.
+    async fn prelude<'a, M: Message>(
+        &'a self,
+        topic_entry: &'a RouteEntry,
+        msg: &'a M,
+        waiter: &Waiter,
+        now_ms: i64,
+    ) -> Result<Ready<'a>, Attempted> {
+        // Returns before any await: the `Ready` never lives in this
+        // future's state.
+        let waits = match self.prepare(topic_entry, msg, now_ms) {
+            Ok(ready) => return Ok(ready),
+            Err(waits) => waits,
+        };
+        match waits {
+            Waits::Unrouted(headers) => {
+                Err(Box::pin(self.unrouted(topic_entry, msg, *headers)).await)
+            }
+            Waits::Before(entry, headers, gate) => {
+                Box::pin(self.before(entry, msg, *headers, gate, waiter, now_ms)).await
+            }
+        }
+    }
+
+    /// Parses `msg`'s headers and, when nothing has to be awaited before
+    /// its handler (no operator's hand, no stage of its topic's role, no
+    /// debounce window, no strict order), prepares the handler's context
+    /// and span at once. Synchronous, so the headers are never part of the
+    /// attempt's future; a record that may wait is handed on with them.
+    fn prepare<'a, M: Message>(
+        &'a self,
+        topic_entry: &'a RouteEntry,
+        msg: &'a M,
+        now_ms: i64,
+    ) -> Result<Ready<'a>, Waits<'a>> {
+        let headers = JobHeaders::parse(msg.headers());
+        let Some(entry) = topic_entry.for_record(&headers) else {
+            return Err(Waits::Unrouted(Box::new(headers)));
+        };
+        let gate = self.strict.as_deref().and_then(|s| s.gate(entry, msg));
+        // A main-topic record carries a run time only when it was enqueued
+        // due too soon for a delay bucket; a group only when an operator
+        // moved it.
+        let debounced = match (&self.debounce, entry.role, msg.key()) {
+            (Some(d), TopicRole::Main, Some(_)) => d.window(msg.topic()).is_some(),
+            _ => false,
+        };
+        if entry.role.holds()
+            || headers.run_at_ms.is_some()
+            || headers.group.is_some()
+            || debounced
+            || gate.is_some()
+        {
+            return Err(Waits::Before(entry, Box::new(headers), gate));
+        }
+        Ok(self.ready(entry, msg, headers, gate, now_ms))
+    }
+
+    /// Steps 0 to 2 for a record that may wait or hop before its handler:
+    /// an operator's hand, the stages of its topic's role, a debounce
+    /// window, strict order. Boxed by the caller: rare, and its state (the
+    /// headers above all) stays out of every attempt's future. `Err`: the
+    /// attempt ended here.
+    async fn before<'a, M: Message>(
+        &'a self,
+        entry: &'a RouteEntry,
+        msg: &'a M,
+        headers: JobHeaders,
+        gate: Option<Gate<'a, 'a>>,
+        waiter: &Waiter,
+        now_ms: i64,
+    ) -> Result<Ready<'a>, Attempted> {
+        let job = entry.route.job_name();
+        let ended = |outcome| {
+            Err(Attempted {
+                outcome,
+                id: Arc::from(headers.job_id(msg.topic(), msg.partition(), msg.offset())),
+                job,
+                attempt: headers.attempt.unwrap_or(1).max(1),
+            })
+        };
+        // 0. An operator's hand: a cancelled waiting job is finished unrun;
+        // a job another group's operator moved to "now" is that group's.
+        if entry.role.holds() && self.is_cancelled(entry, &headers) {
+            let outcome = Box::pin(self.cancelled(entry, msg, &headers, job)).await;
+            return ended(outcome);
+        }
+        if headers.group.is_some() && self.moved_for_another_group(entry, &headers) {
+            WorkerStats::bump(&self.fw.stats.skipped_foreign);
+            return ended(Outcome::Handled);
+        }
+        // 1. The stages of the topic's role. Boxed, like every rare path:
+        // their futures stay out of this one's state.
+        let mut now_ms = now_ms;
+        if entry.role.holds() || headers.run_at_ms.is_some() {
+            // Built inside `Box::pin`, never bound to a local first: a local
+            // future keeps its storage in this future's state until the end
+            // of its scope, which is what boxing avoids.
+            if let Some(outcome) = Box::pin(stages::before(
+                &self.fw, entry, msg, &headers, waiter, now_ms,
+            ))
+            .await
+            {
+                return ended(outcome);
+            }
+            now_ms = now_ms.max(self.clock.now_ms());
+        }
+        // A debounced route's job waits out its window; a newer one of its
+        // key makes it moot.
+        if let (Some(d), TopicRole::Main, Some(key)) = (&self.debounce, entry.role, msg.key()) {
+            if let Some(window) = d.window(msg.topic()) {
+                if let Some(outcome) = Box::pin(self.debounced(d, window, msg, key, waiter)).await {
+                    if outcome == Outcome::Superseded {
+                        WorkerStats::bump(&self.fw.stats.superseded);
+                        self.fw.metrics.outcome(job, "superseded");
+                        debug!(job.type = job, partition = msg.partition(), offset = msg.offset(), outcome = "superseded", "a newer job of its key arrived; not run");
+                        if let (Some(recorder), Some(batch)) = (&self.batches, &headers.batch) {
+                            let id = headers.job_id(msg.topic(), msg.partition(), msg.offset());
+                            recorder.push(batch, &id, true);
+                        }
+                    }
+                    return ended(outcome);
+                }
+                now_ms = now_ms.max(self.clock.now_ms());
+            }
+        }
+        // 2. Strict order.
+        if let Some(g) = &gate {
+            if let Some(outcome) = Box::pin(g.before(&self.fw, entry, msg, &headers, now_ms)).await
+            {
+                return ended(outcome);
+            }
+        }
+        Ok(self.ready(entry, msg, headers, gate, now_ms))
+    }
+
+    /// The handler's context and span for `msg`, from its `headers`.
+    fn ready<'a, M: Message>(
+        &'a self,
+        entry: &'a RouteEntry,
+        msg: &M,
+        headers: JobHeaders,
+        gate: Option<Gate<'a, 'a>>,
+        now_ms: i64,
+    ) -> Ready<'a> {
+        let id: Arc<str> = match &headers.id {
+            Some(id) => Arc::from(id.as_str()),
+            None => Arc::from(headers.job_id(msg.topic(), msg.partition(), msg.offset())),
+        };
+        let names = self.names.get(msg.topic());
+        let job = entry.route.job_name();
+        let mut ctx = context_for(msg, &headers, id, &self.group, names, job);
+        match entry.role {
+            // Its lateness is measured against the time it was asked for.
+            TopicRole::Delay(_) => ctx.due_at_ms = headers.run_at_ms.or(ctx.due_at_ms),
+            // A job due too soon for a bucket, or at a time already passed
+            // when it was written: due at the later of the two.
+            TopicRole::Main => {
+                if let Some(run_at) = headers.run_at_ms {
+                    let written = msg.timestamp().to_millis().unwrap_or(run_at);
+                    ctx.due_at_ms = Some(run_at.max(written));
+                }
+            }
+            TopicRole::Tier(_) => {}
+        }
+        let span = handle_span(msg, entry, &ctx, &headers, &self.server);
+        Ready {
+            entry,
+            gate,
+            id: ctx.id.clone(),
+            attempt: ctx.attempt,
+            ctx,
+            span,
+            batch: headers.batch,
+            now_ms,
         }
     }
 
@@ -436,8 +574,9 @@ impl Pipeline {
         &self,
         topic_entry: &RouteEntry,
         msg: &M,
-        headers: &JobHeaders,
-    ) -> Outcome {
+        headers: JobHeaders,
+    ) -> Attempted {
+        let headers = &headers;
         let named = headers
             .route()
             .map(|v| String::from_utf8_lossy(v).into_owned())
@@ -495,22 +634,33 @@ impl Pipeline {
             duration_ms: 0,
             span: &span,
         };
-        settle(&self.fw, topic_entry, msg, next, None, &settling).await
+        let outcome = settle(&self.fw, topic_entry, msg, next, None, &settling).await;
+        Attempted {
+            outcome,
+            id: Arc::from(id),
+            job,
+            attempt,
+        }
     }
 
     /// Runs the handler stage under its span, with the attempt's metrics;
     /// returns its result and how long the handler took (ms).
+    ///
+    /// Not an `async fn`: what comes before the handler runs here, and the
+    /// job's context and the watchdog's names move into the route's boxed
+    /// future, so the future returned (part of every attempt's state) holds
+    /// little more than that box.
     #[allow(clippy::too_many_arguments)]
-    async fn handle<M: Message>(
-        &self,
-        entry: &RouteEntry,
-        msg: &M,
+    fn handle<'a, M: Message>(
+        &'a self,
+        entry: &'a RouteEntry,
+        msg: &'a M,
         ctx: JobContext,
-        id: &str,
-        span: &JobSpan,
-        waiter: &Waiter,
+        id: &'a str,
+        span: &'a JobSpan,
+        waiter: &'a Waiter,
         now_ms: i64,
-    ) -> (Attempt, u64) {
+    ) -> impl std::future::Future<Output = (Attempt, u64)> + 'a {
         let (metrics, job) = (&self.fw.metrics, entry.route.job_name());
         if let Some(due) = ctx.due_at_ms {
             metrics.lateness(msg.topic(), ((now_ms - due).max(0) as f64) / 1000.0);
@@ -534,22 +684,24 @@ impl Pipeline {
             partition: msg.partition(),
             offset: msg.offset(),
         };
-        let run = entry.route.run(msg.payload(), ctx, waiter, &watched);
-        let result = match span.context() {
-            Some(cx) => run.with_context(cx.clone()).await,
-            None => run.await,
-        };
-        metrics.in_flight(job, -1);
-        let elapsed = started.elapsed();
-        if result != Attempt::Released {
-            metrics.handler_seconds(job, elapsed.as_secs_f64());
-            if let Some(ts) = msg.timestamp().to_millis() {
-                let done_ms = now_ms.saturating_add(elapsed.as_millis() as i64);
-                let latency = ((done_ms - ts).max(0) as f64) / 1000.0;
-                metrics.priority_latency(entry.priority, latency);
+        let run = entry.route.run(msg.payload(), ctx, waiter, watched);
+        async move {
+            let result = match span.context() {
+                Some(cx) => run.with_context(cx.clone()).await,
+                None => run.await,
+            };
+            metrics.in_flight(job, -1);
+            let elapsed = started.elapsed();
+            if result != Attempt::Released {
+                metrics.handler_seconds(job, elapsed.as_secs_f64());
+                if let Some(ts) = msg.timestamp().to_millis() {
+                    let done_ms = now_ms.saturating_add(elapsed.as_millis() as i64);
+                    let latency = ((done_ms - ts).max(0) as f64) / 1000.0;
+                    metrics.priority_latency(entry.priority, latency);
+                }
             }
+            (result, elapsed.as_millis() as u64)
         }
-        (result, elapsed.as_millis() as u64)
     }
 }
 
