@@ -255,7 +255,8 @@ impl DurationBuckets {
 /// buckets, a write lock only the first time a job is seen).
 #[derive(Debug, Default)]
 pub(crate) struct Durations {
-    jobs: RwLock<HashMap<&'static str, Arc<[AtomicU64; BUCKETS]>>>,
+    /// Read once per finished job, keyed by the routes' own names: Fx.
+    jobs: RwLock<rustc_hash::FxHashMap<&'static str, Arc<[AtomicU64; BUCKETS]>>>,
 }
 
 impl Durations {

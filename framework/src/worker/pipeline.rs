@@ -305,82 +305,91 @@ impl Pipeline {
     /// Its future is allocated once per job by the dispatcher, so what it
     /// holds across an await is kept small: the record's parsed headers and
     /// every rare stage stay in [`Pipeline::prepare`] or in boxed futures.
-    pub(crate) async fn attempt<M: Message>(
-        &self,
-        msg: &M,
-        waiter: &Waiter,
+    /// An `async` block rather than an `async fn`, whose future would keep
+    /// its arguments twice.
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn attempt<'a, M: Message>(
+        &'a self,
+        msg: &'a M,
+        waiter: &'a Waiter,
         unit: f64,
         now_ms: i64,
-    ) -> Attempted {
-        let Some(topic_entry) = self.routes.get(msg.topic()) else {
-            // Unreachable: the consumer subscribes to route topics only. Not
-            // marked done, so it is never lost.
-            error!(topic = msg.topic(), "record from a topic without a route");
-            return Attempted::released(Arc::from(""), "", 0);
-        };
-        // Steps 0 to 2 and what the handler needs. Bound field by field: a
-        // `Ready` kept in a local would stay in this future's state until
-        // it ends, even once its fields moved out.
-        let Ready {
-            entry,
-            gate,
-            ctx,
-            span,
-            id,
-            attempt,
-            batch,
-            now_ms,
-        } = match self.prelude(topic_entry, msg, waiter, now_ms).await {
-            Ok(ready) => ready,
-            Err(ended) => return ended,
-        };
-        // 3. The handler.
-        let job = entry.route.job_name();
-        let (result, duration_ms) = self
-            .handle(entry, msg, ctx, &id, &span, waiter, now_ms)
-            .await;
-        if result == Attempt::Released {
-            // Never ran: no outcome to count; the next owner runs it.
-            debug!(job.id = %id, job.type = job, attempt, "released before its handler started");
-            return Attempted::released(id, job, attempt);
-        }
-        // 4. The decision, and 5. settling it. A retry's wait (a
-        // Retry-After above all) counts from the failure, not from when the
-        // attempt began.
-        let failed_at_ms = self.clock.now_ms().max(now_ms);
-        let settling = settle::Attempt {
-            id: &id,
-            job,
-            attempt,
-            duration_ms,
-            span: &span,
-        };
-        let outcome = match settle::decide(
-            &self.fw,
-            entry,
-            msg,
-            result,
-            gate,
-            settling,
-            unit,
-            failed_at_ms,
-        ) {
-            settle::Settling::Now(outcome) => outcome,
-            settle::Settling::Later(forward) => forward.await,
-        };
-        // 6. A job of a batch: its completion goes to the batch topic,
-        // acknowledged before its offset is committed (the recorder's
-        // barrier in the commit path).
-        if let (Some(batch), Some(recorder)) = (&batch, &self.batches) {
-            if matches!(outcome, Outcome::Handled | Outcome::DeadLettered) {
-                recorder.push(batch, &id, outcome == Outcome::Handled);
+    ) -> impl std::future::Future<Output = Attempted> + 'a {
+        async move {
+            let Some(topic_entry) = self.routes.get(msg.topic()) else {
+                // Unreachable: the consumer subscribes to route topics only. Not
+                // marked done, so it is never lost.
+                error!(topic = msg.topic(), "record from a topic without a route");
+                return Attempted::released(Arc::from(""), "", 0);
+            };
+            // Steps 0 to 2 and what the handler needs. Bound field by field: a
+            // `Ready` kept in a local would stay in this future's state until
+            // it ends, even once its fields moved out.
+            let Ready {
+                entry,
+                gate,
+                ctx,
+                span,
+                id,
+                attempt,
+                batch,
+                now_ms,
+            } = match self.prelude(topic_entry, msg, waiter, now_ms).await {
+                Ok(ready) => ready,
+                Err(ended) => return ended,
+            };
+            // 3. The handler.
+            let job = entry.route.job_name();
+            let (result, duration_ms) = self
+                .handle(entry, msg, ctx, &id, &span, waiter, now_ms)
+                .await;
+            if result == Attempt::Released {
+                // Never ran: no outcome to count; the next owner runs it.
+                debug!(job.id = %id, job.type = job, attempt, "released before its handler started");
+                return Attempted::released(id, job, attempt);
             }
-        }
-        Attempted {
-            outcome,
-            id,
-            job,
-            attempt,
+            // 4. The decision, and 5. settling it. A retry's wait (a
+            // Retry-After above all) counts from the failure, not from when the
+            // attempt began.
+            // A job done needs no time: no clock read for it.
+            let failed_at_ms = match result {
+                Attempt::Done => now_ms,
+                _ => self.clock.now_ms().max(now_ms),
+            };
+            let settling = settle::Attempt {
+                id: &id,
+                job,
+                attempt,
+                duration_ms,
+                span: &span,
+            };
+            let outcome = match settle::decide(
+                &self.fw,
+                entry,
+                msg,
+                result,
+                gate,
+                settling,
+                unit,
+                failed_at_ms,
+            ) {
+                settle::Settling::Now(outcome) => outcome,
+                settle::Settling::Later(forward) => forward.await,
+            };
+            // 6. A job of a batch: its completion goes to the batch topic,
+            // acknowledged before its offset is committed (the recorder's
+            // barrier in the commit path).
+            if let (Some(batch), Some(recorder)) = (&batch, &self.batches) {
+                if matches!(outcome, Outcome::Handled | Outcome::DeadLettered) {
+                    recorder.push(batch, &id, outcome == Outcome::Handled);
+                }
+            }
+            Attempted {
+                outcome,
+                id,
+                job,
+                attempt,
+            }
         }
     }
 
