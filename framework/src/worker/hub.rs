@@ -39,6 +39,8 @@ pub(crate) struct Core {
     pub(super) waiters: usize,
     /// Parked jobs waiting for a slot, and how to tell each it has one.
     grants: rustc_hash::FxHashMap<Ticket, tokio::sync::oneshot::Sender<()>>,
+    /// The scheduler's actions for one completion batch, kept for the next.
+    actions: Vec<Action<Polled>>,
 }
 
 /// What the poll thread and the dispatchers share.
@@ -66,6 +68,7 @@ impl Hub {
                 deferred: Vec::new(),
                 waiters: 0,
                 grants: Default::default(),
+                actions: Vec::new(),
             }),
             progress: Condvar::new(),
             dispatch: Dispatch::new(senders),
@@ -84,17 +87,22 @@ impl Hub {
     /// of a large release, which goes to the other dispatchers.
     /// `batch` is drained, not consumed, so the dispatcher reuses it.
     pub(crate) fn finished(&self, me: usize, batch: &mut Done) -> Vec<Job<Polled>> {
-        let mut out = Vec::new();
         let mut mine = Vec::new();
         let wake = {
             let mut core = self.lock();
+            // Reused: no allocation per completion batch.
+            let mut out = std::mem::take(&mut core.actions);
+            let parked = !core.grants.is_empty();
             for (t, ok) in batch.drain(..) {
                 core.sched.finished(t, ok, &mut out);
-                // A job released while it waited for a slot.
-                core.grants.remove(&t);
+                // A job released while it waited for a slot (none is, but
+                // while a job is parked: no ticket hashed per job).
+                if parked {
+                    core.grants.remove(&t);
+                }
             }
             core.sched.dispatch(&mut out);
-            for action in out {
+            for action in out.drain(..) {
                 match action {
                     Action::Run(jobs) => {
                         let share = self.dispatch.share(me, jobs);
@@ -108,6 +116,7 @@ impl Hub {
                     other => core.deferred.push(other),
                 }
             }
+            core.actions = out;
             core.waiters > 0
         };
         if wake {
