@@ -9,7 +9,9 @@
 //! call ([`Hub::finished`]), and the jobs that frees up start here at once:
 //! a slot is refilled without waiting for the poll thread.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
@@ -38,9 +40,23 @@ pub(super) async fn run(
     mut jobs: UnboundedReceiver<Vec<Job<Polled>>>,
 ) {
     let mut running = FuturesUnordered::new();
-    let start = |running: &mut FuturesUnordered<_>, batch: Vec<Job<Polled>>| {
+    // Reused across completion batches: one pair of allocations per
+    // dispatcher, not per batch.
+    let mut finished: Vec<(Ticket, bool)> = Vec::new();
+    let mut records: Vec<Polled> = Vec::new();
+    // Each job's future is boxed and polled once right here. Most finish
+    // at that first poll (a handler that does not wait) and never enter
+    // `running`: no task node, ready queue or waker per job. One that is
+    // pending moves into `running`, which polls it again with its own
+    // waker before anything can wake it (a future only has to wake the
+    // waker of its latest poll), so the first poll's waker does nothing.
+    let start = |running: &mut FuturesUnordered<_>,
+                 finished: &mut Vec<(Ticket, bool)>,
+                 records: &mut Vec<Polled>,
+                 batch: Vec<Job<Polled>>| {
         // One clock read per batch: its jobs start together.
         let now = now_ms();
+        let mut first = Context::from_waker(futures::task::noop_waker_ref());
         for job in batch {
             // Borrowed, not cloned: an `Arc` clone per job is an atomic
             // add on a cache line every dispatcher touches.
@@ -49,18 +65,21 @@ pub(super) async fn run(
                 true => Waiter::new(hub.clone(), job.ticket, job.released),
                 false => Waiter::holding(job.released),
             };
-            running.push(one(p, job.item, job.ticket, waiter, now));
+            let mut attempt = Box::pin(one(p, job.item, job.ticket, waiter, now));
+            match attempt.as_mut().poll(&mut first) {
+                Poll::Ready((ticket, last, record)) => {
+                    finished.push((ticket, last));
+                    records.push(record);
+                }
+                Poll::Pending => running.push(attempt),
+            }
         }
     };
     let mut open = true;
-    // Reused across completion batches: one pair of allocations per
-    // dispatcher, not per batch.
-    let mut finished: Vec<(Ticket, bool)> = Vec::new();
-    let mut records: Vec<Polled> = Vec::new();
     loop {
         tokio::select! {
             batch = jobs.recv(), if open => match batch {
-                Some(batch) => start(&mut running, batch),
+                Some(batch) => start(&mut running, &mut finished, &mut records, batch),
                 None => open = false,
             },
             Some(first) = running.next(), if !running.is_empty() => {
@@ -70,22 +89,38 @@ pub(super) async fn run(
                     records.push(record);
                     next = running.next().now_or_never().flatten();
                 }
-                // Destroyed and reused on the poll thread, not here (see
-                // super::recycle).
-                hub.returned.give(&mut records);
-                let released = hub.finished(me, &mut finished);
-                if !released.is_empty() {
-                    start(&mut running, released);
-                }
             }
             else => return,
+        }
+        // What finished since the last report, at its first poll or in
+        // `running`, is reported in one call; the jobs that frees start at
+        // once, and what of those finishes at once is reported next.
+        let mut rounds = 0u32;
+        while !finished.is_empty() {
+            // Destroyed and reused on the poll thread, not here (see
+            // super::recycle).
+            hub.returned.give(&mut records);
+            let released = hub.finished(me, &mut finished);
+            if !released.is_empty() {
+                start(&mut running, &mut finished, &mut records, released);
+            }
+            // A long run of jobs that all finish at once still lets this
+            // runtime thread's other tasks (timers, commits) have a turn.
+            rounds += 1;
+            if rounds.is_multiple_of(YIELD_EVERY) {
+                tokio::task::yield_now().await;
+            }
         }
     }
 }
 
-/// One job's attempt as a dispatcher drives it: what `FuturesUnordered`
-/// allocates per job. It hands the record back with the ticket for the
-/// scheduler and whether the attempt was final.
+/// How many completion reports in a row a dispatcher makes before it
+/// yields to its runtime thread's other tasks.
+const YIELD_EVERY: u32 = 32;
+
+/// One job's attempt as a dispatcher drives it: what it allocates per job
+/// (boxed before its first poll). It hands the record back with the ticket
+/// for the scheduler and whether the attempt was final.
 ///
 /// Kept under [`MAX_JOB_FUTURE`] (a test checks): glibc's per-thread cache
 /// serves requests up to 1 032 bytes without a lock or a search, and
@@ -111,8 +146,8 @@ fn one(
     }
 }
 
-/// The bound on [`one`]'s future: below glibc's thread cache limit with
-/// room for `FuturesUnordered`'s own fields (about 80 bytes per task).
+/// The bound on [`one`]'s future: below glibc's thread cache limit, with
+/// room to spare.
 #[cfg(test)]
 const MAX_JOB_FUTURE: usize = 896;
 
