@@ -54,7 +54,9 @@ pub(crate) trait Route: Send + Sync {
     fn job_name(&self) -> &'static str;
     /// Decodes and handles one record. Waits before the handler starts
     /// (the registry, a layer's) go through `waiter`: parked, without a
-    /// slot, and given up when the job is released.
+    /// slot, and given up when the job is released. `ctx` and `watched`
+    /// (the attempt as the watchdog names it) move into the returned box,
+    /// so the attempt's own future does not carry them.
     fn run<'a>(
         &'a self,
         payload: Option<&'a [u8]>,
