@@ -20,7 +20,7 @@ use super::handler::{Handler, Parts, StateMap};
 use super::park::Waiter;
 use super::watchdog::{Watchdog, Watched};
 use crate::classify::{ErrorClass, JobError};
-use crate::codec::{ReaderSchema, SchemaSource};
+use crate::codec::{DecodeError, ReaderSchema, SchemaSource};
 use crate::job::{Job, JobContext};
 use crate::layers::{AttemptService, LayerFn, Request};
 use crate::telemetry::metrics::{RegistryWait, WorkerGauges};
@@ -145,102 +145,111 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
         waiter: &'a Waiter,
         watched: Watched<'a>,
     ) -> BoxFuture<'a, Attempt> {
-        // The common case: no layers and a cached writer schema. The record
-        // is decoded and the handler called here, so the box allocated for
-        // this attempt holds only the handler's future and its watch, not
-        // the registry wait or the layered stack (kilobytes, unused here).
-        if self.stack.is_none() {
-            if let Some(Ok(job)) = self
-                .reader
-                .decode_cached::<J>(self.schemas.as_ref(), payload)
-            {
-                let parts = Parts {
-                    states: &self.states,
-                    extensions: &EMPTY_EXTENSIONS,
-                };
-                let handler = self.handler.call(job, ctx, &parts);
-                return Box::pin(async move {
-                    let call = guarded(handler, self.timeout);
-                    self.watchdog.watch(call, None, &watched).await
-                });
-            }
-        }
-        Box::pin(async move {
-            let decoded = async {
-                let mut wait = REGISTRY_WAIT_FIRST;
-                let mut waiting: Option<RegistryWait> = None;
-                loop {
-                    match self
-                        .reader
-                        .decode::<J>(self.schemas.as_ref(), payload)
-                        .await
-                    {
-                        Ok(job) => return Ok(job),
-                        // No class: the registry could not be asked (down, a
-                        // timeout, a 5xx). The record is fine and its attempt
-                        // has not begun, so it waits (parked: other jobs take
-                        // its slot) instead of walking the retry tiers.
-                        Err(e) if e.class().is_none() => {
-                            tracing::debug!(job.id = %ctx.id, error = %e, "waiting for the schema registry");
-                            waiting.get_or_insert_with(|| RegistryWait::begin(&self.gauges));
-                            tokio::time::sleep(wait).await;
-                            wait = (wait * 2).min(REGISTRY_WAIT_MAX);
-                        }
-                        Err(e) => {
-                            return Err(Attempt::Failed {
-                                class: e.class().unwrap_or(ErrorClass::RetryableNetwork),
-                                message: e.to_string(),
-                                retry_after: None,
-                                backtrace: None,
-                            });
+        // A cached writer schema (the steady state) decodes here, at once:
+        // the box allocated for this attempt then holds neither the
+        // registry wait nor a second decode of a bad record.
+        match self
+            .reader
+            .decode_cached::<J>(self.schemas.as_ref(), payload)
+        {
+            Some(Ok(job)) => self.call(job, ctx, waiter, watched),
+            Some(Err(e)) if e.class().is_some() => Box::pin(std::future::ready(undecodable(e))),
+            // Not cached yet: fetched, parked while the registry is down.
+            _ => Box::pin(async move {
+                let decoded = async {
+                    let mut wait = REGISTRY_WAIT_FIRST;
+                    let mut waiting: Option<RegistryWait> = None;
+                    loop {
+                        match self
+                            .reader
+                            .decode::<J>(self.schemas.as_ref(), payload)
+                            .await
+                        {
+                            Ok(job) => return Ok(job),
+                            // No class: the registry could not be asked (down, a
+                            // timeout, a 5xx). The record is fine and its attempt
+                            // has not begun, so it waits (parked: other jobs take
+                            // its slot) instead of walking the retry tiers.
+                            Err(e) if e.class().is_none() => {
+                                tracing::debug!(job.id = %ctx.id, error = %e, "waiting for the schema registry");
+                                waiting.get_or_insert_with(|| RegistryWait::begin(&self.gauges));
+                                tokio::time::sleep(wait).await;
+                                wait = (wait * 2).min(REGISTRY_WAIT_MAX);
+                            }
+                            Err(e) => return Err(undecodable(e)),
                         }
                     }
+                };
+                match waiter.wait(decoded).await {
+                    Some(Ok(job)) => self.call(job, ctx, waiter, watched).await,
+                    Some(Err(failed)) => failed,
+                    None => Attempt::Released,
                 }
+            }),
+        }
+    }
+}
+
+impl<J: Job, M: 'static, H: Handler<J, M> + Clone> TypedRoute<J, H, M> {
+    /// Runs the decoded `job` through the layers, if any, and the handler.
+    /// Without layers the handler is called here, so the box holds only
+    /// its future and the watch, not the layered stack's state (kilobytes).
+    fn call<'a>(
+        &'a self,
+        job: J,
+        ctx: JobContext,
+        waiter: &'a Waiter,
+        watched: Watched<'a>,
+    ) -> BoxFuture<'a, Attempt> {
+        let Some(stack) = &self.stack else {
+            let parts = Parts {
+                states: &self.states,
+                extensions: &EMPTY_EXTENSIONS,
             };
-            // A cached writer schema decodes at once and never parks.
-            let job = match waiter.wait(decoded).await {
-                Some(Ok(job)) => job,
-                Some(Err(failed)) => return failed,
-                None => return Attempt::Released,
-            };
-            match &self.stack {
-                None => {
-                    let parts = Parts {
-                        states: &self.states,
-                        extensions: &EMPTY_EXTENSIONS,
-                    };
-                    let call = guarded(self.handler.call(job, ctx, &parts), self.timeout);
-                    self.watchdog.watch(call, None, &watched).await
-                }
-                Some(stack) => {
-                    let started = Arc::new(AtomicBool::new(false));
-                    let req = Request::new(job, ctx)
-                        .started_flag(started.clone())
-                        .waiter(waiter.clone())
-                        .gauges(self.gauges.clone());
-                    let released = waiter.released();
-                    // The timeout is the innermost layer; panics are caught
-                    // here, around every layer.
-                    let call = guarded(tower::ServiceExt::oneshot(stack.clone(), req), None);
-                    let call = self.watchdog.watch(call, Some(&*started), &watched);
-                    let mut call = std::pin::pin!(call);
-                    tokio::select! {
-                        biased;
-                        attempt = &mut call => attempt,
-                        // A layer may hold the job before the handler (the
-                        // breaker parks it, a rate limit delays it): such a
-                        // job is released; a running handler is awaited.
-                        _ = released.cancelled() => {
-                            if started.load(AtomicOrdering::Acquire) {
-                                call.await
-                            } else {
-                                Attempt::Released
-                            }
-                        }
+            let handler = self.handler.call(job, ctx, &parts);
+            return Box::pin(async move {
+                let call = guarded(handler, self.timeout);
+                self.watchdog.watch(call, None, &watched).await
+            });
+        };
+        Box::pin(async move {
+            let started = Arc::new(AtomicBool::new(false));
+            let req = Request::new(job, ctx)
+                .started_flag(started.clone())
+                .waiter(waiter.clone())
+                .gauges(self.gauges.clone());
+            let released = waiter.released();
+            // The timeout is the innermost layer; panics are caught
+            // here, around every layer.
+            let call = guarded(tower::ServiceExt::oneshot(stack.clone(), req), None);
+            let call = self.watchdog.watch(call, Some(&*started), &watched);
+            let mut call = std::pin::pin!(call);
+            tokio::select! {
+                biased;
+                attempt = &mut call => attempt,
+                // A layer may hold the job before the handler (the
+                // breaker parks it, a rate limit delays it): such a
+                // job is released; a running handler is awaited.
+                _ = released.cancelled() => {
+                    if started.load(AtomicOrdering::Acquire) {
+                        call.await
+                    } else {
+                        Attempt::Released
                     }
                 }
             }
         })
+    }
+}
+
+/// The attempt of a record that cannot be decoded: failed with the
+/// decode error's class (bad bytes, an incompatible writer: permanent).
+fn undecodable(e: DecodeError) -> Attempt {
+    Attempt::Failed {
+        class: e.class().unwrap_or(ErrorClass::RetryableNetwork),
+        message: e.to_string(),
+        retry_after: None,
+        backtrace: None,
     }
 }
 
@@ -580,5 +589,59 @@ mod tests {
         let (outcome, ()) = tokio::join!(run, revoke);
         assert_eq!(outcome, Attempt::Done);
         assert_eq!(handled.load(AtomicOrdering::SeqCst), 1);
+    }
+
+    /// A registry whose every schema is cached (the steady state): asking
+    /// it over the network is counted, and never needed.
+    #[derive(Default)]
+    struct CachedRegistry {
+        fetches: std::sync::atomic::AtomicUsize,
+    }
+    impl SchemaSource for CachedRegistry {
+        fn writer(&self, _id: u32) -> BoxFuture<'_, Result<WriterSchema, DecodeError>> {
+            self.fetches.fetch_add(1, AtomicOrdering::SeqCst);
+            Box::pin(async move { Err(DecodeError::NotFramed("not expected".into())) })
+        }
+        fn cached(&self, _id: u32) -> Option<WriterSchema> {
+            Some(WriterSchema::Owned(Arc::new(
+                crate::codec::parse_contract::<Ping>().unwrap(),
+            )))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cached_schema_decodes_at_once_with_or_without_layers() {
+        let registry = Arc::new(CachedRegistry::default());
+        let payload = frame(7, b"\x02a");
+        let open = Arc::new(tokio::sync::Notify::new());
+        open.notify_one();
+        for layers in [vec![], vec![gate(open.clone())]] {
+            let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let route = ping_route(registry.clone(), &layers, handled.clone());
+            let waiter = Waiter::holding(Arc::new(CancellationToken::new()));
+            let outcome = route.run(Some(&payload), ctx(), &waiter, WATCHED).await;
+            assert_eq!(outcome, Attempt::Done, "{} layers", layers.len());
+            assert_eq!(handled.load(AtomicOrdering::SeqCst), 1);
+        }
+        assert_eq!(registry.fetches.load(AtomicOrdering::SeqCst), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn garbage_under_a_cached_schema_fails_for_good_without_the_registry() {
+        let registry = Arc::new(CachedRegistry::default());
+        let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let route = ping_route(registry.clone(), &[], handled.clone());
+        let waiter = Waiter::holding(Arc::new(CancellationToken::new()));
+        // A string length far past the body's end, then trailing bytes.
+        for body in [&b"\x7f"[..], &b"\x02ab"[..]] {
+            let payload = frame(7, body);
+            let outcome = route.run(Some(&payload), ctx(), &waiter, WATCHED).await;
+            let Attempt::Failed { class, message, .. } = outcome else {
+                panic!("{body:?} decoded: {outcome:?}");
+            };
+            assert!(!class.is_retryable(), "{body:?}: {class:?} {message}");
+        }
+        assert_eq!(handled.load(AtomicOrdering::SeqCst), 0);
+        assert_eq!(registry.fetches.load(AtomicOrdering::SeqCst), 0);
     }
 }
