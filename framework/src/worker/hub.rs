@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedSender;
@@ -51,12 +51,20 @@ pub(crate) struct Hub {
     pub(super) dispatch: Dispatch,
     /// Finished records, back to the poll thread (super::recycle).
     pub(super) returned: super::recycle::Returned<Polled>,
+    /// The poll thread's wake-up. A consumer action that a completion
+    /// causes, above all the resume of a partition that was at its
+    /// in-flight bound, is the poll thread's to carry out; woken, it does
+    /// so at once instead of after its wait (2 ms while jobs run). With a
+    /// bound of 1 record per partition that wait was the cost of every
+    /// job (benches/RESULTS.md, issue 29's eighth step).
+    wake: Arc<super::intake::Wake>,
 }
 
 impl Hub {
     pub(crate) fn new(
         sched: Scheduler<Polled>,
         senders: Vec<UnboundedSender<Vec<Job<Polled>>>>,
+        wake: Arc<super::intake::Wake>,
     ) -> Self {
         Self {
             core: Mutex::new(Core {
@@ -73,6 +81,7 @@ impl Hub {
             progress: Condvar::new(),
             dispatch: Dispatch::new(senders),
             returned: Default::default(),
+            wake,
         }
     }
 
@@ -88,7 +97,7 @@ impl Hub {
     /// `batch` is drained, not consumed, so the dispatcher reuses it.
     pub(crate) fn finished(&self, me: usize, batch: &mut Done) -> Vec<Job<Polled>> {
         let mut mine = Vec::new();
-        let wake = {
+        let (waiters, for_poll) = {
             let mut core = self.lock();
             // Reused: no allocation per completion batch.
             let mut out = std::mem::take(&mut core.actions);
@@ -102,6 +111,7 @@ impl Hub {
                 }
             }
             core.sched.dispatch(&mut out);
+            let deferred = core.deferred.len();
             for action in out.drain(..) {
                 match action {
                     Action::Run(jobs) => {
@@ -117,10 +127,13 @@ impl Hub {
                 }
             }
             core.actions = out;
-            core.waiters > 0
+            (core.waiters > 0, core.deferred.len() > deferred)
         };
-        if wake {
+        if waiters {
             self.progress.notify_all();
+        }
+        if for_poll {
+            self.wake.notify();
         }
         mine
     }
@@ -165,12 +178,18 @@ impl super::park::Slots for Hub {
         core.sched.park(ticket);
         // The freed slot goes to the next job at once.
         core.sched.dispatch(&mut out);
+        let deferred = core.deferred.len();
         for action in out {
             match action {
                 Action::Run(jobs) => self.dispatch.send(jobs),
                 Action::Grant(tickets) => core.grant(tickets),
                 other => core.deferred.push(other),
             }
+        }
+        let for_poll = core.deferred.len() > deferred;
+        drop(core);
+        if for_poll {
+            self.wake.notify();
         }
     }
 
@@ -248,5 +267,80 @@ impl Dispatch {
         if let (false, Some(s)) = (chunk.is_empty(), self.senders.get(i % n)) {
             let _ = s.send(chunk);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    use super::super::intake::Wake;
+    use super::super::scheduler::{Incoming, LaneKey, Limits};
+    use super::*;
+
+    #[test]
+    fn a_completion_that_resumes_a_partition_wakes_the_poll_thread() {
+        let wake = Arc::new(Wake::default());
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let limits = Limits {
+            concurrency: 4,
+            max_in_flight: 2,
+            commit_interval_ms: 0,
+        };
+        let hub = Hub::new(Scheduler::new(limits), vec![tx], wake.clone());
+        let tp: Tp = ("t".to_string(), 0);
+        let mut out = Vec::new();
+        {
+            let mut core = hub.lock();
+            core.sched.assign(std::slice::from_ref(&tp), &mut out);
+            for offset in 0..2 {
+                let rec = Incoming {
+                    offset,
+                    lane: LaneKey::Offset(offset),
+                    timestamp_ms: None,
+                    due_ms: None,
+                    foreign: false,
+                    item: Polled::for_test("t", 0, offset),
+                };
+                core.sched.record(rec, 0, &mut out);
+            }
+            core.sched.dispatch(&mut out);
+        }
+        assert!(
+            out.iter()
+                .any(|a| matches!(a, Action::Pause(p) if *p == tp)),
+            "two records fill a bound of two"
+        );
+        let tickets: Vec<Ticket> = out
+            .iter()
+            .flat_map(|a| match a {
+                Action::Run(jobs) => jobs.iter().map(|j| j.ticket).collect(),
+                _ => Vec::new(),
+            })
+            .collect();
+        assert_eq!(tickets.len(), 2);
+        assert_eq!(wake.notified.load(Ordering::Relaxed), 0);
+
+        // One finishes: the partition is under three quarters of its bound
+        // again, and its resume is the poll thread's to carry out.
+        hub.finished(0, &mut vec![(tickets[0], true)]);
+        assert_eq!(
+            wake.notified.load(Ordering::Relaxed),
+            1,
+            "the poll thread is woken for the resume"
+        );
+        let mut deferred = Vec::new();
+        hub.lock().take_deferred(&mut deferred);
+        assert!(
+            deferred
+                .iter()
+                .any(|a| matches!(a, Action::Resume(p) if *p == tp)),
+            "the resume waits for the poll thread"
+        );
+
+        // The other finishes: no action for the poll thread, no wake-up.
+        hub.finished(0, &mut vec![(tickets[1], true)]);
+        assert_eq!(wake.notified.load(Ordering::Relaxed), 1);
     }
 }

@@ -55,7 +55,8 @@ use super::scheduler::Tp;
 use super::split_queue::{Fetched, SplitQueue};
 use super::state::{RouteEntry, TopicRole};
 
-/// Wakes the poll thread when any queue it reads turns non-empty.
+/// Wakes the poll thread when any queue it reads turns non-empty, or when
+/// a completion leaves it a consumer action ([`super::hub::Hub`]).
 ///
 /// librdkafka wakes a thread blocked in one queue only for that queue, and
 /// the poll thread reads many. So it blocks in none: it parks, and every
@@ -66,6 +67,9 @@ use super::state::{RouteEntry, TopicRole};
 #[derive(Default)]
 pub(crate) struct Wake {
     thread: std::sync::OnceLock<std::thread::Thread>,
+    /// Wake-ups so far, for the tests.
+    #[cfg(test)]
+    pub(crate) notified: std::sync::atomic::AtomicUsize,
 }
 
 impl Wake {
@@ -74,8 +78,11 @@ impl Wake {
         let _ = self.thread.set(std::thread::current());
     }
 
-    /// A queue turned non-empty.
+    /// A queue turned non-empty, or the poll thread has an action to carry
+    /// out.
     pub(crate) fn notify(&self) {
+        #[cfg(test)]
+        self.notified.fetch_add(1, Ordering::Relaxed);
         if let Some(t) = self.thread.get() {
             t.unpark();
         }

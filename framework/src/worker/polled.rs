@@ -180,6 +180,28 @@ impl Polled {
     }
 }
 
+#[cfg(test)]
+impl Polled {
+    /// A record of `topic` at `partition` and `offset`, without key,
+    /// payload or headers: for unit tests that need only where it is.
+    pub(crate) fn for_test(topic: &str, partition: i32, offset: i64) -> Self {
+        Self {
+            topic: Arc::from(topic),
+            partition,
+            offset,
+            timestamp: Timestamp::NotAvailable,
+            key: None,
+            payload: None,
+            data: PolledHeaders {
+                bytes: Vec::new(),
+                index_at: 0,
+                count: 0,
+            },
+            has_headers: false,
+        }
+    }
+}
+
 impl Polled {
     /// The record's buffer, to be reused for another record
     /// ([`super::recycle`]).

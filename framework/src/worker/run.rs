@@ -168,12 +168,16 @@ impl Worker {
             receivers.push(rx);
         }
         let limits = self.limits;
+        // The poll thread's wake-up: its queues' callbacks and the hub
+        // (completions that leave it a consumer action) both use it.
+        let wake: Arc<super::intake::Wake> = Default::default();
         let hub = Arc::new(hub::Hub::new(
             Scheduler::new(limits)
                 .with_priorities(self.priorities.clone())
                 .with_fairness(self.fairness.clone())
                 .with_turns(self.turns.clone()),
             senders,
+            wake.clone(),
         ));
         let dispatchers: Vec<_> = receivers
             .into_iter()
@@ -233,7 +237,6 @@ impl Worker {
                     reason: e.to_string(),
                 })??
         };
-        let wake: Arc<super::intake::Wake> = Default::default();
         let context = poll::WorkerContext {
             hub,
             routes: self
