@@ -4,7 +4,7 @@
 //! the dispatchers.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -28,9 +28,6 @@ pub(crate) struct Core {
     /// librdkafka fetch and parse again what it had prefetched), only left
     /// unread until the scheduler resumes them ([`super::intake`]).
     pub throttled: HashSet<Tp>,
-    /// Bumped by every change of `throttled`, so the poll thread copies it
-    /// only when it changed.
-    pub throttle_version: u64,
     /// Actions of an assignment, applied once it is in effect.
     pub post_assign: Vec<Action<Polled>>,
     /// Consumer actions that completions caused, for the poll thread.
@@ -46,6 +43,11 @@ pub(crate) struct Core {
 /// What the poll thread and the dispatchers share.
 pub(crate) struct Hub {
     core: Mutex<Core>,
+    /// Bumped (under the lock) by every change of [`Core::throttled`], and
+    /// read without it: the poll thread copies the set only when it
+    /// changed, and looks again right before it reads, so a resume it has
+    /// just carried out is read in the same turn.
+    pub(super) throttle_version: AtomicU64,
     /// Signalled after completions while someone waits for them.
     progress: Condvar,
     pub(super) dispatch: Dispatch,
@@ -71,13 +73,13 @@ impl Hub {
                 sched,
                 applied_pause: HashSet::new(),
                 throttled: HashSet::new(),
-                throttle_version: 0,
                 post_assign: Vec::new(),
                 deferred: Vec::new(),
                 waiters: 0,
                 grants: Default::default(),
                 actions: Vec::new(),
             }),
+            throttle_version: AtomicU64::new(0),
             progress: Condvar::new(),
             dispatch: Dispatch::new(senders),
             returned: Default::default(),
