@@ -13,8 +13,9 @@
 //! one lock per batch) and runs the jobs that this released right away. A
 //! cheap job's slot is thus refilled without a hop between threads; only
 //! the consumer actions a completion causes (resuming a partition that was
-//! paused at its in-flight bound) wait for this thread's next turn, at most
-//! [`BUSY_WAIT`] later.
+//! paused at its in-flight bound) are this thread's, which the hub wakes
+//! for them (where it waits in librdkafka, on a worker that reads no
+//! partition through its own queue, they wait at most [`BUSY_WAIT`]).
 //!
 //! Commits (always the scheduler's watermark, "next offset to read"):
 //! * every `commit_interval`, asynchronously, for partitions whose watermark
@@ -56,7 +57,8 @@ use crate::telemetry::metrics::Metrics;
 const MAX_BATCH: usize = 1024;
 
 /// The longest a busy poll thread blocks in the consumer: short, so the
-/// consumer actions completions caused are carried out promptly. New
+/// consumer actions completions caused are carried out promptly where the
+/// hub's wake-up cannot end the wait (a blocking librdkafka poll). New
 /// records end the wait at once.
 const BUSY_WAIT: Duration = Duration::from_millis(2);
 
