@@ -27,7 +27,7 @@ pub(crate) struct Core {
     /// their own queue: not paused on the consumer (a pause makes
     /// librdkafka fetch and parse again what it had prefetched), only left
     /// unread until the scheduler resumes them ([`super::intake`]).
-    pub throttled: HashSet<Tp>,
+    pub throttled: Throttled,
     /// Actions of an assignment, applied once it is in effect.
     pub post_assign: Vec<Action<Polled>>,
     /// Consumer actions that completions caused, for the poll thread.
@@ -43,11 +43,10 @@ pub(crate) struct Core {
 /// What the poll thread and the dispatchers share.
 pub(crate) struct Hub {
     core: Mutex<Core>,
-    /// Bumped (under the lock) by every change of [`Core::throttled`], and
-    /// read without it: the poll thread copies the set only when it
-    /// changed, and looks again right before it reads, so a resume it has
-    /// just carried out is read in the same turn.
-    pub(super) throttle_version: AtomicU64,
+    /// The version of [`Core::throttled`], read without the lock: the poll
+    /// thread copies the set only when it changed, right before it reads,
+    /// so a resume it has just carried out is read in the same turn.
+    pub(super) throttle_version: Arc<AtomicU64>,
     /// Signalled after completions while someone waits for them.
     progress: Condvar,
     pub(super) dispatch: Dispatch,
@@ -68,18 +67,19 @@ impl Hub {
         senders: Vec<UnboundedSender<Vec<Job<Polled>>>>,
         wake: Arc<super::intake::Wake>,
     ) -> Self {
+        let throttled = Throttled::default();
         Self {
+            throttle_version: throttled.version.clone(),
             core: Mutex::new(Core {
                 sched,
                 applied_pause: HashSet::new(),
-                throttled: HashSet::new(),
+                throttled,
                 post_assign: Vec::new(),
                 deferred: Vec::new(),
                 waiters: 0,
                 grants: Default::default(),
                 actions: Vec::new(),
             }),
-            throttle_version: AtomicU64::new(0),
             progress: Condvar::new(),
             dispatch: Dispatch::new(senders),
             returned: Default::default(),
@@ -154,6 +154,43 @@ impl Hub {
             .unwrap_or_else(PoisonError::into_inner);
         core.waiters -= 1;
         core
+    }
+}
+
+/// Main-topic partitions left unread at their in-flight bound, with a
+/// version that every change bumps (no change can forget to), readable
+/// without the hub's lock through [`Hub::throttle_version`].
+#[derive(Default)]
+pub(crate) struct Throttled {
+    set: HashSet<Tp>,
+    version: Arc<AtomicU64>,
+}
+
+impl Throttled {
+    /// The partitions left unread.
+    pub(crate) fn set(&self) -> &HashSet<Tp> {
+        &self.set
+    }
+
+    /// Leaves `tps` unread.
+    pub(crate) fn add(&mut self, tps: Vec<Tp>) {
+        if !tps.is_empty() {
+            self.set.extend(tps);
+            self.bump();
+        }
+    }
+
+    /// Reads `tp` again. False if it was not left unread.
+    pub(crate) fn remove(&mut self, tp: &Tp) -> bool {
+        let removed = self.set.remove(tp);
+        if removed {
+            self.bump();
+        }
+        removed
+    }
+
+    fn bump(&self) {
+        self.version.fetch_add(1, AtomicOrdering::AcqRel);
     }
 }
 
@@ -280,6 +317,23 @@ mod tests {
     use super::super::intake::Wake;
     use super::super::scheduler::{Incoming, LaneKey, Limits};
     use super::*;
+
+    #[test]
+    fn every_change_of_the_unread_partitions_bumps_their_version() {
+        let mut t = Throttled::default();
+        let version = t.version.clone();
+        let seen = || version.load(Ordering::Acquire);
+        let (a, b): (Tp, Tp) = (("t".into(), 0), ("t".into(), 1));
+        t.add(Vec::new());
+        assert_eq!(seen(), 0, "nothing added, nothing changed");
+        t.add(vec![a.clone(), b.clone()]);
+        assert_eq!(seen(), 1);
+        assert!(t.remove(&a));
+        assert_eq!(seen(), 2);
+        assert!(!t.remove(&a), "already read again");
+        assert_eq!(seen(), 2, "a remove that changes nothing bumps nothing");
+        assert_eq!(t.set().iter().collect::<Vec<_>>(), [&b]);
+    }
 
     #[test]
     fn a_completion_that_resumes_a_partition_wakes_the_poll_thread() {

@@ -321,10 +321,9 @@ impl WorkerContext {
         {
             let mut core = self.lock();
             core.sched.revoke(&tps);
-            if tps.iter().any(|tp| core.throttled.remove(tp)) {
-                self.hub
-                    .throttle_version
-                    .fetch_add(1, AtomicOrdering::AcqRel);
+            // Every one of them: `any` would stop at the first.
+            for tp in &tps {
+                core.throttled.remove(tp);
             }
             if !lost {
                 let deadline = Instant::now() + self.settings.revoke_timeout;
@@ -460,12 +459,7 @@ impl WorkerContext {
             return;
         }
         let mut core = self.lock();
-        if !throttled.is_empty() {
-            core.throttled.extend(throttled);
-            self.hub
-                .throttle_version
-                .fetch_add(1, AtomicOrdering::AcqRel);
-        }
+        core.throttled.add(throttled);
         for tp in paused {
             if after_assign && !core.applied_pause.contains(&tp) {
                 debug!(topic = %tp.0, partition = tp.1, "pause state corrected after an assignment: paused");
@@ -497,13 +491,7 @@ impl WorkerContext {
     /// was left unread (and not also paused on the consumer).
     fn unthrottle(&self, tp: &Tp) -> bool {
         let mut core = self.lock();
-        if !core.throttled.remove(tp) {
-            return false;
-        }
-        self.hub
-            .throttle_version
-            .fetch_add(1, AtomicOrdering::AcqRel);
-        !core.applied_pause.contains(tp)
+        core.throttled.remove(tp) && !core.applied_pause.contains(tp)
     }
 
     /// Pauses the assigned partitions of the routes paused for the group
@@ -718,7 +706,7 @@ pub(crate) fn poll_loop(
             let version = ctx.hub.throttle_version.load(AtomicOrdering::Acquire);
             if version != throttle_seen {
                 throttle_seen = version;
-                intake.stop_only(&ctx.lock().throttled);
+                intake.stop_only(ctx.lock().throttled.set());
             }
             failed = intake.read(&mut batch, MAX_BATCH, |m, topic| {
                 Polled::copy_fetched(m, topic.clone(), spare.take())
