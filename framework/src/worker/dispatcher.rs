@@ -57,7 +57,23 @@ pub(super) async fn run(
         // One clock read per batch: its jobs start together.
         let now = now_ms();
         let mut first = Context::from_waker(futures::task::noop_waker_ref());
-        for job in batch {
+        let mut rest = batch.into_iter();
+        let mut next = rest.next();
+        while let Some(job) = next {
+            next = rest.next();
+            // The poll thread wrote each record on another core, long
+            // before it runs here: its first read is a cache miss, and
+            // those misses were a sixth of this thread's time in a no-op
+            // run. Fetched while the jobs before it run, two steps ahead:
+            // the record's fields for the job after next, then the bytes
+            // those fields point to for the next (benches/RESULTS.md,
+            // issue 29's ninth step).
+            if let Some(after) = rest.as_slice().first() {
+                after.item.prefetch_fields();
+            }
+            if let Some(n) = &next {
+                n.item.prefetch_bytes();
+            }
             // Borrowed, not cloned: an `Arc` clone per job is an atomic
             // add on a cache line every dispatcher touches.
             let p = &*pipeline;

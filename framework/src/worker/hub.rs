@@ -5,8 +5,8 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -40,9 +40,19 @@ pub(crate) struct Core {
     actions: Vec<Action<Polled>>,
 }
 
+/// How long [`Hub::lock`] spins for a taken lock before it sleeps: longer
+/// than the poll thread holds it for a chunk of records, far shorter than
+/// a scheduler's time slice (the holder may have lost its core).
+const SPIN: Duration = Duration::from_micros(50);
+/// Tries of the lock between two looks at the clock while spinning.
+const SPIN_ROUND: u32 = 64;
+
 /// What the poll thread and the dispatchers share.
 pub(crate) struct Hub {
     core: Mutex<Core>,
+    /// Whether [`Hub::lock`] spins: not on one core, where the holder
+    /// cannot run while a waiter spins.
+    spin: bool,
     /// The version of [`Core::throttled`], read without the lock: the poll
     /// thread copies the set only when it changed, right before it reads,
     /// so a resume it has just carried out is read in the same turn.
@@ -80,6 +90,7 @@ impl Hub {
                 grants: Default::default(),
                 actions: Vec::new(),
             }),
+            spin: std::thread::available_parallelism().is_ok_and(|n| n.get() > 1),
             progress: Condvar::new(),
             dispatch: Dispatch::new(senders),
             returned: Default::default(),
@@ -87,10 +98,42 @@ impl Hub {
         }
     }
 
+    /// The scheduler, for one poll turn, chunk of records, rebalance
+    /// callback or completion batch.
+    ///
+    /// Held for microseconds at a time, so a thread that finds it taken
+    /// first spins for up to [`SPIN`] (on more than one core) before it
+    /// sleeps: falling asleep and being woken costs each side a system
+    /// call and the sleeper tens of microseconds before it runs again,
+    /// longer than it would have waited.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Core> {
+        if self.spin {
+            if let Some(core) = self.try_lock_for(SPIN) {
+                return core;
+            }
+        }
         // Every critical section leaves the state consistent before anything
         // that can panic, so a poisoned lock is still safe to use.
         self.core.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The lock if it comes free within `spin`, spinning meanwhile.
+    fn try_lock_for(&self, spin: Duration) -> Option<MutexGuard<'_, Core>> {
+        let mut started = None;
+        loop {
+            // The clock is read once per round of tries, not per try.
+            for _ in 0..SPIN_ROUND {
+                match self.core.try_lock() {
+                    Ok(core) => return Some(core),
+                    Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+                    Err(TryLockError::WouldBlock) => std::hint::spin_loop(),
+                }
+            }
+            let since = *started.get_or_insert_with(Instant::now);
+            if since.elapsed() >= spin {
+                return None;
+            }
+        }
     }
 
     /// Dispatcher `me` reports attempts that finished together. The jobs
@@ -333,6 +376,41 @@ mod tests {
         assert!(!t.remove(&a), "already read again");
         assert_eq!(seen(), 2, "a remove that changes nothing bumps nothing");
         assert_eq!(t.set().iter().collect::<Vec<_>>(), [&b]);
+    }
+
+    #[test]
+    fn a_lock_held_past_the_spin_is_still_taken_once_let_go() {
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let limits = Limits {
+            concurrency: 1,
+            max_in_flight: 1,
+            commit_interval_ms: 0,
+        };
+        let hub = Arc::new(Hub::new(
+            Scheduler::new(limits),
+            vec![tx],
+            Arc::new(Wake::default()),
+        ));
+        let held = hub.lock();
+        assert!(
+            hub.try_lock_for(SPIN).is_none(),
+            "taken for the whole spin: the spin gives up"
+        );
+        let waiter = {
+            let hub = hub.clone();
+            std::thread::spawn(move || hub.lock().waiters)
+        };
+        // Held well past the spin: the waiter falls asleep on the lock.
+        std::thread::sleep(SPIN * 40);
+        let mut held = held;
+        held.waiters = 7;
+        drop(held);
+        assert_eq!(
+            waiter.join().ok(),
+            Some(7),
+            "the sleeper takes the lock after it is let go, and sees what its holder wrote"
+        );
+        assert!(hub.try_lock_for(SPIN).is_some(), "free: taken at once");
     }
 
     #[test]

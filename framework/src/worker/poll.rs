@@ -56,6 +56,14 @@ use crate::telemetry::metrics::Metrics;
 /// the lock and the wake-ups, small enough to keep completions flowing.
 const MAX_BATCH: usize = 1024;
 
+/// Records the poll thread gives the scheduler per hold of the hub's lock.
+/// A whole batch (up to [`MAX_BATCH`]) held it about a quarter of a
+/// millisecond, while the dispatcher, its jobs done, waited to report them
+/// and take the next: a fifth of its time, asleep on the lock, in a no-op
+/// run (benches/RESULTS.md, issue 29's ninth step). A chunk holds it a few
+/// microseconds, which a waiter spins out ([`Hub::lock`]).
+const RECORD_CHUNK: usize = 64;
+
 /// The longest a busy poll thread blocks in the consumer: short, so the
 /// consumer actions completions caused are carried out promptly where the
 /// hub's wake-up cannot end the wait (a blocking librdkafka poll). New
@@ -668,7 +676,7 @@ pub(crate) fn poll_loop(
     while !ctx.is_stopping() && fatal.is_none() {
         ctx.hub.returned.take(&mut returned);
         for r in returned.drain(..) {
-            spare.keep(r.into_bytes());
+            spare.keep(r);
         }
         let mut out = Vec::new();
         let busy = {
@@ -765,14 +773,19 @@ pub(crate) fn poll_loop(
         let now = now_ms();
         incoming.extend(batch.drain(..).map(|m| ctx.incoming(m)));
         let mut out = Vec::new();
-        {
+        // Recorded a chunk at a time, the lock let go in between: a
+        // dispatcher reporting completions (and waiting for the jobs they
+        // free) waits for one chunk, not for the whole batch.
+        let mut recs = incoming.drain(..).peekable();
+        while recs.peek().is_some() {
             let mut core = ctx.lock();
-            for rec in incoming.drain(..) {
+            for rec in recs.by_ref().take(RECORD_CHUNK) {
                 core.sched.record(rec, now, &mut out);
             }
             core.take_deferred(&mut out);
             core.sched.dispatch(&mut out);
         }
+        drop(recs);
         ctx.execute(consumer, out, CommitMode::Async, false);
     }
     shutdown(ctx, consumer, abandon);

@@ -1,4 +1,5 @@
-//! A polled record, copied out of librdkafka in two allocations.
+//! A polled record, copied out of librdkafka into a box and a buffer that
+//! are reused from record to record.
 //!
 //! A job outlives the poll that fetched it (it waits in its lane, runs on a
 //! dispatcher), so the worker copies it out of librdkafka's buffer.
@@ -8,8 +9,10 @@
 //! and a C-side copy of the header list with one allocation per header. On
 //! the poll thread, the one serial stage of the worker, that copy was the
 //! largest cost per record. [`Polled`] keeps key, payload, every header
-//! and the headers' index in one byte buffer (one allocation per record),
-//! and shares the topic name.
+//! and the headers' index in one byte buffer, its other fields in a box
+//! (so that the scheduler moves a pointer), and shares the topic name.
+//! Both are reused for later records ([`super::recycle`]): in steady state
+//! a copy allocates nothing.
 //! A record's parts are at most `i32::MAX` bytes in Kafka, so `u32`
 //! offsets into the buffer suffice.
 //!
@@ -28,7 +31,15 @@ use rdkafka::message::{
 use super::split_queue::Fetched;
 
 /// See the module docs.
-pub(crate) struct Polled {
+///
+/// Boxed: the scheduler moves each job several times between its queues
+/// under the hub's lock (into a key's lane, to the ready queue, into a
+/// dispatcher's batch), and a pointer moves faster than the record's
+/// fields, which are read cold by then.
+pub(crate) struct Polled(Box<Fields>);
+
+/// A [`Polled`] record's fields.
+struct Fields {
     topic: Arc<str>,
     partition: i32,
     offset: i64,
@@ -80,13 +91,17 @@ impl Polled {
     /// Copies `msg`; `topic` is its topic name, shared by every record of
     /// the topic.
     pub(crate) fn copy(msg: &BorrowedMessage<'_>, topic: Arc<str>) -> Self {
-        Self::copy_into(msg, topic, Vec::new())
+        Self::copy_into(msg, topic, None)
     }
 
-    /// [`Polled::copy`] into `bytes`, an emptied buffer of an earlier
-    /// record ([`super::recycle`]), so that no allocation is needed when
-    /// it is large enough.
-    pub(crate) fn copy_into(msg: &BorrowedMessage<'_>, topic: Arc<str>, bytes: Vec<u8>) -> Self {
+    /// [`Polled::copy`] into `reuse`, an earlier record that is finished
+    /// ([`super::recycle`]), so that no allocation is needed when its
+    /// buffer is large enough.
+    pub(crate) fn copy_into(
+        msg: &BorrowedMessage<'_>,
+        topic: Arc<str>,
+        reuse: Option<Polled>,
+    ) -> Self {
         let parts = Parts {
             raw: msg.ptr(),
             key: msg.key(),
@@ -95,12 +110,12 @@ impl Polled {
             offset: msg.offset(),
             timestamp: msg.timestamp(),
         };
-        Self::copy_parts(parts, topic, bytes)
+        Self::copy_parts(parts, topic, reuse)
     }
 
     /// [`Polled::copy_into`] for a record read from a split queue in a
     /// batch ([`super::split_queue`]).
-    pub(crate) fn copy_fetched(msg: &Fetched, topic: Arc<str>, bytes: Vec<u8>) -> Self {
+    pub(crate) fn copy_fetched(msg: &Fetched, topic: Arc<str>, reuse: Option<Polled>) -> Self {
         let parts = Parts {
             raw: msg.as_ptr(),
             key: msg.key(),
@@ -109,10 +124,17 @@ impl Polled {
             offset: msg.offset(),
             timestamp: msg.timestamp(),
         };
-        Self::copy_parts(parts, topic, bytes)
+        Self::copy_parts(parts, topic, reuse)
     }
 
-    fn copy_parts(msg: Parts<'_>, topic: Arc<str>, mut bytes: Vec<u8>) -> Self {
+    fn copy_parts(msg: Parts<'_>, topic: Arc<str>, reuse: Option<Polled>) -> Self {
+        let (boxed, mut bytes) = match reuse {
+            Some(Polled(mut b)) => {
+                let bytes = std::mem::take(&mut b.data.bytes);
+                (Some(b), bytes)
+            }
+            None => (None, Vec::new()),
+        };
         bytes.clear();
         let push = |bytes: &mut Vec<u8>, b: &[u8]| {
             let at = bytes.len() as u32;
@@ -163,7 +185,7 @@ impl Polled {
                 bytes.extend_from_slice(&n.to_le_bytes());
             }
         }
-        Self {
+        let fields = Fields {
             topic,
             partition: msg.partition,
             offset: msg.offset,
@@ -176,6 +198,13 @@ impl Polled {
                 count: count as u32,
             },
             has_headers,
+        };
+        match boxed {
+            Some(mut b) => {
+                *b = fields;
+                Self(b)
+            }
+            None => Self(Box::new(fields)),
         }
     }
 }
@@ -185,7 +214,7 @@ impl Polled {
     /// A record of `topic` at `partition` and `offset`, without key,
     /// payload or headers: for unit tests that need only where it is.
     pub(crate) fn for_test(topic: &str, partition: i32, offset: i64) -> Self {
-        Self {
+        Self(Box::new(Fields {
             topic: Arc::from(topic),
             partition,
             offset,
@@ -198,15 +227,32 @@ impl Polled {
                 count: 0,
             },
             has_headers: false,
-        }
+        }))
     }
 }
 
 impl Polled {
-    /// The record's buffer, to be reused for another record
-    /// ([`super::recycle`]).
-    pub(crate) fn into_bytes(self) -> Vec<u8> {
-        self.data.bytes
+    /// Asks the CPU to bring the record's fields into its cache, ahead of
+    /// their first use on a thread other than the one that wrote them.
+    pub(crate) fn prefetch_fields(&self) {
+        prefetch(
+            std::ptr::from_ref::<Fields>(&self.0).cast(),
+            std::mem::size_of::<Fields>(),
+        );
+    }
+
+    /// Asks the CPU to bring the record's bytes (key, payload, headers)
+    /// into its cache, up to [`PREFETCH_BYTES`]. Reads the fields: call
+    /// [`Polled::prefetch_fields`] a step earlier.
+    pub(crate) fn prefetch_bytes(&self) {
+        let b = &self.0.data.bytes;
+        prefetch(b.as_ptr(), b.len().min(PREFETCH_BYTES));
+    }
+
+    /// The capacity of the record's buffer, for the bounds on what is kept
+    /// for reuse ([`super::recycle`]).
+    pub(crate) fn capacity(&self) -> usize {
+        self.0.data.bytes.capacity()
     }
 
     /// An rdkafka `OwnedMessage` with the same content, for code that keeps
@@ -227,10 +273,10 @@ impl Polled {
         OwnedMessage::new(
             self.payload().map(<[u8]>::to_vec),
             self.key().map(<[u8]>::to_vec),
-            self.topic.to_string(),
-            self.timestamp,
-            self.partition,
-            self.offset,
+            self.0.topic.to_string(),
+            self.0.timestamp,
+            self.0.partition,
+            self.0.offset,
             headers,
         )
     }
@@ -329,36 +375,59 @@ impl Message for Polled {
     type Headers = PolledHeaders;
 
     fn key(&self) -> Option<&[u8]> {
-        Span::of(&self.data.bytes, self.key?)
+        Span::of(&self.0.data.bytes, self.0.key?)
     }
 
     fn payload(&self) -> Option<&[u8]> {
-        Span::of(&self.data.bytes, self.payload?)
+        Span::of(&self.0.data.bytes, self.0.payload?)
     }
 
     unsafe fn payload_mut(&mut self) -> Option<&mut [u8]> {
-        let p = self.payload?;
+        let p = self.0.payload?;
         let end = (p.at as usize).checked_add(p.len as usize)?;
-        self.data.bytes.get_mut(p.at as usize..end)
+        self.0.data.bytes.get_mut(p.at as usize..end)
     }
 
     fn topic(&self) -> &str {
-        &self.topic
+        &self.0.topic
     }
 
     fn partition(&self) -> i32 {
-        self.partition
+        self.0.partition
     }
 
     fn offset(&self) -> i64 {
-        self.offset
+        self.0.offset
     }
 
     fn timestamp(&self) -> Timestamp {
-        self.timestamp
+        self.0.timestamp
     }
 
     fn headers(&self) -> Option<&PolledHeaders> {
-        self.has_headers.then_some(&self.data)
+        self.0.has_headers.then_some(&self.0.data)
     }
+}
+
+/// The most of a record's bytes [`Polled::prefetch_bytes`] asks for: a
+/// typical kjob record (a small payload and its headers) in all, a large
+/// one's start.
+const PREFETCH_BYTES: usize = 512;
+
+/// Asks the CPU to bring the `len` bytes at `at` into its cache, one cache
+/// line at a time. A hint only: it never faults and changes no result, and
+/// on targets other than x86-64 it does nothing.
+fn prefetch(at: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        for offset in (0..len).step_by(64) {
+            // SAFETY: a prefetch reads nothing the program can see and never
+            // faults, whatever the address (`wrapping_add` keeps the
+            // pointer arithmetic itself defined).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(offset).cast()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (at, len);
 }

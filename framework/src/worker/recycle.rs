@@ -1,5 +1,5 @@
-//! Finished records go back to the poll thread, which reuses their
-//! buffers.
+//! Finished records go back to the poll thread, which reuses them (their
+//! box and buffer) for the next records.
 //!
 //! The poll thread copies every record into one buffer
 //! ([`super::polled`]); a dispatcher, on another thread, finishes with
@@ -10,7 +10,9 @@
 //! dispatchers hand finished records back ([`Returned`]), in one batch per
 //! completion batch, and the poll thread keeps their buffers for the next
 //! records ([`Spare`]), or frees them itself: in steady state a record
-//! costs no allocation of kjob's at all.
+//! costs no allocation of kjob's at all. A record's box is kept with its
+//! buffer: allocated per record instead, it cost the poll thread a
+//! `malloc` and a `free` per job.
 //!
 //! The stash is bounded, in count and in each buffer's size, so a burst of
 //! large records cannot pin its memory after the burst.
@@ -62,36 +64,58 @@ impl<T> Returned<T> {
     }
 }
 
-/// The poll thread's emptied buffers, reused for the next records.
-#[derive(Default)]
-pub(crate) struct Spare {
-    kept: Vec<Vec<u8>>,
+/// What the poll thread keeps for reuse: finished records (their box and
+/// buffer both), or in unit tests plain buffers.
+pub(crate) trait Reusable {
+    /// The bytes it keeps allocated.
+    fn capacity(&self) -> usize;
+}
+
+impl Reusable for Vec<u8> {
+    fn capacity(&self) -> usize {
+        Vec::capacity(self)
+    }
+}
+
+impl Reusable for super::polled::Polled {
+    fn capacity(&self) -> usize {
+        super::polled::Polled::capacity(self)
+    }
+}
+
+/// The poll thread's finished records, reused for the next records.
+pub(crate) struct Spare<T> {
+    kept: Vec<T>,
     /// The kept buffers' capacity, in bytes.
     bytes: usize,
 }
 
-impl Spare {
-    /// Keeps `b`, emptied, if it fits the bounds; frees it otherwise.
-    pub(crate) fn keep(&mut self, mut b: Vec<u8>) {
+impl<T> Default for Spare<T> {
+    fn default() -> Self {
+        Self {
+            kept: Vec::new(),
+            bytes: 0,
+        }
+    }
+}
+
+impl<T: Reusable> Spare<T> {
+    /// Keeps `b` if it fits the bounds; frees it otherwise.
+    pub(crate) fn keep(&mut self, b: T) {
         let cap = b.capacity();
         if cap == 0 || cap > KEEP_BYTES || self.kept.len() >= KEEP || self.bytes + cap > KEEP_TOTAL
         {
             return;
         }
-        b.clear();
         self.bytes += cap;
         self.kept.push(b);
     }
 
-    /// A buffer to fill: a kept one, or a new (unallocated) one.
-    pub(crate) fn take(&mut self) -> Vec<u8> {
-        match self.kept.pop() {
-            Some(b) => {
-                self.bytes -= b.capacity();
-                b
-            }
-            None => Vec::new(),
-        }
+    /// One to fill again, if any is kept.
+    pub(crate) fn take(&mut self) -> Option<T> {
+        let b = self.kept.pop()?;
+        self.bytes -= b.capacity();
+        Some(b)
     }
 }
 
@@ -101,7 +125,7 @@ mod tests {
 
     #[test]
     fn spare_buffers_come_back_emptied_and_bounded() {
-        let mut s = Spare::default();
+        let mut s = Spare::<Vec<u8>>::default();
         for i in 0..KEEP + 10 {
             s.keep(vec![i as u8; 64]);
         }
@@ -109,12 +133,8 @@ mod tests {
         s.keep(Vec::new());
         assert_eq!(s.kept.len(), KEEP, "kept up to the bound, the rest freed");
         let mut taken = Vec::new();
-        loop {
-            let b = s.take();
-            if b.capacity() == 0 {
-                break;
-            }
-            assert!(b.is_empty() && b.capacity() >= 64 && b.capacity() <= KEEP_BYTES);
+        while let Some(b) = s.take() {
+            assert!(b.capacity() >= 64 && b.capacity() <= KEEP_BYTES);
             taken.push(b);
         }
         assert_eq!(taken.len(), KEEP);
