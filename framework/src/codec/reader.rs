@@ -140,6 +140,11 @@ pub struct ReaderSchema {
     schema: Schema,
     canonical: String,
     identical: std::sync::RwLock<HashMap<u32, bool>>,
+    /// The id of the writer schema last found identical to the reader
+    /// ([`NO_WRITER`]: none yet), read without a lock: in the steady state
+    /// every record names it, and its records decode without a look at the
+    /// writer cache or at `identical`.
+    direct_id: std::sync::atomic::AtomicU64,
     /// A datum reader over the reader schema, built once: building one
     /// resolves every named type, which cost more than decoding a small
     /// record. Used for writers identical to the reader (same canonical
@@ -176,7 +181,33 @@ impl ReaderSchema {
             direct: DirectReader::build(&schema),
             schema,
             identical: std::sync::RwLock::new(HashMap::new()),
+            direct_id: std::sync::atomic::AtomicU64::new(NO_WRITER),
         }
+    }
+
+    /// Decodes `body` straight into `J` if its writer `id` is the one last
+    /// found identical to the reader. `None` if it is not, or if the direct
+    /// read fails (the caller takes the general path, which also decides
+    /// what such a failure means).
+    fn decode_known_direct<J: Job>(
+        &self,
+        id: u32,
+        body: &[u8],
+    ) -> Option<std::result::Result<J, DecodeError>> {
+        if self.direct_id.load(std::sync::atomic::Ordering::Relaxed) != u64::from(id) {
+            return None;
+        }
+        let mut cursor = body;
+        let job = self
+            .direct
+            .as_ref()?
+            .borrow_reader()
+            .read_deser::<J>(&mut cursor)
+            .ok()?;
+        Some(match cursor.is_empty() {
+            true => Ok(job),
+            false => Err(trailing(id, cursor.len())),
+        })
     }
 
     /// The schema.
@@ -198,6 +229,10 @@ impl ReaderSchema {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(id, same);
+        if same && self.direct.is_some() {
+            self.direct_id
+                .store(u64::from(id), std::sync::atomic::Ordering::Relaxed);
+        }
         same
     }
 
@@ -209,6 +244,9 @@ impl ReaderSchema {
         bytes: Option<&[u8]>,
     ) -> std::result::Result<J, DecodeError> {
         let (id, body) = split_frame(bytes)?;
+        if let Some(decoded) = self.decode_known_direct(id, body) {
+            return decoded;
+        }
         let writer = match source.cached(id) {
             Some(w) => w,
             None => source.writer(id).await?,
@@ -229,6 +267,9 @@ impl ReaderSchema {
             Ok(frame) => frame,
             Err(e) => return Some(Err(e)),
         };
+        if let Some(decoded) = self.decode_known_direct(id, body) {
+            return Some(decoded);
+        }
         let writer = source.cached(id)?;
         Some(self.decode_with(id, writer.schema(), body))
     }
@@ -250,12 +291,7 @@ impl ReaderSchema {
             };
             match fast {
                 Ok(job) if cursor.is_empty() => return Ok(job),
-                Ok(_) => {
-                    return Err(DecodeError::Body {
-                        id,
-                        message: format!("{} trailing bytes after the record", cursor.len()),
-                    })
-                }
+                Ok(_) => return Err(trailing(id, cursor.len())),
                 Err(_) => {
                     // The direct path is stricter than value resolution
                     // (e.g. about Rust type names). If the general path
@@ -266,12 +302,30 @@ impl ReaderSchema {
                             .write()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
                             .insert(id, false);
+                        let _ = self.direct_id.compare_exchange(
+                            u64::from(id),
+                            NO_WRITER,
+                            std::sync::atomic::Ordering::Relaxed,
+                            std::sync::atomic::Ordering::Relaxed,
+                        );
                     }
                     return slow;
                 }
             }
         }
         decode_body::<J>(id, writer, body, &self.schema)
+    }
+}
+
+/// [`ReaderSchema::direct_id`] when no writer is known identical (ids are
+/// 32-bit).
+const NO_WRITER: u64 = u64::MAX;
+
+/// The error for a body with `left` bytes after the record.
+fn trailing(id: u32, left: usize) -> DecodeError {
+    DecodeError::Body {
+        id,
+        message: format!("{left} trailing bytes after the record"),
     }
 }
 

@@ -19,14 +19,20 @@
 
 use std::sync::{Mutex, PoisonError};
 
-/// Buffers kept at most: one poll batch's worth.
-const KEEP: usize = 1024;
+/// Records kept at most: four poll batches' worth. What comes back while
+/// the poll thread waits (its partitions at their in-flight bound) is
+/// read again in the next batches; with one batch's worth kept, the rest
+/// was freed and allocated again right after, a tenth of the poll
+/// thread's time in a no-op run (benches/RESULTS.md, issue 29's ninth
+/// step).
+const KEEP: usize = 4096;
 /// A buffer larger than this is freed, not kept: one large record must not
 /// hold its size for every record after it.
 const KEEP_BYTES: usize = 16 * 1024;
-/// The stash's capacity in all, in bytes: about a thousand typical kjob
-/// records (a few hundred bytes of payload and headers each).
-const KEEP_TOTAL: usize = 1024 * 1024;
+/// The kept buffers' capacity in all, in bytes: a few thousand typical
+/// kjob records (a few hundred bytes of payload and headers each), the
+/// most an idle worker holds on to after a burst.
+const KEEP_TOTAL: usize = 2 * 1024 * 1024;
 
 /// Finished records, handed from the dispatchers (giving) to the poll
 /// thread (taking).

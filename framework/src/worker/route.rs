@@ -644,4 +644,37 @@ mod tests {
         assert_eq!(handled.load(AtomicOrdering::SeqCst), 0);
         assert_eq!(registry.fetches.load(AtomicOrdering::SeqCst), 0);
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn once_its_writer_is_known_identical_a_record_decodes_the_same_way() {
+        // The first good record makes id 7 the writer known identical to
+        // the reader; later ones decode without a look at the cache.
+        let registry = Arc::new(CachedRegistry::default());
+        let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let route = ping_route(registry.clone(), &[], handled.clone());
+        let waiter = Waiter::holding(Arc::new(CancellationToken::new()));
+        let bodies: [(&[u8], bool); 5] = [
+            (b"\x02a", true),
+            (b"\x02ab", false),
+            (b"\x7f", false),
+            (b"", false),
+            (b"\x04ab", true),
+        ];
+        for (body, good) in bodies {
+            let outcome = route
+                .run(Some(&frame(7, body)), ctx(), &waiter, WATCHED)
+                .await;
+            match good {
+                true => assert_eq!(outcome, Attempt::Done, "{body:?}"),
+                false => {
+                    let Attempt::Failed { class, .. } = outcome else {
+                        panic!("{body:?} decoded: {outcome:?}");
+                    };
+                    assert!(!class.is_retryable(), "{body:?}: {class:?}");
+                }
+            }
+        }
+        assert_eq!(handled.load(AtomicOrdering::SeqCst), 2);
+        assert_eq!(registry.fetches.load(AtomicOrdering::SeqCst), 0);
+    }
 }
