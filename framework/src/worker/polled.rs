@@ -78,6 +78,14 @@ pub(crate) struct PolledHeaders {
     count: u32,
 }
 
+/// Room for a record's headers and their index beyond its key and payload:
+/// an enqueued job's four headers and index take about 170 bytes. A
+/// retry's larger set (an error message of up to 1 KiB) grows the buffer
+/// once, and the grown buffer is reused ([`super::recycle`]). 512 bytes
+/// was a third of the memory every buffered record took, and a worker
+/// reading ahead faults all of it in.
+const HEADER_ROOM: usize = 256;
+
 /// Bytes per header in the index.
 const ENTRY: usize = 16;
 const NULL: u32 = u32::MAX;
@@ -147,7 +155,7 @@ impl Polled {
         let (key, payload) = (msg.key, msg.payload);
         // Room for a typical kjob header set and its index, so the buffer
         // is allocated once.
-        bytes.reserve(key.map_or(0, <[u8]>::len) + payload.map_or(0, <[u8]>::len) + 512);
+        bytes.reserve(key.map_or(0, <[u8]>::len) + payload.map_or(0, <[u8]>::len) + HEADER_ROOM);
         let key = key.map(|k| push(&mut bytes, k));
         let payload = payload.map(|p| push(&mut bytes, p));
         // The spans go into a small stack buffer first and after the
