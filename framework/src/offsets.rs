@@ -81,7 +81,8 @@ impl OffsetTracker {
         self.start_at(offset, None);
     }
 
-    /// [`OffsetTracker::start`] with the record's timestamp, so the age of
+    /// Registers a record as dispatched (before it can finish, in offset
+    /// order per partition), with the record's timestamp, so the age of
     /// the oldest pending record can be reported.
     pub(crate) fn start_at(&mut self, offset: i64, timestamp_ms: Option<i64>) {
         let fresh = Entry {

@@ -30,7 +30,7 @@
 //! *parked*), so one downstream that is down never takes the slots of the
 //! jobs that do not need it. The job keeps its place in its key's order.
 //!
-//! A layer is one async fn with [`from_fn`] (as axum's
+//! A layer is one async fn with [`from_fn()`] (as axum's
 //! `middleware::from_fn`): it gets the [`Request`] and the rest of the stack
 //! as [`Next`]. A layer with state implements [`Middleware`] on it.
 //!

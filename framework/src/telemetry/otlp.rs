@@ -213,7 +213,7 @@ pub(crate) fn tracer_provider(
     ))
 }
 
-/// The OTLP metric reader, as [`metric_reader`] builds it.
+/// The OTLP metric reader, as [`metric_reader_from`] builds it.
 #[cfg(feature = "otlp")]
 pub(crate) type MetricReader =
     opentelemetry_sdk::metrics::PeriodicReader<opentelemetry_otlp::MetricExporter>;
@@ -247,7 +247,7 @@ fn metric_reader_from(env: Env<'_>) -> Result<Option<MetricReader>> {
     ))
 }
 
-/// `builder` with the OTLP metric reader ([`metric_reader`]) and the
+/// `builder` with the OTLP metric reader ([`metric_reader_from`]) and the
 /// service's resource added when the `OTEL_*` variables ask for OTLP
 /// metrics, unchanged otherwise: the worker's Prometheus `/metrics` stays
 /// as it is, and the same numbers are also pushed to the collector.

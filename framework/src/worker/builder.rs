@@ -153,7 +153,7 @@ impl WorkerBuilder {
     /// against this worker's other routes (default [`Priority::Normal`]):
     /// free slots go to the most urgent active route first, and less urgent
     /// ones keep at most three quarters of them meanwhile. See
-    /// [`Priority`](super::Priority).
+    /// [`Priority`].
     pub fn priority(mut self, topic: &str, priority: Priority) -> Self {
         self.priorities.insert(topic.to_string(), priority);
         self

@@ -138,7 +138,7 @@ const YIELD_EVERY: u32 = 32;
 /// (boxed before its first poll). It hands the record back with the ticket
 /// for the scheduler and whether the attempt was final.
 ///
-/// Kept under [`MAX_JOB_FUTURE`] (a test checks): glibc's per-thread cache
+/// Kept under `MAX_JOB_FUTURE` (a test checks): glibc's per-thread cache
 /// serves requests up to 1 032 bytes without a lock or a search, and
 /// anything larger is freed through its bins, where coalescing
 /// (`malloc_consolidate`) took a sixth of this thread's time when an

@@ -1,4 +1,5 @@
-//! The poll thread: the rdkafka adapter around the [`Scheduler`].
+//! The poll thread: the rdkafka adapter around the
+//! [`Scheduler`](super::scheduler::Scheduler).
 //!
 //! It is the only code that talks to the consumer. Each turn it polls a
 //! batch of records, feeds them to the scheduler, and carries out the

@@ -27,7 +27,7 @@ impl<R: Located> Scheduler<R> {
     }
 
     /// A parked job can go on. Returns `true` if it has its slot back at
-    /// once; otherwise it waits for a [`Action::Grant`] from a later
+    /// once; otherwise it waits for a [`Action::Grant`](super::Action::Grant) from a later
     /// [`Scheduler::dispatch`] (parked jobs of its level asked before it
     /// are served first).
     pub(crate) fn unpark(&mut self, t: Ticket) -> bool {
