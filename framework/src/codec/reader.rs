@@ -222,6 +222,12 @@ impl ReaderSchema {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(&id)
         {
+            // Two identical writers in use (mid-deploy): the one seen last
+            // takes the direct path.
+            if *known && self.direct.is_some() {
+                self.direct_id
+                    .store(u64::from(id), std::sync::atomic::Ordering::Relaxed);
+            }
             return *known;
         }
         let same = writer.canonical_form() == self.canonical;
