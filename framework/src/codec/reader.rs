@@ -223,18 +223,25 @@ impl ReaderSchema {
             .get(&id)
         {
             // Two identical writers in use (mid-deploy): the one seen last
-            // takes the direct path.
-            if *known && self.direct.is_some() {
-                self.direct_id
-                    .store(u64::from(id), std::sync::atomic::Ordering::Relaxed);
+            // takes the direct path. One marked not identical meanwhile
+            // (a direct read failed where the general one did not) is
+            // never the direct one, whatever a racing store left.
+            match *known {
+                true if self.direct.is_some() => self
+                    .direct_id
+                    .store(u64::from(id), std::sync::atomic::Ordering::Relaxed),
+                true => {}
+                false => self.forget_direct(id),
             }
             return *known;
         }
         let same = writer.canonical_form() == self.canonical;
-        self.identical
+        let mut identical = self
+            .identical
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(id, same);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // A verdict already there (a failed direct read's `false`) stands.
+        let same = *identical.entry(id).or_insert(same);
         if same && self.direct.is_some() {
             self.direct_id
                 .store(u64::from(id), std::sync::atomic::Ordering::Relaxed);
@@ -242,8 +249,19 @@ impl ReaderSchema {
         same
     }
 
+    /// Stops decoding records of writer `id` directly, if they were.
+    fn forget_direct(&self, id: u32) {
+        let _ = self.direct_id.compare_exchange(
+            u64::from(id),
+            NO_WRITER,
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
     /// Decodes a framed record into `J`, fetching the writer schema from
-    /// `source`.
+    /// `source` (unless it is the writer last found identical to the
+    /// reader, whose records need no look at it).
     pub async fn decode<J: Job>(
         &self,
         source: &dyn SchemaSource,
@@ -308,12 +326,7 @@ impl ReaderSchema {
                             .write()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
                             .insert(id, false);
-                        let _ = self.direct_id.compare_exchange(
-                            u64::from(id),
-                            NO_WRITER,
-                            std::sync::atomic::Ordering::Relaxed,
-                            std::sync::atomic::Ordering::Relaxed,
-                        );
+                        self.forget_direct(id);
                     }
                     return slow;
                 }

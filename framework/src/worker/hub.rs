@@ -17,7 +17,8 @@ use super::scheduler::{Action, Job, Scheduler, Ticket, Tp};
 pub(crate) type Done = Vec<(Ticket, bool)>;
 
 /// The scheduler and what goes with it, behind the [`Hub`]'s lock. Taken
-/// once per poll turn, rebalance callback or completion batch, never per
+/// once per poll turn, chunk of a poll batch (64 records), rebalance
+/// callback or completion batch, never per
 /// record.
 pub(crate) struct Core {
     pub sched: Scheduler<Polled>,

@@ -371,8 +371,7 @@ impl WorkerContext {
         if actions.is_empty() {
             return;
         }
-        let (mut paused, mut resumed, mut committed) = (Vec::new(), Vec::new(), Vec::new());
-        let mut throttled = Vec::new();
+        let mut committed = Vec::new();
         // A synchronous commit that returned is acknowledged.
         let acked = matches!(mode, CommitMode::Sync);
         for action in actions {
@@ -385,16 +384,24 @@ impl WorkerContext {
                 // prefetched (issue 29). Its prefetch limits hold the rest.
                 // After an assignment the partition may not be split yet,
                 // and a stopping worker should stop fetching: both pause.
+                //
+                // Pauses and resumes are applied, and noted on the hub, one
+                // by one in the order given (the order the scheduler made
+                // them in): a partition paused and resumed in one list ends
+                // resumed, and one resumed and paused ends paused. (Noted
+                // all at once after the list, a split partition paused and
+                // then resumed was left unread while the scheduler counted
+                // it resumed, and stayed so.)
                 Action::Pause(tp)
                     if !after_assign && !self.is_stopping() && self.reads_split(&tp.0) =>
                 {
-                    throttled.push(tp);
+                    self.lock().throttled.add(vec![tp]);
                 }
                 Action::Pause(tp) => {
                     if let Err(e) = consumer.pause(&tpl_of(std::slice::from_ref(&tp))) {
                         warn!(error = %e, topic = %tp.0, partition = tp.1, "pause failed");
                     } else {
-                        paused.push(tp);
+                        self.note_paused(tp, after_assign);
                     }
                 }
                 Action::Resume(tp) if self.holds.as_ref().is_some_and(|h| h.held(&tp.0)) => {
@@ -404,7 +411,7 @@ impl WorkerContext {
                     if let Err(e) = consumer.pause(&tpl_of(std::slice::from_ref(&tp))) {
                         warn!(error = %e, topic = %tp.0, partition = tp.1, "pause of a paused route failed");
                     }
-                    resumed.push(tp);
+                    self.note_resumed(&tp, after_assign);
                 }
                 // Only left unread: reading it again is the whole resume.
                 Action::Resume(tp) if self.unthrottle(&tp) && !after_assign => {}
@@ -412,7 +419,7 @@ impl WorkerContext {
                     if let Err(e) = consumer.resume(&tpl_of(std::slice::from_ref(&tp))) {
                         warn!(error = %e, topic = %tp.0, partition = tp.1, "resume failed");
                     } else {
-                        resumed.push(tp);
+                        self.note_resumed(&tp, after_assign);
                     }
                 }
                 Action::Seek(tp, offset) => {
@@ -464,25 +471,30 @@ impl WorkerContext {
                 }
             }
         }
-        if paused.is_empty() && resumed.is_empty() && committed.is_empty() && throttled.is_empty() {
+        if committed.is_empty() {
             return;
         }
         let mut core = self.lock();
-        core.throttled.add(throttled);
-        for tp in paused {
-            if after_assign && !core.applied_pause.contains(&tp) {
-                debug!(topic = %tp.0, partition = tp.1, "pause state corrected after an assignment: paused");
-            }
-            core.applied_pause.insert(tp);
-        }
-        for tp in resumed {
-            if core.applied_pause.remove(&tp) && after_assign {
-                debug!(topic = %tp.0, partition = tp.1, "pause state corrected after an assignment: resumed (librdkafka kept an old pause)");
-            }
-        }
         core.sched.committed(&committed);
         if acked {
             core.sched.acknowledged(&committed);
+        }
+    }
+
+    /// Notes that kjob paused `tp` on the consumer.
+    fn note_paused(&self, tp: Tp, after_assign: bool) {
+        let mut core = self.lock();
+        if after_assign && !core.applied_pause.contains(&tp) {
+            debug!(topic = %tp.0, partition = tp.1, "pause state corrected after an assignment: paused");
+        }
+        core.applied_pause.insert(tp);
+    }
+
+    /// Notes that kjob resumed `tp` on the consumer (or that the scheduler
+    /// let go of it while a route pause holds it).
+    fn note_resumed(&self, tp: &Tp, after_assign: bool) {
+        if self.lock().applied_pause.remove(tp) && after_assign {
+            debug!(topic = %tp.0, partition = tp.1, "pause state corrected after an assignment: resumed (librdkafka kept an old pause)");
         }
     }
 
@@ -670,8 +682,9 @@ pub(crate) fn poll_loop(
     let mut incoming: Vec<Incoming<Polled>> = Vec::with_capacity(MAX_BATCH);
     // Topic names, shared by every record of their topic.
     let mut topics: rustc_hash::FxHashMap<String, Arc<str>> = Default::default();
-    // Finished records, back from the dispatchers once per turn: dropped
-    // here, their buffers kept for the next records (see super::recycle).
+    // Finished records, back from the dispatchers once per turn: kept
+    // whole (box and buffer) for the next records, or dropped here (see
+    // super::recycle).
     let mut returned: Vec<Polled> = Vec::new();
     let mut spare = super::recycle::Spare::default();
     while !ctx.is_stopping() && fatal.is_none() {
@@ -777,14 +790,21 @@ pub(crate) fn poll_loop(
         // Recorded a chunk at a time, the lock let go in between: a
         // dispatcher reporting completions (and waiting for the jobs they
         // free) waits for one chunk, not for the whole batch.
+        // `out` keeps the order of the lock: what completions left for this
+        // thread before a hold comes before what the hold's records cause
+        // (a resume made before a pause must not be carried out after it).
+        // Free slots are given out once the whole batch is in, so that
+        // they go to its most urgent records, not to the first chunk's.
         let mut recs = incoming.drain(..).peekable();
         while recs.peek().is_some() {
             let mut core = ctx.lock();
+            core.take_deferred(&mut out);
             for rec in recs.by_ref().take(RECORD_CHUNK) {
                 core.sched.record(rec, now, &mut out);
             }
-            core.take_deferred(&mut out);
-            core.sched.dispatch(&mut out);
+            if recs.peek().is_none() {
+                core.sched.dispatch(&mut out);
+            }
         }
         drop(recs);
         ctx.execute(consumer, out, CommitMode::Async, false);

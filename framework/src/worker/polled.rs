@@ -257,10 +257,10 @@ impl Polled {
         prefetch(b.as_ptr(), b.len().min(PREFETCH_BYTES));
     }
 
-    /// The capacity of the record's buffer, for the bounds on what is kept
-    /// for reuse ([`super::recycle`]).
+    /// The memory the record keeps allocated (its buffer and its box), for
+    /// the bounds on what is kept for reuse ([`super::recycle`]).
     pub(crate) fn capacity(&self) -> usize {
-        self.0.data.bytes.capacity()
+        self.0.data.bytes.capacity() + std::mem::size_of::<Fields>()
     }
 
     /// An rdkafka `OwnedMessage` with the same content, for code that keeps
@@ -429,11 +429,17 @@ fn prefetch(at: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        for offset in (0..len).step_by(64) {
+        if len == 0 {
+            return;
+        }
+        // From the cache line `at` is in to the one its last byte is in.
+        let skew = at as usize % 64;
+        let line = at.wrapping_sub(skew);
+        for offset in (0..skew + len).step_by(64) {
             // SAFETY: a prefetch reads nothing the program can see and never
             // faults, whatever the address (`wrapping_add` keeps the
             // pointer arithmetic itself defined).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(offset).cast()) };
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.wrapping_add(offset).cast()) };
         }
     }
     #[cfg(not(target_arch = "x86_64"))]

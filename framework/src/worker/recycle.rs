@@ -29,9 +29,9 @@ const KEEP: usize = 4096;
 /// A buffer larger than this is freed, not kept: one large record must not
 /// hold its size for every record after it.
 const KEEP_BYTES: usize = 16 * 1024;
-/// The kept buffers' capacity in all, in bytes: a few thousand typical
-/// kjob records (a few hundred bytes of payload and headers each), the
-/// most an idle worker holds on to after a burst.
+/// The memory the kept records hold in all (buffers and boxes), in bytes:
+/// a few thousand typical kjob records (a few hundred bytes of payload and
+/// headers each), the most an idle worker holds on to after a burst.
 const KEEP_TOTAL: usize = 2 * 1024 * 1024;
 
 /// Finished records, handed from the dispatchers (giving) to the poll
@@ -130,7 +130,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn spare_buffers_come_back_emptied_and_bounded() {
+    fn spare_buffers_come_back_bounded() {
         let mut s = Spare::<Vec<u8>>::default();
         for i in 0..KEEP + 10 {
             s.keep(vec![i as u8; 64]);
