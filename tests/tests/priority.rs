@@ -193,3 +193,85 @@ async fn urgent_partitions_read_first_keep_order_and_lose_nothing_across_rebalan
         by_b.load(Ordering::Relaxed)
     );
 }
+
+/// A bulk backlog far past the read-ahead limit (4 096 jobs of a level
+/// waiting for a slot at this concurrency: `framework/src/worker/read_ahead.rs`)
+/// is held unread at that limit, level by level: urgent records enqueued
+/// behind it are still read at once, and the held backlog is read again
+/// as it drains, to the last job, every offset committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_held_at_the_read_ahead_limit_keeps_urgent_records_readable_and_drains() {
+    const BULK: i64 = 12_000;
+    init_logging();
+    let config = ensure_stack();
+    let (urgent, bulk) = (unique("ahead.urgent"), unique("ahead.bulk"));
+    create_topic(&config, &urgent, 2).await;
+    create_topic(&config, &bulk, 2).await;
+    let producer = Producer::new(&config).expect("producer");
+    // A key each: every job is ready at once, none waits behind its key.
+    enqueue_n(&producer, &bulk, BULK, BULK, "ok").await;
+
+    let bulk_done = Arc::new(AtomicU64::new(0));
+    let urgent_seen: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let (b, b2, u) = (bulk_done.clone(), bulk_done.clone(), urgent_seen.clone());
+    let group = unique("ahead-g");
+    let worker = Worker::builder(config.clone(), &group)
+        .handle_on(&bulk, move |_job: TestJob, _ctx: JobContext| {
+            let b = b.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                b.fetch_add(1, Ordering::Relaxed);
+                Ok::<(), JobError>(())
+            }
+        })
+        .handle_on(&urgent, move |_job: TestJob, _ctx: JobContext| {
+            let (b, u) = (b2.clone(), u.clone());
+            async move {
+                u.lock().unwrap().push(b.load(Ordering::Relaxed));
+                Ok::<(), JobError>(())
+            }
+        })
+        .priority(&urgent, Priority::High)
+        .priority(&bulk, Priority::Low)
+        .concurrency(4)
+        .build()
+        .expect("worker builds");
+    let running = start(worker);
+
+    // By now the poll thread has read thousands of bulk jobs ahead of four
+    // slots (1 ms each) and holds the bulk level.
+    eventually(Duration::from_secs(60), "the bulk backlog started", || {
+        bulk_done.load(Ordering::Relaxed) >= 200
+    })
+    .await;
+    let before = bulk_done.load(Ordering::Relaxed);
+    enqueue_n(&producer, &urgent, URGENT, URGENT, "ok").await;
+    eventually(Duration::from_secs(60), "every urgent job handled", || {
+        urgent_seen.lock().unwrap().len() == URGENT as usize
+    })
+    .await;
+    let last = urgent_seen
+        .lock()
+        .unwrap()
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(0);
+    eprintln!("urgent jobs enqueued after {before} of {BULK} bulk jobs; all {URGENT} handled by bulk job {last}");
+    // Read at once, they wait for the bulk jobs of about one fetch (48
+    // here); held with the bulk level, until under half the limit of bulk
+    // jobs waited (808 with every level held together).
+    assert!(
+        last - before <= 400,
+        "the urgent jobs waited for {} bulk jobs (enqueued at {before}, last handled at {last})",
+        last - before
+    );
+
+    eventually(Duration::from_secs(120), "the bulk backlog drained", || {
+        bulk_done.load(Ordering::Relaxed) == BULK as u64
+    })
+    .await;
+    wait_committed_at_end(&config, &group, &bulk, 2).await;
+    wait_committed_at_end(&config, &group, &urgent, 2).await;
+    running.stop().await;
+}

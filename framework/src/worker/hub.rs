@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::polled::Polled;
+use super::read_ahead::ReadAhead;
 use super::scheduler::{Action, Job, Scheduler, Ticket, Tp};
 
 /// Completions, batched by the dispatcher that ran them.
@@ -39,6 +40,9 @@ pub(crate) struct Core {
     grants: rustc_hash::FxHashMap<Ticket, tokio::sync::oneshot::Sender<()>>,
     /// The scheduler's actions for one completion batch, kept for the next.
     actions: Vec<Action<Polled>>,
+    /// How far the poll thread reads ahead of the handlers
+    /// ([`super::read_ahead`]).
+    pub(super) read_ahead: ReadAhead,
 }
 
 /// How long [`Hub::lock`] spins for a taken lock before it sleeps: longer
@@ -79,6 +83,7 @@ impl Hub {
         wake: Arc<super::intake::Wake>,
     ) -> Self {
         let throttled = Throttled::default();
+        let read_ahead = ReadAhead::new(ReadAhead::limit_for(sched.concurrency()));
         Self {
             throttle_version: throttled.version.clone(),
             core: Mutex::new(Core {
@@ -90,6 +95,7 @@ impl Hub {
                 waiters: 0,
                 grants: Default::default(),
                 actions: Vec::new(),
+                read_ahead,
             }),
             spin: std::thread::available_parallelism().is_ok_and(|n| n.get() > 1),
             progress: Condvar::new(),
@@ -157,6 +163,12 @@ impl Hub {
                 }
             }
             core.sched.dispatch(&mut out);
+            // A level the poll thread held with enough jobs waiting, now
+            // short of them: woken below, it reads the level again.
+            let read_more = {
+                let c = &mut *core;
+                c.read_ahead.release(&c.sched)
+            };
             let deferred = core.deferred.len();
             for action in out.drain(..) {
                 match action {
@@ -173,7 +185,10 @@ impl Hub {
                 }
             }
             core.actions = out;
-            (core.waiters > 0, core.deferred.len() > deferred)
+            (
+                core.waiters > 0,
+                core.deferred.len() > deferred || read_more,
+            )
         };
         if waiters {
             self.progress.notify_all();
@@ -269,7 +284,11 @@ impl super::park::Slots for Hub {
                 other => core.deferred.push(other),
             }
         }
-        let for_poll = core.deferred.len() > deferred;
+        let read_more = {
+            let c = &mut *core;
+            c.read_ahead.release(&c.sched)
+        };
+        let for_poll = core.deferred.len() > deferred || read_more;
         drop(core);
         if for_poll {
             self.wake.notify();
@@ -477,5 +496,63 @@ mod tests {
         // The other finishes: no action for the poll thread, no wake-up.
         hub.finished(0, &mut vec![(tickets[1], true)]);
         assert_eq!(wake.notified.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_completion_that_leaves_a_held_level_short_of_jobs_wakes_the_poll_thread() {
+        let wake = Arc::new(Wake::default());
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let limits = Limits {
+            concurrency: 1,
+            max_in_flight: 100,
+            commit_interval_ms: 0,
+        };
+        let hub = Hub::new(Scheduler::new(limits), vec![tx], wake.clone());
+        let tp: Tp = ("t".to_string(), 0);
+        let mut out = Vec::new();
+        let held = {
+            let mut core = hub.lock();
+            core.read_ahead = ReadAhead::new(4);
+            core.sched.assign(std::slice::from_ref(&tp), &mut out);
+            for offset in 0..5 {
+                let rec = Incoming {
+                    offset,
+                    lane: LaneKey::Offset(offset),
+                    timestamp_ms: None,
+                    due_ms: None,
+                    foreign: false,
+                    item: Polled::for_test("t", 0, offset),
+                };
+                core.sched.record(rec, 0, &mut out);
+            }
+            core.sched.dispatch(&mut out);
+            let c = &mut *core;
+            c.read_ahead.hold(&c.sched)
+        };
+        assert_eq!(
+            held,
+            [false, true, false],
+            "one job runs, four wait for its slot"
+        );
+        let mut running: Vec<Ticket> = out
+            .iter()
+            .flat_map(|a| match a {
+                Action::Run(jobs) => jobs.iter().map(|j| j.ticket).collect(),
+                _ => Vec::new(),
+            })
+            .collect();
+        // Each completion starts the next job: 3, then 2 left waiting (not
+        // under half the limit), then 1.
+        for (waiting, woken) in [(3, 0), (2, 0), (1, 1)] {
+            let ticket = running.pop().expect("a job runs");
+            let next = hub.finished(0, &mut vec![(ticket, true)]);
+            running.extend(next.iter().map(|j| j.ticket));
+            assert_eq!(hub.lock().sched.ready_len_at(1), waiting);
+            assert_eq!(
+                wake.notified.load(Ordering::Relaxed),
+                woken,
+                "with {waiting} jobs waiting"
+            );
+        }
     }
 }

@@ -51,6 +51,8 @@ use tracing::{debug, warn};
 
 use super::poll::WorkerContext;
 use super::polled::Polled;
+use super::priority::Priority;
+use super::read_ahead::Held;
 use super::scheduler::Tp;
 use super::split_queue::{Fetched, SplitQueue};
 use super::state::{RouteEntry, TopicRole};
@@ -116,6 +118,9 @@ pub(crate) struct Intake {
     /// Turns read so far: the first queue read within a level rotates, so
     /// no partition of a level is always read last.
     turn: usize,
+    /// Levels left unread this turn: enough of their jobs wait for a slot
+    /// ([`super::read_ahead`]).
+    held: Held,
 }
 
 struct Split {
@@ -160,6 +165,7 @@ impl Intake {
             stopped: FxHashSet::default(),
             wake,
             turn: 0,
+            held: [false; Priority::LEVELS],
         })
     }
 
@@ -175,6 +181,12 @@ impl Intake {
             }
             s.stopped = now;
         }
+    }
+
+    /// The levels to leave unread until the next call: enough of their
+    /// jobs wait for a slot ([`super::read_ahead`]).
+    pub(crate) fn hold(&mut self, held: Held) {
+        self.held = held;
     }
 
     /// After an assignment changed (`generation` differs from the last
@@ -238,7 +250,7 @@ impl Intake {
             || self
                 .queues
                 .iter()
-                .any(|s| !s.gated && !s.stopped && s.pending.load(Ordering::Acquire));
+                .any(|s| self.open(s) && s.pending.load(Ordering::Acquire));
         if !waiting {
             std::thread::park_timeout(timeout);
         }
@@ -266,6 +278,10 @@ impl Intake {
                     .iter()
                     .take_while(|s| s.level == level)
                     .count();
+            if self.held.get(level).copied().unwrap_or(false) {
+                start = end;
+                continue;
+            }
             let group = &mut self.queues[start..end];
             let n = group.len();
             // Passes over the level until it is empty or the batch full.
@@ -296,6 +312,12 @@ impl Intake {
             start = end;
         }
         None
+    }
+
+    /// Whether `split` is read this turn: past its gate, under its bound,
+    /// its level not held.
+    fn open(&self, split: &Split) -> bool {
+        !split.gated && !split.stopped && !self.held.get(split.level).copied().unwrap_or(false)
     }
 
     /// Called after the poll thread took `taken` records from the main

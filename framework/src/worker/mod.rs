@@ -58,6 +58,7 @@ mod poll;
 pub(crate) mod polled;
 mod priority;
 mod provision;
+mod read_ahead;
 pub(crate) mod record;
 mod recycle;
 mod refusal;

@@ -693,12 +693,16 @@ pub(crate) fn poll_loop(
             spare.keep(r);
         }
         let mut out = Vec::new();
-        let busy = {
+        let (busy, held) = {
             let mut core = ctx.lock();
             core.take_deferred(&mut out);
             core.sched.tick(now_ms(), &mut out);
             core.sched.dispatch(&mut out);
-            core.sched.running() > 0 || core.sched.ready_len() > 0
+            let c = &mut *core;
+            (
+                c.sched.running() > 0 || c.sched.ready_len() > 0,
+                c.read_ahead.hold(&c.sched),
+            )
         };
         ctx.execute(consumer, out, CommitMode::Async, false);
         ctx.apply_holds(consumer, false);
@@ -730,6 +734,7 @@ pub(crate) fn poll_loop(
                 throttle_seen = version;
                 intake.stop_only(ctx.lock().throttled.set());
             }
+            intake.hold(held);
             failed = intake.read(&mut batch, MAX_BATCH, |m, topic| {
                 Polled::copy_fetched(m, topic.clone(), spare.take())
             });

@@ -323,6 +323,16 @@ impl<R: Located> Scheduler<R> {
         self.ready.len()
     }
 
+    /// Jobs of priority `level` waiting for a concurrency slot.
+    pub(crate) fn ready_len_at(&self, level: usize) -> usize {
+        self.ready.len_at(level)
+    }
+
+    /// Handlers running at once across all partitions.
+    pub(crate) fn concurrency(&self) -> usize {
+        self.limits.concurrency
+    }
+
     /// Whether the scheduler holds `tp` paused (bound or due-time hold).
     #[cfg(test)]
     pub(crate) fn wants_pause(&self, tp: &Tp) -> bool {
