@@ -430,7 +430,7 @@ impl Pipeline {
         msg: &'a M,
         now_ms: i64,
     ) -> Result<Ready<'a>, Waits<'a>> {
-        let headers = JobHeaders::parse(msg.headers());
+        let mut headers = JobHeaders::parse(msg.headers());
         let Some(entry) = topic_entry.for_record(&headers) else {
             return Err(Waits::Unrouted(Box::new(headers)));
         };
@@ -450,7 +450,7 @@ impl Pipeline {
         {
             return Err(Waits::Before(entry, Box::new(headers), gate));
         }
-        Ok(self.ready(entry, msg, headers, gate, now_ms))
+        Ok(self.ready(entry, msg, &mut headers, gate, now_ms))
     }
 
     /// Steps 0 to 2 for a record that may wait or hop before its handler:
@@ -462,7 +462,7 @@ impl Pipeline {
         &'a self,
         entry: &'a RouteEntry,
         msg: &'a M,
-        headers: JobHeaders,
+        mut headers: JobHeaders,
         gate: Option<Gate<'a, 'a>>,
         waiter: &Waiter,
         now_ms: i64,
@@ -528,15 +528,17 @@ impl Pipeline {
                 return ended(outcome);
             }
         }
-        Ok(self.ready(entry, msg, headers, gate, now_ms))
+        Ok(self.ready(entry, msg, &mut headers, gate, now_ms))
     }
 
-    /// The handler's context and span for `msg`, from its `headers`.
+    /// The handler's context and span for `msg`, from its `headers`
+    /// (borrowed, not moved: a `JobHeaders` is about 500 bytes, and the
+    /// move was a copy per job; the batch id is taken out).
     fn ready<'a, M: Message>(
         &'a self,
         entry: &'a RouteEntry,
         msg: &M,
-        headers: JobHeaders,
+        headers: &mut JobHeaders,
         gate: Option<Gate<'a, 'a>>,
         now_ms: i64,
     ) -> Ready<'a> {
@@ -546,7 +548,7 @@ impl Pipeline {
         };
         let names = self.names.get(msg.topic());
         let job = entry.route.job_name();
-        let mut ctx = context_for(msg, &headers, id, &self.group, names, job);
+        let mut ctx = context_for(msg, headers, id, &self.group, names, job);
         match entry.role {
             // Its lateness is measured against the time it was asked for.
             TopicRole::Delay(_) => ctx.due_at_ms = headers.run_at_ms.or(ctx.due_at_ms),
@@ -560,7 +562,7 @@ impl Pipeline {
             }
             TopicRole::Tier(_) => {}
         }
-        let span = handle_span(msg, entry, &ctx, &headers, &self.server);
+        let span = handle_span(msg, entry, &ctx, headers, &self.server);
         Ready {
             entry,
             gate,
@@ -568,7 +570,7 @@ impl Pipeline {
             attempt: ctx.attempt,
             ctx,
             span,
-            batch: headers.batch,
+            batch: headers.batch.take(),
             now_ms,
         }
     }
