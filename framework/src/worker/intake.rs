@@ -18,7 +18,9 @@
 //!   jobs/s on 2 cores (`benches/RESULTS.md`, issue 29's fifth step).
 //!
 //! Within a level the first queue read rotates from turn to turn, and each
-//! queue gives at most its share of the batch before the next is read.
+//! queue gives at most its share of the batch before the next is read. A
+//! level is skipped while enough of its jobs already wait for a slot
+//! ([`super::read_ahead`]), the others are read as usual.
 //! Fair routes stay in the main queue: they read past a flooding tenant
 //! with seeks, and so do the tier topics, whose holds pause.
 //!
