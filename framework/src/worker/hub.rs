@@ -433,6 +433,24 @@ mod tests {
         assert!(hub.try_lock_for(SPIN).is_some(), "free: taken at once");
     }
 
+    /// Assigns `tp` (partition 0 of topic "t"), records `n` unordered
+    /// records of it and starts what the free slots take.
+    fn assign_and_record(core: &mut Core, tp: &Tp, n: i64, out: &mut Vec<Action<Polled>>) {
+        core.sched.assign(std::slice::from_ref(tp), out);
+        for offset in 0..n {
+            let rec = Incoming {
+                offset,
+                lane: LaneKey::Offset(offset),
+                timestamp_ms: None,
+                due_ms: None,
+                foreign: false,
+                item: Polled::for_test("t", 0, offset),
+            };
+            core.sched.record(rec, 0, out);
+        }
+        core.sched.dispatch(out);
+    }
+
     #[test]
     fn a_completion_that_resumes_a_partition_wakes_the_poll_thread() {
         let wake = Arc::new(Wake::default());
@@ -447,19 +465,7 @@ mod tests {
         let mut out = Vec::new();
         {
             let mut core = hub.lock();
-            core.sched.assign(std::slice::from_ref(&tp), &mut out);
-            for offset in 0..2 {
-                let rec = Incoming {
-                    offset,
-                    lane: LaneKey::Offset(offset),
-                    timestamp_ms: None,
-                    due_ms: None,
-                    foreign: false,
-                    item: Polled::for_test("t", 0, offset),
-                };
-                core.sched.record(rec, 0, &mut out);
-            }
-            core.sched.dispatch(&mut out);
+            assign_and_record(&mut core, &tp, 2, &mut out);
         }
         assert!(
             out.iter()
@@ -513,19 +519,7 @@ mod tests {
         let held = {
             let mut core = hub.lock();
             core.read_ahead = ReadAhead::new(4);
-            core.sched.assign(std::slice::from_ref(&tp), &mut out);
-            for offset in 0..5 {
-                let rec = Incoming {
-                    offset,
-                    lane: LaneKey::Offset(offset),
-                    timestamp_ms: None,
-                    due_ms: None,
-                    foreign: false,
-                    item: Polled::for_test("t", 0, offset),
-                };
-                core.sched.record(rec, 0, &mut out);
-            }
-            core.sched.dispatch(&mut out);
+            assign_and_record(&mut core, &tp, 5, &mut out);
             let c = &mut *core;
             c.read_ahead.hold(&c.sched)
         };
