@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::polled::Polled;
-use super::read_ahead::ReadAhead;
+use super::read_ahead::{Held, ReadAhead};
 use super::scheduler::{Action, Job, Scheduler, Ticket, Tp};
 
 /// Completions, batched by the dispatcher that ran them.
@@ -165,10 +165,7 @@ impl Hub {
             core.sched.dispatch(&mut out);
             // A level the poll thread held with enough jobs waiting, now
             // short of them: woken below, it reads the level again.
-            let read_more = {
-                let c = &mut *core;
-                c.read_ahead.release(&c.sched)
-            };
+            let read_more = core.release_read_ahead();
             let deferred = core.deferred.len();
             for action in out.drain(..) {
                 match action {
@@ -254,6 +251,20 @@ impl Throttled {
 }
 
 impl Core {
+    /// The poll thread, before it reads: the levels with enough jobs
+    /// waiting for a slot to be left unread this turn
+    /// ([`ReadAhead::hold`]).
+    pub(super) fn hold_read_ahead(&mut self) -> Held {
+        self.read_ahead.hold(&self.sched)
+    }
+
+    /// After a completion or a park: whether a held level is now short of
+    /// jobs, so the poll thread should be woken to read it again
+    /// ([`ReadAhead::release`]).
+    pub(super) fn release_read_ahead(&mut self) -> bool {
+        self.read_ahead.release(&self.sched)
+    }
+
     /// The consumer actions completions caused since the last call.
     pub(super) fn take_deferred(&mut self, out: &mut Vec<Action<Polled>>) {
         out.append(&mut self.deferred);
@@ -284,10 +295,7 @@ impl super::park::Slots for Hub {
                 other => core.deferred.push(other),
             }
         }
-        let read_more = {
-            let c = &mut *core;
-            c.read_ahead.release(&c.sched)
-        };
+        let read_more = core.release_read_ahead();
         let for_poll = core.deferred.len() > deferred || read_more;
         drop(core);
         if for_poll {
@@ -520,8 +528,7 @@ mod tests {
             let mut core = hub.lock();
             core.read_ahead = ReadAhead::new(4);
             assign_and_record(&mut core, &tp, 5, &mut out);
-            let c = &mut *core;
-            c.read_ahead.hold(&c.sched)
+            core.hold_read_ahead()
         };
         assert_eq!(
             held,

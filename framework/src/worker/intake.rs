@@ -280,7 +280,7 @@ impl Intake {
                     .iter()
                     .take_while(|s| s.level == level)
                     .count();
-            if self.held.get(level).copied().unwrap_or(false) {
+            if self.level_held(level) {
                 start = end;
                 continue;
             }
@@ -316,10 +316,16 @@ impl Intake {
         None
     }
 
+    /// Whether the poll thread left `level` unread this turn, its jobs
+    /// waiting for a slot at the read-ahead limit.
+    fn level_held(&self, level: usize) -> bool {
+        self.held.get(level).copied().unwrap_or(false)
+    }
+
     /// Whether `split` is read this turn: past its gate, under its bound,
     /// its level not held.
     fn open(&self, split: &Split) -> bool {
-        !split.gated && !split.stopped && !self.held.get(split.level).copied().unwrap_or(false)
+        !split.gated && !split.stopped && !self.level_held(split.level)
     }
 
     /// Called after the poll thread took `taken` records from the main

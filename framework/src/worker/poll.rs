@@ -698,10 +698,9 @@ pub(crate) fn poll_loop(
             core.take_deferred(&mut out);
             core.sched.tick(now_ms(), &mut out);
             core.sched.dispatch(&mut out);
-            let c = &mut *core;
             (
-                c.sched.running() > 0 || c.sched.ready_len() > 0,
-                c.read_ahead.hold(&c.sched),
+                core.sched.running() > 0 || core.sched.ready_len() > 0,
+                core.hold_read_ahead(),
             )
         };
         ctx.execute(consumer, out, CommitMode::Async, false);
