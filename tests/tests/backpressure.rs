@@ -117,3 +117,66 @@ async fn partitions_left_unread_at_the_bound_are_read_again_after_a_join() {
     a.stop().await;
     check(&starts, N, true);
 }
+
+/// A worker whose backlog of ready jobs reached the read-ahead limit
+/// (`framework/src/worker/read_ahead.rs`) leaves the level unread. A member
+/// joining (a revoke while the level is held) and the first member leaving
+/// (a shutdown while it is held) lose nothing: the second member reads the
+/// moved partitions, and then all of them, to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_level_held_at_the_read_ahead_limit_survives_a_join_and_a_shutdown() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("backpressure.readahead");
+    let group = unique("g");
+    create_topic(&config, &topic, 4).await;
+    let producer = Producer::new(&config).expect("producer");
+    // A key each, so every record read is ready at once: three times the
+    // limit (4 096 at concurrency 8), far under the bound (5 000 each).
+    const N: i64 = 12_000;
+    enqueue_n(&producer, &topic, N, N, "ok").await;
+
+    let slow = |starts: Starts| {
+        Worker::builder(config.clone(), &group)
+            .handle_on(&topic, move |job: TestJob, _ctx: JobContext| {
+                let starts = starts.clone();
+                async move {
+                    starts.lock().unwrap().push((job.key.clone(), job.seq));
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    Ok::<(), JobError>(())
+                }
+            })
+            .concurrency(8)
+            .commit_interval(Duration::from_millis(200))
+            .build()
+            .expect("worker builds")
+    };
+    let starts: Starts = Default::default();
+    let a = start(slow(starts.clone()));
+    eventually(
+        Duration::from_secs(60),
+        "A is working through the backlog",
+        || starts.lock().unwrap().len() >= 500,
+    )
+    .await;
+    let b = start(slow(starts.clone()));
+    eventually(Duration::from_secs(60), "B took partitions from A", || {
+        starts.lock().unwrap().len() >= 2_000
+    })
+    .await;
+    let at_stop = starts.lock().unwrap().len();
+    a.stop().await;
+    eventually(Duration::from_secs(120), "every job started", || {
+        let s = starts.lock().unwrap();
+        s.iter().map(|(_, q)| *q).collect::<HashSet<_>>().len() as i64 == N
+    })
+    .await;
+    wait_committed_at_end(&config, &group, &topic, 4).await;
+    b.stop().await;
+    eprintln!("A stopped after {at_stop} of {N} starts");
+    assert!(
+        (at_stop as i64) < N / 2,
+        "A stopped with most of the backlog still unread ({at_stop} of {N} started)"
+    );
+    check(&starts, N, true);
+}
