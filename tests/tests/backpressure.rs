@@ -11,29 +11,63 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker};
+use kjob::{JobContext, JobError, KafkaConfig, Producer, Worker, WorkerBuilder};
 use kjob_integration_tests::*;
 
 /// Handler starts in order: (key, seq).
 type Starts = Arc<Mutex<Vec<(String, i64)>>>;
 
-fn worker(config: &KafkaConfig, group: &str, topic: &str, starts: Starts) -> Worker {
+/// A worker that records each handler start and sleeps `sleep` in it, at
+/// concurrency 8.
+fn recording(
+    config: &KafkaConfig,
+    group: &str,
+    topic: &str,
+    starts: Starts,
+    sleep: Duration,
+) -> WorkerBuilder {
     Worker::builder(config.clone(), group)
         .handle_on(topic, move |job: TestJob, _ctx: JobContext| {
             let starts = starts.clone();
             async move {
                 starts.lock().unwrap().push((job.key.clone(), job.seq));
-                tokio::time::sleep(Duration::from_millis(1)).await;
+                tokio::time::sleep(sleep).await;
                 Ok::<(), JobError>(())
             }
         })
         .concurrency(8)
+        .commit_interval(Duration::from_millis(200))
+}
+
+fn worker(config: &KafkaConfig, group: &str, topic: &str, starts: Starts) -> Worker {
+    recording(config, group, topic, starts, Duration::from_millis(1))
         // Far below each partition's backlog: every partition reaches it
         // again and again.
         .max_in_flight_per_partition(16)
-        .commit_interval(Duration::from_millis(200))
         .build()
         .expect("worker builds")
+}
+
+/// A fresh topic of `partitions` with `n` jobs over `keys` keys, and a
+/// fresh group name.
+async fn backlog(name: &str, partitions: i32, n: i64, keys: i64) -> (KafkaConfig, String, String) {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique(name);
+    let group = unique("g");
+    create_topic(&config, &topic, partitions).await;
+    let producer = Producer::new(&config).expect("producer");
+    enqueue_n(&producer, &topic, n, keys, "ok").await;
+    (config, topic, group)
+}
+
+/// Waits until every seq in `0..n` started at least once.
+async fn every_seq_started(starts: &Starts, n: i64) {
+    eventually(Duration::from_secs(120), "every job started", || {
+        let s = starts.lock().unwrap();
+        s.iter().map(|(_, q)| *q).collect::<HashSet<_>>().len() as i64 == n
+    })
+    .await;
 }
 
 /// Every seq in `0..n` started exactly once (`restarts` tolerated after a
@@ -65,14 +99,8 @@ fn check(starts: &Starts, n: i64, rebalanced: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_held_at_a_tiny_bound_run_everything_once_and_in_order() {
-    init_logging();
-    let config = ensure_stack();
-    let topic = unique("backpressure.once");
-    let group = unique("g");
-    create_topic(&config, &topic, 3).await;
-    let producer = Producer::new(&config).expect("producer");
     const N: i64 = 3_000;
-    enqueue_n(&producer, &topic, N, 60, "ok").await;
+    let (config, topic, group) = backlog("backpressure.once", 3, N, 60).await;
 
     let starts: Starts = Default::default();
     let w = start(worker(&config, &group, &topic, starts.clone()));
@@ -87,14 +115,8 @@ async fn partitions_held_at_a_tiny_bound_run_everything_once_and_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_left_unread_at_the_bound_are_read_again_after_a_join() {
-    init_logging();
-    let config = ensure_stack();
-    let topic = unique("backpressure.join");
-    let group = unique("g");
-    create_topic(&config, &topic, 4).await;
-    let producer = Producer::new(&config).expect("producer");
     const N: i64 = 4_000;
-    enqueue_n(&producer, &topic, N, 80, "ok").await;
+    let (config, topic, group) = backlog("backpressure.join", 4, N, 80).await;
 
     let starts: Starts = Default::default();
     let a = start(worker(&config, &group, &topic, starts.clone()));
@@ -107,11 +129,7 @@ async fn partitions_left_unread_at_the_bound_are_read_again_after_a_join() {
     // Every partition of A is at its bound now; B's join moves some of
     // them, A keeps the others, left unread until they drain.
     let b = start(worker(&config, &group, &topic, starts.clone()));
-    eventually(Duration::from_secs(120), "every job started", || {
-        let s = starts.lock().unwrap();
-        s.iter().map(|(_, q)| *q).collect::<HashSet<_>>().len() as i64 == N
-    })
-    .await;
+    every_seq_started(&starts, N).await;
     wait_committed_at_end(&config, &group, &topic, 4).await;
     b.stop().await;
     a.stop().await;
@@ -125,29 +143,12 @@ async fn partitions_left_unread_at_the_bound_are_read_again_after_a_join() {
 /// moved partitions, and then all of them, to the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_level_held_at_the_read_ahead_limit_survives_a_join_and_a_shutdown() {
-    init_logging();
-    let config = ensure_stack();
-    let topic = unique("backpressure.readahead");
-    let group = unique("g");
-    create_topic(&config, &topic, 4).await;
-    let producer = Producer::new(&config).expect("producer");
     // A key each, so every record read is ready at once: three times the
     // limit (4 096 at concurrency 8), far under the bound (5 000 each).
     const N: i64 = 12_000;
-    enqueue_n(&producer, &topic, N, N, "ok").await;
-
+    let (config, topic, group) = backlog("backpressure.readahead", 4, N, N).await;
     let slow = |starts: Starts| {
-        Worker::builder(config.clone(), &group)
-            .handle_on(&topic, move |job: TestJob, _ctx: JobContext| {
-                let starts = starts.clone();
-                async move {
-                    starts.lock().unwrap().push((job.key.clone(), job.seq));
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                    Ok::<(), JobError>(())
-                }
-            })
-            .concurrency(8)
-            .commit_interval(Duration::from_millis(200))
+        recording(&config, &group, &topic, starts, Duration::from_millis(2))
             .build()
             .expect("worker builds")
     };
@@ -166,11 +167,7 @@ async fn a_level_held_at_the_read_ahead_limit_survives_a_join_and_a_shutdown() {
     .await;
     let at_stop = starts.lock().unwrap().len();
     a.stop().await;
-    eventually(Duration::from_secs(120), "every job started", || {
-        let s = starts.lock().unwrap();
-        s.iter().map(|(_, q)| *q).collect::<HashSet<_>>().len() as i64 == N
-    })
-    .await;
+    every_seq_started(&starts, N).await;
     wait_committed_at_end(&config, &group, &topic, 4).await;
     b.stop().await;
     eprintln!("A stopped after {at_stop} of {N} starts");
