@@ -9,7 +9,10 @@
 //!    dispatch through ordering lanes, watermark tracking, and commits.
 //!
 //! Both clocks start at the first record received (group join excluded) and
-//! stop when the N-th is done. The last line is the ratio.
+//! stop when the N-th is done. The last line is the ratio. With
+//! `--timeline-ms W`, each loop also prints how many records it handled in
+//! each window of W ms, to show where a run was slow (a short run's start
+//! is: librdkafka fetches and decompresses ahead on its own thread then).
 //!
 //! Other modes (`--mode`):
 //! * `io`: the handler awaits `--sleep-ms` of simulated I/O; reports jobs/s
@@ -57,11 +60,57 @@ fn raw_consumer(config: &KafkaConfig, what: &str, topic: &str) -> anyhow::Result
     Ok(c)
 }
 
+/// How many records a loop had handled when, for `--timeline-ms`.
+#[derive(Default)]
+struct Timeline {
+    first: Option<Instant>,
+    marks: Vec<(Duration, u64)>,
+}
+
+impl Timeline {
+    fn mark(&mut self, handled: u64) {
+        let first = *self.first.get_or_insert_with(Instant::now);
+        self.marks.push((first.elapsed(), handled));
+    }
+
+    /// Records handled in each window of `step` from the first mark, in
+    /// thousands.
+    fn windows(&self, step: Duration) -> Vec<u64> {
+        let (Some(&(last, _)), false) = (self.marks.last(), step.is_zero()) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let (mut before, mut i) = (0u64, 0usize);
+        let mut end = step;
+        while end < last + step {
+            while i < self.marks.len() && self.marks[i].0 <= end {
+                i += 1;
+            }
+            let at = i.checked_sub(1).map_or(0, |j| self.marks[j].1);
+            out.push((at - before) / 1000);
+            before = at;
+            end += step;
+        }
+        out
+    }
+
+    /// Prints the windows when `--timeline-ms` asked for them.
+    fn print(&self, what: &str) {
+        let ms = arg("timeline-ms", 0);
+        if ms > 0 {
+            let w = self.windows(Duration::from_millis(ms));
+            let w: Vec<String> = w.iter().map(u64::to_string).collect();
+            println!("{what}, thousands per {ms} ms: {}", w.join(" "));
+        }
+    }
+}
+
 fn raw_loop(config: &KafkaConfig, topic: &str, n: u64) -> anyhow::Result<f64> {
     let c = raw_consumer(config, "raw", topic)?;
     let mut seen = 0u64;
     let mut bytes = 0usize;
     let mut first = None;
+    let mut timeline = Timeline::default();
     let deadline = Instant::now() + Duration::from_secs(300);
     while seen < n {
         anyhow::ensure!(Instant::now() < deadline, "raw loop saw only {seen} of {n}");
@@ -69,10 +118,15 @@ fn raw_loop(config: &KafkaConfig, topic: &str, n: u64) -> anyhow::Result<f64> {
             let m = r?;
             first.get_or_insert_with(Instant::now);
             bytes += m.payload().map_or(0, <[u8]>::len);
+            if seen.is_multiple_of(1000) {
+                timeline.mark(seen);
+            }
             seen += 1;
         }
     }
     let secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+    timeline.mark(seen);
+    timeline.print("raw rdkafka loop");
     std::hint::black_box(bytes);
     Ok(n as f64 / secs)
 }
@@ -122,7 +176,9 @@ async fn kjob_worker(config: &KafkaConfig, topic: &str, n: u64) -> anyhow::Resul
     }
     let first = Instant::now();
     let cpu0 = process_cpu_secs();
+    let mut timeline = Timeline::default();
     while WorkerStats::get(&stats.handled) < n {
+        timeline.mark(WorkerStats::get(&stats.handled));
         anyhow::ensure!(
             Instant::now() < deadline,
             "kjob worker handled only {}",
@@ -131,6 +187,8 @@ async fn kjob_worker(config: &KafkaConfig, topic: &str, n: u64) -> anyhow::Resul
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let secs = first.elapsed().as_secs_f64();
+    timeline.mark(WorkerStats::get(&stats.handled));
+    timeline.print("kjob worker");
     if !sleep.is_zero() {
         let mean_ms = slept.load(Ordering::Relaxed) as f64 / 1000.0 / n as f64;
         println!("handler sleep of {sleep:?} lasted {mean_ms:.2} ms on average");
@@ -421,4 +479,25 @@ async fn main() -> anyhow::Result<()> {
     println!("kjob worker (no-op):     {kjob:>10.0} jobs/s");
     println!("kjob/raw-loop ratio: {:.2}", kjob / raw);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeline_counts_what_was_handled_in_each_window() {
+        let mut t = Timeline::default();
+        let first = Instant::now();
+        t.first = Some(first);
+        for (ms, n) in [(0, 0), (5, 1_000), (25, 5_000), (41, 6_000)] {
+            t.marks.push((Duration::from_millis(ms), n));
+        }
+        assert_eq!(t.windows(Duration::from_millis(20)), vec![1, 4, 1]);
+        assert_eq!(t.windows(Duration::from_millis(50)), vec![6]);
+        assert!(t.windows(Duration::ZERO).is_empty());
+        assert!(Timeline::default()
+            .windows(Duration::from_millis(20))
+            .is_empty());
+    }
 }
