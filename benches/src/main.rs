@@ -60,15 +60,28 @@ fn raw_consumer(config: &KafkaConfig, what: &str, topic: &str) -> anyhow::Result
     Ok(c)
 }
 
-/// How many records a loop had handled when, for `--timeline-ms`.
+/// How many records a loop had handled when, for `--timeline-ms`. Without
+/// the flag it records nothing: the loops it watches are the ones measured.
 #[derive(Default)]
 struct Timeline {
+    step: Option<Duration>,
     first: Option<Instant>,
     marks: Vec<(Duration, u64)>,
 }
 
 impl Timeline {
+    fn from_args() -> Self {
+        let ms = arg("timeline-ms", 0);
+        Self {
+            step: (ms > 0).then(|| Duration::from_millis(ms)),
+            ..Self::default()
+        }
+    }
+
     fn mark(&mut self, handled: u64) {
+        if self.step.is_none() {
+            return;
+        }
         let first = *self.first.get_or_insert_with(Instant::now);
         self.marks.push((first.elapsed(), handled));
     }
@@ -86,8 +99,9 @@ impl Timeline {
             while i < self.marks.len() && self.marks[i].0 <= end {
                 i += 1;
             }
-            let at = i.checked_sub(1).map_or(0, |j| self.marks[j].1);
-            out.push((at - before) / 1000);
+            // Whole thousands reached, so the windows add up to the total.
+            let at = i.checked_sub(1).map_or(0, |j| self.marks[j].1) / 1000;
+            out.push(at.saturating_sub(before));
             before = at;
             end += step;
         }
@@ -96,11 +110,13 @@ impl Timeline {
 
     /// Prints the windows when `--timeline-ms` asked for them.
     fn print(&self, what: &str) {
-        let ms = arg("timeline-ms", 0);
-        if ms > 0 {
-            let w = self.windows(Duration::from_millis(ms));
-            let w: Vec<String> = w.iter().map(u64::to_string).collect();
-            println!("{what}, thousands per {ms} ms: {}", w.join(" "));
+        if let Some(step) = self.step {
+            let w: Vec<String> = self.windows(step).iter().map(u64::to_string).collect();
+            println!(
+                "{what}, thousands per {} ms: {}",
+                step.as_millis(),
+                w.join(" ")
+            );
         }
     }
 }
@@ -110,7 +126,7 @@ fn raw_loop(config: &KafkaConfig, topic: &str, n: u64) -> anyhow::Result<f64> {
     let mut seen = 0u64;
     let mut bytes = 0usize;
     let mut first = None;
-    let mut timeline = Timeline::default();
+    let mut timeline = Timeline::from_args();
     let deadline = Instant::now() + Duration::from_secs(300);
     while seen < n {
         anyhow::ensure!(Instant::now() < deadline, "raw loop saw only {seen} of {n}");
@@ -176,7 +192,7 @@ async fn kjob_worker(config: &KafkaConfig, topic: &str, n: u64) -> anyhow::Resul
     }
     let first = Instant::now();
     let cpu0 = process_cpu_secs();
-    let mut timeline = Timeline::default();
+    let mut timeline = Timeline::from_args();
     while WorkerStats::get(&stats.handled) < n {
         timeline.mark(WorkerStats::get(&stats.handled));
         anyhow::ensure!(
@@ -488,13 +504,21 @@ mod tests {
     #[test]
     fn a_timeline_counts_what_was_handled_in_each_window() {
         let mut t = Timeline::default();
-        let first = Instant::now();
-        t.first = Some(first);
+        t.mark(7);
+        assert!(t.marks.is_empty(), "nothing is recorded without the flag");
         for (ms, n) in [(0, 0), (5, 1_000), (25, 5_000), (41, 6_000)] {
             t.marks.push((Duration::from_millis(ms), n));
         }
         assert_eq!(t.windows(Duration::from_millis(20)), vec![1, 4, 1]);
         assert_eq!(t.windows(Duration::from_millis(50)), vec![6]);
+        // 1 500 in each window: the thousands reached, not each window's
+        // own count cut down (1 and 1), so the windows add up to 3.
+        t.marks = vec![
+            (Duration::ZERO, 0),
+            (Duration::from_millis(10), 1_500),
+            (Duration::from_millis(30), 3_000),
+        ];
+        assert_eq!(t.windows(Duration::from_millis(20)), vec![1, 2]);
         assert!(t.windows(Duration::ZERO).is_empty());
         assert!(Timeline::default()
             .windows(Duration::from_millis(20))
