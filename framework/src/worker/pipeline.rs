@@ -352,12 +352,9 @@ impl Pipeline {
             // Retry-After above all) counts from the failure, not from when the
             // attempt began.
             // A job done needs no time: no clock read for it.
-            // The clock reads whole milliseconds, rounded down: the next
-            // one up is never before the failure, so a wait counted from
-            // it (a Retry-After above all) never ends early.
             let failed_at_ms = match result {
                 Attempt::Done => now_ms,
-                _ => self.clock.now_ms().saturating_add(1).max(now_ms),
+                _ => self.clock.now_ms().max(now_ms),
             };
             let settling = settle::Attempt {
                 id: &id,
