@@ -203,17 +203,34 @@ async fn weights_divide_the_slots_and_a_cap_bounds_a_tenant() {
         20,
         None,
     ));
+    // Every 2 ms, how many of each tenant run. Not the samples taken at
+    // each start: 8 jobs of 20 ms started together end together, and of
+    // the 8 starts that refill their slots only the last sees all 8 taken.
+    let sampler = {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            let mut samples = Vec::new();
+            loop {
+                let snapshot = seen
+                    .running
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                samples.push(snapshot);
+                if seen.started.lock().unwrap_or_else(|e| e.into_inner()).len() >= 400 {
+                    return samples;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
     eventually(Duration::from_secs(60), "half of the jobs ran", || {
         seen.started.lock().unwrap_or_else(|e| e.into_inner()).len() >= 400
     })
     .await;
+    let samples = sampler.await.expect("the sampler ends");
     running.stop().await;
     // Samples while both had work and every slot was taken: 6 and 2.
-    let samples = seen
-        .samples
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
     let full: Vec<(usize, usize)> = samples
         .iter()
         .map(|m| {
@@ -230,6 +247,11 @@ async fn weights_divide_the_slots_and_a_cap_bounds_a_tenant() {
         full.len()
     );
     let share_a = full.iter().map(|(a, _)| *a).sum::<usize>() as f64 / full.len() as f64;
+    println!(
+        "{} of {} samples with every slot taken; tenant a held {share_a:.2} of 8",
+        full.len(),
+        samples.len()
+    );
     assert!(
         (5.0..=7.0).contains(&share_a),
         "weight 3 against 1 of 8 slots: about 6 for a, not {share_a:.2}"
