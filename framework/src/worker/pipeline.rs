@@ -351,10 +351,11 @@ impl Pipeline {
             // 4. The decision, and 5. settling it. A retry's wait (a
             // Retry-After above all) counts from the failure, not from when the
             // attempt began.
-            // A job done needs no time: no clock read for it.
+            // A job done needs no time: no clock read for it. A failure's
+            // time is rounded up, so a wait counted from it never ends early.
             let failed_at_ms = match result {
                 Attempt::Done => now_ms,
-                _ => self.clock.now_ms().max(now_ms),
+                _ => self.clock.failed_at_ms().max(now_ms),
             };
             let settling = settle::Attempt {
                 id: &id,
