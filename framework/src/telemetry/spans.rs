@@ -147,7 +147,7 @@ impl JobSpan {
     /// attempt starts a trace of its own, linked to the span that forwarded
     /// it and to the job's enqueue (see the module docs).
     pub(crate) fn consumer(
-        headers: &JobHeaders,
+        headers: impl FnOnce() -> JobHeaders,
         main: &str,
         continues: bool,
         attributes: impl FnOnce() -> Vec<KeyValue>,
@@ -155,7 +155,8 @@ impl JobSpan {
         if !enabled() {
             return Self::none();
         }
-        let carried = super::extract(headers);
+        let headers = headers();
+        let carried = super::extract(&headers);
         let forwarded_by = Some(carried.span().span_context().clone()).filter(|c| c.is_valid());
         let link = |cx: &SpanContext, what: &'static str| {
             Link::new(cx.clone(), vec![KeyValue::new(LINK, what)], 0)

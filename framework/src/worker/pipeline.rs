@@ -34,7 +34,7 @@ use super::settle::{self, settle};
 use super::stages;
 use super::state::{RouteEntry, TopicRole, WorkerStats};
 use super::strict::Gate;
-use crate::headers::JobHeaders;
+use crate::headers::{HeaderView, JobHeaders};
 use crate::job::JobContext;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::spans::JobSpan;
@@ -133,13 +133,13 @@ struct Ready<'a> {
 /// (always, but for a record whose `kjob-job` names another contract).
 pub(crate) fn context_for<M: Message>(
     msg: &M,
-    headers: &JobHeaders,
+    headers: &HeaderView<'_>,
     id: Arc<str>,
     group: &Arc<str>,
     names: Option<&Names>,
     job: &str,
 ) -> JobContext {
-    let job = headers.job.as_deref().unwrap_or(job);
+    let job = headers.job.unwrap_or(job);
     JobContext {
         id,
         job: match names {
@@ -159,13 +159,12 @@ pub(crate) fn context_for<M: Message>(
             Err(_) => Arc::from(String::from_utf8_lossy(k)),
         }),
         timestamp_ms: msg.timestamp().to_millis(),
-        tenant: headers.tenant.clone(),
+        tenant: headers.tenant.map(str::to_string),
         group: group.clone(),
         due_at_ms: headers.due_at_ms,
-        batch: headers.batch.clone(),
+        batch: headers.batch.map(str::to_string),
         batch_report: headers
             .batch_report
-            .as_deref()
             .and_then(crate::batch::BatchReport::parse),
     }
 }
@@ -431,9 +430,11 @@ impl Pipeline {
         msg: &'a M,
         now_ms: i64,
     ) -> Result<Ready<'a>, Waits<'a>> {
-        let mut headers = JobHeaders::parse(msg.headers());
+        // Borrowed: the owned form only for a record that waits.
+        let headers = HeaderView::parse(msg.headers());
+        let owned = || Box::new(JobHeaders::parse(msg.headers()));
         let Some(entry) = topic_entry.for_record(&headers) else {
-            return Err(Waits::Unrouted(Box::new(headers)));
+            return Err(Waits::Unrouted(owned()));
         };
         let gate = self.strict.as_deref().and_then(|s| s.gate(entry, msg));
         // A main-topic record carries a run time only when it was enqueued
@@ -449,9 +450,9 @@ impl Pipeline {
             || debounced
             || gate.is_some()
         {
-            return Err(Waits::Before(entry, Box::new(headers), gate));
+            return Err(Waits::Before(entry, owned(), gate));
         }
-        Ok(self.ready(entry, msg, &mut headers, gate, now_ms))
+        Ok(self.ready(entry, msg, &headers, gate, now_ms))
     }
 
     /// Steps 0 to 2 for a record that may wait or hop before its handler:
@@ -463,7 +464,7 @@ impl Pipeline {
         &'a self,
         entry: &'a RouteEntry,
         msg: &'a M,
-        mut headers: JobHeaders,
+        headers: JobHeaders,
         gate: Option<Gate<'a, 'a>>,
         waiter: &Waiter,
         now_ms: i64,
@@ -529,22 +530,20 @@ impl Pipeline {
                 return ended(outcome);
             }
         }
-        Ok(self.ready(entry, msg, &mut headers, gate, now_ms))
+        Ok(self.ready(entry, msg, &headers.view(), gate, now_ms))
     }
 
-    /// The handler's context and span for `msg`, from its `headers`
-    /// (borrowed, not moved: a `JobHeaders` is about 500 bytes, and the
-    /// move was a copy per job; the batch id is taken out).
+    /// The handler's context and span for `msg`, from its `headers`.
     fn ready<'a, M: Message>(
         &'a self,
         entry: &'a RouteEntry,
         msg: &M,
-        headers: &mut JobHeaders,
+        headers: &HeaderView<'_>,
         gate: Option<Gate<'a, 'a>>,
         now_ms: i64,
     ) -> Ready<'a> {
-        let id: Arc<str> = match &headers.id {
-            Some(id) => Arc::from(id.as_str()),
+        let id: Arc<str> = match headers.id {
+            Some(id) => Arc::from(id),
             None => Arc::from(headers.job_id(msg.topic(), msg.partition(), msg.offset())),
         };
         let names = self.names.get(msg.topic());
@@ -571,7 +570,7 @@ impl Pipeline {
             attempt: ctx.attempt,
             ctx,
             span,
-            batch: headers.batch.take(),
+            batch: headers.batch.map(str::to_string),
             now_ms,
         }
     }
@@ -632,13 +631,9 @@ impl Pipeline {
         );
         let job = topic_entry.route.job_name();
         let id = headers.job_id(msg.topic(), msg.partition(), msg.offset());
-        let span = handle_span(
-            msg,
-            topic_entry,
-            &context_for(msg, headers, Arc::from(id.as_str()), &self.group, None, job),
-            headers,
-            &self.server,
-        );
+        let view = headers.view();
+        let ctx = context_for(msg, &view, Arc::from(id.as_str()), &self.group, None, job);
+        let span = handle_span(msg, topic_entry, &ctx, &view, &self.server);
         let settling = settle::Attempt {
             id: &id,
             job,
@@ -727,12 +722,15 @@ fn handle_span<M: Message>(
     msg: &M,
     entry: &RouteEntry,
     ctx: &JobContext,
-    headers: &JobHeaders,
+    headers: &HeaderView<'_>,
     server: &[KeyValue],
 ) -> JobSpan {
     let main = entry.main.as_str();
     let continues = entry.role == TopicRole::Main && headers.original_topic.is_none();
-    JobSpan::consumer(headers, main, continues, || {
+    // The trace headers, every one a propagator may read, only when spans
+    // are made.
+    let carried = || JobHeaders::parse(msg.headers());
+    JobSpan::consumer(carried, main, continues, || {
         let mut attrs = Vec::with_capacity(16);
         attrs.extend([
             KeyValue::new("messaging.system", "kafka"),

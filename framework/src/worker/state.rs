@@ -174,14 +174,14 @@ impl RouteEntry {
     /// for a record in a shared tier that names no route of this worker.
     pub(crate) fn for_record<'a>(
         &'a self,
-        headers: &crate::headers::JobHeaders,
+        headers: &crate::headers::HeaderView<'_>,
     ) -> Option<&'a RouteEntry> {
         let Some(sharers) = &self.sharers else {
             return Some(self);
         };
-        let named = headers.route().and_then(|v| std::str::from_utf8(v).ok());
+        let named = headers.route.and_then(|v| std::str::from_utf8(v).ok());
         named
-            .or(headers.original_topic.as_deref())
+            .or(headers.original_topic)
             .and_then(|main| sharers.get(main))
     }
 }

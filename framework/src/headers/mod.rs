@@ -8,6 +8,9 @@
 
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders, OwnedMessage};
 
+mod view;
+pub(crate) use view::HeaderView;
+
 /// Contract name.
 pub const JOB: &str = "kjob-job";
 /// Contract version the producer encoded with.
@@ -165,45 +168,16 @@ impl JobHeaders {
     /// attempt) are treated as absent rather than failing the job: a header is
     /// metadata, and the payload may still be perfectly good.
     pub fn parse<H: Headers>(headers: Option<&H>) -> Self {
-        let mut out = JobHeaders::default();
-        let Some(headers) = headers else {
-            return out;
-        };
-        for h in headers.iter() {
-            let text = h.value.and_then(|v| std::str::from_utf8(v).ok());
-            let s = || text.map(str::to_string);
-            match h.key {
-                JOB => out.job = s(),
-                VERSION => out.version = text.and_then(|t| t.parse().ok()),
-                // An empty id is no id: it would collide with every other
-                // record that has one.
-                ID => out.id = s().filter(|v| !v.trim().is_empty()),
-                ATTEMPT => out.attempt = text.and_then(|t| t.parse().ok()),
-                DUE_AT => out.due_at_ms = text.and_then(|t| t.parse().ok()),
-                RUN_AT => out.run_at_ms = text.and_then(|t| t.parse().ok()),
-                FIRST_FAILED_AT => out.first_failed_at_ms = text.and_then(|t| t.parse().ok()),
-                ERROR_CLASS => out.error_class = s(),
-                ERROR => out.error = s(),
-                ORIGINAL_TOPIC => out.original_topic = s(),
-                ORIGINAL_PARTITION => out.original_partition = text.and_then(|t| t.parse().ok()),
-                ORIGINAL_OFFSET => out.original_offset = text.and_then(|t| t.parse().ok()),
-                ORIGINAL_TIMESTAMP => out.original_timestamp_ms = text.and_then(|t| t.parse().ok()),
-                GROUP => out.group = s(),
-                TENANT => out.tenant = s(),
-                TRACEPARENT => out.traceparent = s(),
-                TRACESTATE => out.tracestate = s(),
-                BAGGAGE => out.baggage = s(),
-                TRACE_ORIGIN => out.trace_origin = s(),
-                BATCH => out.batch = s().filter(|v| !v.is_empty()),
-                BATCH_REPORT => out.batch_report = s(),
-                other => {
-                    let value = h.value.map(<[u8]>::to_vec).unwrap_or_default();
-                    out.extra.retain(|(k, _)| k != other);
-                    out.extra.push((other.to_string(), value));
-                }
+        let mut view = HeaderView::default();
+        let mut extra: Vec<(String, Vec<u8>)> = Vec::new();
+        for h in headers.into_iter().flat_map(|h| h.iter()) {
+            if !view.read(h.key, h.value) {
+                let value = h.value.map(<[u8]>::to_vec).unwrap_or_default();
+                extra.retain(|(k, _)| k != h.key);
+                extra.push((h.key.to_string(), value));
             }
         }
-        out
+        view.to_owned(extra)
     }
 
     /// The job's id: `kjob-id` when the producer set one; otherwise an id
@@ -217,17 +191,7 @@ impl JobHeaders {
     /// re-drive. Topic names cannot contain `:`, so a derived id never
     /// collides with another record's.
     pub fn job_id(&self, topic: &str, partition: i32, offset: i64) -> String {
-        if let Some(id) = &self.id {
-            return id.clone();
-        }
-        match (
-            &self.original_topic,
-            self.original_partition,
-            self.original_offset,
-        ) {
-            (Some(t), Some(p), Some(o)) => format!("{t}:{p}:{o}"),
-            _ => format!("{topic}:{partition}:{offset}"),
-        }
+        self.view().job_id(topic, partition, offset)
     }
 
     /// Records a failure: class, message (truncated on a UTF-8 boundary) and,
