@@ -177,7 +177,7 @@ impl JobHeaders {
                 extra.push((h.key.to_string(), value));
             }
         }
-        view.to_owned(extra)
+        view.into_job_headers(extra)
     }
 
     /// The job's id: `kjob-id` when the producer set one; otherwise an id

@@ -146,8 +146,8 @@ impl JobSpan {
     /// forwarded), so the attempt continues its trace; otherwise the
     /// attempt starts a trace of its own, linked to the span that forwarded
     /// it and to the job's enqueue (see the module docs).
-    pub(crate) fn consumer(
-        headers: impl FnOnce() -> JobHeaders,
+    pub(crate) fn consumer<'h>(
+        headers: impl FnOnce() -> std::borrow::Cow<'h, JobHeaders>,
         main: &str,
         continues: bool,
         attributes: impl FnOnce() -> Vec<KeyValue>,

@@ -16,6 +16,7 @@
 //! the [`Sink`] forwards go to and the clock. Nothing here sleeps for a
 //! retry: it waits in its tier topic, not in the worker.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use opentelemetry::trace::FutureExt as _;
@@ -452,7 +453,7 @@ impl Pipeline {
         {
             return Err(Waits::Before(entry, owned(), gate));
         }
-        Ok(self.ready(entry, msg, &headers, gate, now_ms))
+        Ok(self.ready(entry, msg, &headers, None, gate, now_ms))
     }
 
     /// Steps 0 to 2 for a record that may wait or hop before its handler:
@@ -530,15 +531,17 @@ impl Pipeline {
                 return ended(outcome);
             }
         }
-        Ok(self.ready(entry, msg, &headers.view(), gate, now_ms))
+        Ok(self.ready(entry, msg, &headers.view(), Some(&headers), gate, now_ms))
     }
 
-    /// The handler's context and span for `msg`, from its `headers`.
+    /// The handler's context and span for `msg`, from its `headers` (and
+    /// their owned form, if the caller has it, for the span).
     fn ready<'a, M: Message>(
         &'a self,
         entry: &'a RouteEntry,
         msg: &M,
         headers: &HeaderView<'_>,
+        owned: Option<&JobHeaders>,
         gate: Option<Gate<'a, 'a>>,
         now_ms: i64,
     ) -> Ready<'a> {
@@ -562,7 +565,7 @@ impl Pipeline {
             }
             TopicRole::Tier(_) => {}
         }
-        let span = handle_span(msg, entry, &ctx, headers, &self.server);
+        let span = handle_span(msg, entry, &ctx, headers, owned, &self.server);
         Ready {
             entry,
             gate,
@@ -633,7 +636,7 @@ impl Pipeline {
         let id = headers.job_id(msg.topic(), msg.partition(), msg.offset());
         let view = headers.view();
         let ctx = context_for(msg, &view, Arc::from(id.as_str()), &self.group, None, job);
-        let span = handle_span(msg, topic_entry, &ctx, &view, &self.server);
+        let span = handle_span(msg, topic_entry, &ctx, &view, Some(headers), &self.server);
         let settling = settle::Attempt {
             id: &id,
             job,
@@ -723,13 +726,17 @@ fn handle_span<M: Message>(
     entry: &RouteEntry,
     ctx: &JobContext,
     headers: &HeaderView<'_>,
+    owned: Option<&JobHeaders>,
     server: &[KeyValue],
 ) -> JobSpan {
     let main = entry.main.as_str();
     let continues = entry.role == TopicRole::Main && headers.original_topic.is_none();
-    // The trace headers, every one a propagator may read, only when spans
-    // are made.
-    let carried = || JobHeaders::parse(msg.headers());
+    // The trace headers, every one a propagator may read: parsed only when
+    // spans are made, and only if the caller has not already.
+    let carried = || match owned {
+        Some(h) => Cow::Borrowed(h),
+        None => Cow::Owned(JobHeaders::parse(msg.headers())),
+    };
     JobSpan::consumer(carried, main, continues, || {
         let mut attrs = Vec::with_capacity(16);
         attrs.extend([
