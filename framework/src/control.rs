@@ -672,21 +672,15 @@ fn tail(config: &KafkaConfig, group: &str, holds: &Holds, stop: &AtomicBool) {
                 continue;
             }
         }
-        let consumer: BaseConsumer = match config
-            .client_config(&[
-                ("group.id", "kjob-control-reader"),
-                ("enable.auto.commit", "false"),
-                ("enable.partition.eof", "false"),
-            ])
-            .create()
-        {
-            Ok(c) => c,
-            Err(e) => {
-                warn!(error = %e, "creating the control reader; retrying");
-                std::thread::sleep(Duration::from_secs(2));
-                continue;
-            }
-        };
+        let consumer: BaseConsumer =
+            match crate::membership::reader(config, "kjob-control-reader").create() {
+                Ok(c) => c,
+                Err(e) => {
+                    warn!(error = %e, "creating the control reader; retrying");
+                    std::thread::sleep(Duration::from_secs(2));
+                    continue;
+                }
+            };
         let mut tpl = TopicPartitionList::new();
         // Manual assignment: no group membership, no commits.
         if tpl

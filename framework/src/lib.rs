@@ -57,6 +57,7 @@ pub mod control;
 #[cfg(feature = "postgres")]
 pub mod ddl;
 pub mod delay;
+pub mod deployment;
 #[doc(hidden)]
 pub mod dlq;
 pub mod error;
@@ -69,6 +70,7 @@ pub mod json_avro;
 #[doc(hidden)]
 pub mod lag;
 pub mod layers;
+pub(crate) mod membership;
 pub(crate) mod offsets;
 #[cfg(feature = "postgres")]
 pub mod outbox;

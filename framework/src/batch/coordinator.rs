@@ -253,6 +253,7 @@ impl Coordinator {
 /// `topic` and folds the partitions it is given.
 pub(crate) async fn run(
     config: KafkaConfig,
+    membership: crate::membership::GroupSettings,
     topic: String,
     producer: Producer,
     metrics: Metrics,
@@ -260,17 +261,11 @@ pub(crate) async fn run(
 ) {
     let revoked = Arc::new(Revoked::default());
     let group = coordinator_group(&topic);
-    // `kjob-<group>-<host>-<pid>`: which process coordinates which
-    // partitions shows in `kafka-consumer-groups --describe`.
-    let client_id = crate::config::default_client_id(&group);
-    let consumer: StreamConsumer<Ctx> = match config
-        .client_config(&[
-            ("client.id", client_id.as_str()),
-            ("group.id", group.as_str()),
-            ("enable.auto.commit", "false"),
-            ("auto.offset.reset", "earliest"),
-            ("enable.partition.eof", "false"),
-        ])
+    // The worker's group settings (session, heartbeat, protocol, instance
+    // id), so a SIGKILLed coordinator's partitions move as fast as its
+    // worker's.
+    let consumer: StreamConsumer<Ctx> = match membership
+        .member(&config, &group, &[])
         .create_with_context(Ctx(revoked.clone()))
     {
         Ok(c) => c,

@@ -18,13 +18,13 @@ use crate::retry::RetryPolicy;
 use crate::telemetry::metrics::{Metrics, MetricsExporter, WorkerGauges};
 
 use super::handler::{Handler, StateMap};
-use super::membership::{self, GroupProtocol};
 use super::route::{Route, RouteShared, TypedRoute};
 use super::scheduler::Limits;
 use super::state::{OrderingMode, RouteEntry, Settings, TopicRole};
 use super::{limits, strict, watchdog, Priority, WorkerStats};
 #[cfg(doc)]
 use super::{Ext, State};
+use crate::membership::{self, GroupProtocol};
 #[cfg(doc)]
 use crate::producer::Producer;
 

@@ -4,8 +4,8 @@
 
 use crate::error::Error;
 
-use super::membership::{self, GroupProtocol};
 use super::{poll, Worker};
+use crate::membership::{self, GroupProtocol};
 
 impl Worker {
     /// Turns a consumer error the cluster will not change its mind about

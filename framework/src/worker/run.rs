@@ -16,10 +16,10 @@ use crate::error::{Error, Result};
 use crate::producer::Producer;
 use crate::telemetry::http;
 
-use super::membership::{self};
 use super::pipeline::Pipeline;
 use super::scheduler::Scheduler;
 use super::{dispatcher, hub, poll, strict, Worker, WorkerStats};
+use crate::membership;
 
 impl Worker {
     /// Live counters, readable while the worker runs.
@@ -44,7 +44,15 @@ impl Worker {
     /// Runs until `stop` completes, then shuts down gracefully: stop fetching,
     /// finish in-flight jobs within the grace period, cancel the rest,
     /// commit, leave the group.
+    ///
+    /// With `KJOB_DESCRIBE=json` it prints the worker's [`Worker::deployment`]
+    /// on stdout instead and returns at once, without connecting: how a
+    /// deploy pipeline learns what topics and ACLs a binary needs.
     pub async fn run_until<F: Future<Output = ()>>(mut self, stop: F) -> Result<()> {
+        if describe_requested()? {
+            println!("{}", self.deployment().to_json());
+            return Ok(());
+        }
         // One listing of the cluster's topics serves both adoptions when a
         // route shares its tiers (it needs one anyway); otherwise the delay
         // topics are asked for by name.
@@ -99,6 +107,7 @@ impl Worker {
             )));
             tokio::spawn(crate::batch::coordinator::run(
                 self.config.clone(),
+                self.group_settings(),
                 topic.clone(),
                 producer,
                 self.metrics.clone(),
@@ -404,18 +413,19 @@ impl Worker {
         });
     }
 
+    /// How this worker's consumers join their groups: the worker's own and
+    /// the batch coordinator's (`crate::membership`).
+    pub(super) fn group_settings(&self) -> membership::GroupSettings {
+        membership::GroupSettings {
+            protocol: self.protocol,
+            instance_id: self.static_member.clone(),
+        }
+    }
+
     fn consumer(&self, context: poll::WorkerContext) -> Result<BaseConsumer<poll::WorkerContext>> {
-        // A default only: a client.id the user configured wins (overrides
-        // are applied on top of the defaults).
-        let client_id = crate::config::default_client_id(&self.settings.group);
         let queued_min = self.settings.max_in_flight_per_partition.to_string();
-        let mut defaults = vec![
-            ("group.id", self.settings.group.as_str()),
-            ("client.id", client_id.as_str()),
-            ("enable.auto.commit", "false"),
+        let own = [
             ("enable.auto.offset.store", "false"),
-            ("auto.offset.reset", "earliest"),
-            ("enable.partition.eof", "false"),
             // A paused partition (backpressure, retry delay) is fetched again
             // only after the broker's long-poll returns; librdkafka's 500 ms
             // default made every resume cost half a second of idle time.
@@ -435,13 +445,27 @@ impl Worker {
             ("queued.min.messages", queued_min.as_str()),
             ("queued.max.messages.kbytes", "8192"),
         ];
-        defaults.extend(membership::consumer_settings(self.protocol));
-        let mut cfg = self.config.client_config(&defaults);
-        if let Some(id) = &self.static_member {
-            cfg.set("group.instance.id", id);
-        }
-        cfg.create_with_context(context)
+        self.group_settings()
+            .member(&self.config, &self.settings.group, &own)
+            .create_with_context(context)
             .map_err(|e| Error::kafka("creating consumer", e))
+    }
+}
+
+/// Whether `KJOB_DESCRIBE` asks for the model (`json`, the one form);
+/// another value is refused, naming the one that works.
+fn describe_requested() -> Result<bool> {
+    let Ok(value) = std::env::var(crate::deployment::DESCRIBE_ENV) else {
+        return Ok(false);
+    };
+    match value.trim() {
+        "" => Ok(false),
+        "json" => Ok(true),
+        other => Err(Error::InvalidSetting {
+            name: crate::deployment::DESCRIBE_ENV.into(),
+            value: other.to_string(),
+            reason: "the one form is `json` (KJOB_DESCRIBE=json prints the worker's model and exits); unset it to run".into(),
+        }),
     }
 }
 

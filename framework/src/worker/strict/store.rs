@@ -98,12 +98,7 @@ fn read_partition(
     topic: &str,
     partition: i32,
 ) -> Result<Vec<(Vec<u8>, Option<Vec<u8>>)>> {
-    let consumer: BaseConsumer = config
-        .client_config(&[
-            ("group.id", "kjob-order-reader"),
-            ("enable.auto.commit", "false"),
-            ("enable.partition.eof", "false"),
-        ])
+    let consumer: BaseConsumer = crate::membership::reader(config, "kjob-order-reader")
         .create()
         .map_err(|e| Error::kafka("creating the order-state reader", e))?;
     let timeout = Duration::from_secs(10);

@@ -115,7 +115,7 @@ impl GroupProtocol {
 }
 
 /// The static-member id from `KJOB_INSTANCE_ID`, if set.
-pub(super) fn instance_id_from_env() -> Option<String> {
+pub(crate) fn instance_id_from_env() -> Option<String> {
     std::env::var(INSTANCE_ID_ENV)
         .ok()
         .map(|v| v.trim().to_string())
@@ -149,6 +149,71 @@ pub(crate) fn reject_classic_only(config: &crate::KafkaConfig) -> Result<()> {
                 .into(),
         }),
     }
+}
+
+/// How every consumer-group member kjob runs joins its group: the
+/// worker's consumer and the batch coordinator's take the same protocol,
+/// session, heartbeat, reconnect backoff and instance id from here, so a
+/// crashed process's partitions move after the same time whichever of its
+/// consumers held them. (The batch coordinator once built its own list and
+/// ran on librdkafka's 45 s session: callbacks a minute late after a
+/// SIGKILL.)
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct GroupSettings {
+    /// The rebalance protocol.
+    pub protocol: GroupProtocol,
+    /// The static-member id (`group.instance.id`), when set. Instance ids
+    /// are unique per group, so one process uses the same id in each group
+    /// it joins.
+    pub instance_id: Option<String>,
+}
+
+impl GroupSettings {
+    /// The client config of a member of `group`: kjob's group defaults,
+    /// then `own` (what this consumer needs beyond them), then the user's
+    /// overrides from `config` (which win), then the instance id.
+    pub(crate) fn member(
+        &self,
+        config: &crate::KafkaConfig,
+        group: &str,
+        own: &[(&str, &str)],
+    ) -> rdkafka::ClientConfig {
+        // `kjob-<group>-<host>-<pid>`: which process holds which partitions
+        // shows in `kafka-consumer-groups --describe`. A default only: a
+        // client.id the user configured wins.
+        let client_id = crate::config::default_client_id(group);
+        let mut defaults: Vec<(&str, &str)> = vec![
+            ("group.id", group),
+            ("client.id", client_id.as_str()),
+            ("enable.auto.commit", "false"),
+            ("auto.offset.reset", "earliest"),
+            ("enable.partition.eof", "false"),
+        ];
+        defaults.extend(consumer_settings(self.protocol));
+        defaults.extend_from_slice(own);
+        let mut cfg = config.client_config(&defaults);
+        if let Some(id) = &self.instance_id {
+            cfg.set("group.instance.id", id);
+        }
+        cfg
+    }
+}
+
+/// The client config of a consumer that assigns its partitions itself and
+/// never joins or commits (the control reader, the order-state reader):
+/// no group settings apply, but it gets the same client id form and
+/// reconnect backoff as the members. `name` is its `group.id`, which
+/// librdkafka wants set and ACLs never see (nothing is committed under it).
+pub(crate) fn reader(config: &crate::KafkaConfig, name: &str) -> rdkafka::ClientConfig {
+    let client_id = crate::config::default_client_id(name);
+    config.client_config(&[
+        ("group.id", name),
+        ("client.id", client_id.as_str()),
+        ("enable.auto.commit", "false"),
+        ("enable.partition.eof", "false"),
+        ("reconnect.backoff.ms", "100"),
+        ("reconnect.backoff.max.ms", "1000"),
+    ])
 }
 
 /// kjob's consumer settings for `protocol`; the user's own overrides in
