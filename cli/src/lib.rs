@@ -15,6 +15,7 @@
 // closed pipe is handled in one place instead of panicking in `println!`.
 #![deny(clippy::print_stdout)]
 
+mod acls;
 mod batches;
 mod dlq;
 mod enqueue;
@@ -113,6 +114,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// The kafka-acls commands that grant a worker exactly what its model (KJOB_DESCRIBE=json) lists.
+    Acls(acls::AclsArgs),
     /// Batches of jobs with a callback: list, show, cancel (dry run unless --execute).
     #[command(subcommand)]
     Batches(batches::BatchesCommand),
@@ -154,7 +157,7 @@ impl Command {
     /// `--bootstrap-server` is reported at once, in one line.
     fn needs_kafka(&self) -> bool {
         match self {
-            Command::Schema(_) | Command::Ui(_) => false,
+            Command::Schema(_) | Command::Ui(_) | Command::Acls(_) => false,
             #[cfg(feature = "postgres")]
             Command::Outbox(_) => false,
             Command::Enqueue(args) => args.needs_kafka(),
@@ -280,6 +283,7 @@ pub fn main() -> ExitCode {
             .map_err(|e| anyhow::anyhow!("background task: {e}"))??;
         }
         match cli.command {
+            Command::Acls(args) => acls::run(&ctx, args).await,
             Command::Dlq(cmd) => dlq::run(&ctx, cmd).await,
             Command::Enqueue(args) => enqueue::run(&ctx, args).await,
             Command::Groups(cmd) => groups::run(&ctx, cmd).await,

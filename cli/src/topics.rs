@@ -10,6 +10,8 @@ use clap::Subcommand;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde_json::json;
 
+mod list;
+
 use crate::output::{json, outln};
 use crate::Ctx;
 use kjob::delay::{delay_topics, CREATED_RETENTION};
@@ -18,7 +20,7 @@ use kjob::topics::{create_topics_replicated, dlq_topic, order_topic};
 use kjob_ops::problem::Problem;
 use kjob_ops::suggest::did_you_mean;
 use kjob_ops::topics::{
-    parse_config, route_topics, routes, topic_configs, topic_partitions, PlanAction, Role,
+    parse_config, route_topics, topic_configs, topic_partitions, PlanAction, Role,
 };
 
 #[derive(Subcommand, Debug)]
@@ -28,6 +30,10 @@ pub(crate) enum TopicsCommand {
         /// Also topics that belong to no route (internal `__` topics stay hidden).
         #[arg(long)]
         all: bool,
+        /// A worker's model (`KJOB_DESCRIBE=json ./worker > model.json`): list exactly
+        /// its topics, with those missing on the cluster marked.
+        #[arg(long, value_name = "FILE")]
+        model: Option<std::path::PathBuf>,
     },
     /// A route's topics: partitions, replication factor, configs, leaders and replicas.
     Describe {
@@ -144,61 +150,7 @@ struct Wanted {
 pub(crate) async fn run(ctx: &Ctx, cmd: TopicsCommand) -> Result<()> {
     let config = ctx.config.clone();
     match cmd {
-        TopicsCommand::List { all } => {
-            let c = config.clone();
-            let infos = blocking(move || topic_partitions(&c)).await?;
-            let names: Vec<String> = infos.keys().cloned().collect();
-            let mut rows: Vec<(String, String, String, Option<String>)> = Vec::new();
-            let mut in_route = std::collections::BTreeSet::new();
-            for (main, topics) in routes(&names) {
-                for t in topics {
-                    in_route.insert(t.topic.clone());
-                    rows.push((t.topic, t.role.label().to_string(), main.clone(), t.delay));
-                }
-            }
-            if all {
-                for n in &names {
-                    if !in_route.contains(n) && !n.starts_with("__") {
-                        rows.push((n.clone(), "-".into(), "-".into(), None));
-                    }
-                }
-            }
-            let partitions = |t: &str| infos.get(t).map_or(0, |i| i.partitions);
-            if ctx.json() {
-                let out: Vec<serde_json::Value> = rows
-                    .iter()
-                    .map(|(t, role, route, delay)| {
-                        json!({
-                            "topic": t,
-                            "role": role,
-                            "route": if route == "-" { None } else { Some(route) },
-                            "delay": delay,
-                            "partitions": partitions(t),
-                        })
-                    })
-                    .collect();
-                return json(&json!({ "topics": out }));
-            }
-            let mut table = Table::new();
-            table.load_preset(UTF8_FULL_CONDENSED);
-            table.set_header(vec!["topic", "role", "route", "partitions"]);
-            for (t, role, route, delay) in &rows {
-                let role = match delay {
-                    Some(d) => format!("{role} {d}"),
-                    None => role.clone(),
-                };
-                table.add_row(vec![
-                    t.clone(),
-                    role,
-                    route.clone(),
-                    partitions(t).to_string(),
-                ]);
-            }
-            outln!("{table}")?;
-            let routes = rows.iter().filter(|r| r.1 == "main").count();
-            outln!("{} route(s), {} topic(s)", routes, rows.len())?;
-            Ok(())
-        }
+        TopicsCommand::List { all, model } => list::run(ctx, all, model).await,
         TopicsCommand::Describe { topic } => {
             let c = config.clone();
             let infos = blocking(move || topic_partitions(&c)).await?;

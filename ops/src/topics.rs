@@ -27,68 +27,9 @@ use kjob::retry::{discover_tiers, format_delay};
 use kjob::schedule::{leader_topic, state_topic};
 use kjob::topics::{dlq_audit_topic, dlq_topic, order_topic};
 
-/// What a topic is to its route.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// The route's main topic: where jobs are enqueued.
-    Main,
-    /// A retry tier: failed jobs wait there for their next attempt.
-    RetryTier,
-    /// A retry tier the group's routes share (`<group>.retry.<delay>`,
-    /// `WorkerBuilder::shared_retry_tiers`): its lag counts every route's
-    /// retries, each record naming its route in `kjob-route`.
-    SharedRetryTier,
-    /// A delay topic: delayed jobs wait there until their time.
-    Delay,
-    /// A delay bucket the group's routes share (`<group>.delay.<bucket>`,
-    /// `SharedTiers::delay_buckets`), each record naming its route in
-    /// `kjob-route`.
-    SharedDelay,
-    /// The dead-letter topic.
-    Dlq,
-    /// The audit trail of what operators did with dead letters.
-    DlqAudit,
-    /// The compacted order state of a strict-order route.
-    StrictOrder,
-    /// The group's cron leader topic (one partition).
-    CronLeader,
-    /// The group's cron state (last tick fired per schedule).
-    CronState,
-}
-
-impl Role {
-    /// How tables name it.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Role::Main => "main",
-            Role::RetryTier => "retry tier",
-            Role::SharedRetryTier => "shared retry tier",
-            Role::Delay => "delay",
-            Role::SharedDelay => "shared delay",
-            Role::Dlq => "dlq",
-            Role::DlqAudit => "dlq audit",
-            Role::StrictOrder => "strict order",
-            Role::CronLeader => "cron leader",
-            Role::CronState => "cron state",
-        }
-    }
-
-    /// Whether the route's consumer group reads it (so its lag means jobs
-    /// waiting): the main topic, the tiers, the delay topics and the cron
-    /// leader topic. The others are written and read by other means.
-    pub fn consumed(&self) -> bool {
-        matches!(
-            self,
-            Role::Main
-                | Role::RetryTier
-                | Role::SharedRetryTier
-                | Role::Delay
-                | Role::SharedDelay
-                | Role::CronLeader
-        )
-    }
-}
+/// What a topic is to its route or group: kjob's one list
+/// ([`kjob::deployment::Role`]), shared with the worker's model.
+pub use kjob::deployment::Role;
 
 /// One topic of a route.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -185,27 +126,6 @@ pub fn route_topics(main: &str, group: Option<&str>, all_topics: &[String]) -> V
         }
     }
     out
-}
-
-/// Every route in the cluster: each topic that has a DLQ, a retry tier, a
-/// delay topic or an order topic is a main topic, with its topics. Sorted
-/// by main topic.
-pub fn routes(all_topics: &[String]) -> Vec<(String, Vec<RouteTopic>)> {
-    let mut mains: Vec<&String> = all_topics
-        .iter()
-        .filter(|t| {
-            let belongs = |suffix: &str| all_topics.iter().any(|o| o == &format!("{t}{suffix}"));
-            belongs(".dlq")
-                || belongs(".order")
-                || !discover_tiers(t, all_topics).is_empty()
-                || delay_topics(t).iter().any(|d| all_topics.contains(d))
-        })
-        .collect();
-    mains.sort();
-    mains
-        .into_iter()
-        .map(|m| (m.clone(), route_topics(m, None, all_topics)))
-        .collect()
 }
 
 /// A topic as the cluster describes it.
@@ -375,12 +295,6 @@ mod tests {
             ("g.schedules.state".into(), "cron state", None),
         ];
         assert_eq!(got, want);
-        let mains: Vec<String> = routes(&all).into_iter().map(|(m, _)| m).collect();
-        assert_eq!(
-            mains,
-            names(&["orders"]),
-            "a DLQ without its main topic is no route"
-        );
         assert!(parse_config("retention.ms=1").is_ok());
         assert!(parse_config("nope").is_err());
     }
@@ -490,7 +404,7 @@ pub fn plan(
             };
             PlanRow {
                 topic: topic.clone(),
-                role: role.clone(),
+                role: *role,
                 today,
                 after: Some(today.unwrap_or(new_count)),
                 action: if today.is_some() {

@@ -6,6 +6,7 @@
 //! target/release/batches --mode overhead --jobs 200000 --rounds 3
 //! target/release/batches --mode latency --batches 30 --size 500
 //! target/release/batches --mode newsletter --jobs 200000 --workers 3 --kills 5
+//! target/release/batches --mode kills --rounds 4 --size 1000
 //! ```
 //!
 //! * `overhead`: the same number of no-op jobs on two topics (8 partitions),
@@ -21,6 +22,13 @@
 //!   concurrent handlers each), one of which is SIGKILLed and replaced
 //!   every `--kill-every-ms` (3000), `--kills` times; reports
 //!   how many times the callback ran and its counts (target: once, exact).
+//! * `kills`: two worker processes at kjob's default group settings (no
+//!   session set by hand); per round, one batch of `--size` jobs (50 ms
+//!   handlers, 16 at a time per worker), and once its first snapshot names
+//!   its partition, the process coordinating that partition is SIGKILLed and
+//!   started again. Reports per round the time from the batch's last job
+//!   to its callback and from the kill to the callback, then p50 and max
+//!   (target: within the session timeout + 2 s of the kill).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -264,23 +272,39 @@ async fn latency(config: &KafkaConfig) -> anyhow::Result<()> {
 }
 
 /// `--mode worker`: one newsletter worker process (see the module docs).
+/// With `BENCH_DEFAULTS=1` it keeps kjob's own group settings and its
+/// handlers take 50 ms, printing `done <seq> <epoch ms>` per job and the
+/// epoch ms after each callback line (`--mode kills`).
 async fn worker_process() -> anyhow::Result<()> {
     let topic = std::env::var("BENCH_TOPIC")?;
     let callbacks = std::env::var("BENCH_CALLBACKS")?;
     let batches = std::env::var("BENCH_BATCHES")?;
     let group = std::env::var("BENCH_GROUP")?;
-    let config = KafkaConfig::from_env().set("session.timeout.ms", "6000");
+    let defaults = std::env::var("BENCH_DEFAULTS").is_ok_and(|v| v == "1");
+    let mut config = KafkaConfig::from_env();
+    if !defaults {
+        config = config.set("session.timeout.ms", "6000");
+    }
+    let handler_ms = if defaults { 50 } else { 2 };
     Worker::builder(config, group)
         .batches_on(&batches)
         .concurrency(16)
-        .handle_on(&topic, |_: BenchJob, _: JobContext| async {
-            tokio::time::sleep(Duration::from_millis(2)).await;
+        .handle_on(&topic, move |job: BenchJob, _: JobContext| async move {
+            tokio::time::sleep(Duration::from_millis(handler_ms)).await;
+            if defaults {
+                println!("done {} {}", job.seq, kjob::clock::now_ms());
+            }
             Ok::<(), JobError>(())
         })
-        .handle_on(&callbacks, |_: BenchJob, ctx: JobContext| async move {
+        .handle_on(&callbacks, move |_: BenchJob, ctx: JobContext| async move {
             if let Some(r) = ctx.batch_report {
+                let at = if defaults {
+                    format!(" {}", kjob::clock::now_ms())
+                } else {
+                    String::new()
+                };
                 println!(
-                    "callback {} {} {} {} {}",
+                    "callback {} {} {} {} {}{at}",
                     ctx.id, r.batch, r.total, r.succeeded, r.dead_lettered
                 );
             }
@@ -399,6 +423,171 @@ async fn newsletter(config: &KafkaConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--mode kills` (see the module docs).
+async fn kills(config: &KafkaConfig) -> anyhow::Result<()> {
+    let (rounds, size) = (arg("rounds", 4) as i64, arg("size", 1000) as i64);
+    let (topic, callbacks, batches, group) = (
+        unique("bench.kills"),
+        unique("bench.kills.cb"),
+        unique("bench.kbatches"),
+        unique("bench-kills"),
+    );
+    create_topic(config, &topic, 6).await;
+    create_topic(config, &callbacks, 1).await;
+    let out = std::env::temp_dir().join(unique("batch-kills"));
+    std::fs::create_dir_all(&out)?;
+    let exe = std::env::current_exe()?;
+    let spawn = |i: usize| -> anyhow::Result<std::process::Child> {
+        let log = std::fs::File::create(out.join(format!("w{i}")))?;
+        Ok(std::process::Command::new(&exe)
+            .args(["--mode", "worker"])
+            .env("BENCH_TOPIC", &topic)
+            .env("BENCH_CALLBACKS", &callbacks)
+            .env("BENCH_BATCHES", &batches)
+            .env("BENCH_GROUP", &group)
+            .env("BENCH_DEFAULTS", "1")
+            .env("RUST_LOG", "off")
+            .stdout(log)
+            .spawn()?)
+    };
+    let mut running: Vec<std::process::Child> = vec![spawn(0)?, spawn(1)?];
+    let mut next = 2;
+    wait_topics_exist(
+        config,
+        &[batches.clone(), kjob::batch::state_topic(&batches)],
+        "the batch topics",
+    )
+    .await;
+    let lines = |next: usize| -> Vec<String> {
+        (0..next)
+            .flat_map(|i| {
+                std::fs::read_to_string(out.join(format!("w{i}")))
+                    .unwrap_or_default()
+                    .lines()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let coordinator = kjob::batch::coordinator_group(&batches);
+    let p = Producer::new(config)?;
+    let (mut after_last, mut after_kill) = (Vec::new(), Vec::new());
+    for r in 0..rounds {
+        // Both processes hold partitions of the coordinator group: the
+        // group has settled since the last kill.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let groups = kjob_ops::groups::describe_groups(config, Some(&coordinator))?;
+            let holding = groups
+                .iter()
+                .flat_map(|g| g.members.iter())
+                .filter(|m| !m.assignment.is_empty())
+                .count();
+            if holding == 2 {
+                break;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the coordinator group did not settle"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let id = format!("kills-{r}-{}", uuid::Uuid::new_v4().simple());
+        let b = p.batch(&id)?.topic(&batches).callback_to(
+            When::Complete,
+            &callbacks,
+            BenchJob::new(0, 1),
+        );
+        let base = (r + 1) * 1_000_000;
+        futures::stream::iter(base..base + size)
+            .map(|i| {
+                let b = &b;
+                let topic = &topic;
+                async move { b.enqueue_to(topic, &BenchJob::new(i, 1000)).await }
+            })
+            .buffer_unordered(500)
+            .try_for_each(|_| async { Ok(()) })
+            .await?;
+        b.seal().await?;
+        let partition = loop {
+            let states = kjob::batch::read_states(config, &batches, None)?;
+            if let Some(s) = states.get(&id) {
+                break s.partition;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let owner = kjob_ops::groups::describe_groups(config, Some(&coordinator))?
+            .iter()
+            .flat_map(|g| g.members.iter())
+            .find(|m| {
+                m.assignment
+                    .iter()
+                    .any(|(t, ps)| *t == batches && ps.contains(&partition))
+            })
+            .and_then(|m| m.client_id.rsplit('-').next()?.parse::<u32>().ok());
+        let Some(victim) = running.iter().position(|c| Some(c.id()) == owner) else {
+            anyhow::bail!("round {r}: no process coordinates partition {partition}");
+        };
+        let finished = finished_of(config, &batches, &id);
+        let mut killed = running.remove(victim);
+        let killed_ms = kjob::clock::now_ms();
+        let _ = killed.kill();
+        killed.wait()?;
+        running.push(spawn(next)?);
+        next += 1;
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let want = kjob::batch::callback_id(&id, When::Complete);
+        let callback_ms = loop {
+            let found = lines(next).iter().find_map(|l| {
+                let rest = l.strip_prefix("callback ")?;
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                (f.first() == Some(&want.as_str())).then(|| f.last()?.parse::<i64>().ok())?
+            });
+            if let Some(ms) = found {
+                break ms;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "round {r}: no callback in 5 minutes"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let last_ms = lines(next)
+            .iter()
+            .filter_map(|l| {
+                let mut f = l.strip_prefix("done ")?.split_whitespace();
+                let seq: i64 = f.next()?.parse().ok()?;
+                let ms: i64 = f.next()?.parse().ok()?;
+                (base..base + size).contains(&seq).then_some(ms)
+            })
+            .max()
+            .unwrap_or(killed_ms);
+        let (l, k) = (callback_ms - last_ms, callback_ms - killed_ms);
+        println!(
+            "round {}: killed the coordinator at {finished} of {size} finished; last job -> callback {:.2} s, kill -> callback {:.2} s",
+            r + 1,
+            l as f64 / 1e3,
+            k as f64 / 1e3
+        );
+        after_last.push(l);
+        after_kill.push(k);
+    }
+    for mut w in running {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    let summary = |v: &mut Vec<i64>| {
+        v.sort_unstable();
+        (v[v.len() / 2] as f64 / 1e3, v[v.len() - 1] as f64 / 1e3)
+    };
+    let (l50, lmax) = summary(&mut after_last);
+    let (k50, kmax) = summary(&mut after_kill);
+    println!(
+        "{rounds} kills: last job -> callback p50 {l50:.2} s, max {lmax:.2} s; kill -> callback p50 {k50:.2} s, max {kmax:.2} s"
+    );
+    Ok(())
+}
+
 /// The batch's finished count in its last snapshot (0 before the first).
 fn finished_of(config: &KafkaConfig, batches: &str, id: &str) -> u64 {
     kjob::topics::read_topic(config, &kjob::batch::state_topic(batches))
@@ -426,6 +615,9 @@ async fn main() -> anyhow::Result<()> {
         "overhead" => overhead(&config).await,
         "latency" => latency(&config).await,
         "newsletter" => newsletter(&config).await,
-        other => anyhow::bail!("unknown --mode {other}: overhead, latency, newsletter or worker"),
+        "kills" => kills(&config).await,
+        other => {
+            anyhow::bail!("unknown --mode {other}: overhead, latency, newsletter, kills or worker")
+        }
     }
 }

@@ -69,6 +69,10 @@ struct Args {
     /// Give up (exit 1) if not done within this many seconds.
     #[arg(long, default_value_t = 600)]
     timeout_secs: u64,
+    /// Print the worker's deployment model (every topic, group, subject) as
+    /// JSON and exit, without connecting (the same as `KJOB_DESCRIBE=json`).
+    #[arg(long)]
+    describe: bool,
 }
 
 /// What the simulated downstreams do on one attempt.
@@ -222,6 +226,36 @@ async fn futures_join(
     a.into_iter().chain(b).chain(c).collect()
 }
 
+/// The demo's worker: three routes sharing one set of retry tiers and delay
+/// buckets, small DLQs, priorities.
+fn demo_worker(config: &KafkaConfig, args: &Args) -> anyhow::Result<Worker> {
+    let downstream = Arc::new(Downstream {
+        transient_rate: args.transient_rate,
+        missing_every: args.missing_every,
+        max_latency_ms: args.max_latency_ms,
+    });
+    let (d1, d2, d3) = (downstream.clone(), downstream.clone(), downstream);
+    Ok(Worker::builder(config.clone(), &args.group)
+        .handle(move |j, c| send_confirmation(j, c, d1.clone()))
+        .handle(move |j, c| render_invoice(j, c, d2.clone()))
+        .handle(move |j, c| sync_crm(j, c, d3.clone()))
+        .retry(retry_policy())
+        .priority(SendOrderConfirmation::NAME, Priority::High)
+        .priority(SyncCustomerToCrm::NAME, Priority::Low)
+        // Only the follow-up mails are delayed.
+        .delayed_jobs_on(SendOrderConfirmation::NAME)
+        // One set of retry tiers and delay buckets for the three routes, and
+        // small DLQs: 52 partitions instead of 133.
+        .shared_retry_tiers_with(
+            SharedTiers::new()
+                .delay_buckets()
+                .partitions(SHARED_PARTITIONS),
+        )
+        .dlq_partitions(1)
+        .concurrency(256)
+        .build()?)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -232,6 +266,10 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
     let config = KafkaConfig::from_env();
+    if args.describe {
+        println!("{}", demo_worker(&config, &args)?.deployment().to_json());
+        return Ok(());
+    }
     println!(
         "kjob orders demo: {} jobs, Kafka {}, registry {}",
         args.jobs, config.bootstrap_servers, config.schema_registry_url
@@ -282,31 +320,7 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("enqueued {FOLLOW_UPS} follow-up mails due in 3 s (enqueue_in)");
 
-    let downstream = Arc::new(Downstream {
-        transient_rate: args.transient_rate,
-        missing_every: args.missing_every,
-        max_latency_ms: args.max_latency_ms,
-    });
-    let (d1, d2, d3) = (downstream.clone(), downstream.clone(), downstream);
-    let worker = Worker::builder(config.clone(), &args.group)
-        .handle(move |j, c| send_confirmation(j, c, d1.clone()))
-        .handle(move |j, c| render_invoice(j, c, d2.clone()))
-        .handle(move |j, c| sync_crm(j, c, d3.clone()))
-        .retry(retry_policy())
-        .priority(SendOrderConfirmation::NAME, Priority::High)
-        .priority(SyncCustomerToCrm::NAME, Priority::Low)
-        // Only the follow-up mails are delayed.
-        .delayed_jobs_on(SendOrderConfirmation::NAME)
-        // One set of retry tiers and delay buckets for the three routes, and
-        // small DLQs: 52 partitions instead of 133.
-        .shared_retry_tiers_with(
-            SharedTiers::new()
-                .delay_buckets()
-                .partitions(SHARED_PARTITIONS),
-        )
-        .dlq_partitions(1)
-        .concurrency(256)
-        .build()?;
+    let worker = demo_worker(&config, &args)?;
     let stats = worker.stats();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(worker.run_until(async {

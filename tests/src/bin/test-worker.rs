@@ -35,6 +35,10 @@
 //! `KJOB_TEST_SECOND_TIERS_MS` (default `1000,2000`); with
 //! `KJOB_TEST_SHARED_DELAYS=1` too, the routes also share delay buckets
 //! (`SharedTiers::delay_buckets`).
+//! `KJOB_TEST_KJOB_SESSION=1` keeps kjob's own group settings instead of the
+//! broker's minimum session (6 s) the crash tests use, and
+//! `KJOB_TEST_TIMES=1` appends `doneat <seq> <epoch ms>` after each `done`
+//! line and `callbackat <epoch ms>` after each `callback` line.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -87,6 +91,7 @@ async fn main() -> Result<(), String> {
     let concurrency = ms("KJOB_TEST_CONCURRENCY", 64) as usize;
     let tiers = delays_ms("KJOB_TEST_TIERS_MS", "1000");
     let delayed = std::env::var("KJOB_TEST_DELAYED").is_ok_and(|v| v == "1");
+    let times = std::env::var("KJOB_TEST_TIMES").is_ok_and(|v| v == "1");
     let strict = std::env::var("KJOB_TEST_STRICT").is_ok_and(|v| v == "1");
     let effects = match std::env::var("KJOB_TEST_EFFECTS") {
         Ok(table) => Some(Arc::new(
@@ -124,6 +129,12 @@ async fn main() -> Result<(), String> {
                 }
             }
             append_line(&record, &format!("done {}", job.seq));
+            if times {
+                append_line(
+                    &record,
+                    &format!("doneat {} {}", job.seq, kjob::clock::now_ms()),
+                );
+            }
             if strict {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
@@ -138,7 +149,8 @@ async fn main() -> Result<(), String> {
     // 6 s instead of kjob's 10 s, which keeps the crash tests short. (Under
     // KIP-848 the session is the broker's, and the setting is refused.)
     let mut config = KafkaConfig::from_env();
-    if std::env::var("KJOB_GROUP_PROTOCOL").as_deref() != Ok("consumer") {
+    let kjob_session = std::env::var("KJOB_TEST_KJOB_SESSION").is_ok_and(|v| v == "1");
+    if std::env::var("KJOB_GROUP_PROTOCOL").as_deref() != Ok("consumer") && !kjob_session {
         config = config.set("session.timeout.ms", "6000");
     }
     let mut builder = Worker::builder(config, group);
@@ -193,6 +205,9 @@ async fn main() -> Result<(), String> {
                         ctx.id, r.total, r.succeeded, r.dead_lettered
                     ),
                 );
+                if times {
+                    append_line(&record, &format!("callbackat {}", kjob::clock::now_ms()));
+                }
                 Ok::<(), JobError>(())
             }
         });

@@ -1,0 +1,289 @@
+//! The deployment model against the real stack: a worker binary prints its
+//! model with `KJOB_DESCRIBE=json`, and once it has started, the topics on
+//! the broker that belong to it are exactly the model's; `kjob topics
+//! list` names each with the model's role, with or without the model file;
+//! `kjob acls` prints one grant per topic and group. Plus the book's ACL
+//! table, checked against the rules the model's grants come from.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use kjob::deployment::{acls, Deployment};
+use kjob::KafkaConfig;
+use kjob_integration_tests::*;
+
+const KJOB: &str = env!("CARGO_BIN_EXE_kjob-cli");
+const WORKER: &str = env!("CARGO_BIN_EXE_test-worker");
+
+/// The test worker's environment for `topic` and `group`, plus `extra`.
+fn command(
+    topic: &str,
+    group: &str,
+    record: &Path,
+    extra: &[(&str, &str)],
+) -> std::process::Command {
+    let mut c = std::process::Command::new(WORKER);
+    c.env("KJOB_TEST_TOPIC", topic)
+        .env("KJOB_TEST_GROUP", group)
+        .env("KJOB_TEST_RECORD", record)
+        .envs(extra.iter().copied());
+    c
+}
+
+/// The model the binary prints with `KJOB_DESCRIBE=json`, without
+/// connecting (it returns at once, with status 0).
+fn describe(topic: &str, group: &str, record: &Path, extra: &[(&str, &str)]) -> Deployment {
+    let out = command(topic, group, record, extra)
+        .env("KJOB_DESCRIBE", "json")
+        .env("KJOB_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+        .output()
+        .expect("running test-worker");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let start = stdout.find("{\n").expect("a JSON object on stdout");
+    Deployment::from_json(stdout[start..].trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// Every topic on the broker whose name is one of `owners` or starts with
+/// `<owner>.`.
+fn broker_topics(config: &KafkaConfig, owners: &[&str]) -> BTreeSet<String> {
+    kjob::topics::list_topics(config)
+        .unwrap()
+        .into_iter()
+        .filter(|t| {
+            owners
+                .iter()
+                .any(|o| t == o || t.starts_with(&format!("{o}.")))
+        })
+        .collect()
+}
+
+/// Starts the worker, waits until every topic of `model` exists, and
+/// checks that nothing else of its names was created; then lists the
+/// topics through `kjob topics list` with and without the model, and the
+/// grants through `kjob acls`.
+async fn provisions_exactly(
+    config: &KafkaConfig,
+    model: &Deployment,
+    owners: &[&str],
+    mut worker: std::process::Command,
+) {
+    let mut child = worker.spawn().expect("spawning test-worker");
+    let want: BTreeSet<String> = model.topic_names().into_iter().collect();
+    let wanted: Vec<String> = want.iter().cloned().collect();
+    wait_topics_exist(config, &wanted, "the model's topics").await;
+    // The heartbeat creates the control topic last; give a stray topic
+    // time to show.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let on_broker = broker_topics(config, owners);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        on_broker, want,
+        "the broker's topics of this worker (left) and its model (right)"
+    );
+    let dir = std::env::temp_dir().join(unique("kjob-model"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("model.json");
+    std::fs::write(&file, model.to_json()).unwrap();
+    let file = file.to_string_lossy().to_string();
+    for args in [
+        vec!["topics", "list", "--json"],
+        vec!["topics", "list", "--json", "--model", file.as_str()],
+    ] {
+        let listed: serde_json::Value =
+            serde_json::from_str(&kjob_ok(KJOB, config, &args)).unwrap();
+        for t in &model.topics {
+            let row = listed["topics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["topic"] == t.topic.as_str())
+                .unwrap_or_else(|| panic!("{args:?} misses {}", t.topic));
+            assert_eq!(row["role"], t.role.label(), "{args:?}: {}", t.topic);
+            assert_eq!(row["exists"], true, "{args:?}: {}", t.topic);
+        }
+    }
+    let printed = kjob_ok(
+        KJOB,
+        config,
+        &[
+            "acls",
+            "--model",
+            file.as_str(),
+            "--principal",
+            "User:kjob-worker",
+        ],
+    );
+    let commands: Vec<&str> = printed
+        .lines()
+        .filter(|l| l.starts_with("kafka-acls "))
+        .collect();
+    assert_eq!(
+        commands.len(),
+        model.topics.len() + model.groups.len(),
+        "{printed}"
+    );
+    assert!(
+        commands
+            .iter()
+            .all(|c| c.contains("--allow-principal User:kjob-worker")),
+        "{printed}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_cron_delays_and_strict_order_create_exactly_the_model() {
+    init_logging();
+    let config = ensure_stack();
+    let (topic, callbacks, batches, group) = (
+        unique("model.a"),
+        unique("model.cb"),
+        unique("model.batches"),
+        unique("model-g"),
+    );
+    create_topic(&config, &topic, 2).await;
+    create_topic(&config, &callbacks, 1).await;
+    let record = std::env::temp_dir().join(unique("kjob-model-record"));
+    let extra = [
+        ("KJOB_TEST_STRICT", "1"),
+        ("KJOB_TEST_DELAYED", "1"),
+        ("KJOB_TEST_SCHEDULE", "nightly=0 0 3 * * *"),
+        ("KJOB_TEST_BATCHES", batches.as_str()),
+        ("KJOB_TEST_CALLBACK_TOPIC", callbacks.as_str()),
+        ("KJOB_TEST_TIERS_MS", "1000,5000"),
+    ];
+    let model = describe(&topic, &group, &record, &extra);
+    assert_eq!(model.group, group);
+    assert_eq!(
+        model
+            .groups
+            .iter()
+            .map(|g| g.group.clone())
+            .collect::<Vec<_>>(),
+        vec![group.clone(), kjob::batch::coordinator_group(&batches)]
+    );
+    // main, 2 tiers, 7 delays, DLQ, order; the callback route's main, tier
+    // and DLQ... every one named in the model and nothing else.
+    let names = model.topic_names();
+    for t in [
+        topic.clone(),
+        format!("{topic}.retry.1s"),
+        format!("{topic}.retry.5s"),
+        format!("{topic}.delay.1d"),
+        format!("{topic}.dlq"),
+        format!("{topic}.order"),
+        format!("{callbacks}.dlq"),
+        format!("{group}.schedules"),
+        format!("{group}.schedules.state"),
+        format!("{group}.control"),
+        batches.clone(),
+        format!("{batches}.state"),
+    ] {
+        assert!(names.contains(&t), "{t} in {names:?}");
+    }
+    provisions_exactly(
+        &config,
+        &model,
+        &[&topic, &callbacks, &batches, &group],
+        command(&topic, &group, &record, &extra),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fairness_and_shared_tiers_and_buckets_create_exactly_the_model() {
+    init_logging();
+    let config = ensure_stack();
+    let (topic, second, group) = (unique("model.f"), unique("model.s"), unique("model-sh"));
+    create_topic(&config, &topic, 2).await;
+    create_topic(&config, &second, 3).await;
+    let record = std::env::temp_dir().join(unique("kjob-model-record"));
+    let extra = [
+        ("KJOB_TEST_SHARED_TIERS", "1"),
+        ("KJOB_TEST_SHARED_DELAYS", "1"),
+        ("KJOB_TEST_SECOND_TOPIC", second.as_str()),
+        ("KJOB_TEST_DELAYED", "1"),
+    ];
+    let model = describe(&topic, &group, &record, &extra);
+    let shared = model
+        .topic(&format!("{group}.retry.2s"))
+        .expect("a shared tier");
+    assert_eq!(shared.shared_by, vec![second.clone()], "{model:#?}");
+    assert!(model.topic(&format!("{group}.delay.10s")).is_some());
+    assert!(model.topic(&format!("{topic}.delay.10s")).is_none());
+    provisions_exactly(
+        &config,
+        &model,
+        &[&topic, &second, &group],
+        command(&topic, &group, &record, &extra),
+    )
+    .await;
+}
+
+#[test]
+fn describe_refuses_a_form_it_does_not_know() {
+    let record = std::env::temp_dir().join(unique("kjob-model-record"));
+    let out = command("t", "g", &record, &[])
+        .env("KJOB_DESCRIBE", "yaml")
+        .output()
+        .expect("running test-worker");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("KJOB_DESCRIBE") && err.contains("json"),
+        "{err}"
+    );
+}
+
+/// The rows of the table under `## ACLs a worker needs` in the security
+/// chapter: (role, operations).
+fn book_rows() -> Vec<(String, Vec<String>)> {
+    let text = std::fs::read_to_string(repo_root().join("docs/src/security.md")).unwrap();
+    let section = text
+        .split("## ACLs a worker needs")
+        .nth(1)
+        .expect("the section")
+        .split("\n## ")
+        .next()
+        .unwrap_or_default();
+    section
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| role "))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let ops = cells[3]
+                .split(',')
+                .map(|o| o.trim().to_string())
+                .filter(|o| !o.is_empty())
+                .collect();
+            (cells[1].to_string(), ops)
+        })
+        .collect()
+}
+
+#[test]
+fn the_book_s_acl_table_holds_a_row_for_every_rule_the_model_uses() {
+    let rows = book_rows();
+    let rules: Vec<(String, Vec<String>)> = acls::rows()
+        .iter()
+        .map(|r| {
+            (
+                r.label().to_string(),
+                r.operations
+                    .iter()
+                    .map(|o| o.as_str().to_string())
+                    .collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows, rules,
+        "docs/src/security.md's table (left) against kjob::deployment::acls::rows (right)"
+    );
+}
