@@ -1,7 +1,9 @@
-//! `kjob topics list | describe | create`: the topics of kjob's routes, as
-//! `kafka-topics --list | --describe | --create` shows and makes them, by
-//! role (main, retry tiers, delay topics, DLQ and its audit, strict order).
-//! `create` is a dry run unless `--execute` is given.
+//! `kjob topics list | describe | create | delete | plan`: the topics of
+//! kjob's routes and groups, as `kafka-topics --list | --describe |
+//! --create | --delete` shows, makes and removes them, by role (main, retry
+//! tiers, delay topics, DLQ and its audit, strict order, and a group's
+//! shared, control and cron topics). `create` and `delete` are dry runs
+//! unless `--execute` is given.
 
 use std::collections::BTreeMap;
 
@@ -10,6 +12,7 @@ use clap::Subcommand;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde_json::json;
 
+mod delete;
 mod list;
 
 use crate::output::{json, outln};
@@ -114,6 +117,22 @@ pub(crate) enum TopicsCommand {
         #[arg(long)]
         execute: bool,
     },
+    /// Delete a route's topics or a group's own topics and offsets, refused while a member is
+    /// live (dry run unless --execute).
+    Delete {
+        /// A route: its main topic and its own tiers, delay topics, DLQ, audit trail, order topic.
+        #[arg(long, conflicts_with = "group", required_unless_present = "group")]
+        route: Option<String>,
+        /// A group: its shared tiers and buckets, control and cron topics, and its offsets.
+        #[arg(long)]
+        group: Option<String>,
+        /// Show what would be deleted (the default).
+        #[arg(long, conflicts_with = "execute")]
+        dry_run: bool,
+        /// Delete them.
+        #[arg(long)]
+        execute: bool,
+    },
 }
 
 /// `--tiers`: comma-separated delays, or `none`.
@@ -151,6 +170,12 @@ pub(crate) async fn run(ctx: &Ctx, cmd: TopicsCommand) -> Result<()> {
     let config = ctx.config.clone();
     match cmd {
         TopicsCommand::List { all, model } => list::run(ctx, all, model).await,
+        TopicsCommand::Delete {
+            route,
+            group,
+            dry_run: _,
+            execute,
+        } => delete::run(ctx, route, group, execute).await,
         TopicsCommand::Describe { topic } => {
             let c = config.clone();
             let infos = blocking(move || topic_partitions(&c)).await?;

@@ -287,3 +287,114 @@ fn the_book_s_acl_table_holds_a_row_for_every_rule_the_model_uses() {
         "docs/src/security.md's table (left) against kjob::deployment::acls::rows (right)"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_delete_takes_a_route_s_or_a_group_s_topics_and_refuses_while_members_live() {
+    init_logging();
+    let config = ensure_stack();
+    let (topic, other, group) = (unique("del.r"), unique("del.keep"), unique("del-g"));
+    create_topic(&config, &topic, 2).await;
+    create_topic(&config, &other, 1).await;
+    let worker = kjob::Worker::builder(config.clone(), &group)
+        .handle_on(&topic, |_: TestJob, _: kjob::JobContext| async {
+            Ok::<(), kjob::JobError>(())
+        })
+        .delayed_jobs(true)
+        .build()
+        .unwrap();
+    let model = worker.deployment();
+    let running = start(worker);
+    wait_topics_exist(&config, &model.topic_names(), "the worker's topics").await;
+    let route: BTreeSet<String> = model
+        .topics
+        .iter()
+        .filter(|t| t.route.as_deref() == Some(topic.as_str()))
+        .map(|t| t.topic.clone())
+        .collect();
+    assert_eq!(
+        route.len(),
+        1 + 4 + 7 + 1,
+        "main, 4 tiers, 7 delays, DLQ: {route:?}"
+    );
+    eventually(
+        Duration::from_secs(30),
+        "the worker holds its partitions",
+        || {
+            kjob_ops::groups::describe_groups(&config, Some(&group))
+                .is_ok_and(|g| g.iter().any(|g| !g.assigned_topics().is_empty()))
+        },
+    )
+    .await;
+    let refused = run_kjob(
+        KJOB,
+        &config,
+        &["topics", "delete", "--route", &topic, "--execute"],
+    );
+    assert_ne!(refused.code, 0, "{}", refused.stdout);
+    assert!(
+        refused.stderr.contains("live members") && refused.stderr.contains(&group),
+        "{}",
+        refused.stderr
+    );
+    let refused = run_kjob(KJOB, &config, &["topics", "delete", "--group", &group]);
+    assert_ne!(refused.code, 0, "{}", refused.stdout);
+    running.stop().await;
+    let listed = |args: &[&str]| -> (BTreeSet<String>, serde_json::Value) {
+        let v: serde_json::Value = serde_json::from_str(&kjob_ok(KJOB, &config, args)).unwrap();
+        let topics = v["topics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["topic"].as_str().unwrap_or_default().to_string())
+            .collect();
+        (topics, v)
+    };
+    let (dry, v) = listed(&["topics", "delete", "--route", &topic, "--json"]);
+    assert_eq!(dry, route, "the dry run names exactly the route's topics");
+    assert_eq!(v["dry_run"], true);
+    assert!(
+        kjob::topics::list_topics(&config).unwrap().contains(&topic),
+        "a dry run deletes nothing"
+    );
+    let (done, _) = listed(&["topics", "delete", "--route", &topic, "--execute", "--json"]);
+    assert_eq!(done, route);
+    eventually(
+        Duration::from_secs(30),
+        "the route's topics are gone",
+        || {
+            let left = kjob::topics::list_topics(&config).unwrap_or_default();
+            !left.iter().any(|t| route.contains(t))
+        },
+    )
+    .await;
+    let left = kjob::topics::list_topics(&config).unwrap();
+    assert!(left.contains(&other), "an unrelated topic stays");
+    let control = kjob::control::control_topic(&group);
+    assert!(
+        left.contains(&control),
+        "the group's control topic is the group's, not the route's"
+    );
+    let (gone, v) = listed(&["topics", "delete", "--group", &group, "--execute", "--json"]);
+    assert_eq!(gone, BTreeSet::from([control.clone()]));
+    assert_eq!(v["group_offsets"], "deleted");
+    eventually(
+        Duration::from_secs(30),
+        "the group and its control topic are gone",
+        || {
+            !kjob::topics::list_topics(&config)
+                .unwrap_or_default()
+                .contains(&control)
+                && !kjob_ops::groups::group_names(&config)
+                    .unwrap_or_default()
+                    .contains(&group)
+        },
+    )
+    .await;
+    let unknown = run_kjob(KJOB, &config, &["topics", "delete", "--route", "del.nope"]);
+    assert_ne!(unknown.code, 0);
+    assert!(
+        unknown.stderr.contains("no topic belongs to route"),
+        "{}",
+        unknown.stderr
+    );
+}
