@@ -80,6 +80,7 @@ pub mod registry;
 pub mod retry;
 pub mod schedule;
 pub mod schema;
+pub mod settings;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -3,7 +3,10 @@
 //! by `cargo test`, so the README's program is too), it is at most 250
 //! lines, and its Quickstart is the two commands. `scripts/check-book`
 //! checks the same in `./dev check`; `scripts/readme-quickstart` builds the
-//! README's blocks as a crate of their own in `./dev test`.
+//! README's blocks as a crate of their own in `./dev test`. The settings
+//! chapter has a row for every public `WorkerBuilder` method and every
+//! environment variable declared in `kjob::settings::VARIABLES`, which in
+//! turn declares every `"KJOB_..."` name the crates' code reads.
 
 use std::path::Path;
 
@@ -53,5 +56,123 @@ fn the_readme_is_short_and_starts_with_the_quickstart_commands() {
     assert!(
         quick.contains("```bash\n./dev demo\n./dev test\n```"),
         "{quick}"
+    );
+}
+
+/// The public methods of every `impl WorkerBuilder` block in the worker's
+/// sources (a block ends at the first `}` in column 0).
+fn builder_methods() -> Vec<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../framework/src/worker");
+    let mut out = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .collect();
+    files.sort();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let mut inside = false;
+        for line in text.lines() {
+            if line.starts_with("impl WorkerBuilder") {
+                inside = true;
+            } else if inside && line.starts_with('}') {
+                inside = false;
+            } else if inside {
+                if let Some(rest) = line.trim_start().strip_prefix("pub fn ") {
+                    let name: String = rest
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    out.push(name);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every public `WorkerBuilder` method has a row in the settings chapter
+/// (`build` and `group` set nothing).
+#[test]
+fn the_settings_chapter_has_a_row_for_every_builder_method() {
+    let book = repo_file("docs/src/settings.md");
+    let methods = builder_methods();
+    assert!(methods.len() > 30, "found {methods:?}");
+    let missing: Vec<&String> = methods
+        .iter()
+        .filter(|m| !matches!(m.as_str(), "build" | "group"))
+        .filter(|m| !book.contains(&format!("`.{m}(")) && !book.contains(&format!("`.{m}::<")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "WorkerBuilder methods without a row in docs/src/settings.md: {missing:?}"
+    );
+}
+
+/// `"KJOB_..."` literals in the non-test code of a crate's `src/` (a file
+/// named `tests.rs`, and what follows `#[cfg(test)]`, are tests).
+fn variables_in(dir: &Path, out: &mut std::collections::BTreeSet<String>) {
+    for entry in std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok()) {
+        let path = entry.path();
+        if path.is_dir() {
+            variables_in(&path, out);
+            continue;
+        }
+        if path.extension().is_none_or(|x| x != "rs") || path.ends_with("tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for part in code.split("\"KJOB_").skip(1) {
+            let name: String = part
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            if part[name.len()..].starts_with('"') {
+                out.insert(format!("KJOB_{name}"));
+            }
+        }
+    }
+}
+
+/// Every environment variable kjob's crates read is declared in
+/// `kjob::settings::VARIABLES`, and every declared one has a row in the
+/// settings chapter.
+#[test]
+fn every_variable_is_declared_once_and_in_the_settings_chapter() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut found = std::collections::BTreeSet::new();
+    for krate in ["framework/src", "ops/src", "cli/src"] {
+        variables_in(&root.join(krate), &mut found);
+    }
+    assert!(found.contains("KJOB_BOOTSTRAP_SERVERS"), "{found:?}");
+    let declared: Vec<&str> = kjob::settings::VARIABLES.iter().map(|v| v.name).collect();
+    let undeclared: Vec<&String> = found
+        .iter()
+        .filter(|f| !declared.contains(&f.as_str()))
+        .collect();
+    assert!(
+        undeclared.is_empty(),
+        "read but not declared in kjob::settings::VARIABLES: {undeclared:?}"
+    );
+    let book = repo_file("docs/src/settings.md");
+    let table = book
+        .split("## Environment variables")
+        .nth(1)
+        .expect("the chapter's variables section");
+    let unlisted: Vec<&&str> = declared
+        .iter()
+        .filter(|v| {
+            let shown = match v.strip_suffix('_') {
+                Some(prefix) => format!("`{prefix}_<"),
+                None => format!("`{v}`"),
+            };
+            !table.contains(&shown)
+        })
+        .collect();
+    assert!(
+        unlisted.is_empty(),
+        "declared but without a row in docs/src/settings.md: {unlisted:?}"
     );
 }

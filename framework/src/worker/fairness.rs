@@ -18,11 +18,15 @@ use super::scheduler::FairSpec;
 /// unless [`Fairness::by_header`] names another; records without it are one
 /// tenant of their own.
 ///
-/// The share applies to the jobs the worker has fetched: up to
-/// `max_in_flight_per_partition` records per partition (5 000 by default).
-/// A flood larger than that still sits ahead of other tenants' records in
-/// the log, and those are fetched only as the flood drains; see the book's
-/// fairness chapter.
+/// The share applies to the jobs the worker has fetched, and a fair route
+/// reads past a flood to reach them: one tenant may hold at most a quarter
+/// of a partition's buffer (`max_in_flight_per_partition`, 5 000 by
+/// default); the worker notes the offsets of that tenant's later records
+/// instead of holding them, reads on to the other tenants' records behind
+/// them, and seeks back for what it passed as the tenant's share drains,
+/// in offset order (a passed offset is never committed past, so a crash
+/// re-delivers it). The flood is fetched about twice. See the book's
+/// fairness chapter, "Reading past a flood", for the bounds and figures.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fairness {
     pub(crate) header: String,
