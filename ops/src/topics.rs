@@ -23,9 +23,7 @@ use serde::Serialize;
 use crate::problem::Problem;
 use kjob::config::KafkaConfig;
 use kjob::delay::delay_topics;
-use kjob::retry::{discover_tiers, format_delay};
-use kjob::schedule::{leader_topic, state_topic};
-use kjob::topics::{dlq_audit_topic, dlq_topic, order_topic};
+use kjob::topics::{dlq_topic, order_topic};
 
 /// What a topic is to its route or group: kjob's one list
 /// ([`kjob::deployment::Role`]), shared with the worker's model.
@@ -44,86 +42,63 @@ pub struct RouteTopic {
 }
 
 /// Every topic of the route of `main` that exists among `all_topics`, by
-/// role: main, retry tiers (shortest first; with `group`, the group's
-/// shared tiers for a route without tiers of its own), delay topics
-/// (shortest first), DLQ, DLQ audit, strict order, and with `group` the
-/// group's cron topics.
+/// role, named by the worker's own rules ([`kjob::deployment::classify`]):
+/// main, retry tiers (shortest first; with `group`, the group's shared
+/// tiers for a route without tiers of its own), delay topics (shortest
+/// first; likewise the group's shared buckets), DLQ, DLQ audit, strict
+/// order, and with `group` the group's cron topics.
 pub fn route_topics(main: &str, group: Option<&str>, all_topics: &[String]) -> Vec<RouteTopic> {
-    let exists = |t: &str| all_topics.iter().any(|a| a == t);
-    let one = |topic: String, role: Role| RouteTopic {
-        topic,
-        role,
-        delay: None,
+    let groups: Vec<String> = group.into_iter().map(str::to_string).collect();
+    let found = kjob::deployment::classify(all_topics, &groups);
+    let of = |role: Role, owner: &dyn Fn(&kjob::deployment::Classified) -> bool| {
+        let mut v: Vec<RouteTopic> = found
+            .iter()
+            .filter(|(_, c)| c.role == role && owner(c))
+            .map(|(t, c)| RouteTopic {
+                topic: t.clone(),
+                role,
+                delay: c.delay.clone(),
+            })
+            .collect();
+        // Shortest delay first: a tier by its duration, a bucket by its
+        // place among the buckets.
+        v.sort_by_key(|t| {
+            let d = t.delay.as_deref().unwrap_or_default();
+            let bucket = delay_topics("x")
+                .iter()
+                .position(|b| b.strip_prefix("x.delay.") == Some(d));
+            (
+                bucket,
+                kjob::retry::parse_delay(d).map_or(0, |d| d.as_millis()),
+            )
+        });
+        v
     };
-    let mut out = vec![one(main.to_string(), Role::Main)];
-    out.extend(
-        discover_tiers(main, all_topics)
-            .into_iter()
-            .map(|(d, topic)| RouteTopic {
-                topic,
-                role: Role::RetryTier,
-                delay: Some(format_delay(d)),
-            }),
-    );
-    // The group's shared tiers, when its routes share them and this route
-    // has none of its own (and the group is not named like a route, whose
-    // tiers those would be).
-    if let Some(g) = group.filter(|g| out.len() == 1 && !exists(g)) {
-        out.extend(
-            discover_tiers(g, all_topics)
-                .into_iter()
-                .map(|(d, topic)| RouteTopic {
-                    topic,
-                    role: Role::SharedRetryTier,
-                    delay: Some(format_delay(d)),
-                }),
-        );
+    let mine = |c: &kjob::deployment::Classified| c.route.as_deref() == Some(main);
+    let the_group =
+        |c: &kjob::deployment::Classified| c.group.is_some() && c.group.as_deref() == group;
+    let mut out = vec![RouteTopic {
+        topic: main.to_string(),
+        role: Role::Main,
+        delay: None,
+    }];
+    let tiers = of(Role::RetryTier, &mine);
+    let no_tiers = tiers.is_empty();
+    out.extend(tiers);
+    if no_tiers {
+        out.extend(of(Role::SharedRetryTier, &the_group));
     }
-    let own_delays = out.len();
-    let prefix = format!("{main}.delay.");
-    out.extend(
-        delay_topics(main)
-            .into_iter()
-            .filter(|t| exists(t))
-            .map(|topic| RouteTopic {
-                delay: topic.strip_prefix(&prefix).map(str::to_string),
-                topic,
-                role: Role::Delay,
-            }),
-    );
-    // The group's shared delay buckets, likewise, for a route without
-    // delay topics of its own.
-    if let Some(g) = group.filter(|g| out.len() == own_delays && !exists(g)) {
-        let prefix = format!("{g}.delay.");
-        out.extend(
-            delay_topics(g)
-                .into_iter()
-                .filter(|t| exists(t))
-                .map(|topic| RouteTopic {
-                    delay: topic.strip_prefix(&prefix).map(str::to_string),
-                    topic,
-                    role: Role::SharedDelay,
-                }),
-        );
+    let delays = of(Role::Delay, &mine);
+    let no_delays = delays.is_empty();
+    out.extend(delays);
+    if no_delays {
+        out.extend(of(Role::SharedDelay, &the_group));
     }
-    for (topic, role) in [
-        (dlq_topic(main), Role::Dlq),
-        (dlq_audit_topic(main), Role::DlqAudit),
-        (order_topic(main), Role::StrictOrder),
-    ] {
-        if exists(&topic) {
-            out.push(one(topic, role));
-        }
+    for role in [Role::Dlq, Role::DlqAudit, Role::StrictOrder] {
+        out.extend(of(role, &mine));
     }
-    if let Some(g) = group {
-        for (topic, role) in [
-            (leader_topic(g), Role::CronLeader),
-            (state_topic(g), Role::CronState),
-        ] {
-            if exists(&topic) {
-                out.push(one(topic, role));
-            }
-        }
+    for role in [Role::CronLeader, Role::CronState] {
+        out.extend(of(role, &the_group));
     }
     out
 }

@@ -398,3 +398,58 @@ async fn topics_delete_takes_a_route_s_or_a_group_s_topics_and_refuses_while_mem
         unknown.stderr
     );
 }
+
+#[path = "support/dashboard.rs"]
+mod support;
+
+/// After a route's workers are gone (the demo ended, every worker
+/// crashed), the dashboard's overview still lists it, found through the
+/// offsets its group committed, marked as having no live member, with the
+/// jobs that arrived since counted as lag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_keeps_a_route_whose_workers_are_gone() {
+    init_logging();
+    let config = ensure_stack();
+    let (topic, group) = (unique("gone.r"), unique("gone-g"));
+    create_topic(&config, &topic, 2).await;
+    let worker = kjob::Worker::builder(config.clone(), &group)
+        .handle_on(&topic, |_: TestJob, _: kjob::JobContext| async {
+            Ok::<(), kjob::JobError>(())
+        })
+        .build()
+        .unwrap();
+    let running = start(worker);
+    let producer = kjob::Producer::new(&config).unwrap();
+    enqueue_n(&producer, &topic, 10, 5, "ok").await;
+    wait_committed_at_end(&config, &group, &topic, 2).await;
+    running.stop().await;
+    enqueue_n(&producer, &topic, 7, 5, "ok").await;
+    let (_ui, base) = support::discovering_dashboard(&config, &[]).await;
+    let card = |page: &str| -> Option<String> {
+        let start = page.find(&format!("data-topic=\"{topic}\" data-group=\"{group}\""))?;
+        let rest = &page[start..];
+        Some(rest[..rest.find("</section>").unwrap_or(rest.len())].to_string())
+    };
+    let mut last = String::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let page = reqwest::get(format!("{base}/"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap_or_default();
+        if let Some(c) = card(&page) {
+            last = c;
+            if last.contains("lag (main + tiers)") && last.contains(">7<") {
+                break;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the overview did not show the route with its lag of 7: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(last.contains("no live member"), "{last}");
+}

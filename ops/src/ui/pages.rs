@@ -156,6 +156,7 @@ fn route_card(v: &RouteView) -> Markup {
             h2 {
                 a href=(route_href) { (v.key.topic) } " " small { "group " (v.key.group) }
                 @if let Some(p) = hist.last() { " " small.sampled { "· sampled " (format_ms(Some(p.at_ms))) } }
+                @if v.members.is_empty() { " " small.no-members { "no live member" } }
             }
             @if let Some(e) = &v.error { div.error { "sampling failed: " (prose(e)) } }
             @if let Some(s) = &v.status {
@@ -207,7 +208,7 @@ pub(super) async fn overview(State(state): State<Shared>) -> Markup {
                     div.error { (prose(&p)) }
                 }
                 @if routes.is_empty() {
-                    p.notice { "No routes yet: routes appear when a group with live members consumes them (the first round can take a few seconds on a cluster with many groups), or name them with --route TOPIC=GROUP." }
+                    p.notice { "No routes yet: routes appear when a group consumes them, with live members or through the offsets a kjob group committed (the first rounds can take a few seconds on a cluster with many groups), or name them with --route TOPIC=GROUP." }
                 }
                 @for v in &routes { (route_card(v)) }
             }

@@ -8,6 +8,7 @@ use kjob::schedule::{leader_topic, state_topic};
 use kjob::topics::{dlq_audit_topic, dlq_topic, list_topics, route_of};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::Shared;
 use crate::status::{route_topics, sample, status_between, RouteSample, RouteStatus};
@@ -67,13 +68,20 @@ pub(super) fn spawn(state: Shared, fixed: Vec<RouteKey>, discover: bool) {
     tokio::spawn(async move {
         let mut previous: HashMap<RouteKey, RouteSample> = HashMap::new();
         let mut known: Vec<RouteKey> = fixed;
+        let mut offline = Offline::default();
         while let Some(state) = weak.upgrade() {
             let st = state.clone();
             let (prev, keys) = (std::mem::take(&mut previous), known.clone());
-            let out = tokio::task::spawn_blocking(move || tick(&st, prev, keys, discover)).await;
-            if let Ok((prev, keys)) = out {
+            let mut off = std::mem::take(&mut offline);
+            let out = tokio::task::spawn_blocking(move || {
+                let (prev, keys) = tick(&st, prev, keys, discover, &mut off);
+                (prev, keys, off)
+            })
+            .await;
+            if let Ok((prev, keys, off)) = out {
                 previous = prev;
                 known = keys;
+                offline = off;
             }
             tokio::time::sleep(state.sample_every).await;
         }
@@ -107,11 +115,53 @@ fn route_for<'t>(topic: &'t str, group: &str) -> Option<&'t str> {
 
 type TickOut = (HashMap<RouteKey, RouteSample>, Vec<RouteKey>);
 
+/// How long the committed topics of a group without members are trusted:
+/// they change only when a member commits, so they are read again every
+/// half minute rather than at every sample (one request per group).
+const OFFLINE_REFRESH: Duration = Duration::from_secs(30);
+
+/// At most this many groups' committed offsets are read per sample, so a
+/// cluster with many idle groups costs the first samples a bounded time
+/// and their routes appear over a few rounds.
+const OFFLINE_READS_PER_TICK: usize = 20;
+
+/// The topics each group without live members has committed offsets on,
+/// when they were read.
+#[derive(Default)]
+struct Offline {
+    committed: HashMap<String, (Instant, Vec<String>)>,
+    /// Reads made in the current sample.
+    reads: usize,
+}
+
+impl Offline {
+    /// `group`'s committed topics, read again when older than
+    /// [`OFFLINE_REFRESH`] (while this sample has reads left); empty when
+    /// they cannot be read or were not read yet.
+    fn topics(&mut self, config: &kjob::KafkaConfig, group: &str) -> Vec<String> {
+        let fresh = self
+            .committed
+            .get(group)
+            .is_some_and(|(at, _)| at.elapsed() < OFFLINE_REFRESH);
+        if !fresh && self.reads < OFFLINE_READS_PER_TICK {
+            self.reads += 1;
+            let topics = crate::groups::committed_topics(config, group).unwrap_or_default();
+            self.committed
+                .insert(group.to_string(), (Instant::now(), topics));
+        }
+        self.committed
+            .get(group)
+            .map(|(_, t)| t.clone())
+            .unwrap_or_default()
+    }
+}
+
 fn tick(
     state: &Shared,
     mut previous: HashMap<RouteKey, RouteSample>,
     mut keys: Vec<RouteKey>,
     discover: bool,
+    offline: &mut Offline,
 ) -> TickOut {
     let config = &state.config;
     let mut problems = Vec::new();
@@ -134,9 +184,39 @@ fn tick(
         *p = (!problems.is_empty()).then(|| problems.join("; "));
     }
     if discover {
-        for g in groups.iter().filter(|g| !g.members.is_empty()) {
-            for t in g.assigned_topics() {
-                if let Some(main) = route_for(&t, &g.name) {
+        // A batch topic is folded by its coordinator group, not a route:
+        // the worker's own naming rules tell (kjob::deployment::classify).
+        let names: Vec<String> = groups.iter().map(|g| g.name.clone()).collect();
+        let roles = kjob::deployment::classify(&all_topics, &names);
+        let routed = |t: &str| {
+            !matches!(
+                roles.get(t).map(|c| c.role),
+                Some(kjob::deployment::Role::Batch | kjob::deployment::Role::BatchState)
+            )
+        };
+        offline
+            .committed
+            .retain(|g, _| groups.iter().any(|x| x.name == *g && x.members.is_empty()));
+        offline.reads = 0;
+        // Only kjob workers' groups: every worker creates its group's
+        // control topic at start.
+        let existing: std::collections::HashSet<&str> =
+            all_topics.iter().map(String::as_str).collect();
+        let kjob_group = |g: &str| existing.contains(kjob::control::control_topic(g).as_str());
+        for g in groups
+            .iter()
+            .filter(|g| !g.members.is_empty() || kjob_group(&g.name))
+        {
+            // A group whose workers are all gone (the demo ended, every
+            // worker crashed) keeps its routes on the overview through the
+            // offsets it committed, marked as having no member, its lag
+            // still counted.
+            let topics = match g.members.is_empty() {
+                false => g.assigned_topics(),
+                true => offline.topics(config, &g.name),
+            };
+            for t in topics.iter().filter(|t| routed(t)) {
+                if let Some(main) = route_for(t, &g.name) {
                     let key = RouteKey {
                         topic: main.to_string(),
                         group: g.name.clone(),

@@ -31,16 +31,19 @@ pub fn free_port() -> u16 {
 /// Starts `kjob ui` (no discovery, `USER=index-tester`) with `args` on a
 /// free port and waits until it answers.
 pub async fn dashboard(config: &KafkaConfig, args: &[&str]) -> (Guard, String) {
+    start_ui(config, &[&["--no-discover"], args].concat()).await
+}
+
+/// [`dashboard`] finding routes from the consumer groups, as `kjob ui`
+/// does by default.
+pub async fn discovering_dashboard(config: &KafkaConfig, args: &[&str]) -> (Guard, String) {
+    start_ui(config, args).await
+}
+
+async fn start_ui(config: &KafkaConfig, args: &[&str]) -> (Guard, String) {
     let listen = format!("127.0.0.1:{}", free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_kjob-cli"))
-        .args([
-            "ui",
-            "--listen",
-            &listen,
-            "--sample-every",
-            "1s",
-            "--no-discover",
-        ])
+        .args(["ui", "--listen", &listen, "--sample-every", "1s"])
         .args(args)
         .env("KJOB_BOOTSTRAP_SERVERS", &config.bootstrap_servers)
         .env("KJOB_SCHEMA_REGISTRY_URL", &config.schema_registry_url)
