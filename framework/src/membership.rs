@@ -202,12 +202,14 @@ impl GroupSettings {
 /// The client config of a consumer that assigns its partitions itself and
 /// never joins or commits (the control reader, the order-state reader):
 /// no group settings apply, but it gets the same client id form and
-/// reconnect backoff as the members. `name` is its `group.id`, which
-/// librdkafka wants set and ACLs never see (nothing is committed under it).
+/// reconnect backoff as the members. It has no `group.id`: with one,
+/// librdkafka looks up the group's coordinator even for a manual
+/// assignment, which a cluster with ACLs refuses unless the name is
+/// granted (found running a worker under exactly its model's ACLs). `name`
+/// names it in its client id.
 pub(crate) fn reader(config: &crate::KafkaConfig, name: &str) -> rdkafka::ClientConfig {
     let client_id = crate::config::default_client_id(name);
     config.client_config(&[
-        ("group.id", name),
         ("client.id", client_id.as_str()),
         ("enable.auto.commit", "false"),
         ("enable.partition.eof", "false"),

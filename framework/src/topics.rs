@@ -237,12 +237,9 @@ pub fn read_topic_tail(
     else {
         return Ok(None);
     };
-    let consumer: BaseConsumer = config
-        .client_config(&[
-            ("group.id", "kjob-cli-reader"),
-            ("enable.auto.commit", "false"),
-            ("enable.partition.eof", "false"),
-        ])
+    // No group: a manual assignment read (the factory's reader), which a
+    // cluster with ACLs allows with Read on the topic alone.
+    let consumer: BaseConsumer = crate::membership::reader(config, "kjob-reader")
         .create()
         .map_err(|e| Error::kafka("creating reader", e))?;
     let timeout = Duration::from_secs(10);

@@ -13,6 +13,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use kjob::batch::When;
 use kjob::retry::RetryPolicy;
 use kjob::topics::{create_topics, create_topics_with, dlq_audit_topic, dlq_topic};
 use kjob::{JobContext, JobError, KafkaConfig, Producer, Secret, Worker};
@@ -354,4 +355,265 @@ async fn a_wrong_password_fails_clearly_at_start() {
     );
     assert!(took < Duration::from_secs(10), "refused after {took:?}");
     assert_no_secret_logged(&cluster, &[&wrong], true);
+}
+
+/// Grants `acls` as the admin (`kafka-acls`, through Kafka's own
+/// AclCommand on the cluster), exactly as `kjob acls` prints them.
+fn grant(cluster: &Cluster, acls: &[kjob::deployment::Acl]) {
+    let props = cluster.dir.join("admin.properties");
+    for acl in acls {
+        let printed = acl.command(&cluster.admin.bootstrap_servers);
+        let args: Vec<&str> = printed
+            .split_whitespace()
+            .skip(1) // `kafka-acls`
+            .collect();
+        let out = std::process::Command::new(repo_root().join("dev"))
+            .args(["kafka-class", "org.apache.kafka.tools.AclCommand"])
+            .args(&args)
+            .arg("--command-config")
+            .arg(&props)
+            .output()
+            .expect("running AclCommand");
+        assert!(
+            out.status.success(),
+            "{printed}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Every row of the security chapter's ACL table, run under ACLs: two
+/// workers with every feature that adds a topic or a group (per-route and
+/// shared tiers and delay buckets, strict order, cron, batches with their
+/// coordinator group, the control topic and its heartbeat), each under a
+/// principal granted exactly what `kjob acls` derives from its model, plus
+/// Write on the batch callback's topic (the one grant the book says a
+/// model cannot know). The workers create their own topics (the model's
+/// Create grants) and handle retries, dead letters, delayed jobs, a cron
+/// tick and a batch with its callback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the three-broker SASL_SSL cluster: ./dev test --cluster"]
+async fn workers_with_every_feature_run_under_exactly_their_model_s_acls() {
+    capture_logs();
+    let cluster = cluster();
+    let principal = format!("User:{}", cluster.worker_user);
+    let (a, callbacks, batches, group) = (
+        unique("model.a"),
+        unique("model.cb"),
+        unique("model.batches"),
+        unique("model-g"),
+    );
+    let (b, c, shared) = (unique("model.b"), unique("model.c"), unique("model-sh"));
+    create_topics(
+        &cluster.admin,
+        &[
+            (a.clone(), 3),
+            (callbacks.clone(), 1),
+            (b.clone(), 3),
+            (c.clone(), 3),
+        ],
+    )
+    .await
+    .expect("the main topics, as admin");
+    let handled: Handled = Arc::default();
+    let reports: Arc<Mutex<Vec<kjob::batch::BatchReport>>> = Arc::default();
+    let policy = RetryPolicy::tiers([Duration::from_secs(1)]).max_attempts(3);
+    let got = reports.clone();
+    let first = Worker::builder(verbose(&cluster.worker), &group)
+        .handle_on(&a, handler(handled.clone()))
+        .handle_on(&callbacks, move |_: TestJob, ctx: JobContext| {
+            let got = got.clone();
+            async move {
+                if let Some(r) = ctx.batch_report {
+                    got.lock().unwrap().push(r);
+                }
+                Ok::<(), JobError>(())
+            }
+        })
+        .retry(policy.clone())
+        .strict_order(&a)
+        .delayed_jobs_on(&a)
+        .schedule_with(
+            kjob::schedule::Schedule::new("tick", "* * * * * *", || TestJob::ok("tick", -1))
+                .on(&a, || TestJob::ok("tick", -1)),
+        )
+        .batches_on(&batches)
+        .commit_interval(Duration::from_millis(200))
+        .build()
+        .expect("the first worker builds");
+    let second = Worker::builder(verbose(&cluster.worker), &shared)
+        .handle_on(&b, handler(handled.clone()))
+        .handle_on(&c, handler(handled.clone()))
+        .retry(policy.clone())
+        .fair_by_tenant(&b)
+        .delayed_jobs_on(&c)
+        .shared_retry_tiers_with(kjob::SharedTiers::new().delay_buckets())
+        .commit_interval(Duration::from_millis(200))
+        .build()
+        .expect("the second worker builds");
+    let (m1, m2) = (first.deployment(), second.deployment());
+    let mut acls = m1.acls(&principal);
+    acls.extend(m2.acls(&principal));
+    acls.push(kjob::deployment::Acl {
+        principal: principal.clone(),
+        resource: kjob::deployment::AclResource::Topic,
+        name: callbacks.clone(),
+        operations: vec![kjob::deployment::AclOperation::Write],
+        why: "the batch callback's topic".into(),
+    });
+    let roles: std::collections::BTreeSet<&str> = m1
+        .topics
+        .iter()
+        .chain(&m2.topics)
+        .map(|t| t.role.label())
+        .collect();
+    for row in kjob::deployment::acls::rows() {
+        if row.role.is_some() {
+            assert!(
+                roles.contains(row.label()),
+                "no topic of role {}",
+                row.label()
+            );
+        }
+    }
+    grant(&cluster, &acls);
+    let (stop1, stopped1) = tokio::sync::oneshot::channel::<()>();
+    let (stop2, stopped2) = tokio::sync::oneshot::channel::<()>();
+    let first = tokio::spawn(first.run_until(async move {
+        let _ = stopped1.await;
+    }));
+    let second = tokio::spawn(second.run_until(async move {
+        let _ = stopped2.await;
+    }));
+
+    // The admin enqueues (the worker principal may not write main topics).
+    let producer = Producer::new(&cluster.admin).expect("admin producer");
+    let jobs: Vec<(String, TestJob)> = vec![
+        (a.clone(), TestJob::with("a1", 1, "ok")),
+        (a.clone(), TestJob::with("a2", 2, "fail-first")),
+        (a.clone(), TestJob::with("a3", 3, "permanent")),
+        (b.clone(), TestJob::with("b4", 4, "fail-first")),
+        (c.clone(), TestJob::with("c5", 5, "ok")),
+    ];
+    for (topic, job) in &jobs {
+        producer
+            .enqueue_to(topic, job)
+            .await
+            .expect("enqueue as admin");
+    }
+    for (m, what) in [
+        (&m1, "the first worker's topics"),
+        (&m2, "the second worker's topics"),
+    ] {
+        let names = m.topic_names();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let have = kjob::topics::partition_counts(&cluster.admin, &names).unwrap_or_default();
+            let missing: Vec<&String> = names
+                .iter()
+                .zip(have.iter().chain(std::iter::repeat(&None)))
+                .filter(|(_, c)| c.is_none())
+                .map(|(n, _)| n)
+                .collect();
+            if missing.is_empty() {
+                break;
+            }
+            if first.is_finished() {
+                panic!("the first worker stopped: {:?}", first.await);
+            }
+            if second.is_finished() {
+                panic!("the second worker stopped: {:?}", second.await);
+            }
+            if Instant::now() > deadline {
+                let logs = captured();
+                let bad: Vec<&str> = logs
+                    .lines()
+                    .filter(|l| l.contains("WARN") || l.contains("ERROR") || l.contains("test saw"))
+                    .take(40)
+                    .collect();
+                panic!(
+                    "{what}: {missing:?} missing after 60 s; warnings:\n{}",
+                    bad.join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    producer
+        .enqueue_in_to(&a, &TestJob::with("a6", 6, "ok"), Duration::from_secs(2))
+        .await
+        .expect("a delayed job as admin");
+    let sharing = Producer::new(&cluster.admin)
+        .expect("admin producer")
+        .shared_delay_buckets(&shared);
+    sharing
+        .enqueue_in_to(&c, &TestJob::with("c7", 7, "ok"), Duration::from_secs(2))
+        .await
+        .expect("a delayed job into the shared buckets as admin");
+    let batch = producer
+        .batch(&unique("model-batch"))
+        .expect("a batch")
+        .topic(&batches)
+        .callback_to(When::Complete, &callbacks, TestJob::ok("report", 0));
+    for seq in 10..13 {
+        batch
+            .enqueue_to(&a, &TestJob::with(format!("k{seq}"), seq, "ok"))
+            .await
+            .expect("a batch job as admin");
+    }
+    batch.seal().await.expect("sealing the batch");
+    eventually(
+        Duration::from_secs(120),
+        "every job handled, the retries, the delayed jobs, a cron tick and the callback",
+        || {
+            let h = handled.lock().unwrap();
+            let retried = |seq: i64| h.get(&seq).is_some_and(|a| a.contains(&2));
+            [1, 3, 5, 6, 7, 10, 11, 12]
+                .iter()
+                .all(|s| h.contains_key(s))
+                && retried(2)
+                && retried(4)
+                && h.contains_key(&-1)
+                && !reports.lock().unwrap().is_empty()
+        },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "the permanent job dead-lettered",
+        || total(&cluster.admin, &dlq_topic(&a)) >= 1,
+    )
+    .await;
+    let report = reports.lock().unwrap()[0].clone();
+    assert_eq!((report.total, report.succeeded), (3, 3), "{report:?}");
+    // Both workers publish their heartbeat on their control topics.
+    for g in [&group, &shared] {
+        eventually(Duration::from_secs(30), "a heartbeat", || {
+            read_all(&cluster.admin, &kjob::control::control_topic(g))
+                .iter()
+                .any(|m| m.key().is_some_and(|k| k.starts_with(b"worker:")))
+        })
+        .await;
+    }
+    let _ = (stop1.send(()), stop2.send(()));
+    for w in [first, second] {
+        w.await
+            .expect("the worker task")
+            .expect("the worker stopped cleanly");
+    }
+    let logs = captured();
+    let refused: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("AuthorizationFailed") || l.contains("not authorized"))
+        // The other tests of this binary are refused on purpose; a refusal
+        // of these workers names one of their topics or groups (librdkafka's
+        // own global errors name none, but kjob logs each with the group).
+        .filter(|l| {
+            [&a, &callbacks, &batches, &group, &b, &c, &shared]
+                .iter()
+                .any(|n| l.contains(n.as_str()))
+        })
+        .collect();
+    assert!(refused.is_empty(), "refused by an ACL: {refused:#?}");
+    assert_no_secret_logged(&cluster, &[], true);
 }
