@@ -24,10 +24,13 @@ pub(crate) struct UiArgs {
     #[arg(long)]
     allow_actions: bool,
     /// A route to show even while its group has no members, as
-    /// TOPIC=GROUP (repeatable). Routes of groups with live members are
-    /// found on their own.
+    /// TOPIC=GROUP (repeatable). Routes of groups with live members, and of
+    /// kjob groups whose workers are gone, are found on their own.
     #[arg(long = "route", value_name = "TOPIC=GROUP")]
     routes: Vec<RouteKey>,
+    /// Find routes only among these consumer groups (repeatable; default: every group).
+    #[arg(long = "group", value_name = "GROUP")]
+    groups: Vec<String>,
     /// Show only the --route routes (no discovery from live groups).
     #[arg(long)]
     no_discover: bool,
@@ -57,6 +60,7 @@ pub(crate) async fn run(ctx: &Ctx, args: UiArgs) -> Result<()> {
         .allow_actions(args.allow_actions)
         .token(args.token)
         .discover(!args.no_discover)
+        .groups(args.groups)
         .sample_every(args.sample_every)
         .by(args.by)
         .user_header(args.user_header)

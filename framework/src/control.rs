@@ -391,7 +391,7 @@ impl ControlState {
 pub fn read_control(config: &KafkaConfig, group: &str) -> Result<ControlState> {
     let topic = control_topic(group);
     let mut out = ControlState::default();
-    let Some(records) = crate::topics::read_topic(config, &topic)? else {
+    let Some(records) = crate::topics::read_topic_as(config, &topic, group)? else {
         return Ok(out);
     };
     for m in &records {
@@ -414,7 +414,6 @@ fn rss_bytes() -> Option<u64> {
 
 /// What [`beat`] reads of the worker each time.
 pub(crate) struct BeatSource {
-    pub(crate) config: KafkaConfig,
     pub(crate) group: String,
     pub(crate) client_id: String,
     pub(crate) slots: usize,
@@ -427,31 +426,31 @@ pub(crate) struct BeatSource {
     pub(crate) durations: Arc<Durations>,
     /// Each main topic's job.
     pub(crate) jobs: Vec<(String, &'static str)>,
-    /// Whether the worker may create the control topic
-    /// (`WorkerBuilder::create_topics`); otherwise it beats only once an
-    /// operator's first action (or an admin) created it.
-    pub(crate) may_create: bool,
+}
+
+/// Creates `group`'s control topic (compacted, one partition) when it is
+/// missing: part of the worker's provisioning, before its first poll, as
+/// its deployment model lists it. A worker that may not (an ACL) logs it
+/// and runs on: no pause reaches it and it beats only once an operator's
+/// first action (or an admin) created the topic.
+pub(crate) async fn provision(config: &KafkaConfig, group: &str) {
+    let topic = control_topic(group);
+    if let Err(e) =
+        crate::topics::create_topics_with(config, &[(topic.clone(), 1)], TOPIC_CONFIG).await
+    {
+        warn!(topic = %topic, error = %e, "the control topic could not be created: no operator pause reaches this worker and it publishes no heartbeat until it exists");
+    }
 }
 
 /// Publishes a [`WorkerBeat`] every [`BEAT_EVERY`] until `stop`, then a
-/// tombstone. Creates the control topic when it is missing (compacted,
-/// one partition); a worker that may not (an ACL) logs it once and
-/// publishes nothing.
+/// tombstone, on the control topic provisioning created; a worker that may
+/// not write it (an ACL) logs it once and retries quietly.
 pub(crate) async fn beat(
     src: BeatSource,
     producer: crate::producer::Producer,
     stop: tokio_util::sync::CancellationToken,
 ) {
     let topic = control_topic(&src.group);
-    if src.may_create {
-        if let Err(e) =
-            crate::topics::create_topics_with(&src.config, &[(topic.clone(), 1)], TOPIC_CONFIG)
-                .await
-        {
-            warn!(topic = %topic, error = %e, "no worker heartbeats: the control topic could not be created");
-            return;
-        }
-    }
     let key = worker_key(&src.client_id);
     let started_ms = crate::dlq::now_ms();
     let (host, pid) = (crate::config::hostname(), std::process::id());
@@ -672,15 +671,14 @@ fn tail(config: &KafkaConfig, group: &str, holds: &Holds, stop: &AtomicBool) {
                 continue;
             }
         }
-        let consumer: BaseConsumer =
-            match crate::membership::reader(config, "kjob-control-reader").create() {
-                Ok(c) => c,
-                Err(e) => {
-                    warn!(error = %e, "creating the control reader; retrying");
-                    std::thread::sleep(Duration::from_secs(2));
-                    continue;
-                }
-            };
+        let consumer: BaseConsumer = match crate::membership::reader(config, group).create() {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, "creating the control reader; retrying");
+                std::thread::sleep(Duration::from_secs(2));
+                continue;
+            }
+        };
         let mut tpl = TopicPartitionList::new();
         // Manual assignment: no group membership, no commits.
         if tpl

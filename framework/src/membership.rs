@@ -200,16 +200,18 @@ impl GroupSettings {
 }
 
 /// The client config of a consumer that assigns its partitions itself and
-/// never joins or commits (the control reader, the order-state reader):
-/// no group settings apply, but it gets the same client id form and
-/// reconnect backoff as the members. It has no `group.id`: with one,
-/// librdkafka looks up the group's coordinator even for a manual
-/// assignment, which a cluster with ACLs refuses unless the name is
-/// granted (found running a worker under exactly its model's ACLs). `name`
-/// names it in its client id.
-pub(crate) fn reader(config: &crate::KafkaConfig, name: &str) -> rdkafka::ClientConfig {
-    let client_id = crate::config::default_client_id(name);
+/// never joins or commits (the control reader, the order-state reader, a
+/// topic read): no group settings apply, but it gets the same client id
+/// form and reconnect backoff as the members. librdkafka wants a `group.id`
+/// for a manual assignment and looks that group's coordinator up, which a
+/// cluster with ACLs refuses unless the principal may describe the group,
+/// so a worker's readers use its own group (`group`), which its model
+/// grants (found running a worker under exactly its model's ACLs: fixed
+/// reader names were refused). Nothing joins or commits under it.
+pub(crate) fn reader(config: &crate::KafkaConfig, group: &str) -> rdkafka::ClientConfig {
+    let client_id = crate::config::default_client_id(group);
     config.client_config(&[
+        ("group.id", group),
         ("client.id", client_id.as_str()),
         ("enable.auto.commit", "false"),
         ("enable.partition.eof", "false"),

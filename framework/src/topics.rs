@@ -216,12 +216,28 @@ pub fn partition_counts(config: &KafkaConfig, topics: &[String]) -> Result<Vec<O
     Ok(counts)
 }
 
+/// The group an operator tool's reads run under ([`read_topic`]): they join
+/// and commit nothing, but librdkafka looks the group up, so under ACLs an
+/// operator's principal needs Describe on it.
+pub const OPERATOR_READER_GROUP: &str = "kjob-cli-reader";
+
 /// Reads every record currently in `topic` (up to the end offsets taken at
 /// the start), in partition and offset order, with a manual assignment (no
-/// group, no commits): the DLQ reader, the schedule state. `None` if the
-/// topic does not exist. Blocking; gives up after 60 s.
+/// membership, no commits), under [`OPERATOR_READER_GROUP`]: the DLQ
+/// reader, the dashboard's history. `None` if the topic does not exist.
+/// Blocking; gives up after 60 s.
 pub fn read_topic(config: &KafkaConfig, topic: &str) -> Result<Option<Vec<OwnedMessage>>> {
     read_topic_tail(config, topic, None)
+}
+
+/// [`read_topic`] under `group` (a worker reads its control, schedule and
+/// batch state under a group its model grants).
+pub fn read_topic_as(
+    config: &KafkaConfig,
+    topic: &str,
+    group: &str,
+) -> Result<Option<Vec<OwnedMessage>>> {
+    read_topic_tail_as(config, topic, None, group)
 }
 
 /// [`read_topic`], of at most the last `max_per_partition` records of each
@@ -231,15 +247,23 @@ pub fn read_topic_tail(
     topic: &str,
     max_per_partition: Option<i64>,
 ) -> Result<Option<Vec<OwnedMessage>>> {
+    read_topic_tail_as(config, topic, max_per_partition, OPERATOR_READER_GROUP)
+}
+
+/// [`read_topic_tail`] under `group`.
+pub fn read_topic_tail_as(
+    config: &KafkaConfig,
+    topic: &str,
+    max_per_partition: Option<i64>,
+    group: &str,
+) -> Result<Option<Vec<OwnedMessage>>> {
     let Some(parts) = partition_counts(config, &[topic.to_string()])?
         .pop()
         .flatten()
     else {
         return Ok(None);
     };
-    // No group: a manual assignment read (the factory's reader), which a
-    // cluster with ACLs allows with Read on the topic alone.
-    let consumer: BaseConsumer = crate::membership::reader(config, "kjob-reader")
+    let consumer: BaseConsumer = crate::membership::reader(config, group)
         .create()
         .map_err(|e| Error::kafka("creating reader", e))?;
     let timeout = Duration::from_secs(10);

@@ -111,6 +111,55 @@ pub fn committed_topics(config: &KafkaConfig, group: &str) -> Result<Vec<String>
         .client_config(&[])
         .create()
         .map_err(|e| Error::kafka("creating the group reader", e))?;
+    committed_topics_with(&admin, group)
+}
+
+/// [`committed_topics`] of each of `groups`, through one admin client and
+/// up to 16 requests in flight (one group per request, as the admin API
+/// takes them): the dashboard reads many idle groups at once. Blocking.
+pub fn committed_topics_of(
+    config: &KafkaConfig,
+    groups: &[String],
+) -> Result<Vec<(String, Result<Vec<String>>)>> {
+    let admin: AdminClient<DefaultClientContext> = config
+        .client_config(&[])
+        .create()
+        .map_err(|e| Error::kafka("creating the group reader", e))?;
+    let mut out = Vec::with_capacity(groups.len());
+    for chunk in groups.chunks(16) {
+        let read: Vec<(String, Result<Vec<String>>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|g| {
+                    let admin = &admin;
+                    scope.spawn(move || (g.clone(), committed_topics_with(admin, g)))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .zip(chunk)
+                .map(|(h, g)| {
+                    h.join().unwrap_or_else(|_| {
+                        (
+                            g.clone(),
+                            Err(Error::Task {
+                                what: "listing a group's committed offsets",
+                                reason: "the reading thread panicked".into(),
+                            }),
+                        )
+                    })
+                })
+                .collect()
+        });
+        out.extend(read);
+    }
+    Ok(out)
+}
+
+fn committed_topics_with(
+    admin: &AdminClient<DefaultClientContext>,
+    group: &str,
+) -> Result<Vec<String>> {
     let name = CString::new(group).map_err(|_| Error::InvalidSetting {
         name: "group".into(),
         value: group.to_string(),
@@ -126,7 +175,7 @@ pub fn committed_topics(config: &KafkaConfig, group: &str) -> Result<Vec<String>
     };
     let mut requests = [owned.ptr];
     let event = request(
-        &admin,
+        admin,
         rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_LISTCONSUMERGROUPOFFSETS,
         "listing a group's committed offsets",
         // SAFETY: `requests` holds one live request, alive until this call

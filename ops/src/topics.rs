@@ -67,10 +67,13 @@ pub fn route_topics(main: &str, group: Option<&str>, all_topics: &[String]) -> V
             let bucket = delay_topics("x")
                 .iter()
                 .position(|b| b.strip_prefix("x.delay.") == Some(d));
-            (
-                bucket,
-                kjob::retry::parse_delay(d).map_or(0, |d| d.as_millis()),
-            )
+            match role {
+                Role::Delay | Role::SharedDelay => (bucket, 0),
+                _ => (
+                    None,
+                    kjob::retry::parse_delay(d).map_or(0, |d| d.as_millis()),
+                ),
+            }
         });
         v
     };
@@ -231,6 +234,20 @@ mod tests {
 
     fn names(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn tiers_sort_by_their_delay_even_when_named_like_a_bucket() {
+        // `1s` is also a delay bucket's name; a tier sorts by its duration.
+        let all = names(&["orders", "orders.retry.5s", "orders.retry.1s", "orders.dlq"]);
+        let got: Vec<String> = route_topics("orders", None, &all)
+            .into_iter()
+            .map(|t| t.topic)
+            .collect();
+        assert_eq!(
+            got,
+            names(&["orders", "orders.retry.1s", "orders.retry.5s", "orders.dlq"])
+        );
     }
 
     #[test]

@@ -424,7 +424,9 @@ async fn the_overview_keeps_a_route_whose_workers_are_gone() {
     wait_committed_at_end(&config, &group, &topic, 2).await;
     running.stop().await;
     enqueue_n(&producer, &topic, 7, 5, "ok").await;
-    let (_ui, base) = support::discovering_dashboard(&config, &[]).await;
+    // Only this group: the stack holds every other test's idle groups,
+    // which a whole-cluster dashboard would sample too.
+    let (_ui, base) = support::discovering_dashboard(&config, &["--group", &group]).await;
     let card = |page: &str| -> Option<String> {
         let start = page.find(&format!("data-topic=\"{topic}\" data-group=\"{group}\""))?;
         let rest = &page[start..];

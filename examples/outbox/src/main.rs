@@ -62,9 +62,31 @@ async fn place_order(
     Ok(order_id)
 }
 
+/// The worker that sends the mail of order `placed`, counting it in `sent`.
+fn mailer(config: KafkaConfig, placed: String, sent: Arc<AtomicU64>) -> anyhow::Result<Worker> {
+    Ok(Worker::builder(config, "examples.outbox.mailer")
+        .handle(move |job: SendOrderConfirmation, ctx: JobContext| {
+            let (sent, placed) = (sent.clone(), placed.clone());
+            async move {
+                if job.order_id == placed {
+                    println!("mail for order {} sent (job {})", job.order_id, ctx.id);
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<(), JobError>(())
+            }
+        })
+        .build()?)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = KafkaConfig::from_env();
+    // `KJOB_DESCRIBE=json`: the worker's model, before any setup.
+    if kjob::deployment::describe_requested()? {
+        let worker = mailer(config, String::new(), Arc::default())?;
+        println!("{}", worker.deployment().to_json());
+        return Ok(());
+    }
     let url = std::env::var("KJOB_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:54329/kjob".into());
     let (mut db, connection) = tokio_postgres::connect(&url, NoTls)
@@ -100,19 +122,7 @@ async fn main() -> anyhow::Result<()> {
         let _ = stopped.await;
     }));
     let mails = Arc::new(AtomicU64::new(0));
-    let sent = mails.clone();
-    let worker = Worker::builder(config, "examples.outbox.mailer")
-        .handle(move |job: SendOrderConfirmation, ctx: JobContext| {
-            let (sent, placed) = (sent.clone(), placed.clone());
-            async move {
-                if job.order_id == placed {
-                    println!("mail for order {} sent (job {})", job.order_id, ctx.id);
-                    sent.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok::<(), JobError>(())
-            }
-        })
-        .build()?;
+    let worker = mailer(config, placed, mails.clone())?;
     let waiting = mails.clone();
     worker
         .run_until(async move {

@@ -103,7 +103,8 @@ pub fn read_states(
     use rdkafka::message::Message as _;
     let mut out = std::collections::HashMap::new();
     let state = state_topic(topic);
-    let Some(records) = crate::topics::read_topic(config, &state)? else {
+    let Some(records) = crate::topics::read_topic_as(config, &state, &coordinator_group(topic))?
+    else {
         return Ok(out);
     };
     for m in records

@@ -33,6 +33,26 @@ pub use classify::{classify, Classified};
 /// [`Deployment`] as JSON on stdout and return without connecting.
 pub const DESCRIBE_ENV: &str = "KJOB_DESCRIBE";
 
+/// Whether `KJOB_DESCRIBE` asks for the model (`json`, the one form); an
+/// unset or empty variable is no, another value is refused naming the one
+/// that works. [`crate::Worker::run`] checks it itself; a program that does
+/// setup before it builds its worker (creates tables, enqueues) checks it
+/// first, prints [`crate::Worker::deployment`] and skips the setup.
+pub fn describe_requested() -> crate::Result<bool> {
+    let Ok(value) = std::env::var(DESCRIBE_ENV) else {
+        return Ok(false);
+    };
+    match value.trim() {
+        "" => Ok(false),
+        "json" => Ok(true),
+        other => Err(crate::Error::InvalidSetting {
+            name: DESCRIBE_ENV.into(),
+            value: other.to_string(),
+            reason: "the one form is `json` (KJOB_DESCRIBE=json prints the worker's model and exits); unset it to run".into(),
+        }),
+    }
+}
+
 /// What a topic is to the worker that owns it. One list for the worker,
 /// `kjob topics`, `kjob status`, the dashboard and the ACL table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

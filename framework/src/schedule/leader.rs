@@ -147,7 +147,7 @@ pub fn read_states(config: &KafkaConfig, group: &str) -> Result<HashMap<String, 
 /// Empty when the topic does not exist. Blocking.
 pub fn read_schedule_topic(config: &KafkaConfig, group: &str) -> Result<ScheduleTopic> {
     let topic = state_topic(group);
-    let Some(records) = crate::topics::read_topic(config, &topic)? else {
+    let Some(records) = crate::topics::read_topic_as(config, &topic, group)? else {
         return Ok(ScheduleTopic::default());
     };
     Ok(fold_records(

@@ -266,6 +266,9 @@ impl Worker {
             let created: Vec<String> = missing.iter().map(|(t, _)| t.clone()).collect();
             crate::topics::wait_visible(&self.config, &created).await?;
         }
+        if self.create_topics {
+            crate::control::provision(&self.config, &self.settings.group).await;
+        }
         self.strict_topics().await
     }
 

@@ -49,7 +49,7 @@ impl Worker {
     /// on stdout instead and returns at once, without connecting: how a
     /// deploy pipeline learns what topics and ACLs a binary needs.
     pub async fn run_until<F: Future<Output = ()>>(mut self, stop: F) -> Result<()> {
-        if describe_requested()? {
+        if crate::deployment::describe_requested()? {
             println!("{}", self.deployment().to_json());
             return Ok(());
         }
@@ -67,6 +67,7 @@ impl Worker {
             let store = strict::KafkaStore {
                 producer: producer.raw().clone(),
                 config: self.config.clone(),
+                group: self.settings.group.clone(),
             };
             Arc::new(strict::Strict::new(
                 self.strict.iter().cloned().collect(),
@@ -201,7 +202,6 @@ impl Worker {
                 Producer::with_codec(&self.config, self.codec.clone(), Duration::from_secs(30))?;
             let busy_hub = hub.clone();
             let source = crate::control::BeatSource {
-                config: self.config.clone(),
                 group: self.settings.group.clone(),
                 client_id: crate::config::default_client_id(&self.settings.group),
                 slots: limits.concurrency,
@@ -225,7 +225,6 @@ impl Worker {
                     })
                 },
                 durations: self.metrics.durations.clone(),
-                may_create: self.create_topics,
                 jobs: self
                     .routes
                     .iter()
@@ -449,23 +448,6 @@ impl Worker {
             .member(&self.config, &self.settings.group, &own)
             .create_with_context(context)
             .map_err(|e| Error::kafka("creating consumer", e))
-    }
-}
-
-/// Whether `KJOB_DESCRIBE` asks for the model (`json`, the one form);
-/// another value is refused, naming the one that works.
-fn describe_requested() -> Result<bool> {
-    let Ok(value) = std::env::var(crate::deployment::DESCRIBE_ENV) else {
-        return Ok(false);
-    };
-    match value.trim() {
-        "" => Ok(false),
-        "json" => Ok(true),
-        other => Err(Error::InvalidSetting {
-            name: crate::deployment::DESCRIBE_ENV.into(),
-            value: other.to_string(),
-            reason: "the one form is `json` (KJOB_DESCRIBE=json prints the worker's model and exits); unset it to run".into(),
-        }),
     }
 }
 

@@ -61,6 +61,7 @@ pub struct Dashboard {
     token: Option<String>,
     routes: Vec<RouteKey>,
     discover: bool,
+    only_groups: Vec<String>,
     sample_every: Duration,
     by: String,
     proxy: actor::ProxyAuth,
@@ -75,6 +76,7 @@ impl Dashboard {
             token: None,
             routes: Vec::new(),
             discover: true,
+            only_groups: Vec::new(),
             sample_every: Duration::from_secs(5),
             by: "unknown".into(),
             proxy: actor::ProxyAuth::default(),
@@ -105,6 +107,14 @@ impl Dashboard {
     /// (on by default).
     pub fn discover(mut self, yes: bool) -> Self {
         self.discover = yes;
+        self
+    }
+
+    /// Finds routes only among these consumer groups (live or idle), not
+    /// the whole cluster's: a team's dashboard, or a cluster with many
+    /// groups. Empty (the default): every group.
+    pub fn groups(mut self, groups: Vec<String>) -> Self {
+        self.only_groups = groups;
         self
     }
 
@@ -187,7 +197,7 @@ impl Dashboard {
             history: Default::default(),
             tenants: Default::default(),
         });
-        sampler::spawn(state.clone(), self.routes, self.discover);
+        sampler::spawn(state.clone(), self.routes, self.discover, self.only_groups);
         controls::spawn(state.clone());
         history::spawn(state.clone());
         Ok(router(state))

@@ -60,7 +60,7 @@ pub struct RouteView {
 }
 
 /// Starts the sampling loop.
-pub(super) fn spawn(state: Shared, fixed: Vec<RouteKey>, discover: bool) {
+pub(super) fn spawn(state: Shared, fixed: Vec<RouteKey>, discover: bool, only: Vec<String>) {
     // Only a weak hold: once the server that owns the pages is gone (a
     // worker that stopped), sampling ends.
     let weak = Arc::downgrade(&state);
@@ -73,8 +73,9 @@ pub(super) fn spawn(state: Shared, fixed: Vec<RouteKey>, discover: bool) {
             let st = state.clone();
             let (prev, keys) = (std::mem::take(&mut previous), known.clone());
             let mut off = std::mem::take(&mut offline);
+            let only = only.clone();
             let out = tokio::task::spawn_blocking(move || {
-                let (prev, keys) = tick(&st, prev, keys, discover, &mut off);
+                let (prev, keys) = tick(&st, prev, keys, (discover, &only), &mut off);
                 (prev, keys, off)
             })
             .await;
@@ -120,35 +121,49 @@ type TickOut = (HashMap<RouteKey, RouteSample>, Vec<RouteKey>);
 /// half minute rather than at every sample (one request per group).
 const OFFLINE_REFRESH: Duration = Duration::from_secs(30);
 
-/// At most this many groups' committed offsets are read per sample, so a
-/// cluster with many idle groups costs the first samples a bounded time
-/// and their routes appear over a few rounds.
-const OFFLINE_READS_PER_TICK: usize = 20;
+/// At most this many groups' committed offsets are read per sample (one
+/// admin client, one request each), so a cluster with many idle groups
+/// costs a sample a bounded time and their routes appear over a few rounds.
+const OFFLINE_READS_PER_TICK: usize = 200;
 
 /// The topics each group without live members has committed offsets on,
 /// when they were read.
 #[derive(Default)]
 struct Offline {
     committed: HashMap<String, (Instant, Vec<String>)>,
-    /// Reads made in the current sample.
-    reads: usize,
 }
 
 impl Offline {
-    /// `group`'s committed topics, read again when older than
-    /// [`OFFLINE_REFRESH`] (while this sample has reads left); empty when
-    /// they cannot be read or were not read yet.
-    fn topics(&mut self, config: &kjob::KafkaConfig, group: &str) -> Vec<String> {
-        let fresh = self
-            .committed
-            .get(group)
-            .is_some_and(|(at, _)| at.elapsed() < OFFLINE_REFRESH);
-        if !fresh && self.reads < OFFLINE_READS_PER_TICK {
-            self.reads += 1;
-            let topics = crate::groups::committed_topics(config, group).unwrap_or_default();
-            self.committed
-                .insert(group.to_string(), (Instant::now(), topics));
+    /// Reads the committed topics of those of `groups` never read or read
+    /// longer than [`OFFLINE_REFRESH`] ago, the never-read first, at most
+    /// [`OFFLINE_READS_PER_TICK`]; forgets groups no longer idle.
+    fn refresh(&mut self, config: &kjob::KafkaConfig, groups: &[&str]) {
+        self.committed.retain(|g, _| groups.contains(&g.as_str()));
+        let mut stale: Vec<(Option<Instant>, String)> = groups
+            .iter()
+            .filter_map(|g| match self.committed.get(*g) {
+                None => Some((None, g.to_string())),
+                Some((at, _)) if at.elapsed() >= OFFLINE_REFRESH => {
+                    Some((Some(*at), g.to_string()))
+                }
+                Some(_) => None,
+            })
+            .collect();
+        stale.sort();
+        stale.truncate(OFFLINE_READS_PER_TICK);
+        if stale.is_empty() {
+            return;
         }
+        let names: Vec<String> = stale.into_iter().map(|(_, g)| g).collect();
+        let read = crate::groups::committed_topics_of(config, &names).unwrap_or_default();
+        for (g, topics) in read {
+            self.committed
+                .insert(g, (Instant::now(), topics.unwrap_or_default()));
+        }
+    }
+
+    /// `group`'s committed topics as last read (empty before the first).
+    fn topics(&self, group: &str) -> Vec<String> {
         self.committed
             .get(group)
             .map(|(_, t)| t.clone())
@@ -160,7 +175,7 @@ fn tick(
     state: &Shared,
     mut previous: HashMap<RouteKey, RouteSample>,
     mut keys: Vec<RouteKey>,
-    discover: bool,
+    (discover, only): (bool, &[String]),
     offline: &mut Offline,
 ) -> TickOut {
     let config = &state.config;
@@ -169,11 +184,19 @@ fn tick(
         problems.push(format!("listing topics: {e}"));
         Vec::new()
     });
-    let groups: Vec<Group> = if discover {
+    let groups: Vec<Group> = if discover && only.is_empty() {
         describe_groups(config, None).unwrap_or_else(|e| {
             problems.push(format!("finding routes from the consumer groups: {e}"));
             Vec::new()
         })
+    } else if discover {
+        only.iter()
+            .chain(keys.iter().map(|k| &k.group))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .filter_map(|g| describe_groups(config, Some(g)).ok())
+            .flatten()
+            .collect()
     } else {
         keys.iter()
             .filter_map(|k| describe_groups(config, Some(&k.group)).ok())
@@ -194,15 +217,17 @@ fn tick(
                 Some(kjob::deployment::Role::Batch | kjob::deployment::Role::BatchState)
             )
         };
-        offline
-            .committed
-            .retain(|g, _| groups.iter().any(|x| x.name == *g && x.members.is_empty()));
-        offline.reads = 0;
         // Only kjob workers' groups: every worker creates its group's
         // control topic at start.
         let existing: std::collections::HashSet<&str> =
             all_topics.iter().map(String::as_str).collect();
         let kjob_group = |g: &str| existing.contains(kjob::control::control_topic(g).as_str());
+        let idle: Vec<&str> = groups
+            .iter()
+            .filter(|g| g.members.is_empty() && kjob_group(&g.name))
+            .map(|g| g.name.as_str())
+            .collect();
+        offline.refresh(config, &idle);
         for g in groups
             .iter()
             .filter(|g| !g.members.is_empty() || kjob_group(&g.name))
@@ -213,7 +238,7 @@ fn tick(
             // still counted.
             let topics = match g.members.is_empty() {
                 false => g.assigned_topics(),
-                true => offline.topics(config, &g.name),
+                true => offline.topics(&g.name),
             };
             for t in topics.iter().filter(|t| routed(t)) {
                 if let Some(main) = route_for(t, &g.name) {

@@ -42,6 +42,9 @@ pub(crate) trait OrderStore: Send + Sync {
 pub(crate) struct KafkaStore {
     pub producer: FutureProducer,
     pub config: KafkaConfig,
+    /// The worker's group: the loading consumer reads under it (it never
+    /// joins or commits), as the worker's model grants it.
+    pub group: String,
 }
 
 impl OrderStore for KafkaStore {
@@ -78,9 +81,9 @@ impl OrderStore for KafkaStore {
         topic: &str,
         partition: i32,
     ) -> BoxFuture<'static, Result<Vec<(Vec<u8>, Option<Vec<u8>>)>>> {
-        let (config, topic) = (self.config.clone(), topic.to_string());
+        let (config, topic, group) = (self.config.clone(), topic.to_string(), self.group.clone());
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || read_partition(&config, &topic, partition))
+            tokio::task::spawn_blocking(move || read_partition(&config, &topic, partition, &group))
                 .await
                 .map_err(|e| Error::Task {
                     what: "loading the strict-order state",
@@ -97,8 +100,9 @@ fn read_partition(
     config: &KafkaConfig,
     topic: &str,
     partition: i32,
+    group: &str,
 ) -> Result<Vec<(Vec<u8>, Option<Vec<u8>>)>> {
-    let consumer: BaseConsumer = crate::membership::reader(config, "kjob-order-reader")
+    let consumer: BaseConsumer = crate::membership::reader(config, group)
         .create()
         .map_err(|e| Error::kafka("creating the order-state reader", e))?;
     let timeout = Duration::from_secs(10);
