@@ -51,8 +51,9 @@ pub struct LagReader {
 impl LagReader {
     /// A reader of `group`'s positions.
     pub fn new(config: &KafkaConfig, group: &str) -> Result<Self> {
-        let consumer: BaseConsumer = config
-            .client_config(&[("group.id", group), ("enable.auto.commit", "false")])
+        // The factory's reader: it reads `group`'s committed offsets and
+        // never joins or commits.
+        let consumer: BaseConsumer = crate::membership::reader(config, group)
             .create()
             .map_err(|e| Error::kafka("creating lag client", e))?;
         Ok(Self {
