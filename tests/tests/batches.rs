@@ -667,35 +667,7 @@ async fn exactly_one_callback_with_exact_counts_under_sigkills_of_workers_and_co
     // The first kill is of the batch's coordinator: the process that owns
     // its partition of the batch topic. Then one of the two every 1.5 s
     // (each coordinates some of the partitions), replaced by a new one.
-    let partition = {
-        let mut p = None;
-        eventually(
-            Duration::from_secs(30),
-            "the batch's first snapshot",
-            || {
-                p = try_show(&s.config, &s.batches, &id)["partition"].as_i64();
-                p.is_some()
-            },
-        )
-        .await;
-        p.unwrap_or_default() as i32
-    };
-    let group = kjob::batch::coordinator_group(&s.batches);
-    let owner_pid = || -> Option<u32> {
-        let groups = kjob_ops::groups::describe_groups(&s.config, Some(&group)).ok()?;
-        let member = groups.iter().flat_map(|g| g.members.iter()).find(|m| {
-            m.assignment
-                .iter()
-                .any(|(t, ps)| *t == s.batches && ps.contains(&partition))
-        })?;
-        member.client_id.rsplit('-').next()?.parse().ok()
-    };
-    let mut coordinator = None;
-    eventually(Duration::from_secs(30), "the batch's coordinator", || {
-        coordinator = owner_pid();
-        coordinator.is_some()
-    })
-    .await;
+    let coordinator = Some(coordinator_of(&s, &id).await);
     let first = workers
         .iter()
         .position(|w| Some(w.id()) == coordinator)

@@ -316,6 +316,54 @@ async fn worker_process() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The worker processes of the `newsletter` and `kills` modes: this
+/// binary in `--mode worker`, each writing its stdout to `w<i>` in a
+/// directory of its own.
+struct Workers {
+    exe: std::path::PathBuf,
+    out: std::path::PathBuf,
+    env: Vec<(&'static str, String)>,
+    started: usize,
+}
+
+impl Workers {
+    fn new(out: &str, env: Vec<(&'static str, String)>) -> anyhow::Result<Self> {
+        let out = std::env::temp_dir().join(unique(out));
+        std::fs::create_dir_all(&out)?;
+        Ok(Self {
+            exe: std::env::current_exe()?,
+            out,
+            env,
+            started: 0,
+        })
+    }
+
+    /// Starts one more worker process.
+    fn spawn(&mut self) -> anyhow::Result<std::process::Child> {
+        let log = std::fs::File::create(self.out.join(format!("w{}", self.started)))?;
+        self.started += 1;
+        Ok(std::process::Command::new(&self.exe)
+            .args(["--mode", "worker"])
+            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .env("RUST_LOG", "off")
+            .stdout(log)
+            .spawn()?)
+    }
+
+    /// Every line every worker printed so far.
+    fn lines(&self) -> Vec<String> {
+        (0..self.started)
+            .flat_map(|i| {
+                std::fs::read_to_string(self.out.join(format!("w{i}")))
+                    .unwrap_or_default()
+                    .lines()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+}
+
 async fn newsletter(config: &KafkaConfig) -> anyhow::Result<()> {
     let n = arg("jobs", 200_000) as i64;
     let (workers, kills) = (arg("workers", 3) as usize, arg("kills", 5) as usize);
@@ -327,23 +375,18 @@ async fn newsletter(config: &KafkaConfig) -> anyhow::Result<()> {
     );
     create_topic(config, &topic, 12).await;
     create_topic(config, &callbacks, 1).await;
-    let out = std::env::temp_dir().join(unique("newsletter"));
-    std::fs::create_dir_all(&out)?;
-    let exe = std::env::current_exe()?;
-    let spawn = |i: usize| -> anyhow::Result<std::process::Child> {
-        let log = std::fs::File::create(out.join(format!("w{i}")))?;
-        Ok(std::process::Command::new(&exe)
-            .args(["--mode", "worker"])
-            .env("BENCH_TOPIC", &topic)
-            .env("BENCH_CALLBACKS", &callbacks)
-            .env("BENCH_BATCHES", &batches)
-            .env("BENCH_GROUP", &group)
-            .env("RUST_LOG", "off")
-            .stdout(log)
-            .spawn()?)
-    };
-    let mut running: Vec<std::process::Child> =
-        (0..workers).map(spawn).collect::<anyhow::Result<_>>()?;
+    let mut procs = Workers::new(
+        "newsletter",
+        vec![
+            ("BENCH_TOPIC", topic.clone()),
+            ("BENCH_CALLBACKS", callbacks.clone()),
+            ("BENCH_BATCHES", batches.clone()),
+            ("BENCH_GROUP", group.clone()),
+        ],
+    )?;
+    let mut running: Vec<std::process::Child> = (0..workers)
+        .map(|_| procs.spawn())
+        .collect::<anyhow::Result<_>>()?;
     wait_topics_exist(
         config,
         &[batches.clone(), kjob::batch::state_topic(&batches)],
@@ -362,7 +405,6 @@ async fn newsletter(config: &KafkaConfig) -> anyhow::Result<()> {
         "{n} jobs enqueued into {id} in {:.1} s",
         t0.elapsed().as_secs_f64()
     );
-    let mut next = workers;
     for k in 0..kills {
         tokio::time::sleep(Duration::from_millis(arg("kill-every-ms", 3000))).await;
         let finished = finished_of(config, &batches, &id);
@@ -373,18 +415,12 @@ async fn newsletter(config: &KafkaConfig) -> anyhow::Result<()> {
         let mut victim = running.remove(k % running.len());
         let _ = victim.kill();
         victim.wait()?;
-        running.push(spawn(next)?);
-        next += 1;
+        running.push(procs.spawn()?);
     }
     let lines = || -> Vec<String> {
-        (0..next)
-            .flat_map(|i| {
-                std::fs::read_to_string(out.join(format!("w{i}")))
-                    .unwrap_or_default()
-                    .lines()
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            })
+        procs
+            .lines()
+            .into_iter()
             .filter(|l| l.starts_with("callback "))
             .collect()
     };
@@ -434,41 +470,23 @@ async fn kills(config: &KafkaConfig) -> anyhow::Result<()> {
     );
     create_topic(config, &topic, 6).await;
     create_topic(config, &callbacks, 1).await;
-    let out = std::env::temp_dir().join(unique("batch-kills"));
-    std::fs::create_dir_all(&out)?;
-    let exe = std::env::current_exe()?;
-    let spawn = |i: usize| -> anyhow::Result<std::process::Child> {
-        let log = std::fs::File::create(out.join(format!("w{i}")))?;
-        Ok(std::process::Command::new(&exe)
-            .args(["--mode", "worker"])
-            .env("BENCH_TOPIC", &topic)
-            .env("BENCH_CALLBACKS", &callbacks)
-            .env("BENCH_BATCHES", &batches)
-            .env("BENCH_GROUP", &group)
-            .env("BENCH_DEFAULTS", "1")
-            .env("RUST_LOG", "off")
-            .stdout(log)
-            .spawn()?)
-    };
-    let mut running: Vec<std::process::Child> = vec![spawn(0)?, spawn(1)?];
-    let mut next = 2;
+    let mut procs = Workers::new(
+        "batch-kills",
+        vec![
+            ("BENCH_TOPIC", topic.clone()),
+            ("BENCH_CALLBACKS", callbacks.clone()),
+            ("BENCH_BATCHES", batches.clone()),
+            ("BENCH_GROUP", group.clone()),
+            ("BENCH_DEFAULTS", "1".into()),
+        ],
+    )?;
+    let mut running: Vec<std::process::Child> = vec![procs.spawn()?, procs.spawn()?];
     wait_topics_exist(
         config,
         &[batches.clone(), kjob::batch::state_topic(&batches)],
         "the batch topics",
     )
     .await;
-    let lines = |next: usize| -> Vec<String> {
-        (0..next)
-            .flat_map(|i| {
-                std::fs::read_to_string(out.join(format!("w{i}")))
-                    .unwrap_or_default()
-                    .lines()
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            })
-            .collect()
-    };
     let coordinator = kjob::batch::coordinator_group(&batches);
     let p = Producer::new(config)?;
     let (mut after_last, mut after_kill) = (Vec::new(), Vec::new());
@@ -533,12 +551,11 @@ async fn kills(config: &KafkaConfig) -> anyhow::Result<()> {
         let killed_ms = kjob::clock::now_ms();
         let _ = killed.kill();
         killed.wait()?;
-        running.push(spawn(next)?);
-        next += 1;
+        running.push(procs.spawn()?);
         let deadline = Instant::now() + Duration::from_secs(300);
         let want = kjob::batch::callback_id(&id, When::Complete);
         let callback_ms = loop {
-            let found = lines(next).iter().find_map(|l| {
+            let found = procs.lines().iter().find_map(|l| {
                 let rest = l.strip_prefix("callback ")?;
                 let f: Vec<&str> = rest.split_whitespace().collect();
                 (f.first() == Some(&want.as_str())).then(|| f.last()?.parse::<i64>().ok())?
@@ -552,7 +569,8 @@ async fn kills(config: &KafkaConfig) -> anyhow::Result<()> {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
-        let last_ms = lines(next)
+        let last_ms = procs
+            .lines()
             .iter()
             .filter_map(|l| {
                 let mut f = l.strip_prefix("done ")?.split_whitespace();
