@@ -60,15 +60,24 @@ fn the_readme_is_short_and_starts_with_the_quickstart_commands() {
 }
 
 /// The public methods of every `impl WorkerBuilder` block in the worker's
-/// sources (a block ends at the first `}` in column 0).
+/// sources, folders included (a block ends at the first `}` in column 0).
 fn builder_methods() -> Vec<String> {
+    fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for path in std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+        {
+            if path.is_dir() {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|x| x == "rs") {
+                out.push(path);
+            }
+        }
+    }
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../framework/src/worker");
     let mut out = Vec::new();
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
-        .collect();
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
     files.sort();
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap();

@@ -1,0 +1,265 @@
+//! `build()`'s route table: every registered handler turned into a route
+//! for its main topic, its tiers and delay topics, shared where asked.
+
+use super::{Registration, WorkerBuilder};
+use crate::codec::SchemaSource;
+use crate::error::Error;
+use crate::error::Result;
+use crate::telemetry::metrics::WorkerGauges;
+use crate::worker::route::RouteShared;
+use crate::worker::state::OrderingMode;
+use crate::worker::state::RouteEntry;
+use crate::worker::state::TopicRole;
+use crate::worker::watchdog;
+use crate::worker::Priority;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+impl WorkerBuilder {
+    /// Turns the registrations into routes decoding through `schemas`: the
+    /// registry for a worker, an in-memory store for the test harness. One
+    /// code path, so both route, classify and retry alike.
+    pub(crate) fn build_routes(&self, schemas: Arc<dyn SchemaSource>) -> Result<Routes> {
+        if self.routes.is_empty() {
+            return Err(Error::NoHandlers);
+        }
+        let mut entries: HashMap<String, RouteEntry> = HashMap::new();
+        // Shared tier topic -> main topic -> that route's entry for it.
+        let mut shared: std::collections::BTreeMap<
+            String,
+            rustc_hash::FxHashMap<String, RouteEntry>,
+        > = Default::default();
+        let mut mains = Vec::new();
+        let states = Arc::new(self.states.clone());
+        let watchdog = Arc::new(watchdog::Watchdog::new(self.slow_attempt_warning));
+        let gauges = Arc::new(WorkerGauges::default());
+        for Registration { topic, make, needs } in &self.routes {
+            if let Some((_, name)) = needs.iter().find(|(id, _)| !states.contains(*id)) {
+                return Err(Error::MissingState {
+                    topic: topic.clone(),
+                    state: name,
+                });
+            }
+            if entries.contains_key(topic) {
+                return Err(Error::DuplicateTopic {
+                    topic: topic.clone(),
+                });
+            }
+            let retry = self
+                .retry_overrides
+                .get(topic)
+                .unwrap_or(&self.retry)
+                .clone();
+            retry.validate().map_err(|reason| Error::RetryPolicy {
+                topic: topic.clone(),
+                reason,
+            })?;
+            let retry = Arc::new(retry);
+            let priority = self.priorities.get(topic).copied().unwrap_or_default();
+            let delays = self.delayed_jobs || self.delayed_routes.contains(topic);
+            let fair: Option<Arc<str>> = self.fair.get(topic).map(|f| Arc::from(f.header.as_str()));
+            let mut layers = self.layers.clone();
+            layers.extend(self.route_layers.get(topic).into_iter().flatten().cloned());
+            let route = make(
+                schemas.clone(),
+                self.handler_timeout,
+                states.clone(),
+                &layers,
+                RouteShared {
+                    watchdog: watchdog.clone(),
+                    gauges: gauges.clone(),
+                },
+            )?;
+            let shares = self
+                .shared_tiers
+                .as_ref()
+                .filter(|_| !self.strict.contains(topic) && !self.fair.contains_key(topic));
+            let tiers_at: Arc<str> = match shares {
+                Some(t) => Arc::from(t.namespace_for(&self.settings.group)),
+                None => Arc::from(topic.as_str()),
+            };
+            let shares_delays = shares.is_some_and(|t| t.delays) && delays;
+            let delays_at: Arc<str> = match shares_delays {
+                true => tiers_at.clone(),
+                false => Arc::from(topic.as_str()),
+            };
+            for (i, tier) in retry.tier_topics(&tiers_at).into_iter().enumerate() {
+                let entry = RouteEntry {
+                    route: route.clone(),
+                    main: topic.clone(),
+                    role: TopicRole::Tier(i),
+                    retry: retry.clone(),
+                    priority,
+                    delays,
+                    fair: fair.clone(),
+                    tiers_at: tiers_at.clone(),
+                    delays_at: delays_at.clone(),
+                    sharers: None,
+                };
+                if shares.is_some() {
+                    shared.entry(tier).or_default().insert(topic.clone(), entry);
+                } else if entries.insert(tier.clone(), entry).is_some() {
+                    return Err(Error::DuplicateTopic { topic: tier });
+                }
+            }
+            if delays {
+                for (i, delay) in crate::delay::delay_topics(&delays_at)
+                    .into_iter()
+                    .enumerate()
+                {
+                    let entry = RouteEntry {
+                        route: route.clone(),
+                        main: topic.clone(),
+                        role: TopicRole::Delay(i),
+                        retry: retry.clone(),
+                        priority,
+                        delays,
+                        fair: fair.clone(),
+                        tiers_at: tiers_at.clone(),
+                        delays_at: delays_at.clone(),
+                        sharers: None,
+                    };
+                    if shares_delays {
+                        shared
+                            .entry(delay)
+                            .or_default()
+                            .insert(topic.clone(), entry);
+                    } else if entries.insert(delay.clone(), entry).is_some() {
+                        return Err(Error::DuplicateTopic { topic: delay });
+                    }
+                }
+            }
+            let entry = RouteEntry {
+                route,
+                main: topic.clone(),
+                role: TopicRole::Main,
+                retry,
+                priority,
+                delays,
+                fair: fair.clone(),
+                tiers_at,
+                delays_at,
+                sharers: None,
+            };
+            if entries.insert(topic.clone(), entry).is_some() {
+                return Err(Error::DuplicateTopic {
+                    topic: topic.clone(),
+                });
+            }
+            mains.push(topic.clone());
+        }
+        // A shared topic's own entry stands for all its routes where the
+        // topic is what counts (subscription, creation, holds, priority);
+        // each record runs under its route's entry (RouteEntry::for_record).
+        // It is read at its routes' priority when they all have the same,
+        // else at Normal: a priority is a partition's, not a record's, so a
+        // Low route's retry storm in a tier read at High would compete with
+        // the High routes' main topics, the outage spreading to the work
+        // the priorities protect.
+        for (tier, sharers) in shared {
+            let Some(first) = sharers.values().min_by(|a, b| a.main.cmp(&b.main)).cloned() else {
+                continue;
+            };
+            let priority = match first.priority {
+                p if sharers.values().all(|e| e.priority == p) => p,
+                _ => Priority::Normal,
+            };
+            let entry = RouteEntry {
+                priority,
+                sharers: Some(Arc::new(sharers)),
+                ..first
+            };
+            if entries.insert(tier.clone(), entry).is_some() {
+                return Err(Error::DuplicateTopic { topic: tier });
+            }
+        }
+        if let Some(unknown) = self.route_layers.keys().find(|t| !mains.contains(t)) {
+            return Err(Error::NoSuchRoute {
+                topic: unknown.clone(),
+                setting: "layer_for",
+            });
+        }
+        if let Some(unknown) = self.delayed_routes.iter().find(|t| !mains.contains(t)) {
+            return Err(Error::NoSuchRoute {
+                topic: unknown.clone(),
+                setting: "delayed_jobs_on",
+            });
+        }
+        if let Some(unknown) = self.strict.iter().find(|t| !mains.contains(t)) {
+            return Err(Error::NoSuchRoute {
+                topic: unknown.clone(),
+                setting: "strict_order",
+            });
+        }
+        if let Some(topic) = self.strict.iter().next() {
+            if self.settings.ordering == OrderingMode::Unordered {
+                return Err(Error::InvalidSetting {
+                    name: "ordering".into(),
+                    value: "OrderingMode::Unordered".into(),
+                    reason: format!(
+                        "strict_order(\"{topic}\") keeps per-key order across retries, which \
+                         unordered dispatch breaks before any retry; use OrderingMode::PerKey \
+                         (the default) or PerPartition, or drop strict_order"
+                    ),
+                });
+            }
+        }
+        if let Some(unknown) = self.fair.keys().find(|t| !mains.contains(t)) {
+            return Err(Error::NoSuchRoute {
+                topic: unknown.clone(),
+                setting: "fair",
+            });
+        }
+        if let Some(unknown) = self.debounce.keys().find(|t| !mains.contains(t)) {
+            return Err(Error::NoSuchRoute {
+                topic: unknown.clone(),
+                setting: "debounce",
+            });
+        }
+        if let Some(topic) = self.debounce.keys().find(|t| self.strict.contains(*t)) {
+            return Err(Error::InvalidSetting {
+                name: "debounce".into(),
+                value: topic.clone(),
+                reason: format!(
+                    "strict_order(\"{topic}\") runs every job of a key in order, and debounce skips \
+                     all but the newest: choose one for this route"
+                ),
+            });
+        }
+        if let Some((topic, _)) = self.debounce.iter().find(|(_, w)| w.is_zero()) {
+            return Err(Error::InvalidSetting {
+                name: "debounce".into(),
+                value: format!("{topic}: 0s"),
+                reason: "a debounce window must be longer than zero: the jobs of a key written within it of each other are folded into the newest".into(),
+            });
+        }
+        if let Some(unknown) = self.priorities.keys().find(|t| !mains.contains(t)) {
+            return Err(Error::NoSuchRoute {
+                topic: unknown.clone(),
+                setting: "priority",
+            });
+        }
+        if let Some(unknown) = self.retry_overrides.keys().find(|t| !mains.contains(t)) {
+            return Err(Error::RetryPolicy {
+                topic: unknown.clone(),
+                reason: crate::retry::RetryPolicyError::NoSuchRoute,
+            });
+        }
+        Ok(Routes {
+            entries,
+            mains,
+            watchdog,
+            gauges,
+        })
+    }
+}
+
+/// Routes by topic (main topics and their tiers).
+pub(crate) struct Routes {
+    pub entries: HashMap<String, RouteEntry>,
+    pub mains: Vec<String>,
+    /// The handlers that run for long, across routes.
+    pub watchdog: Arc<watchdog::Watchdog>,
+    /// What the routes' waits count (registry, breakers), for `/metrics`.
+    pub gauges: Arc<WorkerGauges>,
+}
