@@ -50,7 +50,7 @@ pub(crate) enum ScheduleCommand {
         #[arg(long, env = "USER", default_value = "unknown")]
         by: String,
     },
-    /// Have the leader enqueue the schedule's job once now, as cron:<name>:manual:<time>.
+    /// Have the leader enqueue the schedule's job once now, as `cron:<name>:manual:<time>`.
     Trigger {
         /// The schedule's name.
         schedule: String,

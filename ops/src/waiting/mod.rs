@@ -7,7 +7,7 @@
 //! records from the committed offset of each partition (the ones due
 //! first), with the count of the rest. It uses a manual assignment, never
 //! the group itself, so it commits nothing and joins nothing. Cancelling
-//! one of these jobs or moving it to "now" is [`act`]'s.
+//! one of these jobs or moving it to "now" is [`act()`]'s.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -61,7 +61,7 @@ impl WorkerBuilder {
 
     /// The rebalance protocol (default: `KJOB_GROUP_PROTOCOL`, else
     /// [`GroupProtocol::Classic`]). A `group.protocol` set on the
-    /// [`KafkaConfig`] is honoured too. See the book's chapter on deploys and rebalances for what each
+    /// [`KafkaConfig`](crate::KafkaConfig) is honoured too. See the book's chapter on deploys and rebalances for what each
     /// costs on a deploy and on a crash.
     pub fn group_protocol(mut self, protocol: GroupProtocol) -> Self {
         self.protocol = Some(protocol);

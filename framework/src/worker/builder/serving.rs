@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 impl WorkerBuilder {
     /// Serves `/metrics` (Prometheus), `/healthz` and `/readyz` on `addr`
     /// while the worker runs (port 0 picks a free port; see
-    /// [`WorkerStats::endpoint`]). Without it, metrics are no-ops.
+    /// [`WorkerStats::endpoint`](crate::WorkerStats::endpoint)). Without it, metrics are no-ops.
     pub fn metrics_endpoint(mut self, addr: SocketAddr) -> Self {
         self.endpoint = Some(addr);
         self

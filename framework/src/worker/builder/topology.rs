@@ -18,7 +18,7 @@ impl WorkerBuilder {
     /// Whether the worker also serves its routes' delay topics
     /// (`<topic>.delay.<bucket>`, see [`crate::delay`]), creating them at
     /// start when [`WorkerBuilder::create_topics`] allows, so that
-    /// [`Producer::enqueue_in`] and [`Producer::enqueue_at`] work for its
+    /// [`Producer::enqueue_in`](crate::Producer::enqueue_in) and [`Producer::enqueue_at`](crate::Producer::enqueue_at) work for its
     /// routes (default false: seven more topics per route, consumed by the
     /// same consumer).
     pub fn delayed_jobs(mut self, yes: bool) -> Self {

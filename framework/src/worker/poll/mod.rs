@@ -62,7 +62,7 @@ const MAX_BATCH: usize = 1024;
 /// millisecond, while the dispatcher, its jobs done, waited to report them
 /// and take the next: a fifth of its time, asleep on the lock, in a no-op
 /// run (benches/RESULTS.md, issue 29's ninth step). A chunk holds it a few
-/// microseconds, which a waiter spins out ([`Hub::lock`]).
+/// microseconds, which a waiter spins out ([`Hub::lock`](super::hub::Hub::lock)).
 const RECORD_CHUNK: usize = 64;
 
 /// The longest a busy poll thread blocks in the consumer: short, so the

@@ -15,23 +15,31 @@
 //! The worker and the test harness run exactly this; they differ only in
 //! the [`Sink`] forwards go to and the clock. Nothing here sleeps for a
 //! retry: it waits in its tier topic, not in the worker.
+//!
+//! Beside this file: `unrun.rs`, the records that end before their handler
+//! (cancelled, debounced, moved to another group, unrouted), and
+//! `context.rs`, the handler's `JobContext` and consumer span.
 
-use std::borrow::Cow;
+mod context;
+mod unrun;
+
+pub(crate) use context::context_for;
+use context::handle_span;
+
 use std::sync::Arc;
 
 use opentelemetry::trace::FutureExt as _;
 use opentelemetry::KeyValue;
 use rdkafka::message::Message;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info};
+use tracing::{debug, error};
 
-use super::decision::next_step;
 pub(crate) use super::decision::Outcome;
 use super::forward::Forwarder;
 pub(crate) use super::forward::Sink;
 use super::park::Waiter;
 use super::route::Attempt;
-use super::settle::{self, settle};
+use super::settle;
 use super::stages;
 use super::state::{RouteEntry, TopicRole, WorkerStats};
 use super::strict::Gate;
@@ -129,134 +137,7 @@ struct Ready<'a> {
     now_ms: i64,
 }
 
-/// The context a handler sees for `msg`, with the job id `id`. The topic's
-/// and contract's names come from `names` when the record's match them
-/// (always, but for a record whose `kjob-job` names another contract).
-pub(crate) fn context_for<M: Message>(
-    msg: &M,
-    headers: &HeaderView<'_>,
-    id: Arc<str>,
-    group: &Arc<str>,
-    names: Option<&Names>,
-    job: &str,
-) -> JobContext {
-    let job = headers.job.unwrap_or(job);
-    JobContext {
-        id,
-        job: match names {
-            Some(n) if *n.job == *job => n.job.clone(),
-            _ => Arc::from(job),
-        },
-        version: headers.version,
-        attempt: headers.attempt.unwrap_or(1).max(1),
-        topic: match names {
-            Some(n) if *n.topic == *msg.topic() => n.topic.clone(),
-            _ => Arc::from(msg.topic()),
-        },
-        partition: msg.partition(),
-        offset: msg.offset(),
-        key: msg.key().map(|k| match std::str::from_utf8(k) {
-            Ok(k) => Arc::from(k),
-            Err(_) => Arc::from(String::from_utf8_lossy(k)),
-        }),
-        timestamp_ms: msg.timestamp().to_millis(),
-        tenant: headers.tenant.map(str::to_string),
-        group: group.clone(),
-        due_at_ms: headers.due_at_ms,
-        batch: headers.batch.map(str::to_string),
-        batch_report: headers
-            .batch_report
-            .and_then(crate::batch::BatchReport::parse),
-    }
-}
-
 impl Pipeline {
-    /// Whether the record with `headers` of `entry` (a tier or delay topic)
-    /// is a waiting job an operator cancelled.
-    fn is_cancelled(&self, entry: &RouteEntry, headers: &JobHeaders) -> bool {
-        let (Some(holds), Some(id), Some(due)) = (
-            &self.holds,
-            headers.id.as_deref(),
-            headers.run_at_ms.or(headers.due_at_ms),
-        ) else {
-            return false;
-        };
-        holds.cancelled(&entry.main, id, due)
-    }
-
-    /// A debounced job: superseded at once if a newer job of its key was
-    /// fetched, otherwise parked until `window` after it was written and
-    /// checked again. `None`: it runs; `Released` if its partition went
-    /// while it waited.
-    async fn debounced<M: Message>(
-        &self,
-        d: &super::debounce::Debounce,
-        window: std::time::Duration,
-        msg: &M,
-        key: &[u8],
-        waiter: &Waiter,
-    ) -> Option<Outcome> {
-        let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
-        if d.superseded(topic, partition, key, offset) {
-            return Some(Outcome::Superseded);
-        }
-        let written = msg
-            .timestamp()
-            .to_millis()
-            .unwrap_or_else(|| self.clock.now_ms());
-        let left = written.saturating_add(window.as_millis() as i64) - self.clock.now_ms();
-        if left > 0 {
-            let sleep = tokio::time::sleep(std::time::Duration::from_millis(left as u64));
-            if waiter.wait(sleep).await.is_none() {
-                return Some(Outcome::Released);
-            }
-            if d.superseded(topic, partition, key, offset) {
-                return Some(Outcome::Superseded);
-            }
-        }
-        d.running(topic, partition, key, offset);
-        None
-    }
-
-    /// Whether a main-topic record is a copy another group's operator moved
-    /// to "now" ([`crate::headers::MOVED_FROM`]).
-    fn moved_for_another_group(&self, entry: &RouteEntry, headers: &JobHeaders) -> bool {
-        entry.role == TopicRole::Main
-            && headers.group.as_deref().is_some_and(|g| *g != *self.group)
-            && headers
-                .extra
-                .iter()
-                .any(|(k, _)| k == crate::headers::MOVED_FROM)
-    }
-
-    /// Finishes a cancelled waiting job without running it: counted,
-    /// logged, out of its key's chain on a strict-order route, and
-    /// recorded as not succeeded in its batch.
-    async fn cancelled<M: Message>(
-        &self,
-        entry: &RouteEntry,
-        msg: &M,
-        headers: &JobHeaders,
-        job: &'static str,
-    ) -> Outcome {
-        let id = headers.id.as_deref().unwrap_or_default();
-        if let Some(g) = self.strict.as_deref().and_then(|s| s.gate(entry, msg)) {
-            if !g.finished(&entry.main, id).await {
-                return Outcome::Released;
-            }
-        }
-        WorkerStats::bump(&self.fw.stats.cancelled);
-        self.fw.metrics.outcome(job, "cancelled");
-        info!(
-            job.id = %id, job.type = job, topic = msg.topic(), partition = msg.partition(),
-            offset = msg.offset(), outcome = "cancelled", "waiting job cancelled by an operator; not run"
-        );
-        if let (Some(recorder), Some(batch)) = (&self.batches, &headers.batch) {
-            recorder.push(batch, id, false);
-        }
-        Outcome::Cancelled
-    }
-
     /// A pipeline over `routes`, forwarding to `sink`. `cancel` ends
     /// forwards still retrying at the end of the shutdown grace period.
     #[allow(clippy::too_many_arguments)]
@@ -578,81 +459,6 @@ impl Pipeline {
         }
     }
 
-    /// A record in a shared retry tier or delay bucket that names no route of this worker
-    /// (a hostile or mistaken `kjob-route`, or a route only newer workers
-    /// serve, mid-deploy): dead-lettered into the DLQ of the route the
-    /// tier's entry stands for, with an error that names the route, so it
-    /// is neither lost nor run by the wrong handler. `kjob dlq retry`
-    /// re-drives it once a worker serves that route.
-    async fn unrouted<M: Message>(
-        &self,
-        topic_entry: &RouteEntry,
-        msg: &M,
-        headers: JobHeaders,
-    ) -> Attempted {
-        let headers = &headers;
-        let named = headers
-            .route()
-            .map(|v| String::from_utf8_lossy(v).into_owned())
-            .or_else(|| headers.original_topic.clone());
-        let message = match &named {
-            Some(route) => format!(
-                "the shared topic `{}` holds a record of route `{}`, which this worker does not serve (its routes there: {}); run a worker with that route and re-drive it with `kjob dlq retry`",
-                msg.topic(),
-                crate::headers::truncate_utf8(route, 200),
-                topic_entry.sharers.as_ref().map_or(String::new(), |s| {
-                    let mut m: Vec<&str> = s.keys().map(String::as_str).collect();
-                    m.sort_unstable();
-                    m.join(", ")
-                }),
-            ),
-            None => format!(
-                "the shared topic `{}` holds a record that names no route (no `{}` header)",
-                msg.topic(),
-                crate::headers::ROUTE
-            ),
-        };
-        error!(topic = msg.topic(), partition = msg.partition(), offset = msg.offset(), %message, "dead-lettering a record without a route of this worker");
-        let attempt = headers.attempt.unwrap_or(1).max(1);
-        let now_ms = self.clock.now_ms();
-        let failed = Attempt::Failed {
-            class: crate::ErrorClass::PermanentInvalidInput,
-            message,
-            retry_after: None,
-            backtrace: None,
-        };
-        let next = next_step(
-            &failed,
-            msg,
-            &topic_entry.main,
-            &topic_entry.tiers_at,
-            &self.fw.group,
-            &topic_entry.retry,
-            attempt,
-            0.0,
-            now_ms,
-        );
-        let job = topic_entry.route.job_name();
-        let id = headers.job_id(msg.topic(), msg.partition(), msg.offset());
-        let view = headers.view();
-        let ctx = context_for(msg, &view, Arc::from(id.as_str()), &self.group, None, job);
-        let span = handle_span(msg, topic_entry, &ctx, &view, Some(headers), &self.server);
-        let settling = settle::Attempt {
-            id: &id,
-            job,
-            attempt,
-            duration_ms: 0,
-            span: &span,
-        };
-        let outcome = settle(&self.fw, topic_entry, msg, next, None, &settling).await;
-        Attempted {
-            outcome,
-            id: Arc::from(id),
-            job,
-            attempt,
-        }
-    }
-
     /// Runs the handler stage under its span, with the attempt's metrics;
     /// returns its result and how long the handler took (ms).
     ///
@@ -713,58 +519,4 @@ impl Pipeline {
             (result, elapsed.as_millis() as u64)
         }
     }
-}
-
-/// The consumer span `process <main topic>` of one attempt, with the
-/// OpenTelemetry messaging attributes. The first attempt of a record
-/// enqueued on the main topic continues its enqueue's trace; any other
-/// (read from a retry tier or delay bucket, or re-driven from the DLQ: it
-/// has been forwarded) starts its own, linked to the span that forwarded it
-/// and to the enqueue (see `telemetry/spans.rs`).
-fn handle_span<M: Message>(
-    msg: &M,
-    entry: &RouteEntry,
-    ctx: &JobContext,
-    headers: &HeaderView<'_>,
-    owned: Option<&JobHeaders>,
-    server: &[KeyValue],
-) -> JobSpan {
-    let main = entry.main.as_str();
-    let continues = entry.role == TopicRole::Main && headers.original_topic.is_none();
-    // The trace headers, every one a propagator may read: parsed only when
-    // spans are made, and only if the caller has not already.
-    let carried = || match owned {
-        Some(h) => Cow::Borrowed(h),
-        None => Cow::Owned(JobHeaders::parse(msg.headers())),
-    };
-    JobSpan::consumer(carried, main, continues, || {
-        let mut attrs = Vec::with_capacity(16);
-        attrs.extend([
-            KeyValue::new("messaging.system", "kafka"),
-            KeyValue::new("messaging.operation.name", "process"),
-            KeyValue::new("messaging.operation.type", "process"),
-            KeyValue::new("messaging.destination.name", main.to_string()),
-            KeyValue::new(
-                "messaging.destination.partition.id",
-                msg.partition().to_string(),
-            ),
-            KeyValue::new("messaging.kafka.offset", msg.offset()),
-            KeyValue::new("messaging.consumer.group.name", ctx.group.to_string()),
-            KeyValue::new("messaging.message.id", ctx.id.to_string()),
-            KeyValue::new("kjob.job", entry.route.job_name()),
-            KeyValue::new("kjob.version", i64::from(ctx.version.unwrap_or(0))),
-            KeyValue::new("kjob.attempt", i64::from(ctx.attempt)),
-        ]);
-        if let Some(key) = &ctx.key {
-            attrs.push(KeyValue::new(
-                "messaging.kafka.message.key",
-                key.to_string(),
-            ));
-        }
-        if msg.topic() != main {
-            attrs.push(KeyValue::new("kjob.topic", msg.topic().to_string()));
-        }
-        attrs.extend(server.iter().cloned());
-        attrs
-    })
 }
