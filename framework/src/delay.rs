@@ -106,6 +106,12 @@ pub fn delay_topics(topic: &str) -> Vec<String> {
     (0..BUCKETS.len()).map(|i| delay_topic(topic, i)).collect()
 }
 
+/// The delay of the bucket named `name` (`1s` ... `1d`, as in
+/// `<topic>.delay.<name>`), `None` for a name no bucket has.
+pub fn bucket_delay(name: &str) -> Option<Duration> {
+    BUCKETS.iter().copied().find(|b| bucket_name(*b) == name)
+}
+
 /// `1s`, `3s`, `10s`, `1m`, `10m`, `1h`, `1d`.
 fn bucket_name(d: Duration) -> String {
     let s = d.as_secs();

@@ -215,19 +215,24 @@ pub(crate) fn reader(config: &crate::KafkaConfig, group: &str) -> rdkafka::Clien
         ("client.id", client_id.as_str()),
         ("enable.auto.commit", "false"),
         ("enable.partition.eof", "false"),
-        ("reconnect.backoff.ms", "100"),
-        ("reconnect.backoff.max.ms", "1000"),
+        RECONNECT_BACKOFF[0],
+        RECONNECT_BACKOFF[1],
     ])
 }
+
+/// librdkafka's reconnect backoff, capped at 1 s (see the module docs):
+/// every consumer kjob creates tries a returning broker at least once a
+/// second.
+const RECONNECT_BACKOFF: [(&str, &str); 2] = [
+    ("reconnect.backoff.ms", "100"),
+    ("reconnect.backoff.max.ms", "1000"),
+];
 
 /// kjob's consumer settings for `protocol`; the user's own overrides in
 /// [`crate::KafkaConfig`] are applied on top of these.
 pub(crate) fn consumer_settings(protocol: GroupProtocol) -> Vec<(&'static str, &'static str)> {
-    let mut out = vec![
-        ("group.protocol", protocol.as_str()),
-        ("reconnect.backoff.ms", "100"),
-        ("reconnect.backoff.max.ms", "1000"),
-    ];
+    let mut out = vec![("group.protocol", protocol.as_str())];
+    out.extend(RECONNECT_BACKOFF);
     match protocol {
         GroupProtocol::Classic => {
             out.push(("session.timeout.ms", "10000"));

@@ -60,20 +60,11 @@ pub fn route_topics(main: &str, group: Option<&str>, all_topics: &[String]) -> V
                 delay: c.delay.clone(),
             })
             .collect();
-        // Shortest delay first: a tier by its duration, a bucket by its
-        // place among the buckets.
+        // Shortest delay first (a bucket's `1d` too).
         v.sort_by_key(|t| {
-            let d = t.delay.as_deref().unwrap_or_default();
-            let bucket = delay_topics("x")
-                .iter()
-                .position(|b| b.strip_prefix("x.delay.") == Some(d));
-            match role {
-                Role::Delay | Role::SharedDelay => (bucket, 0),
-                _ => (
-                    None,
-                    kjob::retry::parse_delay(d).map_or(0, |d| d.as_millis()),
-                ),
-            }
+            t.delay
+                .as_deref()
+                .and_then(kjob::deployment::delay_duration)
         });
         v
     };

@@ -455,3 +455,48 @@ async fn the_overview_keeps_a_route_whose_workers_are_gone() {
     }
     assert!(last.contains("no live member"), "{last}");
 }
+
+/// Bad input to the model's commands: a missing or garbage model file and a
+/// principal that is not TYPE:NAME are usage errors naming the fix, before
+/// anything is printed.
+#[test]
+fn the_model_commands_refuse_a_missing_or_garbage_model_and_a_bad_principal() {
+    let config = ensure_stack();
+    let dir = std::env::temp_dir().join(unique("kjob-model-bad"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let garbage = dir.join("garbage.json");
+    std::fs::write(&garbage, b"\x00\xffnot json {").unwrap();
+    let garbage = garbage.to_string_lossy().to_string();
+    let missing = dir.join("missing.json").to_string_lossy().to_string();
+    for args in [
+        vec!["acls", "--model", missing.as_str()],
+        vec!["acls", "--model", garbage.as_str()],
+        vec!["topics", "list", "--model", missing.as_str()],
+        vec!["topics", "list", "--model", garbage.as_str()],
+    ] {
+        let out = run_kjob(KJOB, &config, &args);
+        assert_eq!(out.code, 2, "{args:?}: a usage error\n{}", out.stderr);
+        assert!(out.stdout.is_empty(), "{args:?}: {}", out.stdout);
+        assert!(
+            out.stderr.contains("KJOB_DESCRIBE=json"),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
+    let model = dir.join("model.json");
+    let worker = kjob::Worker::builder(config.clone(), "g")
+        .handle_on("t", |_: TestJob, _: kjob::JobContext| async {
+            Ok::<(), kjob::JobError>(())
+        })
+        .build()
+        .unwrap();
+    std::fs::write(&model, worker.deployment().to_json()).unwrap();
+    let model = model.to_string_lossy().to_string();
+    let out = run_kjob(
+        KJOB,
+        &config,
+        &["acls", "--model", &model, "--principal", "worker"],
+    );
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("TYPE:NAME"), "{}", out.stderr);
+}

@@ -17,6 +17,7 @@ use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use serde_json::json;
 
+use super::blocking;
 use crate::output::{json, outln};
 use crate::Ctx;
 use kjob::deployment::{classify, Role};
@@ -24,12 +25,6 @@ use kjob_ops::groups::{describe_groups, group_names, Group};
 use kjob_ops::problem::Problem;
 use kjob_ops::suggest::did_you_mean;
 use kjob_ops::topics::topic_partitions;
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| anyhow!("background task: {e}"))?
-}
 
 /// Who reads `topics` now: `client.id@host (group)` of every live member
 /// assigned one of them.

@@ -9,6 +9,7 @@ use anyhow::{anyhow, Result};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde_json::json;
 
+use super::blocking;
 use crate::output::{json, outln};
 use crate::Ctx;
 use kjob::deployment::{classify, Deployment, Role};
@@ -40,8 +41,7 @@ impl Row {
         let delay = self
             .delay
             .as_deref()
-            .and_then(kjob::retry::parse_delay)
-            .or_else(|| self.delay.as_deref().and_then(day_delay))
+            .and_then(kjob::deployment::delay_duration)
             .map_or(0, |d| d.as_millis());
         let owner = self
             .route
@@ -50,18 +50,6 @@ impl Row {
             .unwrap_or_default();
         (owner, self.role, delay, self.topic.clone())
     }
-}
-
-/// `1d` (a delay bucket's name), which the tier parser does not take.
-fn day_delay(s: &str) -> Option<std::time::Duration> {
-    let days: u64 = s.strip_suffix('d')?.parse().ok()?;
-    Some(std::time::Duration::from_secs(days * 86_400))
-}
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| anyhow!("background task: {e}"))?
 }
 
 pub(super) async fn run(ctx: &Ctx, all: bool, model: Option<std::path::PathBuf>) -> Result<()> {

@@ -53,6 +53,11 @@ impl Classified {
     }
 }
 
+/// The delay a tier's or delay bucket's name says (`30s`, `5m`, `1d`).
+pub fn delay_duration(name: &str) -> Option<std::time::Duration> {
+    parse_delay(name).or_else(|| crate::delay::bucket_delay(name))
+}
+
 /// The role of every topic among `topics` (every topic of the cluster)
 /// that a kjob rule names, with `groups` the consumer groups the caller
 /// knows. A topic no rule names (an unrelated topic, or a main topic with

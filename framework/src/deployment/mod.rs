@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use acls::{Acl, AclOperation, AclResource};
-pub use classify::{classify, Classified};
+pub use classify::{classify, delay_duration, Classified};
 
 /// The variable that makes [`crate::Worker::run`] print the worker's
 /// [`Deployment`] as JSON on stdout and return without connecting.

@@ -138,7 +138,8 @@ impl Offline {
     /// longer than [`OFFLINE_REFRESH`] ago, the never-read first, at most
     /// [`OFFLINE_READS_PER_TICK`]; forgets groups no longer idle.
     fn refresh(&mut self, config: &kjob::KafkaConfig, groups: &[&str]) {
-        self.committed.retain(|g, _| groups.contains(&g.as_str()));
+        let idle: std::collections::HashSet<&str> = groups.iter().copied().collect();
+        self.committed.retain(|g, _| idle.contains(g.as_str()));
         let mut stale: Vec<(Option<Instant>, String)> = groups
             .iter()
             .filter_map(|g| match self.committed.get(*g) {
