@@ -66,7 +66,7 @@ pub(super) async fn run(
             // those misses were a sixth of this thread's time in a no-op
             // run. Fetched while the jobs before it run, two steps ahead:
             // the record's fields for the job after next, then the bytes
-            // those fields point to for the next (benches/RESULTS.md,
+            // those fields point to for the next (CHANGELOG.md's benchmark history,
             // issue 29's ninth step).
             if let Some(after) = rest.as_slice().first() {
                 after.item.prefetch_fields();

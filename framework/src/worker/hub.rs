@@ -72,7 +72,7 @@ pub(crate) struct Hub {
     /// in-flight bound, is the poll thread's to carry out; woken, it does
     /// so at once instead of after its wait (2 ms while jobs run). With a
     /// bound of 1 record per partition that wait was the cost of every
-    /// job (benches/RESULTS.md, issue 29's eighth step).
+    /// job (CHANGELOG.md's benchmark history, issue 29's eighth step).
     wake: Arc<super::intake::Wake>,
 }
 

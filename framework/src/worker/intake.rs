@@ -15,7 +15,7 @@
 //!   only stops growing at librdkafka's prefetch limits, which the worker
 //!   sets from the bound (`queued.min.messages`, in `run.rs`). In the
 //!   no-op bench that is about 14 % less CPU per job and 1.5 times the
-//!   jobs/s on 2 cores (`benches/RESULTS.md`, issue 29's fifth step).
+//!   jobs/s on 2 cores (CHANGELOG.md's benchmark history, issue 29's fifth step).
 //!
 //! Within a level the first queue read rotates from turn to turn, and each
 //! queue gives at most its share of the batch before the next is read. A

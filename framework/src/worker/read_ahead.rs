@@ -78,7 +78,7 @@ impl ReadAhead {
 /// dispatchers run what is left: at limits of 256 and 1 024 a no-op run
 /// left them without jobs (1.1 and 1.4 cores busy instead of 1.6, and
 /// fewer jobs/s than without the limit); 2 048 to 8 192 kept them busy
-/// (benches/RESULTS.md, issue 29's tenth step).
+/// (CHANGELOG.md's benchmark history, issue 29's tenth step).
 const MIN_LIMIT: usize = 4096;
 
 #[cfg(test)]

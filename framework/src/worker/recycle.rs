@@ -23,7 +23,7 @@ use std::sync::{Mutex, PoisonError};
 /// the poll thread waits (its partitions at their in-flight bound) is
 /// read again in the next batches; with one batch's worth kept, the rest
 /// was freed and allocated again right after, a tenth of the poll
-/// thread's time in a no-op run (benches/RESULTS.md, issue 29's ninth
+/// thread's time in a no-op run (CHANGELOG.md's benchmark history, issue 29's ninth
 /// step).
 const KEEP: usize = 4096;
 /// A buffer larger than this is freed, not kept: one large record must not

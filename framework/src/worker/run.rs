@@ -167,8 +167,8 @@ impl Worker {
         // librdkafka's broker threads, which are busy whenever the
         // dispatchers are: on 2 cores, two dispatchers beside them made
         // four busy threads on two cores, and one dispatcher did the same
-        // work with less CPU per job and more jobs/s (benches/RESULTS.md,
-        // "Cost per job (issue 29): third step").
+        // work with less CPU per job and more jobs/s (CHANGELOG.md's benchmark history,
+        // issue 29's third step).
         let threads = dispatcher::count(tokio::runtime::Handle::current().metrics().num_workers());
         let mut senders = Vec::with_capacity(threads);
         let mut receivers = Vec::with_capacity(threads);

@@ -11,7 +11,7 @@
 //! records' buffers freed back on the poll thread ([`super::recycle`]),
 //! three interleaved 1 000 000-job no-op runs went from 107-110 to 80-87
 //! CPU ticks on the poll thread and from 2.69-2.81 to 2.35-2.45 µs of CPU
-//! per job (benches/RESULTS.md, issue 29's sixth step).
+//! per job (CHANGELOG.md's benchmark history, issue 29's sixth step).
 //!
 //! Keeping each record in librdkafka's buffer until its attempt ended,
 //! instead of copying it, was measured too and not kept: on 2 cores it

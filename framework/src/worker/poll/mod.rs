@@ -61,7 +61,7 @@ const MAX_BATCH: usize = 1024;
 /// A whole batch (up to [`MAX_BATCH`]) held it about a quarter of a
 /// millisecond, while the dispatcher, its jobs done, waited to report them
 /// and take the next: a fifth of its time, asleep on the lock, in a no-op
-/// run (benches/RESULTS.md, issue 29's ninth step). A chunk holds it a few
+/// run (CHANGELOG.md's benchmark history, issue 29's ninth step). A chunk holds it a few
 /// microseconds, which a waiter spins out ([`Hub::lock`](super::hub::Hub::lock)).
 const RECORD_CHUNK: usize = 64;
 
