@@ -42,6 +42,7 @@ pub(crate) struct Holds {
 
 impl Holds {
     /// Whether `topic`'s partitions are held paused.
+    #[inline]
     pub(crate) fn held(&self, topic: &str) -> bool {
         self.paused
             .read()
@@ -50,12 +51,14 @@ impl Holds {
     }
 
     /// Bumped at every change.
+    #[inline]
     pub(crate) fn version(&self) -> u64 {
         self.version.load(Ordering::Acquire)
     }
 
     /// Whether an operator cancelled the job `id` of route `main` due at
     /// `due_ms` (see [`JobCancel`]).
+    #[inline]
     pub(crate) fn cancelled(&self, main: &str, id: &str, due_ms: i64) -> bool {
         if !self.any_cancel.load(Ordering::Acquire) {
             return false;

@@ -145,6 +145,7 @@ impl WorkerContext {
     }
 
     /// Notes that kjob paused `tp` on the consumer.
+    #[inline]
     pub(super) fn note_paused(&self, tp: Tp, after_assign: bool) {
         let mut core = self.lock();
         if after_assign && !core.applied_pause.contains(&tp) {
@@ -155,6 +156,7 @@ impl WorkerContext {
 
     /// Notes that kjob resumed `tp` on the consumer (or that the scheduler
     /// let go of it while a route pause holds it).
+    #[inline]
     pub(super) fn note_resumed(&self, tp: &Tp, after_assign: bool) {
         if self.lock().applied_pause.remove(tp) && after_assign {
             debug!(topic = %tp.0, partition = tp.1, "pause state corrected after an assignment: resumed (librdkafka kept an old pause)");
@@ -163,6 +165,7 @@ impl WorkerContext {
 
     /// Whether a partition of `topic` is read through its own queue, so
     /// that leaving it unread holds it at its bound.
+    #[inline]
     pub(super) fn reads_split(&self, topic: &str) -> bool {
         self.split_reading.load(AtomicOrdering::Acquire)
             && self
@@ -173,6 +176,7 @@ impl WorkerContext {
 
     /// Reads a partition left unread at its bound again. Returns whether it
     /// was left unread (and not also paused on the consumer).
+    #[inline]
     pub(super) fn unthrottle(&self, tp: &Tp) -> bool {
         let mut core = self.lock();
         core.throttled.remove(tp) && !core.applied_pause.contains(tp)

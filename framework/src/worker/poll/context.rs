@@ -143,15 +143,18 @@ fn fatal_consumer_error(
 }
 
 impl WorkerContext {
+    #[inline]
     pub(crate) fn lock(&self) -> MutexGuard<'_, Core> {
         self.hub.lock()
     }
 
+    #[inline]
     pub(crate) fn is_stopping(&self) -> bool {
         self.stopping.load(AtomicOrdering::Acquire)
     }
 
     /// What the scheduler needs of a polled record.
+    #[inline]
     pub(super) fn incoming(&self, msg: Polled) -> Incoming<Polled> {
         let entry = self.routes.get(msg.topic());
         let role = entry.map_or(TopicRole::Main, |e| e.role);
