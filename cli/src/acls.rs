@@ -10,7 +10,6 @@ use clap::Args;
 
 use crate::output::{json, outln};
 use crate::Ctx;
-use kjob::deployment::Deployment;
 use kjob_ops::problem::Problem;
 
 /// `kjob acls`.
@@ -35,13 +34,7 @@ pub(crate) async fn run(ctx: &Ctx, args: AclsArgs) -> Result<()> {
             args.principal
         ))));
     }
-    let text = std::fs::read_to_string(&args.model).map_err(|e| {
-        anyhow!(Problem::usage(format!(
-            "--model {}: {e}; write one with `KJOB_DESCRIBE=json ./your-worker > model.json`",
-            args.model.display()
-        )))
-    })?;
-    let model = Deployment::from_json(&text).map_err(|e| anyhow!(Problem::usage(e.to_string())))?;
+    let model = crate::model::load(&args.model)?;
     let acls = model.acls(&args.principal);
     if ctx.json() {
         return json(&serde_json::json!({ "group": model.group, "acls": acls }));

@@ -22,6 +22,7 @@ mod enqueue;
 mod exit;
 mod groups;
 mod legacy;
+mod model;
 #[cfg(feature = "postgres")]
 mod outbox;
 mod output;

@@ -68,6 +68,28 @@ pub enum Error {
         /// The registry's reason.
         message: String,
     },
+    /// A worker's reader schema cannot read the newest writer schema
+    /// registered under the subject of a topic it consumes: every record
+    /// producers write now would become a dead letter. Checked at start,
+    /// before the first poll, so a deploy fails there instead of hours
+    /// later in the DLQ.
+    #[error(
+        "contract `{job}` v{version} cannot read what producers write to `{topic}`: the newest writer under subject `{subject}` is version {writer_version}, and {reason}; deploy a reader that can (add a default to the field), or check the change first with `kjob schema check --topic {topic}`"
+    )]
+    ReaderCannotRead {
+        /// Contract name.
+        job: String,
+        /// Contract version compiled into this binary.
+        version: u32,
+        /// The topic the route consumes.
+        topic: String,
+        /// Its subject (TopicNameStrategy: `<topic>-value`).
+        subject: String,
+        /// The registered version the reader cannot read.
+        writer_version: u32,
+        /// The Avro library's reason, naming the field.
+        reason: String,
+    },
     /// Another client set a subject's compatibility level at the same
     /// moment as kjob, to a level other than the one kjob was setting. kjob
     /// never overrides a level someone chose, and it does not guess which of

@@ -77,6 +77,62 @@ pub fn check(
     out
 }
 
+/// Whether a reader with schema `reader` resolves records written with
+/// `writer`; the error is the Avro library's reason, naming the field.
+/// The one rule behind the worker's check at start, `kjob schema check
+/// --in-flight` and the re-drive pre-check, so they never disagree.
+pub fn can_read(writer: &Schema, reader: &Schema) -> std::result::Result<(), String> {
+    SchemaCompatibility::can_read(writer, reader)
+        .map(|_| ())
+        .map_err(|e| reason(&e))
+}
+
+/// The fields records of `writer` carry that a `reader` drops when it
+/// resolves them (not in the reader, by name or alias), as dotted paths
+/// (`purchase_order`, `address.unit`), nested records included. Empty when
+/// the reader keeps everything. A worker counts the records it decodes with
+/// such a writer (`kjob_fields_dropped_total`): an old reader is silently
+/// losing data a newer producer sends.
+pub fn dropped_fields(writer: &Schema, reader: &Schema) -> Vec<String> {
+    let mut out = Vec::new();
+    dropped_into(writer, reader, "", &mut out);
+    out
+}
+
+fn dropped_into(writer: &Schema, reader: &Schema, prefix: &str, out: &mut Vec<String>) {
+    let (Some(w), Some(r)) = (record_of(writer), record_of(reader)) else {
+        return;
+    };
+    for field in &w.fields {
+        let path = format!("{prefix}{}", field.name);
+        let kept = r
+            .fields
+            .iter()
+            .find(|f| f.name == field.name || f.aliases.contains(&field.name));
+        match kept {
+            None => out.push(path),
+            Some(kept) => dropped_into(&field.schema, &kept.schema, &format!("{path}."), out),
+        }
+    }
+}
+
+/// The record a schema is, or the one record of an optional record
+/// (`["null", Record]`).
+fn record_of(schema: &Schema) -> Option<&apache_avro::schema::RecordSchema> {
+    match schema {
+        Schema::Record(r) => Some(r),
+        Schema::Union(u) => {
+            let mut records = u.variants().iter().filter_map(|v| match v {
+                Schema::Record(r) => Some(r),
+                _ => None,
+            });
+            let first = records.next();
+            first.filter(|_| records.next().is_none())
+        }
+        _ => None,
+    }
+}
+
 fn reason(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();
@@ -146,6 +202,34 @@ mod tests {
         let reg = vec![(1, v1), (2, v2)];
         assert_eq!(check(&v3, &reg, Compatibility::Forward).len(), 1);
         assert_eq!(check(&v3, &reg, Compatibility::ForwardTransitive).len(), 2);
+    }
+
+    #[test]
+    fn an_old_reader_names_the_fields_it_drops_nested_ones_too() {
+        let v1 = Schema::parse_str(
+            r#"{"type":"record","name":"O","fields":[{"name":"id","type":"string"},
+            {"name":"addr","type":{"type":"record","name":"A","fields":[{"name":"city","type":"string"}]}}]}"#,
+        )
+        .unwrap_or(Schema::Null);
+        let v2 = Schema::parse_str(
+            r#"{"type":"record","name":"O","fields":[{"name":"id","type":"string"},
+            {"name":"po","type":["null","string"],"default":null},
+            {"name":"addr","type":{"type":"record","name":"A","fields":[{"name":"city","type":"string"},
+            {"name":"unit","type":"string","default":""}]}}]}"#,
+        )
+        .unwrap_or(Schema::Null);
+        assert_eq!(dropped_fields(&v2, &v1), vec!["po", "addr.unit"]);
+        assert!(dropped_fields(&v1, &v2).is_empty(), "v2 keeps all of v1");
+        assert!(dropped_fields(&v1, &v1).is_empty());
+        assert!(can_read(&v2, &v1).is_ok());
+        assert!(can_read(&v1, &v2).is_ok(), "the new fields have defaults");
+        // A field renamed with its old name as an alias is not dropped.
+        let renamed = schema(r#"{"name":"order_id","type":"string","aliases":["id"]}"#);
+        let plain = schema(r#"{"name":"id","type":"string"}"#);
+        assert!(dropped_fields(&plain, &renamed).is_empty());
+        let required = schema(r#"{"name":"id","type":"string"},{"name":"cur","type":"string"}"#);
+        let err = can_read(&plain, &required).err().unwrap_or_default();
+        assert!(err.contains("cur"), "{err}");
     }
 
     #[test]

@@ -221,6 +221,16 @@ pub fn partition_counts(config: &KafkaConfig, topics: &[String]) -> Result<Vec<O
 /// operator's principal needs Describe on it.
 pub const OPERATOR_READER_GROUP: &str = "kjob-cli-reader";
 
+/// A consumer for an operator tool's own reads, by manual assignment,
+/// under [`OPERATOR_READER_GROUP`]: it joins and commits nothing. For
+/// reads [`read_topic`] does not fit (a range per partition, streamed,
+/// such as `kjob schema check --in-flight` over a backlog of millions).
+pub fn operator_consumer(config: &KafkaConfig) -> Result<BaseConsumer> {
+    crate::membership::reader(config, OPERATOR_READER_GROUP)
+        .create()
+        .map_err(|e| Error::kafka("creating reader", e))
+}
+
 /// Reads every record currently in `topic` (up to the end offsets taken at
 /// the start), in partition and offset order, with a manual assignment (no
 /// membership, no commits), under [`OPERATOR_READER_GROUP`]: the DLQ

@@ -5,15 +5,14 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{anyhow, Result};
+use anyhow::Result;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde_json::json;
 
 use super::blocking;
 use crate::output::{json, outln};
 use crate::Ctx;
-use kjob::deployment::{classify, Deployment, Role};
-use kjob_ops::problem::Problem;
+use kjob::deployment::{classify, Role};
 use kjob_ops::topics::{topic_partitions, TopicInfo};
 
 /// One row of the listing.
@@ -58,14 +57,7 @@ pub(super) async fn run(ctx: &Ctx, all: bool, model: Option<std::path::PathBuf>)
     let names: Vec<String> = infos.keys().cloned().collect();
     let mut rows: Vec<Row> = match &model {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                anyhow!(Problem::usage(format!(
-                    "--model {}: {e}; write one with `KJOB_DESCRIBE=json ./your-worker > model.json`",
-                    path.display()
-                )))
-            })?;
-            let model =
-                Deployment::from_json(&text).map_err(|e| anyhow!(Problem::usage(e.to_string())))?;
+            let model = crate::model::load(path)?;
             model
                 .topics
                 .into_iter()

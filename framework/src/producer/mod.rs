@@ -233,10 +233,21 @@ impl Producer {
         &self.inner
     }
 
-    /// Registers `J`'s compiled-in schema for its main topic now, so an
-    /// incompatible contract fails at startup rather than at the first job.
+    /// Registers `J`'s compiled-in schema for its main topic (`J::NAME`)
+    /// now, so an incompatible contract fails at startup rather than at the
+    /// first job. A producer that enqueues to another topic
+    /// ([`Producer::enqueue_to`], a route on `handle_on`) prepares that one
+    /// with [`Producer::prepare_to`]: the subject is the topic's, not the
+    /// contract's.
     pub async fn prepare<J: Job>(&self) -> Result<()> {
-        self.codec.register::<J>(J::NAME).await.map(|_| ())
+        self.prepare_to::<J>(J::NAME).await
+    }
+
+    /// Registers `J`'s compiled-in schema under `topic`'s subject
+    /// (`<topic>-value`) now: a contract the registry refuses there fails
+    /// this call, naming the subject, the versions and the field.
+    pub async fn prepare_to<J: Job>(&self, topic: &str) -> Result<()> {
+        self.codec.register::<J>(topic).await.map(|_| ())
     }
 
     /// Enqueues a job on its main topic (`J::NAME`).

@@ -59,6 +59,7 @@ pub(crate) mod polled;
 mod priority;
 mod provision;
 mod read_ahead;
+mod readers;
 pub(crate) mod record;
 mod recycle;
 mod refusal;

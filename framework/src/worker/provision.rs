@@ -169,6 +169,7 @@ impl Worker {
     /// ones whose partition count differs.
     pub(super) async fn preflight(&self) -> Result<()> {
         self.codec.ping().await?;
+        self.check_readers().await?;
         if !self.schedules.is_empty() {
             self.schedule_topics().await?;
         }

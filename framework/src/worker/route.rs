@@ -52,6 +52,11 @@ pub(crate) enum Attempt {
 /// A type-erased route: decode + handle for one topic.
 pub(crate) trait Route: Send + Sync {
     fn job_name(&self) -> &'static str;
+    /// The contract's version compiled into this binary.
+    fn job_version(&self) -> u32;
+    /// The contract's reader schema (checked at start against what the
+    /// registry holds for the route's topic).
+    fn reader(&self) -> &ReaderSchema;
     /// Decodes and handles one record. Waits before the handler starts
     /// (the registry, a layer's) go through `waiter`: parked, without a
     /// slot, and given up when the job is released. `ctx` and `watched`
@@ -136,6 +141,14 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> TypedRoute<J, H, M> {
 impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M> {
     fn job_name(&self) -> &'static str {
         J::NAME
+    }
+
+    fn job_version(&self) -> u32 {
+        J::VERSION
+    }
+
+    fn reader(&self) -> &ReaderSchema {
+        &self.reader
     }
 
     fn run<'a>(

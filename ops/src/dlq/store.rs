@@ -186,6 +186,12 @@ impl DlqReader {
         &self.main
     }
 
+    /// The DLQ's `(partition, low, high)` watermarks; `None` when the DLQ
+    /// topic does not exist.
+    pub fn watermarks(&self) -> Result<Option<Vec<(i32, i64, i64)>>> {
+        watermarks(&self.config, &dlq_topic(&self.main))
+    }
+
     /// Every dead letter currently stored, in partition and offset order.
     /// A missing DLQ topic is an error naming it.
     pub fn dead_letters(&self) -> Result<Vec<DeadLetter>> {

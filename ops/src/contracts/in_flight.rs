@@ -1,0 +1,328 @@
+//! The jobs a group has not finished yet, by the writer schema each was
+//! encoded with: what `kjob schema check --in-flight` checks a new reader
+//! against before a deploy.
+//!
+//! A deploy changes the reader of every record still waiting: in a main
+//! topic past the group's committed offset, in its retry tiers (its own
+//! and the group's shared ones), in its delay topics, and unresolved in the
+//! DLQ (a re-drive sends those back through the reader). The strict-order
+//! topic holds only job ids (the jobs a key's head holds back wait in the
+//! tiers, which are read), so it has no writers of its own.
+//!
+//! The cost is bounded by what it reads, not by what it decodes: every
+//! waiting record is fetched (Kafka cannot send headers alone), but only
+//! the 5-byte Confluent prefix and two headers of each are looked at, and
+//! nothing is kept but a count per (place, contract, writer id). Progress
+//! goes to a callback, for a long backlog.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+
+use kjob::config::KafkaConfig;
+use kjob::deployment::{classify, Deployment};
+use kjob::error::{Error, Result};
+use kjob::topics::{list_topics, operator_consumer};
+
+use crate::dlq::store::DlqReader;
+use crate::lag::group_lag;
+use crate::topics::{route_topics, Role};
+
+/// A topic holding waiting jobs of one route (or of several: a shared tier
+/// or delay bucket, whose records name their route).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Place {
+    /// The topic.
+    pub topic: String,
+    /// What it is to the worker.
+    pub role: Role,
+    /// A tier's or delay topic's delay.
+    pub delay: Option<String>,
+    /// The route (main topic); `None` on a shared topic.
+    pub route: Option<String>,
+}
+
+/// The writer a waiting record was encoded with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Writer {
+    /// The Confluent frame's schema id.
+    Id(u32),
+    /// No frame (empty, short, or not magic byte 0): the worker dead-letters
+    /// such a record whatever its reader.
+    Unframed,
+}
+
+/// How many waiting records of one route and contract, in one place, were
+/// written with one writer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriterCount {
+    /// Where they wait.
+    pub place: Place,
+    /// Their route: the place's, or on a shared topic the one each names.
+    pub route: String,
+    /// The contract their `kjob-job` header names, if any.
+    pub contract: Option<String>,
+    /// Their writer.
+    pub writer: Writer,
+    /// How many.
+    pub count: u64,
+}
+
+/// The topics holding `group`'s unfinished jobs: from its `model` when
+/// given (exact), else by name from the cluster's topics, for every main
+/// topic the group has committed offsets on and every one in `routes`
+/// (the topics a check names). Blocking.
+pub fn places(
+    config: &KafkaConfig,
+    group: &str,
+    model: Option<&Deployment>,
+    routes: &[String],
+) -> Result<Vec<Place>> {
+    let holds = |role: Role| {
+        matches!(
+            role,
+            Role::Main
+                | Role::RetryTier
+                | Role::SharedRetryTier
+                | Role::Delay
+                | Role::SharedDelay
+                | Role::Dlq
+        )
+    };
+    if let Some(model) = model {
+        let mut out: Vec<Place> = model
+            .topics
+            .iter()
+            .filter(|t| holds(t.role))
+            .map(|t| Place {
+                topic: t.topic.clone(),
+                role: t.role,
+                delay: t.delay.clone(),
+                route: t.route.clone().filter(|_| !t.role.group_wide()),
+            })
+            .collect();
+        out.sort();
+        return Ok(out);
+    }
+    let all = list_topics(config)?;
+    let groups = [group.to_string()];
+    let mains: Vec<String> = classify(&all, &groups)
+        .into_iter()
+        .filter(|(_, c)| c.role == Role::Main)
+        .map(|(t, _)| t)
+        .collect();
+    let committed: HashSet<String> = group_lag(config, group, &mains)?
+        .into_iter()
+        .filter(|l| l.committed.is_some())
+        .map(|l| l.topic)
+        .collect();
+    let mut out = Vec::new();
+    for main in mains
+        .iter()
+        .filter(|m| committed.contains(*m) || routes.contains(m))
+    {
+        for t in route_topics(main, Some(group), &all) {
+            if holds(t.role) {
+                let shared = matches!(t.role, Role::SharedRetryTier | Role::SharedDelay);
+                out.push(Place {
+                    topic: t.topic,
+                    role: t.role,
+                    delay: t.delay,
+                    route: (!shared).then(|| main.clone()),
+                });
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// One partition's range to read.
+struct Span {
+    place: usize,
+    partition: i32,
+    from: i64,
+    to: i64,
+}
+
+/// Reads every record `group` has not finished in `places` and counts them
+/// by route, contract and writer. `progress(read, total)` is called every
+/// 100 000 records and at the end. Blocking; gives up when nothing arrives
+/// for 30 s.
+pub fn writers_waiting(
+    config: &KafkaConfig,
+    group: &str,
+    places: &[Place],
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Vec<WriterCount>> {
+    let consumed: Vec<String> = places
+        .iter()
+        .filter(|p| p.role != Role::Dlq)
+        .map(|p| p.topic.clone())
+        .collect();
+    let index: HashMap<&str, usize> = places
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.topic.as_str(), i))
+        .collect();
+    let mut spans = Vec::new();
+    for l in group_lag(config, group, &consumed)? {
+        let from = l.committed.unwrap_or(l.start).max(l.start);
+        if let Some(&place) = index.get(l.topic.as_str()) {
+            if l.end > from {
+                spans.push(Span {
+                    place,
+                    partition: l.partition,
+                    from,
+                    to: l.end,
+                });
+            }
+        }
+    }
+    // A DLQ's unresolved records: all of it but what the audit trail names.
+    let mut audited: HashMap<usize, HashSet<(i32, i64)>> = HashMap::new();
+    for (i, p) in places
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.role == Role::Dlq)
+    {
+        let Some(main) = p.route.clone() else {
+            continue;
+        };
+        let reader = DlqReader::new(config, &main);
+        let Some(partitions) = reader.watermarks()? else {
+            continue;
+        };
+        audited.insert(
+            i,
+            reader
+                .audit()?
+                .into_keys()
+                .map(|c| (c.partition, c.offset))
+                .collect(),
+        );
+        for (partition, low, high) in partitions {
+            if high > low {
+                spans.push(Span {
+                    place: i,
+                    partition,
+                    from: low,
+                    to: high,
+                });
+            }
+        }
+    }
+    let total: u64 = spans.iter().map(|s| (s.to - s.from).max(0) as u64).sum();
+    let mut counts: BTreeMap<(usize, String, Option<String>, Writer), u64> = BTreeMap::new();
+    if spans.is_empty() {
+        progress(0, 0);
+        return Ok(Vec::new());
+    }
+    let consumer = operator_consumer(config)?;
+    let mut tpl = TopicPartitionList::new();
+    let mut ends: HashMap<(usize, i32), i64> = HashMap::new();
+    for s in &spans {
+        tpl.add_partition_offset(&places[s.place].topic, s.partition, Offset::Offset(s.from))
+            .map_err(|e| Error::kafka("building assignment", e))?;
+        ends.insert((s.place, s.partition), s.to);
+    }
+    consumer
+        .assign(&tpl)
+        .map_err(|e| Error::kafka("assigning the waiting jobs' partitions", e))?;
+    let mut read = 0u64;
+    let mut last = Instant::now();
+    while !ends.is_empty() {
+        if last.elapsed() > Duration::from_secs(30) {
+            let (place, partition) = ends.keys().next().copied().unwrap_or_default();
+            return Err(Error::ReadTimeout {
+                topic: format!("{}:{partition}", places[place].topic),
+                after: last.elapsed(),
+            });
+        }
+        let Some(m) = consumer.poll(Duration::from_millis(200)) else {
+            // Offsets a compaction or a transaction marker took never
+            // arrive: a partition whose position reached its end is done.
+            if let Ok(at) = consumer.position() {
+                for e in at.elements() {
+                    if let (Some(&place), Offset::Offset(o)) = (index.get(e.topic()), e.offset()) {
+                        if ends
+                            .get(&(place, e.partition()))
+                            .is_some_and(|end| o >= *end)
+                        {
+                            ends.remove(&(place, e.partition()));
+                        }
+                    }
+                }
+            }
+            continue;
+        };
+        let m = m.map_err(|e| Error::kafka("reading waiting jobs", e))?;
+        last = Instant::now();
+        let Some(&place) = index.get(m.topic()) else {
+            continue;
+        };
+        let key = (place, m.partition());
+        let Some(&end) = ends.get(&key) else { continue };
+        if m.offset() >= end {
+            ends.remove(&key);
+            continue;
+        }
+        if m.offset() + 1 >= end {
+            ends.remove(&key);
+        }
+        read += 1;
+        if read.is_multiple_of(100_000) {
+            progress(read, total);
+        }
+        if audited
+            .get(&place)
+            .is_some_and(|a| a.contains(&(m.partition(), m.offset())))
+        {
+            continue;
+        }
+        let (contract, named_route) = job_and_route(&m);
+        let route = places[place]
+            .route
+            .clone()
+            .or(named_route)
+            .unwrap_or_else(|| "?".into());
+        let writer = match m.payload() {
+            Some([0, a, b, c, d, ..]) => Writer::Id(u32::from_be_bytes([*a, *b, *c, *d])),
+            _ => Writer::Unframed,
+        };
+        *counts.entry((place, route, contract, writer)).or_default() += 1;
+    }
+    progress(read, total);
+    Ok(counts
+        .into_iter()
+        .map(|((place, route, contract, writer), count)| WriterCount {
+            place: places[place].clone(),
+            route,
+            contract,
+            writer,
+            count,
+        })
+        .collect())
+}
+
+/// The record's `kjob-job` (its contract) and the route it belongs to
+/// (`kjob-route`, else `kjob-original-topic` on a shared topic's record).
+fn job_and_route(m: &impl Message) -> (Option<String>, Option<String>) {
+    let (mut job, mut route, mut original) = (None, None, None);
+    if let Some(headers) = m.headers() {
+        for h in headers.iter() {
+            let text = || h.value.map(|v| String::from_utf8_lossy(v).into_owned());
+            match h.key {
+                kjob::headers::JOB => job = text(),
+                kjob::headers::ROUTE => route = text(),
+                kjob::headers::ORIGINAL_TOPIC => original = text(),
+                _ => {}
+            }
+        }
+    }
+    (job, route.or(original))
+}
