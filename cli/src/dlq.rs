@@ -16,6 +16,7 @@ use serde_json::json;
 
 use crate::output::{json, outln};
 use crate::Ctx;
+use kjob_ops::dlq::precheck::Reader;
 use kjob_ops::dlq::store::{AuditEntry, Coordinates, DeadLetter};
 use kjob_ops::dlq::{
     execute_redrive, execute_resolve, list, omitted_payload, plan_redrive, plan_resolve, show,
@@ -49,6 +50,10 @@ pub(crate) enum DlqCommand {
         at: Coordinates,
     },
     /// Re-drive dead letters into the first retry tier (or the main topic). Dry run unless --execute.
+    ///
+    /// Each record's writer schema is checked first against the live reader (the newest
+    /// version under the route's subject) or --reader: the ones it cannot read would come
+    /// straight back, so they are held back, left in place with the reason.
     Retry {
         #[command(flatten)]
         select: Select,
@@ -57,6 +62,10 @@ pub(crate) enum DlqCommand {
         /// Where to send them.
         #[arg(long, value_enum, default_value_t = Target::Retry)]
         to: Target,
+        /// Check against this reader instead of the live one (the contract about to be
+        /// deployed, `schemas/<name>.v<N>.avsc`).
+        #[arg(long, value_name = "FILE")]
+        reader: Option<std::path::PathBuf>,
         /// Show what would move (the default).
         #[arg(long, conflicts_with = "execute")]
         dry_run: bool,
@@ -156,6 +165,38 @@ fn summary(d: &DeadLetter, a: Option<&AuditEntry>) -> serde_json::Value {
     })
 }
 
+/// `--reader FILE`: a contract file's schema; a usage error naming the
+/// file otherwise.
+fn reader_file(path: &std::path::Path) -> Result<Reader> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Problem::usage(format!("--reader {}: {e}", path.display())))?;
+    let schema = apache_avro::Schema::parse_str(&text).map_err(|e| {
+        Problem::usage(format!(
+            "--reader {}: not an Avro schema: {e}",
+            path.display()
+        ))
+    })?;
+    Ok(Reader::File {
+        shown: format!("--reader {}", path.display()),
+        schema: Box::new(schema),
+    })
+}
+
+/// The records a re-drive holds back, with why (nothing when none is).
+fn held_back(plan: &kjob_ops::dlq::RedrivePlan) -> Result<()> {
+    if plan.held.is_empty() {
+        return Ok(());
+    }
+    outln!(
+        "held back, left in place ({} record(s)): the reader cannot read their writer",
+        plan.held.len()
+    )?;
+    for h in &plan.held {
+        outln!("  {}  {}", h.letter.at, for_terminal(&h.reason, LINE_WIDTH))?;
+    }
+    Ok(())
+}
+
 fn plain(rows: &[DeadLetter]) -> Vec<(DeadLetter, Option<AuditEntry>)> {
     rows.iter().cloned().map(|d| (d, None)).collect()
 }
@@ -199,6 +240,7 @@ pub(crate) async fn run(ctx: &Ctx, cmd: DlqCommand) -> Result<()> {
             select,
             at,
             to,
+            reader,
             dry_run: _,
             execute,
             rate,
@@ -207,29 +249,55 @@ pub(crate) async fn run(ctx: &Ctx, cmd: DlqCommand) -> Result<()> {
             if rate == 0 {
                 return Err(Problem::usage("--rate must be at least 1 record per second").into());
             }
-            let plan = plan_redrive(config, &select, &at, to).await?;
+            let reader = match reader {
+                None => Reader::Live,
+                Some(path) => reader_file(&path)?,
+            };
+            let plan = plan_redrive(config, &select, &at, to, &reader).await?;
             let records: Vec<serde_json::Value> =
                 plan.picked.iter().map(|d| summary(d, None)).collect();
+            let held: Vec<serde_json::Value> = plan
+                .held
+                .iter()
+                .map(|h| {
+                    let mut v = summary(&h.letter, None);
+                    v["held_because"] = json!(h.reason);
+                    v
+                })
+                .collect();
+            if !ctx.json() {
+                outln!("{}", table(&plain(&plan.picked), false))?;
+                held_back(&plan)?;
+            }
             if !execute {
                 if ctx.json() {
                     return json(&json!({
                         "dry_run": true,
                         "dlq": kjob::topics::dlq_topic(&plan.main),
                         "target_topic": plan.target_topic,
+                        "checked_against": plan.checked_against,
                         "records": records,
+                        "held": held,
                         "redriven": 0,
                     }));
                 }
-                outln!("{}", table(&plain(&plan.picked), false))?;
                 outln!(
-                    "dry run: {} record(s) would be re-driven to `{}`; pass --execute to do it",
+                    "dry run: {} record(s) would be re-driven to `{}`{}; pass --execute to do it",
                     plan.picked.len(),
-                    plan.target_topic
+                    plan.target_topic,
+                    match plan.held.len() {
+                        0 => String::new(),
+                        n => format!(", {n} held back"),
+                    }
                 )?;
                 return Ok(());
             }
-            if !ctx.json() {
-                outln!("{}", table(&plain(&plan.picked), false))?;
+            if plan.picked.is_empty() && !plan.held.is_empty() {
+                return Err(Problem::refused(format!(
+                    "nothing re-driven: all {} record(s) are held back, the reader cannot read them (see above); deploy a reader that can, or check one with --reader",
+                    plan.held.len()
+                ))
+                .into());
             }
             let bar = ProgressBar::new(plan.picked.len() as u64).with_style(
                 ProgressStyle::with_template("re-drive [{bar:30}] {pos}/{len} {per_sec}")?,
@@ -250,7 +318,9 @@ pub(crate) async fn run(ctx: &Ctx, cmd: DlqCommand) -> Result<()> {
                     "dry_run": false,
                     "dlq": kjob::topics::dlq_topic(&plan.main),
                     "target_topic": plan.target_topic,
+                    "checked_against": plan.checked_against,
                     "records": records,
+                    "held": held,
                     "redriven": done,
                 }));
             }

@@ -101,6 +101,7 @@ pub(crate) fn print_status(s: &OutboxStatus) -> Result<()> {
         "oldest unsent",
         "published/s",
         "failing",
+        "dead-lettered",
         "relays",
     ]);
     let unsent = match s.unsent_for_topic {
@@ -113,6 +114,7 @@ pub(crate) fn print_status(s: &OutboxStatus) -> Result<()> {
         format!("{:.1}s", s.oldest_unsent_seconds),
         format!("{:.1}", s.published_per_second),
         s.failing.to_string(),
+        s.dead_lettered.to_string(),
         s.relays.to_string(),
     ]);
     outln!("{t}")?;

@@ -544,7 +544,19 @@ async fn json_means_output_everywhere_with_named_fields() {
     );
     assert_eq!(retry["dry_run"], true);
     assert_eq!(retry["target_topic"], format!("{topic}.retry.1s"));
-    assert_eq!(retry["records"][0]["key"], "dead");
+    // Not Avro: a re-drive would come straight back, so it is held back.
+    assert_eq!(
+        retry["records"].as_array().map(Vec::len),
+        Some(0),
+        "{retry}"
+    );
+    assert_eq!(retry["held"][0]["key"], "dead");
+    assert!(
+        retry["held"][0]["held_because"]
+            .as_str()
+            .is_some_and(|r| r.contains("wire format")),
+        "{retry}"
+    );
     let resolve = parse_json(
         "dlq resolve --json",
         &ok(

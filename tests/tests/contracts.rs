@@ -4,6 +4,7 @@
 //! gate over the jobs still waiting (`kjob schema check --in-flight`).
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kjob::codec::Codec;
@@ -351,4 +352,270 @@ async fn the_in_flight_gate_names_the_tier_holding_jobs_the_new_reader_cannot_re
     let bare = kjob(&config, &["schema", "check", "--in-flight", "--dir", dir]);
     assert_eq!(bare.code, 2, "{}", bare.stderr);
     assert!(bare.stderr.contains("--group"), "{}", bare.stderr);
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct InvoiceV2Defaulted {
+    order_id: String,
+    amount: i64,
+    currency: String,
+}
+impl Job for InvoiceV2Defaulted {
+    const NAME: &'static str = "invoices.generate";
+    const VERSION: u32 = 2;
+    const SCHEMA: &'static str = V2_DEFAULTED;
+    fn key(&self) -> String {
+        self.order_id.clone()
+    }
+}
+
+/// What one worker of the rolling deploy handled: the writer version of
+/// each job (`kjob-version`).
+type Seen = Arc<Mutex<Vec<Option<u32>>>>;
+
+/// A worker of `group` on `topic` reading contract `J`; `poison-*` jobs
+/// fail as invalid input and go to the DLQ.
+fn deploy_worker<J: Job + Clone + HasId>(
+    config: &KafkaConfig,
+    topic: &str,
+    group: &str,
+    seen: Seen,
+) -> Running {
+    let w = Worker::builder(config.clone(), group)
+        .handle_on(topic, move |job: J, ctx: JobContext| {
+            let seen = seen.clone();
+            async move {
+                if job.id().starts_with("poison") {
+                    return Err(JobError::invalid_input("cannot invoice this order"));
+                }
+                seen.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(ctx.version);
+                Ok(())
+            }
+        })
+        .metrics_endpoint("127.0.0.1:0".parse().expect("address"))
+        .build()
+        .expect("worker builds");
+    start(w)
+}
+
+trait HasId {
+    fn id(&self) -> &str;
+}
+impl HasId for InvoiceV1 {
+    fn id(&self) -> &str {
+        &self.order_id
+    }
+}
+impl HasId for InvoiceV2Defaulted {
+    fn id(&self) -> &str {
+        &self.order_id
+    }
+}
+
+/// `kjob_fields_dropped_total` of one worker, by writer version.
+async fn dropped(running: &Running) -> Vec<(String, f64)> {
+    let Some(addr) = running.stats.endpoint.get().copied() else {
+        return Vec::new();
+    };
+    let text = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("body");
+    text.lines()
+        .filter(|l| l.starts_with("kjob_fields_dropped_total{"))
+        .filter_map(|l| {
+            let (labels, value) = l.rsplit_once(' ')?;
+            let version = labels
+                .split("writer_version=\"")
+                .nth(1)?
+                .split('"')
+                .next()?;
+            Some((version.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolling_deploy_shows_what_each_check_answers() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("rolling");
+    let group = unique("g");
+    create_topic(&config, &topic, 2).await;
+    let (old_producer, new_producer) = (
+        Producer::new(&config).expect("producer"),
+        Producer::new(&config).expect("producer"),
+    );
+    // v1 is registered before either worker starts (the old world).
+    old_producer
+        .prepare_to::<InvoiceV1>(&topic)
+        .await
+        .expect("v1");
+    new_producer
+        .prepare_to::<InvoiceV2Defaulted>(&topic)
+        .await
+        .expect("v2 is compatible");
+
+    // Mid-deploy: an old (v1) and a new (v2) worker in one group.
+    let (old_seen, new_seen): (Seen, Seen) = Default::default();
+    let old = deploy_worker::<InvoiceV1>(&config, &topic, &group, old_seen.clone());
+    let new = deploy_worker::<InvoiceV2Defaulted>(&config, &topic, &group, new_seen.clone());
+    for w in [&old, &new] {
+        let stats = w.stats.clone();
+        eventually(Duration::from_secs(60), "both members assigned", || {
+            stats.ready.load(std::sync::atomic::Ordering::Acquire)
+        })
+        .await;
+    }
+    // Both producers run: 20 v1 and 20 v2 jobs over both partitions, two
+    // of each a poison that goes to the DLQ.
+    for i in 0..20 {
+        let id = |p: &str| match i {
+            0 | 1 => format!("poison-{p}-{i}"),
+            _ => format!("{p}-{i}"),
+        };
+        old_producer
+            .enqueue_to(
+                &topic,
+                &InvoiceV1 {
+                    order_id: id("a"),
+                    amount: i,
+                },
+            )
+            .await
+            .expect("v1");
+        new_producer
+            .enqueue_to(
+                &topic,
+                &InvoiceV2Defaulted {
+                    order_id: id("b"),
+                    amount: i,
+                    currency: "CHF".into(),
+                },
+            )
+            .await
+            .expect("v2");
+    }
+    let handled =
+        || old_seen.lock().map_or(0, |s| s.len()) + new_seen.lock().map_or(0, |s| s.len());
+    eventually(Duration::from_secs(60), "36 jobs handled", || {
+        handled() == 36
+    })
+    .await;
+
+    // The drop counter: the old worker counted exactly the v2 records it
+    // read (it drops `currency`); the new one drops nothing.
+    let old_v2 = old_seen
+        .lock()
+        .map_or(0, |s| s.iter().filter(|v| **v == Some(2)).count());
+    assert!(
+        old_v2 > 0,
+        "the old worker read v2 records: {:?}",
+        old_seen.lock().map(|s| s.clone())
+    );
+    let mut counted = Vec::new();
+    for _ in 0..50 {
+        counted = dropped(&old).await;
+        if counted.iter().map(|(_, n)| *n).sum::<f64>() >= old_v2 as f64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The two v2 poisons decode before they fail: counted too when the old
+    // worker read them.
+    let poisons = 2;
+    let total: f64 = counted.iter().map(|(_, n)| *n).sum();
+    assert!(
+        counted.iter().all(|(v, _)| v == "2")
+            && total >= old_v2 as f64
+            && total <= (old_v2 + poisons) as f64,
+        "{counted:?} for {old_v2} v2 jobs handled"
+    );
+    assert!(
+        dropped(&new).await.is_empty(),
+        "the new reader keeps every field"
+    );
+    old.stop().await;
+    new.stop().await;
+
+    // The gate: a v3 that makes `currency` required reads v2 but not v1.
+    // Four dead letters wait (two of each); more jobs wait in the topic.
+    for i in 0..3 {
+        old_producer
+            .enqueue_to(
+                &topic,
+                &InvoiceV1 {
+                    order_id: format!("late-{i}"),
+                    amount: i,
+                },
+            )
+            .await
+            .expect("v1");
+    }
+    let v3 = schemas(&[(InvoiceV1::NAME, 3, V2_REQUIRED)]);
+    let gate = kjob(
+        &config,
+        &[
+            "schema",
+            "check",
+            "--in-flight",
+            "--group",
+            &group,
+            "--dir",
+            path(&v3),
+            "--topic",
+            &topic,
+            "--compatibility",
+            "NONE",
+            "--json",
+        ],
+    );
+    assert_eq!(gate.code, 1, "{}{}", gate.stdout, gate.stderr);
+    let v: serde_json::Value = serde_json::from_str(gate.stdout.trim()).expect("JSON");
+    // Three v1 jobs in the topic and two v1 dead letters.
+    assert_eq!(v["unreadable_waiting"], 5, "{v}");
+    let rows = v["in_flight"].as_array().cloned().unwrap_or_default();
+    let dlq = kjob::topics::dlq_topic(&topic);
+    let unreadable_in = |t: &str| -> i64 {
+        rows.iter()
+            .filter(|r| r["topic"] == t && r["readable"] == false)
+            .filter_map(|r| r["jobs"].as_i64())
+            .sum()
+    };
+    assert_eq!(
+        (unreadable_in(&topic), unreadable_in(&dlq)),
+        (3, 2),
+        "{rows:?}"
+    );
+
+    // The re-drive pre-check: against v3, the v1 dead letters are held
+    // back and the v2 ones would go.
+    let v3_file = v3.join(format!("{}.v3.avsc", InvoiceV1::NAME));
+    let v3_file = v3_file.to_str().expect("UTF-8");
+    let retry = kjob(
+        &config,
+        &[
+            "dlq", "retry", "--topic", &topic, "--reader", v3_file, "--json",
+        ],
+    );
+    assert_eq!(retry.code, 0, "{}", retry.stderr);
+    let r: serde_json::Value = serde_json::from_str(retry.stdout.trim()).expect("JSON");
+    assert_eq!(r["dry_run"], true);
+    assert_eq!(r["records"].as_array().map(Vec::len), Some(2), "{r}");
+    assert_eq!(r["held"].as_array().map(Vec::len), Some(2), "{r}");
+    assert!(
+        r["held"][0]["held_because"]
+            .as_str()
+            .is_some_and(|w| w.contains("currency")),
+        "{r}"
+    );
+    // Against the live reader (v2, which reads both) nothing is held.
+    let live = kjob(&config, &["dlq", "retry", "--topic", &topic, "--json"]);
+    let l: serde_json::Value = serde_json::from_str(live.stdout.trim()).expect("JSON");
+    assert_eq!(l["held"].as_array().map(Vec::len), Some(0), "{l}");
+    assert_eq!(l["records"].as_array().map(Vec::len), Some(4), "{l}");
 }

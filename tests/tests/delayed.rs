@@ -15,6 +15,7 @@ use kjob::delay::{delay_topics, DelayError};
 use kjob::{Error, KafkaConfig, Producer};
 use kjob_integration_tests::*;
 use rand::Rng;
+use rdkafka::Message as _;
 
 const JOBS: i64 = 1_000;
 
@@ -298,14 +299,23 @@ async fn a_job_due_now_does_not_wait_behind_a_later_one() {
     asked.push(enqueued(2, Duration::ZERO).await);
     asked.push(enqueued(3, Duration::from_millis(300)).await);
     let before = kjob::dlq::now_ms();
+    let five_ago = std::time::SystemTime::now() - Duration::from_secs(5);
     let past = producer
-        .enqueue_at_to(
-            &topic,
-            &TestJob::ok("k4", 4),
-            std::time::SystemTime::now() - Duration::from_secs(5),
-        )
+        .enqueue_at_to(&topic, &TestJob::ok("k4", 4), five_ago)
         .await
         .expect("enqueued at a time passed");
+    // It keeps the time asked in `kjob-run-at`, not the time it was sent.
+    let asked_ms = five_ago
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let job4 = read_all(&config, &topic)
+        .into_iter()
+        .find(|m| m.offset() == past.offset && m.partition() == past.partition)
+        .expect("the record of job 4");
+    assert_eq!(
+        kjob::headers::find(job4.headers(), kjob::headers::RUN_AT),
+        Some(asked_ms.to_string().as_str())
+    );
     asked.push((4, before, past.topic));
     for (seq, _, t) in &asked {
         if *seq == 1 {

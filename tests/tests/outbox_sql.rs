@@ -326,7 +326,22 @@ async fn a_job_that_does_not_fit_is_dead_lettered_and_retried_once_the_contract_
         "{nosubject}"
     );
 
-    // The operator's view.
+    // The operator's view: `kjob outbox status` counts the three.
+    let status = kjob_ok(
+        kjob_cli,
+        &fx.config,
+        &[
+            "outbox",
+            "status",
+            "--json",
+            "--database-url",
+            &fx.url,
+            "--table",
+            fx.table.name(),
+        ],
+    );
+    let status: serde_json::Value = serde_json::from_str(status.trim()).expect("status --json");
+    assert_eq!(status["dead_lettered"], 3, "{status}");
     let list = kjob_ok(
         kjob_cli,
         &fx.config,

@@ -145,6 +145,13 @@ pub struct ReaderSchema {
     /// every record names it, and its records decode without a look at the
     /// writer cache or at `identical`.
     direct_id: std::sync::atomic::AtomicU64,
+    /// The fields each writer's records carry that this reader drops
+    /// ([`crate::schema::dropped_fields`]), for the writers that carry any:
+    /// computed once per writer id, when it is first found not identical.
+    dropped: std::sync::RwLock<HashMap<u32, Arc<[String]>>>,
+    /// Whether `dropped` holds anything: the steady state (no writer drops
+    /// a field) pays one relaxed load per record for the signal.
+    any_dropped: std::sync::atomic::AtomicBool,
     /// A datum reader over the reader schema, built once: building one
     /// resolves every named type, which cost more than decoding a small
     /// record. Used for writers identical to the reader (same canonical
@@ -182,6 +189,8 @@ impl ReaderSchema {
             schema,
             identical: std::sync::RwLock::new(HashMap::new()),
             direct_id: std::sync::atomic::AtomicU64::new(NO_WRITER),
+            dropped: std::sync::RwLock::new(HashMap::new()),
+            any_dropped: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -236,6 +245,9 @@ impl ReaderSchema {
             return *known;
         }
         let same = writer.canonical_form() == self.canonical;
+        if !same {
+            self.note_dropped(id, writer);
+        }
         let mut identical = self
             .identical
             .write()
@@ -247,6 +259,40 @@ impl ReaderSchema {
                 .store(u64::from(id), std::sync::atomic::Ordering::Relaxed);
         }
         same
+    }
+
+    /// Records which fields of `writer` this reader drops, if any.
+    fn note_dropped(&self, id: u32, writer: &Schema) {
+        let fields = crate::schema::dropped_fields(writer, &self.schema);
+        if fields.is_empty() {
+            return;
+        }
+        self.dropped
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id, fields.into());
+        self.any_dropped
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The writer id of a framed record and the fields its writer carries
+    /// that this reader drops, when it drops any: a record a newer producer
+    /// wrote, read by an older reader that loses what it added. Known once
+    /// a record of that writer was decoded. One relaxed load when no
+    /// writer met so far drops a field.
+    #[inline]
+    pub fn dropped_by(&self, bytes: Option<&[u8]>) -> Option<(u32, Arc<[String]>)> {
+        if !self.any_dropped.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        let (id, _) = split_frame(bytes).ok()?;
+        let fields = self
+            .dropped
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&id)?
+            .clone();
+        Some((id, fields))
     }
 
     /// Stops decoding records of writer `id` directly, if they were.

@@ -551,6 +551,11 @@ pub struct OutboxStatus {
     pub failing: i64,
     /// The most recent publish error of a failing row.
     pub last_error: Option<String>,
+    /// Rows the relay dead-lettered (JSON jobs that did not fit their
+    /// contract, class `outbox.encode`) among the sent rows still kept
+    /// ([`crate::outbox::Relay`]'s retention, 1 h by default): what
+    /// `kjob dlq list --class outbox.encode` lists, counted at the source.
+    pub dead_lettered: i64,
     /// Relays connected now (holding the presence lock).
     pub relays: i64,
     /// Rows published per second over the sampling interval (approximate:
@@ -648,12 +653,25 @@ pub async fn read_status<C: GenericClient>(
         .await
         .map_err(OutboxError::db("reading the last publish error"))?
         .and_then(|r| r.try_get::<_, Option<String>>(0).ok().flatten());
+    let dead_lettered: i64 = client
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {} WHERE sent_at IS NOT NULL
+                 AND starts_with(last_error, $1)",
+                table.name
+            ),
+            &[&prepare::DEAD_LETTER_NOTE],
+        )
+        .await
+        .and_then(|r| r.try_get(0))
+        .map_err(OutboxError::db("counting dead-lettered outbox rows"))?;
     Ok(OutboxStatus {
         table: table.name.clone(),
         unsent,
         unsent_for_topic: for_topic,
         oldest_unsent_seconds: age,
         failing,
+        dead_lettered,
         last_error,
         relays: live_relays(client, table).await?,
         published_per_second: published as f64 / secs,

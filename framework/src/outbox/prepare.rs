@@ -82,7 +82,14 @@ pub(super) async fn prepare(
                 None => row.topic.clone(),
             }
         }
-        _ => row.topic.clone(),
+        // A run time already passed (the row waited for the relay, or it
+        // was asked so): the main topic at once, keeping the time asked in
+        // `kjob-run-at`, as `Producer::enqueue_at` does.
+        Some(run_at_ms) => {
+            set(&mut headers, headers::RUN_AT, run_at_ms.to_string());
+            row.topic.clone()
+        }
+        None => row.topic.clone(),
     };
     Prepared::Send(Outgoing {
         topic,
@@ -91,6 +98,10 @@ pub(super) async fn prepare(
         dead_letter: None,
     })
 }
+
+/// How the outbox row of a dead-lettered job's note (`last_error`) begins:
+/// `kjob outbox status` counts the rows by it.
+pub(crate) const DEAD_LETTER_NOTE: &str = "dead-lettered to ";
 
 /// The dead letter of a JSON job that cannot be encoded: the JSON as the
 /// application wrote it, the usual kjob failure headers (class
@@ -131,7 +142,7 @@ fn dead_letter(
     let topic = dlq_topic(&row.topic);
     Outgoing {
         dead_letter: Some(format!(
-            "dead-lettered to {topic} ({class}): {}",
+            "{DEAD_LETTER_NOTE}{topic} ({class}): {}",
             headers::truncate_utf8(&message, 900)
         )),
         topic,
@@ -145,6 +156,37 @@ fn dead_letter(
 mod tests {
     use super::*;
     use crate::json_avro::Mismatch;
+
+    #[tokio::test]
+    async fn a_run_time_already_passed_goes_to_the_main_topic_keeping_the_time_asked() {
+        let row = Row {
+            id: 7,
+            attempts: 0,
+            topic: "orders".into(),
+            key: "k1".into(),
+            body: Body::Avro(vec![0, 0, 0, 0, 1, 2]),
+            headers: vec![("kjob-id".into(), "j7".into())],
+            run_at_ms: Some(1_000),
+        };
+        let codec = Codec::new("http://127.0.0.1:9").unwrap_or_else(|e| panic!("{e}"));
+        let delays = DelayTopicCheck::new(&crate::KafkaConfig::new(
+            "127.0.0.1:9",
+            "http://127.0.0.1:9",
+        ));
+        let Prepared::Send(out) =
+            prepare(&row, &codec, &delays, &OutboxTable::default(), 5_000).await
+        else {
+            panic!("a passed run time is sent, not deferred");
+        };
+        assert_eq!(out.topic, "orders");
+        let run_at: Vec<&str> = out
+            .headers
+            .iter()
+            .filter(|(k, _)| k == "kjob-run-at")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(run_at, ["1000"], "the time asked, not the send time");
+    }
 
     #[test]
     fn a_dead_letter_keeps_the_json_and_names_the_field() {

@@ -239,6 +239,11 @@ pub(crate) struct WorkerGauges {
     /// Jobs waiting for the schema registry to serve their writer schema.
     pub(crate) registry_waiting: AtomicI64,
     guards: Mutex<Vec<Box<dyn GuardGauge>>>,
+    /// Records decoded by a reader that drops fields their writer carries,
+    /// per (contract, writer's contract version): `kjob_fields_dropped_total`.
+    dropped: Mutex<HashMap<(&'static str, String), u64>>,
+    /// The writer ids already warned about (one warning per writer id).
+    dropped_warned: Mutex<std::collections::HashSet<u32>>,
 }
 
 impl WorkerGauges {
@@ -248,6 +253,47 @@ impl WorkerGauges {
         if !guards.iter().any(|g| g.same(guard.as_ref())) {
             guards.push(guard);
         }
+    }
+
+    /// Counts one record of contract `job` whose writer (schema `id`,
+    /// contract version `version` from `kjob-version`) carries `fields` the
+    /// reader drops, and warns once per writer id naming them: during a
+    /// rolling deploy an old worker that reads a new producer's records
+    /// loses what the new version added, which nothing else shows.
+    pub(crate) fn note_dropped(
+        &self,
+        job: &'static str,
+        version: Option<u32>,
+        id: u32,
+        fields: &[String],
+    ) {
+        let version = version.map_or_else(|| "unknown".to_string(), |v| v.to_string());
+        let first = self
+            .dropped_warned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id);
+        if first {
+            tracing::warn!(
+                job, writer_id = id, writer_version = %version, fields = %fields.join(", "),
+                "this worker's reader drops fields the writer of these records carries: it handles them without those fields; deploy the workers before the producers that add fields (docs: evolution)"
+            );
+        }
+        *self
+            .dropped
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry((job, version))
+            .or_default() += 1;
+    }
+
+    fn dropped(&self) -> Vec<(&'static str, String, u64)> {
+        self.dropped
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|((job, version), n)| (*job, version.clone(), *n))
+            .collect()
     }
 
     fn guards(&self) -> Vec<(String, &'static str, i64)> {
@@ -492,6 +538,23 @@ impl Metrics {
                             ],
                         );
                     }
+                }
+            })
+            .build();
+        let (g, l) = (gauges.clone(), group.clone());
+        meter
+            .u64_observable_counter("kjob_fields_dropped")
+            .with_description("Records decoded by a reader that drops fields their writer carries, per job and the writer's contract version (kjob-version)")
+            .with_callback(move |obs| {
+                for (job, version, n) in g.dropped() {
+                    obs.observe(
+                        n,
+                        &[
+                            l.clone(),
+                            KeyValue::new("job", job),
+                            KeyValue::new("writer_version", version),
+                        ],
+                    );
                 }
             })
             .build();

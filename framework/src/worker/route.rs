@@ -165,7 +165,10 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
             .reader
             .decode_cached::<J>(self.schemas.as_ref(), payload)
         {
-            Some(Ok(job)) => self.call(job, ctx, waiter, watched),
+            Some(Ok(job)) => {
+                self.note_dropped(payload, &ctx);
+                self.call(job, ctx, waiter, watched)
+            }
             Some(Err(e)) if e.class().is_some() => Box::pin(std::future::ready(undecodable(e))),
             // Not cached yet: fetched, parked while the registry is down.
             _ => Box::pin(async move {
@@ -194,7 +197,10 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
                     }
                 };
                 match waiter.wait(decoded).await {
-                    Some(Ok(job)) => self.call(job, ctx, waiter, watched).await,
+                    Some(Ok(job)) => {
+                        self.note_dropped(payload, &ctx);
+                        self.call(job, ctx, waiter, watched).await
+                    }
                     Some(Err(failed)) => failed,
                     None => Attempt::Released,
                 }
@@ -204,6 +210,15 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
 }
 
 impl<J: Job, M: 'static, H: Handler<J, M> + Clone> TypedRoute<J, H, M> {
+    /// Counts a decoded record whose writer carries fields the reader
+    /// drops (`kjob_fields_dropped_total`, a warning per writer id).
+    #[inline]
+    fn note_dropped(&self, payload: Option<&[u8]>, ctx: &JobContext) {
+        if let Some((id, fields)) = self.reader.dropped_by(payload) {
+            self.gauges.note_dropped(J::NAME, ctx.version, id, &fields);
+        }
+    }
+
     /// Runs the decoded `job` through the layers, if any, and the handler.
     /// Without layers the handler is called here, so the box holds only
     /// its future and the watch, not the layered stack's state (kilobytes).

@@ -7,6 +7,7 @@
 //! worker's, in kjob ([`kjob::dlq`]).
 
 pub mod index;
+pub mod precheck;
 pub mod redrive;
 pub mod store;
 
@@ -407,17 +408,26 @@ pub struct RedrivePlan {
     pub main: String,
     /// Where the records go.
     pub target_topic: String,
-    /// The unresolved dead letters picked.
+    /// The unresolved dead letters picked that the reader reads: what a
+    /// re-drive sends.
     pub picked: Vec<DeadLetter>,
+    /// The ones picked that the reader cannot read: left in place,
+    /// unresolved, with the reason ([`precheck`]).
+    pub held: Vec<precheck::Held>,
+    /// What they were checked against; `None` when there was nothing to
+    /// check against (no `--reader`, nothing registered).
+    pub checked_against: Option<String>,
 }
 
-/// Picks the unresolved records (`at`, or all passing `select`) and resolves
-/// the target topic. Nothing is written.
+/// Picks the unresolved records (`at`, or all passing `select`), holds
+/// back the ones `reader` cannot read and resolves the target topic.
+/// Nothing is written.
 pub async fn plan_redrive(
     config: &KafkaConfig,
     select: &Select,
     at: &[Coordinates],
     to: Target,
+    reader: &precheck::Reader,
 ) -> Result<RedrivePlan> {
     let filter = select.filter()?;
     let main = DlqReader::new(config, &select.topic)
@@ -431,7 +441,7 @@ pub async fn plan_redrive(
         .filter(|(d, _)| filter.matches(d))
         .collect();
     let picked = pick(rows, at, &dlq)?;
-    plan_redrive_of(config, main, picked, to).await
+    plan_redrive_of(config, main, picked, to, reader).await
 }
 
 /// The dead letters at `at`, read by their coordinates; an error names the
@@ -453,13 +463,17 @@ pub async fn fetch(
 }
 
 /// A re-drive plan of dead letters already picked (the dashboard's
-/// selection): resolves the target topic. Nothing is written.
+/// selection): holds back the ones `reader` cannot read and resolves the
+/// target topic. Nothing is written.
 pub async fn plan_redrive_of(
     config: &KafkaConfig,
     main: String,
     picked: Vec<DeadLetter>,
     to: Target,
+    reader: &precheck::Reader,
 ) -> Result<RedrivePlan> {
+    let checked = precheck::check(config, &main, picked, reader).await?;
+    let picked = checked.pass;
     let target = match to {
         Target::Retry => RedriveTarget::FirstTier,
         Target::Main => RedriveTarget::Main,
@@ -476,6 +490,8 @@ pub async fn plan_redrive_of(
         main,
         target_topic,
         picked,
+        held: checked.held,
+        checked_against: checked.against,
     })
 }
 

@@ -252,7 +252,8 @@ pub(super) async fn redrive(
         Ok(p) => p,
         Err(r) => return r,
     };
-    let plan = match plan_redrive_of(&state.config, main, letters, f.to).await {
+    let live = crate::dlq::precheck::Reader::Live;
+    let plan = match plan_redrive_of(&state.config, main, letters, f.to, &live).await {
         Ok(p) => p,
         Err(e) => return error_page(upstream_or(&e, StatusCode::BAD_REQUEST), &format!("{e:#}")),
     };
@@ -280,6 +281,19 @@ pub(super) async fn redrive(
             @if plan.picked.len() > PREVIEW_ROWS {
                 p.muted { "… and " (plan.picked.len() - PREVIEW_ROWS) " more" }
             }
+            @if !plan.held.is_empty() {
+                p.notice.held #redrive-held {
+                    (plan.held.len()) " record(s) held back, left in place: "
+                    (plan.checked_against.as_deref().unwrap_or("the reader")) " cannot read them, so a re-drive would send them straight back."
+                }
+                table.dlq {
+                    thead { tr { th.c-at { "partition:offset" } th.c-job { "job" } th { "why it is held back" } } }
+                    tbody { @for h in plan.held.iter().take(PREVIEW_ROWS) { tr {
+                        td.mono { (h.letter.at) } td { (cut(h.letter.headers.job.as_deref().unwrap_or_default(), CELL_CHARS)) }
+                        td { (cut(&h.reason, 400)) }
+                    } } }
+                }
+            }
             @if !plan.picked.is_empty() {
                 form.inline method="post" action="/dlq/redrive" {
                     input type="hidden" name="csrf" value=(token.0);
@@ -295,10 +309,15 @@ pub(super) async fn redrive(
         }).into_response();
     }
     if plan.picked.is_empty() {
-        return error_page(
-            StatusCode::BAD_REQUEST,
-            "nothing to re-drive: no unresolved dead letter matches",
-        );
+        let why = match plan.held.first() {
+            Some(h) => format!(
+                "nothing to re-drive: the {} matching record(s) are held back ({})",
+                plan.held.len(),
+                h.reason
+            ),
+            None => "nothing to re-drive: no unresolved dead letter matches".into(),
+        };
+        return error_page(StatusCode::BAD_REQUEST, &why);
     }
     let task = Arc::new(Task {
         target: plan.target_topic.clone(),
