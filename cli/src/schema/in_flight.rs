@@ -64,7 +64,8 @@ pub(super) async fn run(
                 eprintln!("read {read} of {total} waiting records");
             }
         };
-        writers_waiting(&config, &group_owned, &places, &mut progress)
+        let known = routes.iter().cloned().collect();
+        writers_waiting(&config, &group_owned, &places, &known, &mut progress)
     })
     .await??;
 

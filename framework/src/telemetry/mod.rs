@@ -27,6 +27,7 @@
 //!   outbox relay) is given an address. Workers and relays of one process
 //!   can share one exporter, and so one endpoint.
 
+pub(crate) mod gauges;
 pub mod http;
 pub(crate) mod metrics;
 pub(crate) mod otlp;

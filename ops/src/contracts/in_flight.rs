@@ -15,7 +15,7 @@
 //! nothing is kept but a count per (place, contract, writer id). Progress
 //! goes to a callback, for a long backlog.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
@@ -63,7 +63,8 @@ pub struct WriterCount {
     pub place: Place,
     /// Their route: the place's, or on a shared topic the one each names.
     pub route: String,
-    /// The contract their `kjob-job` header names, if any.
+    /// The contract their `kjob-job` header names, if any (not read for a
+    /// route whose contract the caller knows).
     pub contract: Option<String>,
     /// Their writer.
     pub writer: Writer,
@@ -150,13 +151,18 @@ struct Span {
 }
 
 /// Reads every record `group` has not finished in `places` and counts them
-/// by route, contract and writer. `progress(read, total)` is called every
-/// 100 000 records and at the end. Blocking; gives up when nothing arrives
-/// for 30 s.
+/// by route, contract and writer. `known`: the routes whose contract the
+/// caller knows (a `--topic`, a model's subjects): their records' headers
+/// are not read (librdkafka parses a record's headers only when asked,
+/// which doubled the cost of a million-record read), except on a shared
+/// topic, whose records name their route. `progress(read, total)` is
+/// called every 100 000 records and at the end. Blocking; gives up when
+/// nothing arrives for 30 s.
 pub fn writers_waiting(
     config: &KafkaConfig,
     group: &str,
     places: &[Place],
+    known: &HashSet<String>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Vec<WriterCount>> {
     let consumed: Vec<String> = places
@@ -217,7 +223,8 @@ pub fn writers_waiting(
         }
     }
     let total: u64 = spans.iter().map(|s| (s.to - s.from).max(0) as u64).sum();
-    let mut counts: BTreeMap<(usize, String, Option<String>, Writer), u64> = BTreeMap::new();
+    let mut counts: HashMap<(usize, usize, Option<usize>, Writer), u64> = HashMap::new();
+    let mut names = Names::default();
     if spans.is_empty() {
         progress(0, 0);
         return Ok(Vec::new());
@@ -284,12 +291,17 @@ pub fn writers_waiting(
         {
             continue;
         }
-        let (contract, named_route) = job_and_route(&m);
-        let route = places[place]
-            .route
-            .clone()
-            .or(named_route)
-            .unwrap_or_else(|| "?".into());
+        let own = places[place].route.as_ref();
+        let (contract, named_route) = match own {
+            Some(route) if known.contains(route) => (None, None),
+            _ => job_and_route(&m, own.is_none()),
+        };
+        let contract = contract.map(|c| names.intern(c));
+        let route = match (&places[place].route, named_route) {
+            (Some(own), _) => names.intern(own.as_bytes()),
+            (None, Some(named)) => names.intern(named),
+            (None, None) => names.intern(b"?"),
+        };
         let writer = match m.payload() {
             Some([0, a, b, c, d, ..]) => Writer::Id(u32::from_be_bytes([*a, *b, *c, *d])),
             _ => Writer::Unframed,
@@ -297,29 +309,58 @@ pub fn writers_waiting(
         *counts.entry((place, route, contract, writer)).or_default() += 1;
     }
     progress(read, total);
-    Ok(counts
+    let mut out: Vec<WriterCount> = counts
         .into_iter()
         .map(|((place, route, contract, writer), count)| WriterCount {
             place: places[place].clone(),
-            route,
-            contract,
+            route: names.get(route),
+            contract: contract.map(|c| names.get(c)),
             writer,
             count,
         })
-        .collect())
+        .collect();
+    out.sort_by(|a, b| {
+        (&a.place, &a.route, &a.contract, a.writer).cmp(&(
+            &b.place,
+            &b.route,
+            &b.contract,
+            b.writer,
+        ))
+    });
+    Ok(out)
 }
 
-/// The record's `kjob-job` (its contract) and the route it belongs to
-/// (`kjob-route`, else `kjob-original-topic` on a shared topic's record).
-fn job_and_route(m: &impl Message) -> (Option<String>, Option<String>) {
+/// The few distinct route and contract names of a backlog, each kept
+/// once: a million records cost no allocation each.
+#[derive(Default)]
+struct Names(Vec<Vec<u8>>);
+
+impl Names {
+    fn intern(&mut self, name: &[u8]) -> usize {
+        match self.0.iter().position(|n| n == name) {
+            Some(i) => i,
+            None => {
+                self.0.push(name.to_vec());
+                self.0.len() - 1
+            }
+        }
+    }
+
+    fn get(&self, i: usize) -> String {
+        String::from_utf8_lossy(&self.0[i]).into_owned()
+    }
+}
+
+/// The record's `kjob-job` (its contract) and, on a shared topic, the
+/// route it belongs to (`kjob-route`, else `kjob-original-topic`).
+fn job_and_route(m: &impl Message, shared: bool) -> (Option<&[u8]>, Option<&[u8]>) {
     let (mut job, mut route, mut original) = (None, None, None);
     if let Some(headers) = m.headers() {
         for h in headers.iter() {
-            let text = || h.value.map(|v| String::from_utf8_lossy(v).into_owned());
             match h.key {
-                kjob::headers::JOB => job = text(),
-                kjob::headers::ROUTE => route = text(),
-                kjob::headers::ORIGINAL_TOPIC => original = text(),
+                kjob::headers::JOB => job = h.value,
+                kjob::headers::ROUTE if shared => route = h.value,
+                kjob::headers::ORIGINAL_TOPIC if shared => original = h.value,
                 _ => {}
             }
         }
