@@ -13,6 +13,10 @@ use kjob::{Error, Job, JobContext, JobError, KafkaConfig, Producer, Worker};
 use kjob_integration_tests::*;
 use serde::{Deserialize, Serialize};
 
+#[path = "support/dashboard.rs"]
+mod support;
+use support::{dashboard, session};
+
 const KJOB: &str = env!("CARGO_BIN_EXE_kjob-cli");
 
 /// v1 of the newcomer's contract: an order id and an amount.
@@ -618,4 +622,81 @@ async fn a_rolling_deploy_shows_what_each_check_answers() {
     let l: serde_json::Value = serde_json::from_str(live.stdout.trim()).expect("JSON");
     assert_eq!(l["held"].as_array().map(Vec::len), Some(0), "{l}");
     assert_eq!(l["records"].as_array().map(Vec::len), Some(4), "{l}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboards_redrive_holds_back_what_the_live_reader_cannot_read() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("heldui");
+    let dlq = kjob::topics::dlq_topic(&topic);
+    create_topic(&config, &topic, 1).await;
+    create_topic(&config, &dlq, 1).await;
+    let producer = Producer::new(&config).expect("producer");
+    // The live reader: v1 under the topic's subject.
+    let contract = producer
+        .codec()
+        .register::<InvoiceV1>(&topic)
+        .await
+        .expect("v1");
+    let h = || {
+        JobHeaders {
+            job: Some(InvoiceV1::NAME.into()),
+            id: Some(unique("id")),
+            error_class: Some("permanent.invalid_input".into()),
+            ..JobHeaders::default()
+        }
+        .to_owned_headers()
+    };
+    // 0:0 is bytes another producer wrote; 0:1 a v1 job.
+    producer
+        .send_raw(&dlq, Some(b"k0"), Some(b"not avro"), h())
+        .await
+        .expect("a foreign dead letter");
+    let body = Codec::encode(
+        &contract,
+        &InvoiceV1 {
+            order_id: "o-1".into(),
+            amount: 1,
+        },
+    )
+    .expect("encoded");
+    producer
+        .send_raw(&dlq, Some(b"o-1"), Some(&body), h())
+        .await
+        .expect("a v1 dead letter");
+
+    let (_ui, base) = dashboard(&config, &["--allow-actions"]).await;
+    let s = session(&base, &topic).await;
+    s.settled(&format!("/dlq?topic={topic}"), |p| p.contains("0:1"))
+        .await;
+    let (status, preview) = s
+        .post(
+            "/dlq/redrive",
+            &format!("topic={topic}&to=main&at=0:0&at=0:1"),
+        )
+        .await;
+    assert_eq!(status, 200, "{preview}");
+    assert!(
+        preview.contains("1 record(s) would be re-driven"),
+        "{preview}"
+    );
+    assert!(
+        preview.contains("id=\"redrive-held\"") && preview.contains("wire format"),
+        "{preview}"
+    );
+    // Executing only the held-back one re-drives nothing, and says why.
+    let (status, page) = s
+        .post(
+            "/dlq/redrive",
+            &format!("topic={topic}&to=main&rate=100&execute=1&at=0:0"),
+        )
+        .await;
+    assert_eq!(status, 400, "{page}");
+    assert!(page.contains("held back"), "{page}");
+    assert_eq!(
+        end_offsets(&config, &topic, 1),
+        vec![0],
+        "nothing re-driven"
+    );
 }
