@@ -42,8 +42,8 @@ pub(crate) enum BatchesCommand {
         /// Why (required; kept with the batch).
         #[arg(long)]
         reason: String,
-        /// Who is doing this.
-        #[arg(long, env = "USER", default_value = "unknown")]
+        /// Who is doing this, for the audit log (default: KJOB_OPERATOR, else $USER, else uid@host).
+        #[arg(long, value_name = "NAME", default_value_t = crate::operator::default_name())]
         by: String,
         /// Show what would be cancelled (the default).
         #[arg(long, conflicts_with = "execute")]

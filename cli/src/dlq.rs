@@ -75,8 +75,8 @@ pub(crate) enum DlqCommand {
         /// Records per second at most, to spare a recovering downstream.
         #[arg(long, default_value_t = 100)]
         rate: u32,
-        /// Who is doing this (recorded in the audit log).
-        #[arg(long, env = "USER", default_value = "unknown")]
+        /// Who is doing this, for the audit log (default: KJOB_OPERATOR, else $USER, else uid@host).
+        #[arg(long, value_name = "NAME", default_value_t = crate::operator::default_name())]
         by: String,
     },
     /// Mark dead letters handled without re-driving them (audited). Dry run unless --execute.
@@ -97,8 +97,8 @@ pub(crate) enum DlqCommand {
         /// Actually resolve.
         #[arg(long)]
         execute: bool,
-        /// Who is doing this.
-        #[arg(long, env = "USER", default_value = "unknown")]
+        /// Who is doing this, for the audit log (default: KJOB_OPERATOR, else $USER, else uid@host).
+        #[arg(long, value_name = "NAME", default_value_t = crate::operator::default_name())]
         by: String,
     },
 }

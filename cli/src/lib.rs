@@ -23,6 +23,7 @@ mod exit;
 mod groups;
 mod legacy;
 mod model;
+mod operator;
 #[cfg(feature = "postgres")]
 mod outbox;
 mod output;
@@ -60,6 +61,7 @@ pub struct Cli {
         long = "bootstrap-server",
         env = "KJOB_BOOTSTRAP_SERVERS",
         global = true,
+        help_heading = "Connection and security",
         value_name = "HOST:PORT"
     )]
     bootstrap_server: Option<String>,
@@ -68,6 +70,7 @@ pub struct Cli {
         long = "schema-registry",
         env = "KJOB_SCHEMA_REGISTRY_URL",
         global = true,
+        help_heading = "Connection and security",
         value_name = "URL"
     )]
     schema_registry: Option<String>,
@@ -78,6 +81,7 @@ pub struct Cli {
         long = "command-config",
         env = "KJOB_KAFKA_CONFIG_FILE",
         global = true,
+        help_heading = "Connection and security",
         value_name = "FILE"
     )]
     command_config: Option<PathBuf>,
@@ -87,27 +91,50 @@ pub struct Cli {
     #[arg(
         long = "security-protocol",
         env = "KJOB_SECURITY_PROTOCOL",
-        global = true
+        global = true,
+        help_heading = "Connection and security"
     )]
     security_protocol: Option<String>,
     /// Kafka `sasl.mechanism`, e.g. SCRAM-SHA-512.
-    #[arg(long = "sasl-mechanism", env = "KJOB_SASL_MECHANISM", global = true)]
+    #[arg(
+        long = "sasl-mechanism",
+        env = "KJOB_SASL_MECHANISM",
+        global = true,
+        help_heading = "Connection and security"
+    )]
     sasl_mechanism: Option<String>,
     /// Kafka `sasl.username` (the principal the ACLs name).
-    #[arg(long = "sasl-username", env = "KJOB_SASL_USERNAME", global = true)]
+    #[arg(
+        long = "sasl-username",
+        env = "KJOB_SASL_USERNAME",
+        global = true,
+        help_heading = "Connection and security"
+    )]
     sasl_username: Option<String>,
     /// Kafka `ssl.ca.location`: CA certificate (PEM) of the brokers.
-    #[arg(long = "ssl-ca-location", env = "KJOB_SSL_CA_LOCATION", global = true)]
+    #[arg(
+        long = "ssl-ca-location",
+        env = "KJOB_SSL_CA_LOCATION",
+        global = true,
+        help_heading = "Connection and security"
+    )]
     ssl_ca_location: Option<String>,
     /// How long to wait for Kafka to answer before giving up, as
     /// milliseconds (Kafka's tools) or a duration (10s, 1m).
-    #[arg(long, global = true, default_value = "10s", value_parser = parse_timeout, value_name = "TIMEOUT")]
+    #[arg(long, global = true,
+        help_heading = "Connection and security", default_value = "10s", value_parser = parse_timeout, value_name = "TIMEOUT")]
     timeout: Duration,
     /// Print JSON (one object per result, named fields) instead of tables.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Output")]
     json: bool,
     /// Output format; `--output json` is `--json`.
-    #[arg(long, global = true, value_enum, value_name = "FORMAT")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Output",
+        value_enum,
+        value_name = "FORMAT"
+    )]
     output: Option<Format>,
     #[command(subcommand)]
     command: Command,
@@ -116,40 +143,66 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// The kafka-acls commands that grant a worker exactly what its model (KJOB_DESCRIBE=json) lists.
+    #[command(
+        after_help = "Example:\n  kjob acls --model model.json --principal User:shop-worker"
+    )]
     Acls(acls::AclsArgs),
     /// Batches of jobs with a callback: list, show, cancel (dry run unless --execute).
     #[command(subcommand)]
+    #[command(after_help = "Example:\n  kjob batches list --topic newsletter.batches")]
     Batches(batches::BatchesCommand),
     /// Review dead letters: list, show, re-drive, resolve (dry run unless --execute).
     #[command(subcommand)]
+    #[command(
+        after_help = "Examples:\n  kjob dlq list --topic orders.confirmation --key 4711\n  kjob dlq retry --topic orders.confirmation --grep 'timed out' --since 2h --execute"
+    )]
     Dlq(dlq::DlqCommand),
     /// Enqueue a job (--data, --data-file or stdin), encoded against the topic's latest schema.
+    #[command(
+        after_help = "Example:\n  kjob enqueue --topic orders.confirmation --key 4711 --data '{\"order_id\": \"4711\"}'"
+    )]
     Enqueue(enqueue::EnqueueArgs),
     /// Consumer groups: list them, describe one (members, assignment, lag per partition).
     #[command(subcommand)]
+    #[command(after_help = "Example:\n  kjob groups describe --group orders")]
     Groups(groups::GroupsCommand),
     /// The transactional outbox: create its table, run a relay, show its state.
     #[cfg(feature = "postgres")]
     #[command(subcommand)]
+    #[command(after_help = "Example:\n  kjob outbox status --database-url postgres://app@db/shop")]
     Outbox(outbox::OutboxCommand),
     /// Reset a group's offsets to handle jobs again, or undo a reset from a file (dry run unless --execute).
+    #[command(
+        after_help = "Example:\n  kjob replay --group orders --topic orders.confirmation --by-duration PT2H"
+    )]
     Replay(replay::ReplayArgs),
     /// Pause or resume a route for a whole group (every worker stops fetching it), audited.
     #[command(subcommand)]
+    #[command(
+        after_help = "Example:\n  kjob routes pause --group orders --topic orders.confirmation --reason 'mail provider down'"
+    )]
     Routes(routes::RoutesCommand),
     /// A group's cron schedules: next and last tick, the leader; pause, resume or trigger one.
+    #[command(after_help = "Example:\n  kjob schedules --group orders")]
     Schedules(schedules::SchedulesArgs),
     /// Check or register job contracts against the schema registry, or export a crate's to `schemas/`.
     #[command(subcommand)]
+    #[command(
+        after_help = "Example:\n  kjob schema check --dir schemas --topic orders.confirmation"
+    )]
     Schema(schema::SchemaCommand),
     /// A route's topics by role, lag, oldest pending job and DLQ, from Kafka alone.
+    #[command(after_help = "Example:\n  kjob status --group orders --topic orders.confirmation")]
     Status(status::StatusArgs),
     /// A route's topics: list them, describe one, create them (dry run unless --execute).
     #[command(subcommand)]
+    #[command(after_help = "Example:\n  kjob topics list")]
     Topics(topics::TopicsCommand),
     /// A web dashboard: routes, lag, retries and the DLQ in the browser.
+    #[command(after_help = "Example:\n  kjob ui --group orders")]
     Ui(ui::UiArgs),
     /// What waits in a route's retry tiers and delay topics, due first; cancel one or run it now (dry run unless --execute).
+    #[command(after_help = "Example:\n  kjob waiting --group orders --topic orders.confirmation")]
     Waiting(waiting::WaitingArgs),
 }
 
@@ -307,5 +360,74 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => exit::report(&e),
+    }
+}
+
+#[cfg(test)]
+mod help_tests {
+    use clap::{CommandFactory as _, Parser as _};
+
+    use super::Cli;
+
+    /// Words of a shell line, single quotes grouping (what the examples use).
+    fn words(line: &str) -> Vec<String> {
+        let (mut out, mut word, mut quoted) = (Vec::new(), String::new(), false);
+        for c in line.chars() {
+            match c {
+                '\'' => quoted = !quoted,
+                c if c.is_whitespace() && !quoted => {
+                    if !word.is_empty() {
+                        out.push(std::mem::take(&mut word));
+                    }
+                }
+                c => word.push(c),
+            }
+        }
+        if !word.is_empty() {
+            out.push(word);
+        }
+        out
+    }
+
+    #[test]
+    fn every_verb_has_an_example_that_parses() {
+        let cli = Cli::command();
+        for verb in cli.get_subcommands() {
+            let help = verb
+                .get_after_help()
+                .map(|h| h.to_string())
+                .unwrap_or_default();
+            let examples: Vec<&str> = help
+                .lines()
+                .map(str::trim)
+                .filter(|l| l.starts_with("kjob "))
+                .collect();
+            assert!(
+                !examples.is_empty(),
+                "`kjob {}` has no example",
+                verb.get_name()
+            );
+            for e in examples {
+                if let Err(err) = Cli::try_parse_from(words(e)) {
+                    panic!("the example `{e}` does not parse: {err}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_verbs_own_options_come_before_the_connection_flags() {
+        let mut cli = Cli::command();
+        // Global flags reach a subcommand when the command is built.
+        cli.build();
+        let help = cli
+            .find_subcommand_mut("dlq")
+            .and_then(|d| d.find_subcommand_mut("list"))
+            .map(|l| l.render_long_help().to_string())
+            .unwrap_or_default();
+        let own = help.find("--key").unwrap_or(usize::MAX);
+        let heading = help.find("Connection and security:").unwrap_or(0);
+        let bootstrap = help.find("--bootstrap-server").unwrap_or(0);
+        assert!(own < heading && heading < bootstrap, "{help}");
     }
 }

@@ -191,6 +191,14 @@ pub(crate) async fn run(ctx: &Ctx, args: ReplayArgs) -> Result<()> {
             None => None,
         };
         let total: i64 = rows.iter().map(|r| r.replayed().max(0)).sum();
+        // A tier's records are retries of jobs: the jobs are the main
+        // topics' records, and the tiers' are counted beside them.
+        let in_tiers = tier_records(&rows, &args.group);
+        let jobs = total - in_tiers;
+        let counted = match in_tiers {
+            0 => format!("{jobs} job(s)"),
+            n => format!("{jobs} job(s) ({total} records, {n} of them in retry tiers)"),
+        };
         if args.execute {
             apply(&config, &into, &rows)?;
         }
@@ -201,6 +209,8 @@ pub(crate) async fn run(ctx: &Ctx, args: ReplayArgs) -> Result<()> {
                 "dry_run": !args.execute,
                 "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
                 "replayed": total,
+                "jobs": jobs,
+                "tier_records": in_tiers,
                 "notes": notes,
                 "export": exported.as_ref().map(|(p, lines, skipped)| json!({
                     "file": p.display().to_string(),
@@ -226,12 +236,30 @@ pub(crate) async fn run(ctx: &Ctx, args: ReplayArgs) -> Result<()> {
             )?;
         }
         if !args.execute {
-            outln!("dry run: {total} job(s) would be handled again by group `{into}`; pass --execute to apply")?;
+            outln!("dry run: {counted} would be handled again by group `{into}`; pass --execute to apply")?;
             return Ok(());
         }
-        outln!("reset group `{into}`: {total} job(s) will be handled again")?;
+        outln!("reset group `{into}`: {counted} will be handled again")?;
         Ok(())
     })
     .await
     .map_err(|e| anyhow!("background task: {e}"))?
+}
+
+/// How many of the records a plan hands back are in retry tiers (a route's
+/// or the group's shared ones), by the worker's naming rules.
+fn tier_records(rows: &[kjob_ops::replay::ReplayRow], group: &str) -> i64 {
+    let topics: Vec<String> = rows.iter().map(|r| r.topic.clone()).collect();
+    let roles = kjob::deployment::classify(&topics, &[group.to_string()]);
+    rows.iter()
+        .filter(|r| {
+            roles.get(&r.topic).is_some_and(|c| {
+                matches!(
+                    c.role,
+                    kjob::deployment::Role::RetryTier | kjob::deployment::Role::SharedRetryTier
+                )
+            })
+        })
+        .map(|r| r.replayed().max(0))
+        .sum()
 }

@@ -25,8 +25,8 @@ pub(crate) enum RoutesCommand {
         /// Why (required; shown on every dashboard page while paused).
         #[arg(long)]
         reason: String,
-        /// Who is doing this.
-        #[arg(long, env = "USER", default_value = "unknown")]
+        /// Who is doing this, for the audit log (default: KJOB_OPERATOR, else $USER, else uid@host).
+        #[arg(long, value_name = "NAME", default_value_t = crate::operator::default_name())]
         by: String,
     },
     /// Let the group's workers fetch the route again.
@@ -37,8 +37,8 @@ pub(crate) enum RoutesCommand {
         /// The route's main topic.
         #[arg(long)]
         topic: String,
-        /// Who is doing this.
-        #[arg(long, env = "USER", default_value = "unknown")]
+        /// Who is doing this, for the audit log (default: KJOB_OPERATOR, else $USER, else uid@host).
+        #[arg(long, value_name = "NAME", default_value_t = crate::operator::default_name())]
         by: String,
     },
     /// The group's paused routes and the audit of pauses and resumes.

@@ -38,24 +38,24 @@ pub(crate) enum ScheduleCommand {
         /// Why (required; shown on every dashboard page while paused).
         #[arg(long)]
         reason: String,
-        /// Who is doing this.
-        #[arg(long, env = "USER", default_value = "unknown")]
+        /// Who is doing this, for the audit log (default: KJOB_OPERATOR, else $USER, else uid@host).
+        #[arg(long, value_name = "NAME", default_value_t = crate::operator::default_name())]
         by: String,
     },
     /// Fire a paused schedule again, from its next tick on.
     Resume {
         /// The schedule's name.
         schedule: String,
-        /// Who is doing this.
-        #[arg(long, env = "USER", default_value = "unknown")]
+        /// Who is doing this, for the audit log (default: KJOB_OPERATOR, else $USER, else uid@host).
+        #[arg(long, value_name = "NAME", default_value_t = crate::operator::default_name())]
         by: String,
     },
     /// Have the leader enqueue the schedule's job once now, as `cron:<name>:manual:<time>`.
     Trigger {
         /// The schedule's name.
         schedule: String,
-        /// Who is doing this.
-        #[arg(long, env = "USER", default_value = "unknown")]
+        /// Who is doing this, for the audit log (default: KJOB_OPERATOR, else $USER, else uid@host).
+        #[arg(long, value_name = "NAME", default_value_t = crate::operator::default_name())]
         by: String,
     },
 }

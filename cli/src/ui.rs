@@ -39,7 +39,7 @@ pub(crate) struct UiArgs {
     sample_every: Duration,
     /// Who the audit log names for actions taken on this dashboard (unless
     /// --user-header names the user).
-    #[arg(long, env = "USER", default_value = "unknown")]
+    #[arg(long, value_name = "NAME", default_value_t = crate::operator::default_name())]
     by: String,
     /// A header in which an authenticating reverse proxy names the
     /// signed-in user (e.g. X-Forwarded-User behind oauth2-proxy): that user

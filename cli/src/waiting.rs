@@ -38,8 +38,8 @@ pub(crate) enum WaitingCommand {
         /// Why (required; kept in the audit).
         #[arg(long)]
         reason: String,
-        /// Who is doing this.
-        #[arg(long, env = "USER", default_value = "unknown")]
+        /// Who is doing this, for the audit log (default: KJOB_OPERATOR, else $USER, else uid@host).
+        #[arg(long, value_name = "NAME", default_value_t = crate::operator::default_name())]
         by: String,
         /// Show what would be cancelled (the default).
         #[arg(long, conflicts_with = "execute")]
@@ -52,8 +52,8 @@ pub(crate) enum WaitingCommand {
     Now {
         /// Where it waits: topic:partition:offset, as listed.
         at: String,
-        /// Who is doing this.
-        #[arg(long, env = "USER", default_value = "unknown")]
+        /// Who is doing this, for the audit log (default: KJOB_OPERATOR, else $USER, else uid@host).
+        #[arg(long, value_name = "NAME", default_value_t = crate::operator::default_name())]
         by: String,
         /// Show what would be moved (the default).
         #[arg(long, conflicts_with = "execute")]

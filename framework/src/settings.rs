@@ -121,6 +121,10 @@ pub const VARIABLES: &[Variable] = &[
         read_by: "kjob ui",
     },
     Variable {
+        name: "KJOB_OPERATOR",
+        read_by: "the CLI's --by (audit records)",
+    },
+    Variable {
         name: "KJOB_KAFKA_JAVA",
         read_by: "./dev (not a librdkafka property)",
     },

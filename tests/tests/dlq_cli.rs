@@ -560,3 +560,151 @@ async fn resolve_is_a_dry_run_until_execute_and_limit_bounds_list_and_resolve() 
     let list = ok(&config, &["dlq", "list", "--topic", &topic]);
     assert!(list.contains("3 shown, 3 unresolved"), "{list}");
 }
+
+/// The audit trail names who acted: `--by`, else `KJOB_OPERATOR`, else
+/// `$USER`, else `uid <N>@<host>`; never "unknown" (a container often has
+/// no `$USER`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_names_the_operator_even_without_a_user() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("dlqwho");
+    let dlq = format!("{topic}.dlq");
+    create_topic(&config, &topic, 1).await;
+    create_topic(&config, &dlq, 1).await;
+    for i in 0..3 {
+        produce_raw(&config, &dlq, 0, &format!("k{i}"), b"dead");
+    }
+    let kjob = env!("CARGO_BIN_EXE_kjob-cli");
+    let stack = [
+        ("KJOB_BOOTSTRAP_SERVERS", config.bootstrap_servers.as_str()),
+        (
+            "KJOB_SCHEMA_REGISTRY_URL",
+            config.schema_registry_url.as_str(),
+        ),
+    ];
+    let resolve = |at: &str, env: &[(&str, &str)], by: Option<&str>| {
+        let mut args = vec![
+            "dlq",
+            "resolve",
+            "--topic",
+            topic.as_str(),
+            at,
+            "--reason",
+            "test",
+            "--execute",
+        ];
+        if let Some(by) = by {
+            args.extend(["--by", by]);
+        }
+        let out = run_kjob_env(kjob, &args, &[&stack[..], env].concat(), None);
+        assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    };
+    resolve("0:0", &[("USER", "")], None);
+    resolve(
+        "0:1",
+        &[("USER", ""), ("KJOB_OPERATOR", "deploy-bot")],
+        None,
+    );
+    resolve("0:2", &[("KJOB_OPERATOR", "deploy-bot")], Some("alice"));
+    let list = ok(
+        &config,
+        &["dlq", "list", "--topic", &topic, "--all", "--json"],
+    );
+    let rows: serde_json::Value = serde_json::from_str(list.trim()).expect("JSON");
+    let by = |i: usize| {
+        rows[i]["audit"]["by"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(by(0).starts_with("uid ") && by(0).contains('@'), "{rows}");
+    assert_eq!(
+        (by(1).as_str(), by(2).as_str()),
+        ("deploy-bot", "alice"),
+        "{rows}"
+    );
+}
+
+/// `--key` and `--grep` pick dead letters as the dashboard's search does,
+/// combined with the other filters, in `list`, `retry` and `resolve`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_picked_by_key_and_by_text() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("dlqgrep");
+    let dlq = format!("{topic}.dlq");
+    create_topic(&config, &topic, 1).await;
+    create_topic(&config, &dlq, 1).await;
+    for (key, payload) in [
+        ("order-4711", &b"customer-1 paid"[..]),
+        ("order-4712", b"customer-2 refused"),
+        ("order-47111", b"customer-3 paid"),
+    ] {
+        produce_raw(&config, &dlq, 0, key, payload);
+    }
+    let keys = |args: &[&str]| -> Vec<String> {
+        let all: Vec<&str> = ["dlq", "list", "--topic", topic.as_str(), "--json"]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        let rows: serde_json::Value = serde_json::from_str(ok(&config, &all).trim()).expect("JSON");
+        rows.as_array()
+            .map(|r| {
+                r.iter()
+                    .filter_map(|r| r["key"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        keys(&["--key", "order-4711"]),
+        ["order-4711"],
+        "a key matches exactly"
+    );
+    assert_eq!(keys(&["--grep", "4711"]), ["order-4711", "order-47111"]);
+    assert_eq!(
+        keys(&["--grep", "paid"]),
+        ["order-4711", "order-47111"],
+        "the payload's text"
+    );
+    assert_eq!(
+        keys(&["--grep", "paid", "--key", "order-47111"]),
+        ["order-47111"]
+    );
+    assert_eq!(
+        keys(&["--grep", "paid", "--since", "1h"]),
+        ["order-4711", "order-47111"]
+    );
+    assert!(
+        keys(&["--grep", "paid", "--until", "1h"]).is_empty(),
+        "written within the hour"
+    );
+    // resolve and retry take the same filters: a dry run of the one key.
+    let dry = ok(
+        &config,
+        &[
+            "dlq",
+            "resolve",
+            "--topic",
+            &topic,
+            "--key",
+            "order-4712",
+            "--reason",
+            "refunded",
+            "--json",
+        ],
+    );
+    let dry: serde_json::Value = serde_json::from_str(dry.trim()).expect("JSON");
+    assert_eq!(dry["matched"], 1, "{dry}");
+    let retry = ok(
+        &config,
+        &[
+            "dlq", "retry", "--topic", &topic, "--grep", "refused", "--to", "main", "--json",
+        ],
+    );
+    let retry: serde_json::Value = serde_json::from_str(retry.trim()).expect("JSON");
+    let picked = retry["records"].as_array().map_or(0, Vec::len)
+        + retry["held"].as_array().map_or(0, Vec::len);
+    assert_eq!(picked, 1, "{retry}");
+}

@@ -605,6 +605,21 @@ async fn insert_time_checks_fail_the_call_and_enqueue_many_keeps_its_order() {
         assert!(msg.contains(want), "{args}: {msg}");
         assert!(msg.starts_with(&format!("{s}.enqueue: ")), "{msg}");
     }
+    // Not JSON text at all: PostgreSQL's own cast error, before kjob runs
+    // (the book's insert-time section names it).
+    let e = client
+        .query_one(
+            &format!("SELECT {s}.enqueue('orders', 'k', '{{\"order_id\": '::jsonb)"),
+            &[],
+        )
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("malformed JSON was accepted"));
+    assert_eq!(
+        e.code(),
+        Some(&SqlState::INVALID_TEXT_REPRESENTATION),
+        "{e}"
+    );
     let e = client
         .query_one(
             &format!("SELECT {s}.enqueue_many('orders', $1)"),

@@ -559,3 +559,79 @@ async fn replay_export_writes_kafkas_csv_and_from_file_undoes_the_reset() {
         vec![Some(3), Some(4)]
     );
 }
+
+/// `--include-tiers` counts jobs as the main topic's records, and the
+/// tiers' records (retries of those jobs) beside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_with_its_tiers_counts_jobs_not_records() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("replaytiers");
+    let group = unique("g");
+    let (code, out, err) = kjob(
+        &config,
+        &[
+            "topics",
+            "create",
+            "--topic",
+            &topic,
+            "--partitions",
+            "1",
+            "--tiers",
+            "1s",
+            "--execute",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let tier = kjob::retry::tier_topic(&topic, Duration::from_secs(1));
+    for i in 0..4 {
+        produce_raw(&config, &topic, 0, &format!("k{i}"), b"job");
+    }
+    for i in 0..3 {
+        produce_raw(&config, &tier, 0, &format!("k{i}"), b"retry");
+    }
+    commit_offsets(&config, &group, &topic, &[(0, 4)]);
+    commit_offsets(&config, &group, &tier, &[(0, 3)]);
+    let (code, out, err) = kjob(
+        &config,
+        &[
+            "replay",
+            "--group",
+            &group,
+            "--topic",
+            &topic,
+            "--to-earliest",
+            "--include-tiers",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(
+            "dry run: 4 job(s) (7 records, 3 of them in retry tiers) would be handled again"
+        ),
+        "{out}"
+    );
+    let (code, out, _) = kjob(
+        &config,
+        &[
+            "replay",
+            "--group",
+            &group,
+            "--topic",
+            &topic,
+            "--to-earliest",
+            "--include-tiers",
+            "--json",
+        ],
+    );
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+    assert_eq!(
+        (
+            v["jobs"].as_i64(),
+            v["tier_records"].as_i64(),
+            v["replayed"].as_i64()
+        ),
+        (Some(4), Some(3), Some(7))
+    );
+}

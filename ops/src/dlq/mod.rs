@@ -52,6 +52,15 @@ pub struct Select {
     #[cfg_attr(feature = "clap", arg(long))]
     #[serde(default, deserialize_with = "empty_as_none")]
     pub until: Option<String>,
+    /// Only this record key, exactly (what happened to order 4711?).
+    #[cfg_attr(feature = "clap", arg(long, value_name = "KEY"))]
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub key: Option<String>,
+    /// Only records whose key, job id, error or payload text contains TEXT
+    /// (the dashboard's search).
+    #[cfg_attr(feature = "clap", arg(long, value_name = "TEXT"))]
+    #[serde(default, deserialize_with = "empty_as_none")]
+    pub grep: Option<String>,
 }
 
 /// A form field left empty is a filter not given.
@@ -95,6 +104,8 @@ impl Select {
             class: self.class.clone(),
             since_ms,
             until_ms,
+            key: self.key.clone(),
+            grep: self.grep.clone(),
         })
     }
 }
@@ -552,10 +563,12 @@ pub async fn plan_resolve(
     let no_filter = select.job.is_none()
         && select.class.is_none()
         && select.since.is_none()
-        && select.until.is_none();
+        && select.until.is_none()
+        && select.key.is_none()
+        && select.grep.is_none();
     if at.is_empty() && no_filter {
         return Err(Problem::usage(
-            "name the records (partition:offset) or give a filter (--job, --class, --since, --until)",
+            "name the records (partition:offset) or give a filter (--job, --class, --key, --grep, --since, --until)",
         )
         .into());
     }

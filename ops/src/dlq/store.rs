@@ -104,6 +104,13 @@ pub struct Filter {
     pub since_ms: Option<i64>,
     /// Dead-lettered before (epoch ms).
     pub until_ms: Option<i64>,
+    /// Only this record key, exactly (`--key 4711`: what happened to
+    /// order 4711?).
+    pub key: Option<String>,
+    /// Only records whose key, job id, error text or payload text (its
+    /// printable runs) contains this text, as the dashboard's search finds
+    /// them (`--grep`).
+    pub grep: Option<String>,
 }
 
 impl Filter {
@@ -122,7 +129,21 @@ impl Filter {
         let ts = d.timestamp_ms.unwrap_or(0);
         let since_ok = self.since_ms.is_none_or(|s| ts >= s);
         let until_ok = self.until_ms.is_none_or(|u| ts < u);
-        job_ok && class_ok && since_ok && until_ok
+        let key_ok = self.key.as_ref().is_none_or(|k| d.key.as_ref() == Some(k));
+        job_ok && class_ok && since_ok && until_ok && key_ok && self.grep_ok(d)
+    }
+
+    /// Whether `--grep` finds its text in `d` (see [`Filter::grep`]).
+    fn grep_ok(&self, d: &DeadLetter) -> bool {
+        let Some(needle) = self.grep.as_deref() else {
+            return true;
+        };
+        let h = &d.headers;
+        [d.key.as_deref(), h.id.as_deref(), h.error.as_deref()]
+            .into_iter()
+            .flatten()
+            .any(|field| field.contains(needle))
+            || super::index::payload_text(d.payload.as_deref().unwrap_or_default()).contains(needle)
     }
 }
 
@@ -447,5 +468,22 @@ mod tests {
             ..Default::default()
         }
         .matches(&d));
+        let key = |k: &str| Filter {
+            key: Some(k.into()),
+            ..Default::default()
+        };
+        let grep = |t: &str| Filter {
+            grep: Some(t.into()),
+            ..Default::default()
+        };
+        let mut d = d;
+        d.key = Some("order-4711".into());
+        d.headers.error = Some("downstream said 503".into());
+        d.payload = Some(b"\0\0\0\0\x01\x14customer-9".to_vec());
+        assert!(key("order-4711").matches(&d));
+        assert!(!key("order-471").matches(&d), "a key matches exactly");
+        assert!(grep("4711").matches(&d) && grep("503").matches(&d));
+        assert!(grep("customer-9").matches(&d), "the payload's text");
+        assert!(!grep("customer-8").matches(&d));
     }
 }

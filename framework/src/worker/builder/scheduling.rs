@@ -47,7 +47,9 @@ impl WorkerBuilder {
     /// from the main topic's. Delayed jobs are not ordered with their key's
     /// other jobs. A state record that is not kjob's is logged and read as
     /// an empty chain (the key's waiting jobs then run as they come due).
-    /// See the `strict` module docs for the rules and the write order.
+    /// The rules, the write order, what a crash and bad input do, and how
+    /// to clear a key whose head is gone are in the book's ordering
+    /// chapter (`docs/src/ordering.md`, "Strict order").
     pub fn strict_order(mut self, topic: &str) -> Self {
         self.strict.insert(topic.to_string());
         self

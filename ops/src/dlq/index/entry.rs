@@ -92,7 +92,7 @@ fn prefix(s: &str, max: usize) -> (&str, bool) {
 /// The printable text in the first [`PAYLOAD_BYTES`] of a payload (after a
 /// Confluent wire-format header): runs of at least three printable
 /// characters, separated by spaces.
-pub(super) fn payload_text(payload: &[u8]) -> String {
+pub(crate) fn payload_text(payload: &[u8]) -> String {
     let body = match payload {
         [0, rest @ ..] if rest.len() >= 4 => &rest[4..],
         other => other,
@@ -153,6 +153,11 @@ impl Entry {
     /// payload text.
     pub(super) fn contains(&self, needle: &str) -> bool {
         self.text.contains(needle)
+    }
+    /// Whether the record's key is exactly `key` (a key cut to
+    /// [`KEY_BYTES`] never is).
+    pub(super) fn key_is(&self, key: &str) -> bool {
+        !self.key_cut() && self.text.split(SEP).next() == Some(key)
     }
     /// The bytes this entry holds, its text included.
     pub fn bytes(&self) -> usize {

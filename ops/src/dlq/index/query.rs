@@ -236,7 +236,10 @@ impl Inner {
             if !(jo || co) {
                 continue;
             }
-            if needle.is_some_and(|n| !e.contains(n)) {
+            if needle.is_some_and(|n| !e.contains(n))
+                || f.grep.as_deref().is_some_and(|n| !e.contains(n))
+                || f.key.as_deref().is_some_and(|k| !e.key_is(k))
+            {
                 continue;
             }
             if jo {

@@ -274,6 +274,7 @@ fn the_index_filters_as_the_cli_filter_does() {
                     class: class.map(str::to_string),
                     since_ms: since,
                     until_ms: until,
+                    ..Filter::default()
                 };
                 let want: Vec<Coordinates> = letters
                     .iter()
