@@ -62,9 +62,15 @@ pub(super) fn decide<'a, M: Message>(
     );
     match (next, gate) {
         (Next::Done, None) => Settling::Now(done(fw, msg, &a)),
-        (next, gate) => Settling::Later(Box::pin(async move {
-            settle(fw, entry, msg, next, gate, &a).await
-        })),
+        (next, gate) => {
+            // A retry's or a dead letter's lines carry the job's fields,
+            // as the handler's did.
+            let log = super::pipeline::log_span(entry, msg, a.id, a.attempt);
+            Settling::Later(Box::pin(tracing::Instrument::instrument(
+                async move { settle(fw, entry, msg, next, gate, &a).await },
+                log,
+            )))
+        }
     }
 }
 

@@ -25,6 +25,7 @@ mod unrun;
 
 pub(crate) use context::context_for;
 use context::handle_span;
+pub(crate) use context::log_span;
 
 use std::sync::Arc;
 
@@ -500,7 +501,14 @@ impl Pipeline {
             partition: msg.partition(),
             offset: msg.offset(),
         };
+        // The attempt's log span, boxed with the route's future only when a
+        // subscriber takes it: the attempt's own future keeps its size.
+        let log = context::log_span(entry, msg, id, ctx.attempt);
         let run = entry.route.run(msg.payload(), ctx, waiter, watched);
+        let run = match log.is_disabled() {
+            true => run,
+            false => Box::pin(tracing::Instrument::instrument(run, log)),
+        };
         async move {
             let result = match span.context() {
                 Some(cx) => run.with_context(cx.clone()).await,
