@@ -87,3 +87,26 @@ pub fn arg(name: &str, default: u64) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
+
+/// Sends `record` through `producer`, waiting while librdkafka's queue is
+/// full: the benches that write a million records at once outrun it.
+pub fn send_waiting(
+    producer: &rdkafka::producer::ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
+    mut record: rdkafka::producer::BaseRecord<'_, String, Vec<u8>>,
+) -> anyhow::Result<()> {
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((e, r)) => {
+                if !matches!(
+                    e.rdkafka_error_code(),
+                    Some(rdkafka::types::RDKafkaErrorCode::QueueFull)
+                ) {
+                    anyhow::bail!("producing: {e}");
+                }
+                record = r;
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+    }
+}

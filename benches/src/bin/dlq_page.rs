@@ -87,26 +87,14 @@ fn produce(config: &KafkaConfig, dlq: &str, n: u64, partitions: i32) -> anyhow::
         let mut payload = vec![0u8, 0, 0, 0, 1, 0x20];
         payload.extend_from_slice(format!("customer-{i:07}").as_bytes());
         payload.extend_from_slice(b"\x04EUR\x02");
-        let mut record = BaseRecord::to(dlq)
-            .partition((i % partitions as u64) as i32)
-            .key(&key)
-            .payload(&payload)
-            .headers(headers);
-        loop {
-            match p.send(record) {
-                Ok(()) => break,
-                Err((e, r)) => {
-                    if !matches!(
-                        e.rdkafka_error_code(),
-                        Some(rdkafka::types::RDKafkaErrorCode::QueueFull)
-                    ) {
-                        bail!("producing: {e}");
-                    }
-                    record = r;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            }
-        }
+        kjob_benches::send_waiting(
+            &p,
+            BaseRecord::to(dlq)
+                .partition((i % partitions as u64) as i32)
+                .key(&key)
+                .payload(&payload)
+                .headers(headers),
+        )?;
     }
     p.flush(Duration::from_secs(120)).context("flushing")?;
     Ok(())

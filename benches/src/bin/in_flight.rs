@@ -66,26 +66,14 @@ fn produce(
         let mut payload = vec![0u8, id[0], id[1], id[2], id[3]];
         payload.extend_from_slice(format!("\x1aorder-{i:07}").as_bytes());
         payload.extend(std::iter::repeat_n(b'x', 70));
-        let mut record = BaseRecord::to(topic)
-            .partition((i % partitions as u64) as i32)
-            .key(&key)
-            .payload(&payload)
-            .headers(headers);
-        loop {
-            match p.send(record) {
-                Ok(()) => break,
-                Err((e, r)) => {
-                    if !matches!(
-                        e.rdkafka_error_code(),
-                        Some(rdkafka::types::RDKafkaErrorCode::QueueFull)
-                    ) {
-                        bail!("producing: {e}");
-                    }
-                    record = r;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            }
-        }
+        kjob_benches::send_waiting(
+            &p,
+            BaseRecord::to(topic)
+                .partition((i % partitions as u64) as i32)
+                .key(&key)
+                .payload(&payload)
+                .headers(headers),
+        )?;
     }
     p.flush(Duration::from_secs(120)).context("flushing")?;
     Ok(())
