@@ -27,13 +27,11 @@ async fn main() -> anyhow::Result<()> {
     };
     let sent = Producer::new(&config)?.enqueue(&job).await?;
     println!("enqueued {} at offset {}", sent.id, sent.offset);
-    let worker = Worker::builder(config, "examples.hello")
+    Worker::builder(config, "examples.hello")
         .handle(greet)
         .stop_after_jobs(1) // a real worker runs until SIGTERM
-        .build()?;
-    match worker.run().await {
-        // The limit ends the run with an error a supervisor reads; here it is the plan.
-        Ok(()) | Err(kjob::Error::LimitReached(_)) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+        .build()?
+        .run()
+        .await?;
+    Ok(())
 }

@@ -10,7 +10,11 @@
 //! `KJOB_STOP_ABOVE_RSS` (bytes, or with a `K`/`M`/`G` suffix, powers of
 //! 1024) and `KJOB_STOP_AFTER` (`90s`, `1h`). The worker's run then ends
 //! with [`crate::Error::LimitReached`], whose [`crate::Error::exit_code`]
-//! tells a supervisor (and a human) which limit fired.
+//! tells a supervisor (and a human) which limit fired, except for a job
+//! count the program set itself: `.stop_after_jobs(n)` in code is a run of
+//! `n` jobs (a script, a test, the hello), which ends with `Ok`. The same
+//! count from `KJOB_STOP_AFTER_JOBS`, a supervisor's restart policy, keeps
+//! its exit status 81.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +26,10 @@ use crate::error::{Error, Limit, Result};
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Limits {
     pub jobs: Option<u64>,
+    /// Whether `jobs` came from `KJOB_STOP_AFTER_JOBS` (a supervisor's
+    /// setting: the run ends with the limit's error) rather than the
+    /// builder (the program's own plan: the run ends with `Ok`).
+    pub jobs_from_env: bool,
     pub rss: Option<u64>,
     pub time: Option<Duration>,
 }
@@ -42,6 +50,7 @@ impl Limits {
                     value: v.clone(),
                     reason: "not a whole number of jobs".into(),
                 })?);
+                self.jobs_from_env = true;
             }
         }
         if self.rss.is_none() {
@@ -66,6 +75,12 @@ impl Limits {
             }
         }
         Ok(self)
+    }
+
+    /// Whether `limit` firing ends the run with `Ok`: the job count the
+    /// program set itself (see the module docs).
+    pub(crate) fn planned(&self, limit: &Limit) -> bool {
+        matches!(limit, Limit::Jobs(_)) && !self.jobs_from_env
     }
 
     fn any(&self) -> bool {
@@ -141,5 +156,24 @@ mod tests {
             Limit::Time(Duration::from_secs(1)).exit_code(),
         ];
         assert_eq!(codes, [81, 82, 83]);
+    }
+
+    #[test]
+    fn a_job_count_set_in_code_is_a_plan_and_from_the_environment_a_restart() {
+        let in_code = Limits {
+            jobs: Some(1),
+            ..Limits::default()
+        };
+        assert!(in_code.planned(&Limit::Jobs(1)));
+        assert!(
+            !in_code.planned(&Limit::Rss(1)),
+            "memory keeps its exit code"
+        );
+        let from_env = Limits {
+            jobs: Some(1),
+            jobs_from_env: true,
+            ..Limits::default()
+        };
+        assert!(!from_env.planned(&Limit::Jobs(1)));
     }
 }

@@ -311,12 +311,18 @@ impl Worker {
                 reason: e.to_string(),
             })?;
 
+        let limits = self.run_limits;
+        let planned = |limit: &crate::error::Limit| limits.planned(limit);
         let watch = self.run_limits.watch(self.stats.clone());
         let mut fired = None;
         tokio::select! {
             _ = stop => {}
             limit = watch => {
-                warn!(%limit, exit_code = limit.exit_code(), "worker limit reached; stopping gracefully so that a supervisor restarts the worker");
+                match planned(&limit) {
+                    // A run of N jobs the program asked for ends as planned.
+                    true => info!(%limit, "job limit reached; stopping gracefully"),
+                    false => warn!(%limit, exit_code = limit.exit_code(), "worker limit reached; stopping gracefully so that a supervisor restarts the worker"),
+                }
                 fired = Some(limit);
             }
             ended = &mut closed_rx => {
@@ -347,8 +353,8 @@ impl Worker {
             Ok(_) => {
                 info!("worker stopped");
                 match fired {
-                    Some(limit) => Err(Error::LimitReached(limit)),
-                    None => Ok(()),
+                    Some(limit) if !planned(&limit) => Err(Error::LimitReached(limit)),
+                    _ => Ok(()),
                 }
             }
             Err(_) => Err(Error::CloseTimeout { bound }),

@@ -38,8 +38,11 @@ impl WorkerBuilder {
         self
     }
 
-    /// Stops gracefully after `n` jobs were handled, for a supervisor to
-    /// restart (see the book's chapter on limits; also `KJOB_STOP_AFTER_JOBS`).
+    /// Stops gracefully after `n` jobs were handled, and `run` returns
+    /// `Ok`: a run of `n` jobs (a script, a test, the hello). The same
+    /// count from `KJOB_STOP_AFTER_JOBS` is a supervisor's restart policy
+    /// and ends with `Error::LimitReached` (exit status 81); see the book's
+    /// chapter on limits.
     pub fn stop_after_jobs(mut self, n: u64) -> Self {
         self.run_limits.jobs = Some(n);
         self
