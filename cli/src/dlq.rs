@@ -184,6 +184,12 @@ fn reader_file(path: &std::path::Path) -> Result<Reader> {
 
 /// The records a re-drive holds back, with why (nothing when none is).
 fn held_back(plan: &kjob_ops::dlq::RedrivePlan) -> Result<()> {
+    if let Some(why) = &plan.not_checked {
+        outln!(
+            "not checked against a reader: {}",
+            for_terminal(why, LINE_WIDTH)
+        )?;
+    }
     if plan.held.is_empty() {
         return Ok(());
     }
@@ -276,6 +282,7 @@ pub(crate) async fn run(ctx: &Ctx, cmd: DlqCommand) -> Result<()> {
                         "dlq": kjob::topics::dlq_topic(&plan.main),
                         "target_topic": plan.target_topic,
                         "checked_against": plan.checked_against,
+                        "not_checked": plan.not_checked,
                         "records": records,
                         "held": held,
                         "redriven": 0,
@@ -319,6 +326,7 @@ pub(crate) async fn run(ctx: &Ctx, cmd: DlqCommand) -> Result<()> {
                     "dlq": kjob::topics::dlq_topic(&plan.main),
                     "target_topic": plan.target_topic,
                     "checked_against": plan.checked_against,
+                        "not_checked": plan.not_checked,
                     "records": records,
                     "held": held,
                     "redriven": done,

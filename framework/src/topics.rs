@@ -225,8 +225,13 @@ pub const OPERATOR_READER_GROUP: &str = "kjob-cli-reader";
 /// under [`OPERATOR_READER_GROUP`]: it joins and commits nothing. For
 /// reads [`read_topic`] does not fit (a range per partition, streamed,
 /// such as `kjob schema check --in-flight` over a backlog of millions).
+///
+/// A range whose start retention removed meanwhile is read from the
+/// earliest record still stored (`auto.offset.reset=earliest`), never
+/// skipped to the end.
 pub fn operator_consumer(config: &KafkaConfig) -> Result<BaseConsumer> {
     crate::membership::reader(config, OPERATOR_READER_GROUP)
+        .set("auto.offset.reset", "earliest")
         .create()
         .map_err(|e| Error::kafka("creating reader", e))
 }

@@ -22,6 +22,7 @@ enum Verdict {
     Reads,
     CannotRead(String),
     UnknownId,
+    Unparsable(String),
     Unframed,
     NoLocalContract,
 }
@@ -32,6 +33,7 @@ impl Verdict {
             Verdict::Reads => "reads".into(),
             Verdict::CannotRead(reason) => format!("CANNOT READ: {reason}"),
             Verdict::UnknownId => "CANNOT READ: the registry has no schema with this id".into(),
+            Verdict::Unparsable(e) => format!("CANNOT READ: the writer schema does not parse: {e}"),
             Verdict::Unframed => "not framed: dead-lettered whatever the reader".into(),
             Verdict::NoLocalContract => "not checked: no local file of its contract".into(),
         }
@@ -39,7 +41,10 @@ impl Verdict {
 
     /// Whether the new reader turns these jobs into dead letters.
     fn fails(&self) -> bool {
-        matches!(self, Verdict::CannotRead(_) | Verdict::UnknownId)
+        matches!(
+            self,
+            Verdict::CannotRead(_) | Verdict::UnknownId | Verdict::Unparsable(_)
+        )
     }
 }
 
@@ -79,12 +84,14 @@ pub(super) async fn run(
         .iter()
         .map(|t| (t.topic.as_str(), t.contract.as_str()))
         .collect();
-    let mut writers: BTreeMap<u32, Option<Schema>> = BTreeMap::new();
+    // Each writer id once: `None` when the registry has no such id, else
+    // the schema or why it does not parse.
+    let mut writers: BTreeMap<u32, Option<Result<Schema, String>>> = BTreeMap::new();
     for c in &counts {
         if let Writer::Id(id) = c.writer {
             if let std::collections::btree_map::Entry::Vacant(slot) = writers.entry(id) {
                 let text = codec.client().schema_by_id(id).await?;
-                slot.insert(text.and_then(|t| Schema::parse_str(&t).ok()));
+                slot.insert(text.map(|t| Schema::parse_str(&t).map_err(|e| e.to_string())));
             }
         }
     }
@@ -102,6 +109,7 @@ pub(super) async fn run(
     ]);
     let mut rows = Vec::new();
     let mut failures = 0u64;
+    let mut unchecked = 0u64;
     for c in &counts {
         let contract = by_topic
             .get(c.route.as_str())
@@ -113,7 +121,8 @@ pub(super) async fn run(
             (_, None) => Verdict::NoLocalContract,
             (Writer::Id(id), Some(reader)) => match writers.get(&id).and_then(Option::as_ref) {
                 None => Verdict::UnknownId,
-                Some(writer) => match can_read(writer, reader) {
+                Some(Err(e)) => Verdict::Unparsable(e.clone()),
+                Some(Ok(writer)) => match can_read(writer, reader) {
                     Ok(()) => Verdict::Reads,
                     Err(reason) => Verdict::CannotRead(reason),
                 },
@@ -121,6 +130,9 @@ pub(super) async fn run(
         };
         if verdict.fails() {
             failures += c.count;
+        }
+        if matches!(verdict, Verdict::NoLocalContract) {
+            unchecked += c.count;
         }
         let writer = match c.writer {
             Writer::Id(id) => id.to_string(),
@@ -150,6 +162,13 @@ pub(super) async fn run(
             c.count.to_string(),
             verdict.label(),
         ]);
+    }
+    if unchecked > 0 {
+        // Not a failure (the deploy does not change their reader), but not
+        // an all-clear for them either.
+        eprintln!(
+            "warning: {unchecked} waiting job(s) were not checked: their route's contract is not in the directory (name its topic with --topic and --contract, or give the worker's --model)"
+        );
     }
     Ok(Report {
         table,

@@ -34,8 +34,8 @@ pub(crate) enum SchemaCommand {
     /// the contract's own name by default, each `--topic`, or each subject a worker's
     /// model lists. With `--in-flight`, it also reads the writer of every job still
     /// waiting for the group (main topics past the committed offset, retry tiers,
-    /// delay topics, strict-order state, unresolved dead letters) and checks that the
-    /// new reader resolves each.
+    /// delay topics, unresolved dead letters; strict order's parked jobs wait in the
+    /// tiers) and checks that the new reader resolves each.
     ///
     /// Examples:
     ///   kjob schema check --dir schemas

@@ -30,9 +30,10 @@ pub(crate) struct WorkerGauges {
     guards: Mutex<Vec<Box<dyn GuardGauge>>>,
     /// Records decoded by a reader that drops fields their writer carries,
     /// per (contract, writer's contract version): `kjob_fields_dropped_total`.
-    dropped: Mutex<HashMap<(&'static str, String), u64>>,
-    /// The writer ids already warned about (one warning per writer id).
-    dropped_warned: Mutex<std::collections::HashSet<u32>>,
+    dropped: Mutex<HashMap<(&'static str, Option<u32>), u64>>,
+    /// The (contract, writer id) pairs already warned about (one warning
+    /// per writer id and route contract).
+    dropped_warned: Mutex<std::collections::HashSet<(&'static str, u32)>>,
 }
 
 impl WorkerGauges {
@@ -56,15 +57,14 @@ impl WorkerGauges {
         id: u32,
         fields: &[String],
     ) {
-        let version = version.map_or_else(|| "unknown".to_string(), |v| v.to_string());
         let first = self
             .dropped_warned
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(id);
+            .insert((job, id));
         if first {
             tracing::warn!(
-                job, writer_id = id, writer_version = %version, fields = %fields.join(", "),
+                job, writer_id = id, writer_version = %shown_version(version), fields = %fields.join(", "),
                 "this worker's reader drops fields the writer of these records carries: it handles them without those fields; deploy the workers before the producers that add fields (docs: evolution)"
             );
         }
@@ -81,7 +81,7 @@ impl WorkerGauges {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .map(|((job, version), n)| (*job, version.clone(), *n))
+            .map(|((job, version), n)| (*job, shown_version(*version), *n))
             .collect()
     }
 
@@ -111,4 +111,10 @@ impl Drop for RegistryWait {
     fn drop(&mut self) {
         self.0.registry_waiting.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// A writer's contract version as the metric's label and the warning show
+/// it: the number, or `unknown` for a record without `kjob-version`.
+fn shown_version(version: Option<u32>) -> String {
+    version.map_or_else(|| "unknown".to_string(), |v| v.to_string())
 }

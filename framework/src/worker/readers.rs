@@ -11,13 +11,18 @@
 //! warning: records of it may be long gone, and `kjob schema check
 //! --in-flight` tells whether any still wait. An empty subject is a warning
 //! too: nothing was registered under the topic yet, so a SQL enqueue to it
-//! (`kjob.enqueue(...)`) is dead-lettered until a contract is.
+//! (`kjob.enqueue(...)`) is dead-lettered until a contract is. A registry
+//! that cannot answer the question (a permission, a schema this Avro
+//! library does not parse) is a warning as well: only a verdict on the
+//! newest version stops a start.
 
 use tracing::warn;
 
 use crate::codec::subject_for_topic;
 use crate::error::{Error, Result};
-use crate::schema::{can_read, registered_versions};
+use apache_avro::Schema;
+
+use crate::schema::can_read;
 
 use super::state::TopicRole;
 use super::Worker;
@@ -32,28 +37,56 @@ impl Worker {
                 continue;
             }
             let route = &entry.route;
-            let subject = subject_for_topic(topic);
-            let versions = registered_versions(client, &subject).await?;
-            let Some(((newest, writer), older)) = versions.split_last() else {
-                warn!(
-                    topic = %topic, subject = %subject, job = route.job_name(),
-                    "no contract is registered under this topic's subject yet: producers register theirs at their first enqueue, but a SQL enqueue (kjob.enqueue) to this topic is dead-lettered until one is; register it with `kjob schema register --topic {topic}`"
-                );
-                continue;
-            };
             let reader = route.reader().schema();
-            if let Err(reason) = can_read(writer, reader) {
+            let subject = subject_for_topic(topic);
+            // The newest version: what producers write now. Only its
+            // verdict can stop the start; a registry that cannot say (a
+            // 403, a schema kjob's Avro library cannot parse) is a warning,
+            // and decoding will tell per record.
+            let newest = match client.subject_version(&subject, None).await {
+                Ok(Some(v)) => v,
+                Ok(None) => {
+                    warn!(
+                        topic = %topic, subject = %subject, job = route.job_name(),
+                        "no contract is registered under this topic's subject yet: producers register theirs at their first enqueue, but a SQL enqueue (kjob.enqueue) to this topic is dead-lettered until one is; register it with `kjob schema register --topic {topic}`"
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    warn!(topic = %topic, subject = %subject, error = %e, "could not read the newest version under this topic's subject; the route's reader is not checked at start");
+                    continue;
+                }
+            };
+            let writer = match Schema::parse_str(&newest.schema) {
+                Ok(w) => w,
+                Err(e) => {
+                    warn!(topic = %topic, subject = %subject, version = newest.version, error = %e, "the newest version under this topic's subject does not parse; the route's reader is not checked at start");
+                    continue;
+                }
+            };
+            if let Err(reason) = can_read(&writer, reader) {
                 return Err(Error::ReaderCannotRead {
                     job: route.job_name().to_string(),
                     version: route.job_version(),
                     topic: topic.clone(),
                     subject,
-                    writer_version: *newest,
+                    writer_version: newest.version,
                     reason,
                 });
             }
-            for (version, writer) in older {
-                if let Err(reason) = can_read(writer, reader) {
+            // Older versions: a warning each, never a refusal.
+            let older = match client.versions(&subject).await {
+                Ok(v) => v,
+                Err(_) => continue,
+            };
+            for version in older.into_iter().filter(|v| *v < newest.version) {
+                let Ok(text) = client.version(&subject, version).await else {
+                    continue;
+                };
+                let Ok(writer) = Schema::parse_str(&text) else {
+                    continue;
+                };
+                if let Err(reason) = can_read(&writer, reader) {
                     warn!(
                         topic = %topic, subject = %subject, job = route.job_name(),
                         writer_version = version, reason = %reason,

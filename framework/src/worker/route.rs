@@ -211,9 +211,16 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
 
 impl<J: Job, M: 'static, H: Handler<J, M> + Clone> TypedRoute<J, H, M> {
     /// Counts a decoded record whose writer carries fields the reader
-    /// drops (`kjob_fields_dropped_total`, a warning per writer id).
+    /// drops (`kjob_fields_dropped_total`, a warning per writer id), when
+    /// its producer's contract is newer than this reader's: an old worker
+    /// losing what a new version added. A new worker dropping a field an
+    /// old record still carries (a field removed on purpose) is not
+    /// counted; a record without `kjob-version` is.
     #[inline]
     fn note_dropped(&self, payload: Option<&[u8]>, ctx: &JobContext) {
+        if ctx.version.is_some_and(|v| v <= J::VERSION) {
+            return;
+        }
         if let Some((id, fields)) = self.reader.dropped_by(payload) {
             self.gauges.note_dropped(J::NAME, ctx.version, id, &fields);
         }

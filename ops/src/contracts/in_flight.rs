@@ -110,11 +110,18 @@ pub fn places(
     }
     let all = list_topics(config)?;
     let groups = [group.to_string()];
-    let mains: Vec<String> = classify(&all, &groups)
+    let mut mains: Vec<String> = classify(&all, &groups)
         .into_iter()
         .filter(|(_, c)| c.role == Role::Main)
         .map(|(t, _)| t)
         .collect();
+    // A topic the check names is a route's main topic even before it has
+    // tiers or a DLQ by which its name would say so.
+    for route in routes {
+        if all.contains(route) && !mains.contains(route) {
+            mains.push(route.clone());
+        }
+    }
     let committed: HashSet<String> = group_lag(config, group, &mains)?
         .into_iter()
         .filter(|l| l.committed.is_some())
@@ -125,7 +132,16 @@ pub fn places(
         .iter()
         .filter(|m| committed.contains(*m) || routes.contains(m))
     {
-        for t in route_topics(main, Some(group), &all) {
+        let found = route_topics(main, Some(group), &all);
+        if !found.iter().any(|t| t.role == Role::Main) {
+            out.push(Place {
+                topic: main.clone(),
+                role: Role::Main,
+                delay: None,
+                route: Some(main.clone()),
+            });
+        }
+        for t in found {
             if holds(t.role) {
                 let shared = matches!(t.role, Role::SharedRetryTier | Role::SharedDelay);
                 out.push(Place {
@@ -241,7 +257,10 @@ pub fn writers_waiting(
         .assign(&tpl)
         .map_err(|e| Error::kafka("assigning the waiting jobs' partitions", e))?;
     let mut read = 0u64;
+    // Progress, not traffic, keeps the read alive: records past a
+    // partition's end (a live topic) are not progress.
     let mut last = Instant::now();
+    let mut checked = Instant::now();
     while !ends.is_empty() {
         if last.elapsed() > Duration::from_secs(30) {
             let (place, partition) = ends.keys().next().copied().unwrap_or_default();
@@ -250,9 +269,11 @@ pub fn writers_waiting(
                 after: last.elapsed(),
             });
         }
-        let Some(m) = consumer.poll(Duration::from_millis(200)) else {
-            // Offsets a compaction or a transaction marker took never
-            // arrive: a partition whose position reached its end is done.
+        // Offsets a compaction or a transaction marker took never arrive:
+        // a partition whose position reached its end is done. Checked
+        // once a second, busy or not.
+        if checked.elapsed() > Duration::from_secs(1) {
+            checked = Instant::now();
             if let Ok(at) = consumer.position() {
                 for e in at.elements() {
                     if let (Some(&place), Offset::Offset(o)) = (index.get(e.topic()), e.offset()) {
@@ -260,26 +281,29 @@ pub fn writers_waiting(
                             .get(&(place, e.partition()))
                             .is_some_and(|end| o >= *end)
                         {
-                            ends.remove(&(place, e.partition()));
+                            finish(&consumer, &mut ends, places, (place, e.partition()));
+                            last = Instant::now();
                         }
                     }
                 }
             }
+        }
+        let Some(m) = consumer.poll(Duration::from_millis(200)) else {
             continue;
         };
         let m = m.map_err(|e| Error::kafka("reading waiting jobs", e))?;
-        last = Instant::now();
         let Some(&place) = index.get(m.topic()) else {
             continue;
         };
         let key = (place, m.partition());
         let Some(&end) = ends.get(&key) else { continue };
         if m.offset() >= end {
-            ends.remove(&key);
+            finish(&consumer, &mut ends, places, key);
             continue;
         }
+        last = Instant::now();
         if m.offset() + 1 >= end {
-            ends.remove(&key);
+            finish(&consumer, &mut ends, places, key);
         }
         read += 1;
         if read.is_multiple_of(100_000) {
@@ -330,24 +354,52 @@ pub fn writers_waiting(
     Ok(out)
 }
 
-/// The few distinct route and contract names of a backlog, each kept
-/// once: a million records cost no allocation each.
+/// Marks a partition read to its end and pauses it, so a live topic's new
+/// records stop arriving for it.
+fn finish(
+    consumer: &rdkafka::consumer::BaseConsumer,
+    ends: &mut HashMap<(usize, i32), i64>,
+    places: &[Place],
+    key: (usize, i32),
+) {
+    ends.remove(&key);
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(&places[key.0].topic, key.1);
+    // A partition that cannot be paused only sends records that are
+    // ignored (past its end).
+    let _ = consumer.pause(&tpl);
+}
+
+/// The distinct route and contract names of a backlog, each kept once: a
+/// million records cost no allocation each. Records that name more than
+/// [`Names::MAX`] distinct values (hostile headers) share one "(other)".
 #[derive(Default)]
-struct Names(Vec<Vec<u8>>);
+struct Names {
+    ids: HashMap<Vec<u8>, usize>,
+    names: Vec<Vec<u8>>,
+}
 
 impl Names {
+    const MAX: usize = 1_000;
+
     fn intern(&mut self, name: &[u8]) -> usize {
-        match self.0.iter().position(|n| n == name) {
-            Some(i) => i,
-            None => {
-                self.0.push(name.to_vec());
-                self.0.len() - 1
-            }
+        if let Some(&i) = self.ids.get(name) {
+            return i;
         }
+        let name = match self.names.len() < Self::MAX {
+            true => name,
+            false => b"(other)",
+        };
+        if let Some(&i) = self.ids.get(name) {
+            return i;
+        }
+        self.names.push(name.to_vec());
+        self.ids.insert(name.to_vec(), self.names.len() - 1);
+        self.names.len() - 1
     }
 
     fn get(&self, i: usize) -> String {
-        String::from_utf8_lossy(&self.0[i]).into_owned()
+        String::from_utf8_lossy(&self.names[i]).into_owned()
     }
 }
 
@@ -366,4 +418,23 @@ fn job_and_route(m: &impl Message, shared: bool) -> (Option<&[u8]>, Option<&[u8]
         }
     }
     (job, route.or(original))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Names;
+
+    #[test]
+    fn names_are_kept_once_and_a_flood_of_distinct_ones_shares_one() {
+        let mut names = Names::default();
+        let a = names.intern(b"orders");
+        assert_eq!(names.intern(b"orders"), a);
+        for i in 0..5_000 {
+            names.intern(format!("hostile-{i}").as_bytes());
+        }
+        assert!(names.names.len() <= Names::MAX + 1, "{}", names.names.len());
+        let other = names.intern(b"one-more");
+        assert_eq!(names.get(other), "(other)");
+        assert_eq!(names.get(a), "orders");
+    }
 }

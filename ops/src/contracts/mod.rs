@@ -215,7 +215,10 @@ pub fn targets(
             out.push(target(name, name, FoundBy::ContractName));
         }
     }
-    out.dedup_by(|a, b| a.contract == b.contract && a.subject == b.subject);
+    // Once each, whichever way it was found first (a --topic the model
+    // lists too is checked once).
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|t| seen.insert((t.contract.clone(), t.subject.clone())));
     Ok(out)
 }
 

@@ -425,9 +425,11 @@ pub struct RedrivePlan {
     /// The ones picked that the reader cannot read: left in place,
     /// unresolved, with the reason ([`precheck`]).
     pub held: Vec<precheck::Held>,
-    /// What they were checked against; `None` when there was nothing to
-    /// check against (no `--reader`, nothing registered).
+    /// What they were checked against; `None` when nothing was checked.
     pub checked_against: Option<String>,
+    /// Why nothing was checked (nothing registered, the registry did not
+    /// answer), when nothing was.
+    pub not_checked: Option<String>,
 }
 
 /// Picks the unresolved records (`at`, or all passing `select`), holds
@@ -503,6 +505,7 @@ pub async fn plan_redrive_of(
         picked,
         held: checked.held,
         checked_against: checked.against,
+        not_checked: checked.not_checked,
     })
 }
 

@@ -13,7 +13,14 @@
 //! A JSON dead letter (from the outbox) is encoded against the newest
 //! contract at re-drive time, so it passes. With nothing registered under
 //! the subject and no `--reader` there is nothing to check against, and
-//! the plan says so.
+//! the plan says so; a registry that does not answer leaves the re-drive
+//! unchecked too (it never blocks one), with the reason.
+//!
+//! The live reader is the newest registered version, which is what the
+//! workers read once they are deployed first (the order the book gives).
+//! In the middle of a rollout where producers went first, older workers
+//! may still read with an older version: check against that one with
+//! `--reader`.
 
 use std::collections::HashMap;
 
@@ -53,11 +60,24 @@ pub struct Held {
 }
 
 /// What the check found: the records to re-drive, the ones held back and
-/// what they were checked against (`None`: nothing to check against).
+/// what they were checked against (`None`: nothing was, and why).
 pub struct Checked {
     pub(super) pass: Vec<DeadLetter>,
     pub(super) held: Vec<Held>,
     pub(super) against: Option<String>,
+    /// Why nothing was checked, when nothing was.
+    pub(super) not_checked: Option<String>,
+}
+
+impl Checked {
+    fn unchecked(pass: Vec<DeadLetter>, why: String) -> Self {
+        Checked {
+            pass,
+            held: Vec::new(),
+            against: None,
+            not_checked: Some(why),
+        }
+    }
 }
 
 /// Splits `picked` into the records the reader reads and the ones it does
@@ -73,64 +93,72 @@ pub(super) async fn check(
     let subject = subject_for_topic(main);
     let (schema, against) = match reader {
         Reader::File { shown, schema } => ((**schema).clone(), shown.clone()),
-        Reader::Live => match client.subject_version(&subject, None).await? {
-            Some(v) => match Schema::parse_str(&v.schema) {
+        Reader::Live => match client.subject_version(&subject, None).await {
+            Ok(Some(v)) => match Schema::parse_str(&v.schema) {
                 Ok(s) => (
                     s,
                     format!("`{subject}` version {} (the live reader)", v.version),
                 ),
-                Err(_) => {
-                    return Ok(Checked {
-                        pass: picked,
-                        held: Vec::new(),
-                        against: None,
-                    })
+                Err(e) => {
+                    let why = format!("the newest version under `{subject}` does not parse: {e}");
+                    return Ok(Checked::unchecked(picked, why));
                 }
             },
-            None => {
-                return Ok(Checked {
-                    pass: picked,
-                    held: Vec::new(),
-                    against: None,
-                })
+            Ok(None) => {
+                let why =
+                    format!("nothing is registered under `{subject}`; name a reader with --reader");
+                return Ok(Checked::unchecked(picked, why));
+            }
+            Err(e) => {
+                let why = format!("the registry did not answer: {e}");
+                return Ok(Checked::unchecked(picked, why));
             }
         },
     };
+    // Each writer id once: `None` reads, `Some(reason)` is held back.
     let mut verdicts: HashMap<u32, Option<String>> = HashMap::new();
+    for letter in &picked {
+        let Some([0, a, b, c, d, ..]) = letter.payload.as_deref() else {
+            continue;
+        };
+        let id = u32::from_be_bytes([*a, *b, *c, *d]);
+        if verdicts.contains_key(&id) || is_json(letter) {
+            continue;
+        }
+        let found = match client.schema_by_id(id).await {
+            Ok(found) => found,
+            Err(e) => {
+                let why = format!("the registry did not answer: {e}");
+                return Ok(Checked::unchecked(picked, why));
+            }
+        };
+        let verdict = match found {
+            None => Some(format!("the registry has no schema with id {id}")),
+            Some(text) => match Schema::parse_str(&text) {
+                Err(e) => Some(format!("writer schema {id} does not parse: {e}")),
+                Ok(writer) => can_read(&writer, &schema)
+                    .err()
+                    .map(|r| format!("{against} cannot read writer schema {id}: {r}")),
+            },
+        };
+        verdicts.insert(id, verdict);
+    }
     let (mut pass, mut held) = (Vec::new(), Vec::new());
     for letter in picked {
         if is_json(&letter) {
             pass.push(letter);
             continue;
         }
-        let id = match letter.payload.as_deref() {
-            Some([0, a, b, c, d, ..]) => u32::from_be_bytes([*a, *b, *c, *d]),
+        let reason = match letter.payload.as_deref() {
+            Some([0, a, b, c, d, ..]) => verdicts
+                .get(&u32::from_be_bytes([*a, *b, *c, *d]))
+                .cloned()
+                .flatten(),
             _ => {
-                held.push(Held {
-                    letter,
-                    reason: "not in the Confluent wire format: a re-drive would come straight back"
-                        .into(),
-                });
-                continue;
+                Some("not in the Confluent wire format: a re-drive would come straight back".into())
             }
         };
-        let verdict = match verdicts.get(&id) {
-            Some(v) => v.clone(),
-            None => {
-                let v = match client.schema_by_id(id).await? {
-                    None => Some(format!("the registry has no schema with id {id}")),
-                    Some(text) => match Schema::parse_str(&text) {
-                        Err(e) => Some(format!("writer schema {id} does not parse: {e}")),
-                        Ok(writer) => can_read(&writer, &schema)
-                            .err()
-                            .map(|r| format!("{against} cannot read writer schema {id}: {r}")),
-                    },
-                };
-                verdicts.insert(id, v.clone());
-                v
-            }
-        };
-        match verdict {
+        match reason {
             None => pass.push(letter),
             Some(reason) => held.push(Held { letter, reason }),
         }
@@ -139,5 +167,58 @@ pub(super) async fn check(
         pass,
         held,
         against: Some(against),
+        not_checked: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dlq::store::Coordinates;
+
+    fn letter(offset: i64, payload: &[u8]) -> DeadLetter {
+        DeadLetter {
+            at: Coordinates {
+                partition: 0,
+                offset,
+            },
+            key: None,
+            headers: Default::default(),
+            payload: Some(payload.to_vec()),
+            timestamp_ms: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_registry_that_does_not_answer_leaves_the_redrive_unchecked_never_blocked() {
+        // Nothing listens on port 9.
+        let config = KafkaConfig::new("127.0.0.1:9", "http://127.0.0.1:9");
+        let picked = vec![letter(0, b"\0\0\0\0\x07ab"), letter(1, b"not avro")];
+        let checked = check(&config, "orders", picked, &Reader::Live)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(checked.pass.len(), 2, "nothing held back");
+        assert!(checked.held.is_empty() && checked.against.is_none());
+        assert!(checked
+            .not_checked
+            .is_some_and(|w| w.contains("registry did not answer")),);
+    }
+
+    #[tokio::test]
+    async fn with_a_reader_file_a_record_that_is_not_framed_is_held_back() {
+        let config = KafkaConfig::new("127.0.0.1:9", "http://127.0.0.1:9");
+        let schema = Schema::parse_str(r#"{"type":"record","name":"O","fields":[]}"#)
+            .unwrap_or(Schema::Null);
+        let reader = Reader::File {
+            shown: "--reader o.avsc".into(),
+            schema: Box::new(schema),
+        };
+        // Only the unframed one: no registry call is needed.
+        let checked = check(&config, "orders", vec![letter(3, b"{}")], &reader)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(checked.held.len(), 1);
+        assert!(checked.held[0].reason.contains("wire format"));
+        assert_eq!(checked.against.as_deref(), Some("--reader o.avsc"));
+    }
 }
