@@ -114,7 +114,7 @@ fn age(b: &BatchState, now: i64) -> String {
 }
 
 pub(crate) async fn run(ctx: &Ctx, cmd: BatchesCommand) -> Result<()> {
-    let now = kjob::dlq::now_ms();
+    let now = kjob::clock::now_ms();
     match cmd {
         BatchesCommand::List { topic, open } => {
             let (c, t) = (ctx.config.clone(), topic.clone());

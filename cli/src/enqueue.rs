@@ -205,7 +205,7 @@ pub(crate) async fn run(ctx: &Ctx, args: EnqueueArgs) -> Result<()> {
     });
     if let Some(run_at) = run_at_ms {
         producer
-            .check_delay_topics(&args.topic, kjob::dlq::now_ms(), run_at)
+            .check_delay_topics(&args.topic, kjob::clock::now_ms(), run_at)
             .await?;
     }
     if args.dry_run {

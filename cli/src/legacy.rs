@@ -11,24 +11,7 @@ use std::ffi::OsString;
 /// The arguments with the old `enqueue` forms rewritten, and a warning for
 /// each.
 pub(crate) fn rewrite(args: Vec<OsString>) -> (Vec<OsString>, Vec<String>) {
-    // The subcommand is the first argument that names one.
-    const VERBS: [&str; 10] = [
-        "dlq",
-        "enqueue",
-        "groups",
-        "outbox",
-        "replay",
-        "schedules",
-        "schema",
-        "status",
-        "topics",
-        "ui",
-    ];
-    let verb = args
-        .iter()
-        .skip(1)
-        .position(|a| VERBS.iter().any(|v| a == v))
-        .map(|i| i + 1);
+    let verb = verb_at(&args);
     let Some(at) = verb.filter(|i| args[*i] == "enqueue") else {
         return (args, Vec::new());
     };
@@ -59,6 +42,32 @@ pub(crate) fn rewrite(args: Vec<OsString>) -> (Vec<OsString>, Vec<String>) {
         }
     }
     (out, warnings)
+}
+
+/// Where the subcommand is: the first argument that is not a flag or the
+/// value of a global flag, by clap's own definition of the CLI (no list of
+/// verbs to keep in step: `kjob batches list --topic enqueue` is `batches`).
+fn verb_at(args: &[OsString]) -> Option<usize> {
+    use clap::CommandFactory as _;
+    let cli = crate::Cli::command();
+    let takes_value: Vec<String> = cli
+        .get_arguments()
+        .filter(|a| a.get_action().takes_values())
+        .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+        .collect();
+    let mut i = 1;
+    while i < args.len() {
+        let a = args[i].to_string_lossy();
+        if !a.starts_with('-') {
+            return Some(i);
+        }
+        // `--timeout 10s`: skip the value too; `--timeout=10s` is one.
+        if takes_value.iter().any(|f| *f == a) {
+            i += 1;
+        }
+        i += 1;
+    }
+    None
 }
 
 fn deprecated(old: &str, new: &str) -> String {
@@ -94,6 +103,11 @@ mod tests {
             )
         );
         assert_eq!(
+            run(&["kjob", "--timeout", "5s", "enqueue", "--json", "{}"]).1,
+            1,
+            "after a global flag's value"
+        );
+        assert_eq!(
             run(&["kjob", "enqueue", "--json={}", "--file", "-"]).0,
             vec!["kjob", "enqueue", "--data", "{}", "--data-file", "-"]
         );
@@ -103,6 +117,19 @@ mod tests {
             vec!["kjob", "enqueue", "--topic", "t", "--data", "{}", "--json"],
             vec!["kjob", "dlq", "list", "--json", "--topic", "t"],
             vec!["kjob", "status", "--topic", "enqueue", "--json", "x"],
+            // A verb missing from the old hidden list, with a value that
+            // names `enqueue`.
+            vec![
+                "kjob", "batches", "list", "--topic", "enqueue", "--json", "x",
+            ],
+            vec![
+                "kjob",
+                "--bootstrap-server",
+                "enqueue",
+                "waiting",
+                "--json",
+                "x",
+            ],
         ] {
             assert_eq!(
                 run(&args),

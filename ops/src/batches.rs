@@ -64,7 +64,7 @@ pub async fn cancel(
     let producer = Producer::new(config)?;
     let event = Event::Cancelled {
         batch: batch.to_string(),
-        at_ms: kjob::dlq::now_ms(),
+        at_ms: kjob::clock::now_ms(),
         by: by.to_string(),
         reason: reason.to_string(),
     };

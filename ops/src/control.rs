@@ -72,7 +72,7 @@ pub async fn act(
             Problem::not_found(format!("no topic `{topic}`: name a route's main topic")).into(),
         );
     }
-    let now = kjob::dlq::now_ms();
+    let now = kjob::clock::now_ms();
     let mut control = state
         .routes
         .get(topic)

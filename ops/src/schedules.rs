@@ -95,7 +95,7 @@ pub fn current_leader(config: &KafkaConfig, group: &str) -> anyhow::Result<Optio
 pub fn read(config: &KafkaConfig, group: &str) -> anyhow::Result<Schedules> {
     let mut topic = read_schedule_topic(config, group)?;
     let leader = current_leader(config, group)?;
-    let now = kjob::dlq::now_ms();
+    let now = kjob::clock::now_ms();
     let mut rows: Vec<ScheduleRow> = topic
         .states
         .into_values()
@@ -170,7 +170,7 @@ pub async fn act(
         ))
         .into());
     }
-    let now = kjob::dlq::now_ms();
+    let now = kjob::clock::now_ms();
     let mut control = topic
         .controls
         .get(schedule)

@@ -325,7 +325,7 @@ impl Batch {
                 }
                 self.send(&Event::Open {
                     batch: self.id.clone(),
-                    at_ms: crate::dlq::now_ms(),
+                    at_ms: crate::clock::now_ms(),
                     by: whoami(),
                     callbacks,
                 })
@@ -402,7 +402,7 @@ impl Batch {
         self.flush().await?;
         self.send(&Event::Sealed {
             batch: self.id.clone(),
-            at_ms: crate::dlq::now_ms(),
+            at_ms: crate::clock::now_ms(),
         })
         .await
     }

@@ -215,12 +215,12 @@ pub(crate) async fn beat(
 ) {
     let topic = control_topic(&src.group);
     let key = worker_key(&src.client_id);
-    let started_ms = crate::dlq::now_ms();
+    let started_ms = crate::clock::now_ms();
     let (host, pid) = (crate::config::hostname(), std::process::id());
     let mut last: Option<(i64, u64)> = None;
     let mut warned = false;
     loop {
-        let now = crate::dlq::now_ms();
+        let now = crate::clock::now_ms();
         let handled = crate::worker::WorkerStats::get(&src.stats.handled);
         let jobs_per_second = match last {
             Some((at, n)) if now > at => {

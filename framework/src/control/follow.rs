@@ -127,7 +127,7 @@ pub(crate) fn follow(config: &KafkaConfig, group: &str, holds: Arc<Holds>) -> Re
     match read_control(config, group) {
         Ok(first) => {
             holds.set(first.paused());
-            holds.set_cancels(first.cancels.values(), crate::dlq::now_ms());
+            holds.set_cancels(first.cancels.values(), crate::clock::now_ms());
         }
         Err(e) => {
             warn!(topic = %control_topic(group), error = %e, "could not read the group's controls; starting with no route paused")
@@ -199,7 +199,7 @@ fn tail(config: &KafkaConfig, group: &str, holds: &Holds, stop: &AtomicBool) {
                         state.beats.clear();
                         holds.set(state.paused());
                         if cancel {
-                            holds.set_cancels(state.cancels.values(), crate::dlq::now_ms());
+                            holds.set_cancels(state.cancels.values(), crate::clock::now_ms());
                         }
                     }
                 }

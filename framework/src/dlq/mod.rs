@@ -15,6 +15,7 @@ use rdkafka::message::Message;
 
 use crate::headers::JobHeaders;
 
+/// Kept for callers from before it moved: the clock is [`crate::clock::now_ms`].
 pub use crate::clock::now_ms;
 
 /// Builds the headers of a dead letter (or any forwarded hop) from the

@@ -21,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::{format_tick, manual_id, plan, tick_id, Schedule};
+use crate::clock::now_ms;
 use crate::config::KafkaConfig;
-use crate::dlq::now_ms;
 use crate::error::{Error, Result};
 use crate::producer::Producer;
 use crate::telemetry::metrics::Metrics;

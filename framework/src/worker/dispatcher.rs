@@ -22,7 +22,7 @@ use super::park::Waiter;
 use super::pipeline::Pipeline;
 use super::polled::Polled;
 use super::scheduler::{Job, Ticket};
-use crate::dlq::now_ms;
+use crate::clock::now_ms;
 
 /// How many dispatchers a runtime of `workers` threads gets: all but one,
 /// at least one.

@@ -257,7 +257,7 @@ pub(super) async fn redrive(
         Ok(p) => p,
         Err(e) => return error_page(upstream_or(&e, StatusCode::BAD_REQUEST), &format!("{e:#}")),
     };
-    let now = kjob::dlq::now_ms();
+    let now = kjob::clock::now_ms();
     if f.execute.is_none() {
         let to = match f.to {
             Target::Retry => "retry",
@@ -353,7 +353,7 @@ pub(super) async fn redrive(
             let entry = AuditEntry {
                 action: "retried".into(),
                 by: by.clone(),
-                at_ms: kjob::dlq::now_ms(),
+                at_ms: kjob::clock::now_ms(),
                 reason: None,
                 target: Some(plan.target_topic.clone()),
             };
@@ -429,7 +429,7 @@ pub(super) async fn resolve(
             let entry = AuditEntry {
                 action: "resolved".into(),
                 by: by.clone(),
-                at_ms: kjob::dlq::now_ms(),
+                at_ms: kjob::clock::now_ms(),
                 reason: Some(f.reason.clone()),
                 target: None,
             };

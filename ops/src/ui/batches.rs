@@ -147,7 +147,7 @@ pub(super) async fn list(State(state): State<Shared>, Query(q): Query<ListQuery>
         Err(r) => return r,
     };
     open_first(&mut all);
-    let now = kjob::dlq::now_ms();
+    let now = kjob::clock::now_ms();
     let open = all.iter().filter(|b| b.is_open()).count();
     layout(&state, "Batches", html! {
         h1 { "Batches on " code { (topic) } }
@@ -199,7 +199,7 @@ pub(super) async fn show(
             )
         }
     };
-    let now = kjob::dlq::now_ms();
+    let now = kjob::clock::now_ms();
     let back = format!("/batches?topic={}", urlencode(&topic));
     layout(&state, "Batch", html! {
         h1 { "Batch " code { (cut(&b.batch, CELL_CHARS)) } }

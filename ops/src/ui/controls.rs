@@ -121,7 +121,7 @@ impl AppState {
     /// beats, summed per route and tenant; a worker whose last beat is
     /// older than three beat intervals (it crashed) counts no more.
     pub(super) fn set_tenants(&self, group: &str, state: &ControlState) {
-        let now = kjob::dlq::now_ms();
+        let now = kjob::clock::now_ms();
         let fresh = 3 * kjob::control::BEAT_EVERY.as_millis() as i64;
         let mut sum: BTreeMap<(String, String), (usize, usize)> = BTreeMap::new();
         for b in state.workers.values().filter(|b| now - b.at_ms <= fresh) {

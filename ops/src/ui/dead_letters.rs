@@ -58,7 +58,7 @@ pub(super) async fn dlq_list(
         let query = q.index_query().map_err(|e| format!("{e:#}"))?;
         Ok((i.query(&query), i.progress(), query))
     });
-    let now = kjob::dlq::now_ms();
+    let now = kjob::clock::now_ms();
     let actions = state.allow_actions;
     layout(&state, "Dead letters", html! {
         h1 { "Dead letters of " code { (topic) } }
@@ -262,7 +262,7 @@ pub(super) async fn dlq_show(
         Ok(v) => v,
         Err(e) => return error_page(upstream_or(&e, StatusCode::NOT_FOUND), &format!("{e:#}")),
     };
-    let now = kjob::dlq::now_ms();
+    let now = kjob::clock::now_ms();
     let payload = serde_json::to_string_pretty(&shown["payload"]).unwrap_or_default();
     let mut headers = shown["headers"].as_object().cloned().unwrap_or_default();
     // A panic's backtrace is long and multi-line: a section of its own.

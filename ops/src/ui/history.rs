@@ -175,7 +175,7 @@ pub(super) fn spawn(state: Shared) {
             tokio::task::spawn_blocking(move || kjob::topics::read_topic(&c, TOPIC)).await
         {
             let Some(state) = weak.upgrade() else { return };
-            let from = kjob::dlq::now_ms() - KEEP as i64 * MINUTE_MS;
+            let from = kjob::clock::now_ms() - KEEP as i64 * MINUTE_MS;
             for m in records
                 .iter()
                 .filter_map(|r| serde_json::from_slice::<Minute>(r.payload()?).ok())
@@ -184,11 +184,11 @@ pub(super) fn spawn(state: Shared) {
                 state.history.insert(m);
             }
         }
-        let mut current = kjob::dlq::now_ms() / MINUTE_MS * MINUTE_MS;
+        let mut current = kjob::clock::now_ms() / MINUTE_MS * MINUTE_MS;
         loop {
             tokio::time::sleep(Duration::from_secs(2)).await;
             let Some(state) = weak.upgrade() else { return };
-            let now = kjob::dlq::now_ms();
+            let now = kjob::clock::now_ms();
             if now < current + MINUTE_MS {
                 continue;
             }

@@ -104,7 +104,7 @@ pub(super) async fn route(
         );
     };
     let hist: Vec<Point> = v.history.iter().copied().collect();
-    let now = kjob::dlq::now_ms();
+    let now = kjob::clock::now_ms();
     state.watch_group(&q.group);
     let paused = state.route_paused(&q.group, &q.topic);
     layout(&state, &q.topic, html! {

@@ -290,7 +290,7 @@ fn tick(
         match read {
             Ok((now, status)) => {
                 view.history.push_back(Point {
-                    at_ms: kjob::dlq::now_ms(),
+                    at_ms: kjob::clock::now_ms(),
                     // A shared topic counts this route's part of its lag.
                     lag: status.topics.iter().filter_map(|t| t.route_lag()).sum(),
                     // A fold from +0.0: `sum()` of no floats is -0.0.

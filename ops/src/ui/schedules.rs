@@ -160,7 +160,7 @@ pub(super) async fn list(
         }
     };
     state.set_in_force(&group, s.rows.iter().filter_map(|r| r.control.as_ref()));
-    let now = kjob::dlq::now_ms();
+    let now = kjob::clock::now_ms();
     layout(&state, "Schedules", html! {
         h1 { "Schedules of group " code { (group) } }
         (chooser)

@@ -159,7 +159,7 @@ pub(super) async fn waiting(
             )
         }
     };
-    let now = kjob::dlq::now_ms();
+    let now = kjob::clock::now_ms();
     let forms = RowForms {
         main: &q.topic,
         group: &q.group,
@@ -244,7 +244,7 @@ pub(super) async fn act(
     layout(&state, "Waiting job", html! {
         h1 { "Job " code { (cut(&done.id, CELL_CHARS)) } " " (done.audit.action) }
         p.notice.done {
-            (done.audit.action) " job " code { (done.id) } " (" (done.job.as_deref().unwrap_or("-")) ", due " (when(Some(done.due_ms), kjob::dlq::now_ms())) ") at " code { (at.to_string()) } " as " strong { (by) } ". "
+            (done.audit.action) " job " code { (done.id) } " (" (done.job.as_deref().unwrap_or("-")) ", due " (when(Some(done.due_ms), kjob::clock::now_ms())) ") at " code { (at.to_string()) } " as " strong { (by) } ". "
             @if let Some(copy) = &done.copy { "The copy due now is at " code { (copy) } ". " }
             "Every worker of group " code { (f.group) } " skips the waiting record from within about a second."
         }

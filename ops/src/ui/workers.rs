@@ -72,7 +72,7 @@ pub(super) async fn workers(
             )
         }
     };
-    let now = kjob::dlq::now_ms();
+    let now = kjob::clock::now_ms();
     layout(&state, "Workers", html! {
         h1 { "Workers of group " code { (group) } }
         (chooser)

@@ -174,7 +174,7 @@ pub async fn act(
         ))
         .into());
     }
-    let now = kjob::dlq::now_ms();
+    let now = kjob::clock::now_ms();
     let (name, reason) = match &action {
         WaitingAction::Cancel { reason } => ("cancelled", Some(reason.trim().to_string())),
         WaitingAction::Now => ("moved to now", None),

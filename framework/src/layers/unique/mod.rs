@@ -151,7 +151,7 @@ impl Unique {
             )
             .await?;
         // Rows past the window serve no one: removed at most once a minute.
-        let now = crate::dlq::now_ms();
+        let now = crate::clock::now_ms();
         let last = self.pruned_at.load(Ordering::Relaxed);
         if now - last > 60_000
             && self

@@ -2,7 +2,7 @@
 //! the poll loop share (the hub, the routes, the stop flags), and the
 //! errors that stop the loop.
 
-use crate::dlq::now_ms;
+use crate::clock::now_ms;
 use crate::telemetry::metrics::Metrics;
 use crate::worker::hub::Core;
 use crate::worker::hub::Hub;

@@ -50,7 +50,7 @@ use tracing::{info, warn};
 
 use super::polled::Polled;
 use super::scheduler::Incoming;
-use crate::dlq::now_ms;
+use crate::clock::now_ms;
 use context::consumer_error;
 
 /// Most records taken from the consumer per turn: large enough to amortise
