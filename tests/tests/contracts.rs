@@ -700,3 +700,56 @@ async fn the_dashboards_redrive_holds_back_what_the_live_reader_cannot_read() {
         "nothing re-driven"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_flight_gate_names_garbage_and_unknown_schema_ids_it_finds_waiting() {
+    init_logging();
+    let config = ensure_stack();
+    let main = unique("inflightbad");
+    let group = unique("g");
+    let made = kjob(
+        &config,
+        &[
+            "topics",
+            "create",
+            "--topic",
+            &main,
+            "--partitions",
+            "1",
+            "--tiers",
+            "5m",
+            "--execute",
+        ],
+    );
+    assert_eq!(made.code, 0, "{}", made.stderr);
+    let tier = kjob::retry::tier_topic(&main, Duration::from_secs(300));
+    let producer = Producer::new(&config).expect("producer");
+    producer.prepare_to::<InvoiceV1>(&main).await.expect("v1");
+    let headers = || JobHeaders::default().to_owned_headers();
+    // Bytes another producer wrote, and a frame naming an id no registry has.
+    producer
+        .send_raw(&tier, Some(b"k"), Some(b"garbage"), headers())
+        .await
+        .expect("garbage");
+    let mut unknown = vec![0u8];
+    unknown.extend_from_slice(&(u32::MAX - 7).to_be_bytes());
+    unknown.extend_from_slice(b"\x02x");
+    producer
+        .send_raw(&tier, Some(b"k"), Some(&unknown), headers())
+        .await
+        .expect("unknown id");
+    let dir = schemas(&[(InvoiceV1::NAME, 1, V1)]);
+    let out = in_flight(&config, &dir, &main, &group);
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("JSON");
+    assert_eq!(v["unreadable_waiting"], 1, "only the unknown id fails: {v}");
+    let rows = v["in_flight"].as_array().cloned().unwrap_or_default();
+    let result = |unframed: bool| {
+        rows.iter()
+            .find(|r| r["writer_id"].is_null() == unframed)
+            .and_then(|r| r["result"].as_str().map(str::to_string))
+            .unwrap_or_else(|| panic!("{rows:?}"))
+    };
+    assert!(result(true).contains("not framed"), "{rows:?}");
+    assert!(result(false).contains("no schema with this id"), "{rows:?}");
+}

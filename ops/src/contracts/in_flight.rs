@@ -326,9 +326,9 @@ pub fn writers_waiting(
             (None, Some(named)) => names.intern(named),
             (None, None) => names.intern(b"?"),
         };
-        let writer = match m.payload() {
-            Some([0, a, b, c, d, ..]) => Writer::Id(u32::from_be_bytes([*a, *b, *c, *d])),
-            _ => Writer::Unframed,
+        let writer = match kjob::codec::split_frame(m.payload()) {
+            Ok((id, _)) => Writer::Id(id),
+            Err(_) => Writer::Unframed,
         };
         *counts.entry((place, route, contract, writer)).or_default() += 1;
     }

@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use anyhow::Result;
 use apache_avro::Schema;
 
-use kjob::codec::{subject_for_topic, Codec};
+use kjob::codec::{split_frame, subject_for_topic, Codec};
 use kjob::config::KafkaConfig;
 use kjob::schema::can_read;
 
@@ -118,10 +118,9 @@ pub(super) async fn check(
     // Each writer id once: `None` reads, `Some(reason)` is held back.
     let mut verdicts: HashMap<u32, Option<String>> = HashMap::new();
     for letter in &picked {
-        let Some([0, a, b, c, d, ..]) = letter.payload.as_deref() else {
+        let Ok((id, _)) = split_frame(letter.payload.as_deref()) else {
             continue;
         };
-        let id = u32::from_be_bytes([*a, *b, *c, *d]);
         if verdicts.contains_key(&id) || is_json(letter) {
             continue;
         }
@@ -149,14 +148,11 @@ pub(super) async fn check(
             pass.push(letter);
             continue;
         }
-        let reason = match letter.payload.as_deref() {
-            Some([0, a, b, c, d, ..]) => verdicts
-                .get(&u32::from_be_bytes([*a, *b, *c, *d]))
-                .cloned()
-                .flatten(),
-            _ => {
-                Some("not in the Confluent wire format: a re-drive would come straight back".into())
-            }
+        let reason = match split_frame(letter.payload.as_deref()) {
+            Ok((id, _)) => verdicts.get(&id).cloned().flatten(),
+            Err(e) => Some(format!(
+                "not in the Confluent wire format ({e}): a re-drive would come straight back"
+            )),
         };
         match reason {
             None => pass.push(letter),
