@@ -52,6 +52,7 @@ impl Job for BenchJob {
 /// librdkafka settings. The group protocol and a static-member id come from
 /// `KJOB_GROUP_PROTOCOL` and `KJOB_INSTANCE_ID`, as in a deployment.
 pub async fn printing_worker() -> anyhow::Result<()> {
+    no_logs(); // stdout carries the `<partition> <seq>` lines the driver parses
     use kjob::{JobContext, JobError, KafkaConfig, Worker};
     let topic = std::env::var("BENCH_TOPIC")?;
     let group = std::env::var("BENCH_GROUP")?;
@@ -73,6 +74,14 @@ pub async fn printing_worker() -> anyhow::Result<()> {
         .run()
         .await?;
     Ok(())
+}
+
+/// Keeps kjob's default logs off: a worker without a subscriber of its
+/// program's own logs to stdout at `info`, and a bench measures the
+/// framework as it ran before that default (the figures in RESULTS.md),
+/// and some drivers parse their children's stdout. Call first in `main`.
+pub fn no_logs() {
+    let _ = tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::default());
 }
 
 /// The value after `--<name>` on the command line, parsed as a number, or

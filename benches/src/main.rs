@@ -434,6 +434,7 @@ async fn rss_worker(topic: &str, secs: u64) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    kjob_benches::no_logs();
     let config = KafkaConfig::from_env();
     match flag("mode").as_deref() {
         None | Some("throughput") | Some("io") => {}

@@ -409,7 +409,7 @@ pub enum Error {
 fn missing_topic(topic: &str, bootstrap: &str) -> String {
     let main = crate::topics::route_of(topic);
     if main == topic {
-        return format!("topic `{topic}` does not exist on {bootstrap}; create it first, e.g. `kjob topics create --topic {topic} --partitions 6 --execute`");
+        return format!("topic `{topic}` does not exist on {bootstrap}; create it first, e.g. `kjob topics create --topic {topic} --partitions 6 --execute` (in development, `.create_main_topics(n)` on the worker creates it)");
     }
     format!(
         "topic `{topic}` (of route `{main}`) does not exist on {bootstrap}; a worker of the route creates its DLQ and retry tiers at start, or create the missing ones with `kjob topics create --topic {main} --execute` (its existing topics are left alone; without --execute it shows what it would create; add --delays for delay topics, --tiers none for no retry tiers)"

@@ -330,3 +330,44 @@ async fn the_worker_logs_its_start_under_a_filter_by_target() {
     let text = std::fs::read_to_string(&out).unwrap_or_default();
     assert!(text.contains("worker started"), "no start line in:\n{text}");
 }
+
+/// A worker whose program installed no `tracing` subscriber logs to
+/// stdout anyway (kjob's default): a newcomer's first worker is never
+/// silent. `RUST_LOG` is unset, so the default filter (`info`) applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_logs_to_stdout_without_any_setup() {
+    let config = ensure_stack();
+    let topic = unique("logs.default");
+    create_topic(&config, &topic, 1).await;
+    let dir = std::env::temp_dir().join(unique("logs"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let out = dir.join("stdout");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_test-worker"))
+        .env("KJOB_TEST_TOPIC", &topic)
+        .env("KJOB_TEST_GROUP", unique("g"))
+        .env("KJOB_TEST_RECORD", dir.join("record"))
+        .env("KJOB_TEST_TELEMETRY", "none")
+        .env_remove("RUST_LOG")
+        .env("NO_COLOR", "1")
+        .stdout(std::fs::File::create(&out).expect("stdout file"))
+        .spawn()
+        .expect("spawning test-worker");
+    let logged = |what: &str| {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .contains(what)
+    };
+    eventually(
+        Duration::from_secs(60),
+        "the worker logged its assignment on stdout",
+        || logged("assigned"),
+    )
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(
+        text.contains("worker started") && text.contains(&topic),
+        "no start line naming the topic in:\n{text}"
+    );
+}

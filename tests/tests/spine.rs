@@ -505,6 +505,51 @@ async fn a_worker_refuses_to_start_on_a_missing_topic() {
     );
 }
 
+/// The development setting: a missing main topic is created with the
+/// partition count asked for, and the worker then handles what is
+/// enqueued on it. (Without the setting, the test above: a refusal.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_development_worker_creates_its_missing_main_topic() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("spine.devtopic");
+    let w = Worker::builder(config.clone(), unique("g"))
+        .handle_on(&topic, |_j: TestJob, _c: JobContext| async { Ok(()) })
+        .create_main_topics(2)
+        .build()
+        .unwrap();
+    let running = start(w);
+    let stats = running.stats.clone();
+    eventually(Duration::from_secs(60), "the main topic exists", || {
+        kjob::topics::partition_counts(&config, std::slice::from_ref(&topic))
+            .is_ok_and(|c| c[0].is_some())
+    })
+    .await;
+    assert_eq!(
+        kjob::topics::partition_counts(&config, std::slice::from_ref(&topic)).unwrap(),
+        vec![Some(2)],
+        "created with the partition count asked for"
+    );
+    Producer::new(&config)
+        .unwrap()
+        .enqueue_to(&topic, &TestJob::ok("k", 1))
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(60), "the job handled", || {
+        kjob::WorkerStats::get(&stats.handled) == 1
+    })
+    .await;
+    running.stop().await;
+    let zero = Worker::builder(config, unique("g"))
+        .handle_on(&topic, |_j: TestJob, _c: JobContext| async { Ok(()) })
+        .create_main_topics(0)
+        .build();
+    assert!(
+        matches!(&zero, Err(Error::InvalidSetting { name, .. }) if name == "create_main_topics"),
+        "0 partitions refused"
+    );
+}
+
 #[test]
 fn test_job_name_is_stable() {
     assert_eq!(TestJob::NAME, "kjob.test.job");

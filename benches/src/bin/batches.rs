@@ -625,6 +625,7 @@ fn finished_of(config: &KafkaConfig, batches: &str, id: &str) -> u64 {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    kjob_benches::no_logs();
     if flag("mode").as_deref() == Some("worker") {
         return worker_process().await;
     }

@@ -122,6 +122,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    kjob_benches::no_logs();
     let records = arg("records", 1_000_000);
     let partitions = arg("partitions", 4) as i32;
     let requests = arg("requests", 200) as usize;

@@ -29,6 +29,7 @@ const PARTITIONS: i32 = 4;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    kjob_benches::no_logs();
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("worker") {
         return kjob_benches::printing_worker().await;

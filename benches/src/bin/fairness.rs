@@ -234,6 +234,7 @@ async fn run(
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    kjob_benches::no_logs();
     let config = KafkaConfig::from_env();
     let secs = arg("secs", 10);
     let flood = arg("flood", 200_000) as i64;

@@ -118,6 +118,7 @@ fn median(v: &mut [f64]) -> f64 {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    kjob_benches::no_logs();
     let records = arg("records", 1_000_000);
     let partitions = arg("partitions", 4) as i32;
     let rounds = arg("rounds", 3) as usize;

@@ -276,6 +276,7 @@ async fn breaker_beside_healthy(
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    kjob_benches::no_logs();
     let config = KafkaConfig::from_env();
     let outage = Duration::from_secs(arg("outage-s", 15));
     let down = Duration::from_secs(arg("down-s", 20));

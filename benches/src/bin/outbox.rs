@@ -274,6 +274,7 @@ async fn latency(s: &Setup, rate: u64, seconds: u64) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    kjob_benches::no_logs();
     // BENCH_RDKAFKA=k=v,... adds librdkafka settings to the relay (as in
     // the main harness), e.g. max.in.flight.requests.per.connection=5.
     let mut config = KafkaConfig::from_env();

@@ -388,6 +388,7 @@ async fn latency(s: &Setup, rate: u64, seconds: u64) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    kjob_benches::no_logs();
     let config = KafkaConfig::from_env();
     let url = std::env::var("KJOB_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:54329/kjob".into());

@@ -219,6 +219,7 @@ async fn run(
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    kjob_benches::no_logs();
     let config = KafkaConfig::from_env();
     let secs = arg("secs", 10);
     // 1: critical jobs also arrive during the bulk enqueue burst.

@@ -290,6 +290,7 @@ fn flag(name: &str, default: i64) -> anyhow::Result<i64> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    kjob_benches::no_logs();
     let config = KafkaConfig::from_env();
     let producer = Producer::new(&config)?;
     let flood = flag("--flood", 50_000)?;

@@ -185,6 +185,7 @@ struct Totals {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    kjob_benches::no_logs();
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("worker") {
         return kjob_benches::printing_worker().await;

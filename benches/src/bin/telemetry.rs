@@ -85,6 +85,7 @@ async fn main() -> anyhow::Result<()> {
                 SdkTracerProvider::builder().build(),
             )?)
         } else {
+            kjob_benches::no_logs();
             None
         };
         let r = rate(&config, topic, n, mode != "off").await?;

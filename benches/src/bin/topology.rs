@@ -198,7 +198,10 @@ async fn main() -> anyhow::Result<()> {
         // `BENCH_LOG=1`: the worker's own log (RUST_LOG), to see its phases.
         let _telemetry = match std::env::var("BENCH_LOG").is_ok_and(|v| v == "1") {
             true => Some(kjob::telemetry::init()?),
-            false => None,
+            false => {
+                kjob_benches::no_logs();
+                None
+            }
         };
         return child(prefix, routes.parse()?, layout == "shared", group).await;
     }

@@ -19,19 +19,18 @@ async fn greet(job: Greet, ctx: JobContext) -> Result<(), JobError> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let _telemetry = kjob::telemetry::init()?; // logs to stdout, RUST_LOG filters
     let config = KafkaConfig::from_env(); // 127.0.0.1:9092 unless KJOB_BOOTSTRAP_SERVERS
-    kjob::topics::create_topics(&config, &[(Greet::NAME.into(), 1)]).await?; // the main topic
+    let worker = Worker::builder(config.clone(), "examples.hello") // the consumer group
+        .handle(greet) // reads topic `examples.hello` (Greet::NAME)
+        .create_main_topics(1) // development only: creates that topic if missing
+        .stop_after_jobs(1) // a real worker runs until SIGTERM
+        .build()?;
+    let running = tokio::spawn(worker.run()); // logs to stdout; RUST_LOG filters
     let job = Greet {
         name: "world".into(),
     };
     let sent = Producer::new(&config)?.enqueue(&job).await?;
     println!("enqueued {} at offset {}", sent.id, sent.offset);
-    Worker::builder(config, "examples.hello")
-        .handle(greet)
-        .stop_after_jobs(1) // a real worker runs until SIGTERM
-        .build()?
-        .run()
-        .await?;
+    running.await??;
     Ok(())
 }

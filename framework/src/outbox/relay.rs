@@ -233,6 +233,7 @@ impl Relay {
     /// Database outages are retried with backoff; only a configuration error
     /// ends the relay early.
     pub async fn run_until<F: Future<Output = ()>>(self, stop: F) -> Result<(), OutboxError> {
+        crate::telemetry::default_logs();
         let cancel = CancellationToken::new();
         let run = self.run_cancellable(cancel.clone());
         tokio::pin!(run);

@@ -137,13 +137,7 @@ fn install(provider: Option<SdkTracerProvider>) -> Result<TelemetryGuard> {
     // that makes the log layer drop the thread's next event
     // (tokio-rs/tracing#2519; the worker's "worker started" line was lost
     // under `RUST_LOG=kjob=info`).
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let json = std::env::var("KJOB_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
-    let logs = if json {
-        tracing_subscriber::fmt::layer().json().boxed()
-    } else {
-        tracing_subscriber::fmt::layer().boxed()
-    };
+    let (filter, logs) = log_layers();
     // The bridge exports `tracing` spans of any target (a handler crate's
     // own included) that pass both `RUST_LOG` and this filter. A per-layer
     // filter, so the caveat above applies to it, but only to the bridge:
@@ -180,6 +174,46 @@ fn install(provider: Option<SdkTracerProvider>) -> Result<TelemetryGuard> {
     propagators.warn();
     let _ = propagation::configured();
     Ok(TelemetryGuard { provider })
+}
+
+/// The log half of [`init`]: `RUST_LOG` (default `info`) and the format
+/// `KJOB_LOG_FORMAT` chooses, written to stdout.
+fn log_layers<S>() -> (EnvFilter, Box<dyn Layer<S> + Send + Sync>)
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = std::env::var("KJOB_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
+    let logs = if json {
+        tracing_subscriber::fmt::layer().json().boxed()
+    } else {
+        tracing_subscriber::fmt::layer().boxed()
+    };
+    (filter, logs)
+}
+
+/// Installs [`init`]'s logs (no trace export) when the program has not
+/// installed a `tracing` subscriber of its own, so that a worker or a
+/// relay started without any setup still says what it does: a silent
+/// worker is the first thing a newcomer cannot debug. Called by
+/// `Worker::run` and the outbox relay before they connect. A program
+/// keeps control by installing any subscriber first (`telemetry::init`,
+/// its own, or `tracing::subscriber::NoSubscriber` for none); `RUST_LOG`
+/// filters the default as it filters `init`'s.
+pub(crate) fn default_logs() {
+    if tracing::dispatcher::has_been_set() {
+        return;
+    }
+    let (filter, logs) = log_layers();
+    // Another thread may have won the race; its subscriber then stands.
+    if tracing_subscriber::registry()
+        .with(filter)
+        .with(logs)
+        .try_init()
+        .is_ok()
+    {
+        tracing::debug!("kjob installed its default logs (stdout; RUST_LOG filters, KJOB_LOG_FORMAT=json for JSON)");
+    }
 }
 
 #[cfg(test)]

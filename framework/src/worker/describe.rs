@@ -71,7 +71,8 @@ impl Worker {
             match role {
                 Role::Main => {
                     t.route = Some(topic.clone());
-                    t.created_by_worker = false;
+                    // Only the development setting creates a main topic.
+                    t.created_by_worker = self.create_main_topics.is_some();
                 }
                 Role::RetryTier | Role::Delay => {
                     t.route = Some(e.main.clone());

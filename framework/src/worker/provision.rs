@@ -163,6 +163,47 @@ impl Worker {
         Ok(Some(all))
     }
 
+    /// With `WorkerBuilder::create_main_topics` (development only), creates
+    /// each missing main topic with the partition count given there and
+    /// logs it; without, it does nothing and [`Worker::preflight`] refuses
+    /// a missing main topic. Runs before anything reads the topics, so the
+    /// adoption of old tiers and the preflight see the new topic.
+    pub(super) async fn create_missing_mains(&self) -> Result<()> {
+        let Some(partitions) = self.create_main_topics else {
+            return Ok(());
+        };
+        let counts = crate::topics::partition_counts_async(&self.config, &self.mains).await?;
+        let missing: Vec<(String, i32)> = self
+            .mains
+            .iter()
+            .zip(counts)
+            .filter(|(_, n)| n.is_none())
+            .map(|(t, _)| (t.clone(), i32::try_from(partitions).unwrap_or(i32::MAX)))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        create_topics(&self.config, &missing).await?;
+        // Existing topics are left alone, so one created meanwhile (by a
+        // producer's first write under the broker's
+        // `auto.create.topics.enable`) keeps its own count: say which.
+        let names: Vec<String> = missing.iter().map(|(t, _)| t.clone()).collect();
+        let now = crate::topics::partition_counts_async(&self.config, &names).await?;
+        for (topic, found) in names.iter().zip(now) {
+            match found {
+                Some(n) if n == partitions => tracing::info!(
+                    topic = %topic, partitions,
+                    "created the missing main topic (create_main_topics is a development setting; in production create it beforehand: `kjob topics create --topic {topic} --partitions N`)"
+                ),
+                found => tracing::warn!(
+                    topic = %topic, asked = partitions, partitions = ?found,
+                    "the missing main topic was created meanwhile by someone else (a producer's first write under the broker's auto.create.topics.enable, say), with the broker's default partition count"
+                ),
+            }
+        }
+        Ok(())
+    }
+
     /// Fails fast, with a clear message, if the registry is down or a main
     /// topic is missing; creates missing retry-tier and DLQ topics (with the
     /// main topic's partition count) when allowed, and warns about existing

@@ -53,9 +53,12 @@ impl Worker {
             println!("{}", self.deployment().to_json());
             return Ok(());
         }
+        // After the description, whose stdout must stay pure JSON.
+        crate::telemetry::default_logs();
         // One listing of the cluster's topics serves both adoptions when a
         // route shares its tiers (it needs one anyway); otherwise the delay
         // topics are asked for by name.
+        self.create_missing_mains().await?;
         let listed = self.list_for_adoption().await?;
         self.adopt_delay_topics(listed.as_deref()).await?;
         self.adopt_route_tiers(listed.as_deref()).await?;

@@ -12,7 +12,8 @@
 //! `KJOB_TEST_SCHEDULE=<name>=<cron>` runs that schedule (catch-up: all,
 //! up to 1000), enqueueing `TestJob { seq: <fire time in s> }` on the topic, and
 //! appends `leader <pid> <ms>` whenever this process becomes the leader.
-//! `KJOB_TEST_TELEMETRY=1` logs through `kjob::telemetry::init`.
+//! `KJOB_TEST_TELEMETRY=1` logs through `kjob::telemetry::init`; `none`
+//! installs no subscriber (kjob's default logs then apply).
 //! `KJOB_TEST_BATCHES=<topic>` takes part in batches on that batch topic,
 //! and `KJOB_TEST_CALLBACK_TOPIC=<topic>` handles `TestJob` callbacks there,
 //! appending `callback <job id> <total> <succeeded> <dead-lettered>`.
@@ -65,8 +66,12 @@ fn delays_ms(name: &str, default: &str) -> Vec<Duration> {
 async fn main() -> Result<(), String> {
     // `KJOB_TEST_TELEMETRY=1`: kjob's own log setup, as a service would
     // install it (`kjob::telemetry::init`), instead of the tests' one.
-    let _telemetry = if std::env::var("KJOB_TEST_TELEMETRY").is_ok_and(|v| v == "1") {
+    // `none`: no subscriber at all, as a program that never set one up.
+    let telemetry = std::env::var("KJOB_TEST_TELEMETRY").unwrap_or_default();
+    let _telemetry = if telemetry == "1" {
         Some(kjob::telemetry::init().map_err(|e| e.to_string())?)
+    } else if telemetry == "none" {
+        None
     } else {
         kjob_integration_tests::init_logging();
         None

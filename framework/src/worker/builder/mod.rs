@@ -75,6 +75,7 @@ pub struct WorkerBuilder {
     protocol: Option<GroupProtocol>,
     run_limits: limits::Limits,
     create_topics: bool,
+    create_main_topics: Option<usize>,
     delayed_jobs: bool,
     delayed_routes: std::collections::BTreeSet<String>,
     shared_tiers: Option<super::SharedTiers>,
@@ -263,6 +264,13 @@ impl WorkerBuilder {
                     .into(),
             });
         }
+        if self.create_main_topics == Some(0) {
+            return Err(Error::InvalidSetting {
+                name: "create_main_topics".into(),
+                value: "0".into(),
+                reason: "a topic needs at least one partition; pass the count to create a missing main topic with (1 for a first try)".into(),
+            });
+        }
         let (_, limits) = self.scheduler_settings();
         let priorities = self.topic_priorities(&routes.entries);
         let fairness = self.topic_fairness(&routes.entries);
@@ -317,6 +325,7 @@ impl WorkerBuilder {
             static_member: self.static_member.or_else(membership::instance_id_from_env),
             protocol,
             create_topics: self.create_topics,
+            create_main_topics: self.create_main_topics,
             schedules: self.schedules,
             batches: self.batches,
             strict: strict_topics,
@@ -355,6 +364,9 @@ pub struct Worker {
     pub(super) static_member: Option<String>,
     pub(super) protocol: GroupProtocol,
     pub(super) create_topics: bool,
+    /// Partitions of a missing main topic, created at start
+    /// (`WorkerBuilder::create_main_topics`, development only).
+    pub(super) create_main_topics: Option<usize>,
     pub(super) schedules: Vec<crate::schedule::Schedule>,
     /// The batch topic, when the worker takes part in batches.
     pub(super) batches: Option<String>,
@@ -405,6 +417,7 @@ impl Worker {
             protocol: None,
             run_limits: limits::Limits::default(),
             create_topics: true,
+            create_main_topics: None,
             delayed_jobs: false,
             delayed_routes: Default::default(),
             shared_tiers: None,

@@ -15,6 +15,18 @@ impl WorkerBuilder {
         self
     }
 
+    /// **Development only**: creates a missing main topic at start, with
+    /// `partitions` partitions, and logs that it did. Without it a missing
+    /// main topic stops the worker ([`crate::Error::MissingTopic`]), which
+    /// is what production wants: a main topic's partition count caps how
+    /// many workers share its jobs and fixes which key lands where, so it
+    /// is chosen by whoever owns the cluster (`kjob topics create`), not
+    /// by the first process that happens to start. `build()` refuses 0.
+    pub fn create_main_topics(mut self, partitions: usize) -> Self {
+        self.create_main_topics = Some(partitions);
+        self
+    }
+
     /// Whether the worker also serves its routes' delay topics
     /// (`<topic>.delay.<bucket>`, see [`crate::delay`]), creating them at
     /// start when [`WorkerBuilder::create_topics`] allows, so that
