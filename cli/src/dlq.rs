@@ -109,6 +109,9 @@ pub(crate) enum DlqCommand {
 fn table(rows: &[(DeadLetter, Option<AuditEntry>)], with_status: bool) -> Table {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
+    // A job dead-lettered again is one row, its newest dead letter; the
+    // column appears only when some row has earlier ones.
+    let with_history = rows.iter().any(|(d, _)| !d.earlier.is_empty());
     let mut header = vec![
         "partition:offset",
         "job",
@@ -120,6 +123,9 @@ fn table(rows: &[(DeadLetter, Option<AuditEntry>)], with_status: bool) -> Table 
     ];
     if with_status {
         header.push("status");
+    }
+    if with_history {
+        header.push("earlier");
     }
     t.set_header(header);
     for (d, a) in rows {
@@ -139,9 +145,21 @@ fn table(rows: &[(DeadLetter, Option<AuditEntry>)], with_status: bool) -> Table 
                 for_terminal(&format!("{} by {}", a.action, a.by), CELL_WIDTH)
             }));
         }
+        if with_history {
+            row.push(earlier(&d.earlier));
+        }
         t.add_row(row);
     }
     t
+}
+
+/// The earlier dead letters of a row's job, as a cell: `2 (0:3, 0:7)`.
+fn earlier(at: &[Coordinates]) -> String {
+    if at.is_empty() {
+        return "-".into();
+    }
+    let list: Vec<String> = at.iter().map(Coordinates::to_string).collect();
+    for_terminal(&format!("{} ({})", at.len(), list.join(", ")), CELL_WIDTH)
 }
 
 /// One dead letter as JSON (a row of `list --json`, a record of the
@@ -162,6 +180,8 @@ fn summary(d: &DeadLetter, a: Option<&AuditEntry>) -> serde_json::Value {
         "payload_omitted": omitted_payload(d),
         "status": a.map_or("unresolved".to_string(), |a| a.action.clone()),
         "audit": a,
+        // The same job's earlier dead letters, oldest first.
+        "earlier": d.earlier.iter().map(Coordinates::to_string).collect::<Vec<_>>(),
     })
 }
 

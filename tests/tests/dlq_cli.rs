@@ -708,3 +708,109 @@ async fn dead_letters_are_picked_by_key_and_by_text() {
         + retry["held"].as_array().map_or(0, Vec::len);
     assert_eq!(picked, 1, "{retry}");
 }
+
+/// A job dead-lettered, replayed (an offset reset) and dead-lettered again
+/// is one entry: its newest dead letter, with the first as its history.
+/// It counts once among the unresolved, and an action on the earlier
+/// coordinates is refused, naming the newer ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_dead_lettered_again_after_a_replay_is_one_entry_with_its_history() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("dlqagain");
+    let group = unique("g");
+    let dlq = format!("{topic}.dlq");
+    create_topic(&config, &topic, 1).await;
+    Producer::new(&config)
+        .unwrap()
+        .enqueue_to(&topic, &TestJob::ok("order-9", 1))
+        .await
+        .unwrap();
+    let worker = || {
+        kjob::Worker::builder(config.clone(), &group)
+            .handle_on(&topic, |_j: TestJob, _c: kjob::JobContext| async {
+                Err::<(), _>(kjob::JobError::permanent("the card was refused"))
+            })
+            .build()
+            .unwrap()
+    };
+    let w = start(worker());
+    eventually(Duration::from_secs(60), "dead-lettered once", || {
+        read_all(&config, &dlq).len() == 1
+    })
+    .await;
+    w.stop().await;
+    ok(
+        &config,
+        &[
+            "replay",
+            "--group",
+            &group,
+            "--topic",
+            &topic,
+            "--to-earliest",
+            "--execute",
+        ],
+    );
+    let w = start(worker());
+    eventually(Duration::from_secs(60), "dead-lettered again", || {
+        read_all(&config, &dlq).len() == 2
+    })
+    .await;
+    w.stop().await;
+
+    let rows: serde_json::Value =
+        serde_json::from_str(ok(&config, &["dlq", "list", "--topic", &topic, "--json"]).trim())
+            .expect("JSON");
+    let rows = rows.as_array().cloned().unwrap_or_default();
+    assert_eq!(rows.len(), 1, "one entry for the job: {rows:#?}");
+    assert_eq!(rows[0]["at"], "0:1", "the newest dead letter stands for it");
+    assert_eq!(rows[0]["earlier"], serde_json::json!(["0:0"]));
+    let table = ok(&config, &["dlq", "list", "--topic", &topic]);
+    assert!(
+        table.contains("earlier") && table.contains("1 (0:0)") && table.contains("1 unresolved"),
+        "{table}"
+    );
+    let status = ok(
+        &config,
+        &["status", "--group", &group, "--topic", &topic, "--json"],
+    );
+    let status: serde_json::Value = serde_json::from_str(status.trim()).expect("status --json");
+    assert_eq!(status["dlq_unresolved"], 1, "{status}");
+    assert_eq!(status["dlq"]["exact"], true, "{status}");
+    fails(
+        &config,
+        &[
+            "dlq",
+            "resolve",
+            "--topic",
+            &topic,
+            "0:0",
+            "--reason",
+            "refunded",
+            "--execute",
+        ],
+        1,
+        "dead-lettered again at 0:1",
+    );
+    // Resolving the job's entry settles the job: nothing unresolved.
+    ok(
+        &config,
+        &[
+            "dlq",
+            "resolve",
+            "--topic",
+            &topic,
+            "0:1",
+            "--reason",
+            "refunded",
+            "--execute",
+        ],
+    );
+    let status = ok(
+        &config,
+        &["status", "--group", &group, "--topic", &topic, "--json"],
+    );
+    let status: serde_json::Value = serde_json::from_str(status.trim()).expect("status --json");
+    assert_eq!(status["dlq_unresolved"], 0, "{status}");
+}

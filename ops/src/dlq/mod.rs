@@ -159,6 +159,12 @@ fn pick(
             .map(|(d, _)| d)
             .collect());
     }
+    // An earlier dead letter of a job dead-lettered again: the operator
+    // acts on the job's newest one, which the list shows.
+    let newer: HashMap<Coordinates, Coordinates> = rows
+        .iter()
+        .flat_map(|(d, _)| d.earlier.iter().map(|e| (*e, d.at)))
+        .collect();
     let mut by_at: HashMap<Coordinates, (DeadLetter, Option<AuditEntry>)> =
         rows.into_iter().map(|(d, a)| (d.at, (d, a))).collect();
     let mut out = Vec::new();
@@ -166,6 +172,9 @@ fn pick(
     for c in at {
         if !seen.insert(*c) {
             continue;
+        }
+        if let Some(n) = newer.get(c) {
+            bail!("{c} is an earlier dead letter of a job that was dead-lettered again at {n}: act on {n}, which carries its history (`kjob dlq show --topic {dlq} {n}`)");
         }
         match by_at.remove(c) {
             None => {

@@ -181,6 +181,7 @@ mod tests {
             key: None,
             headers: Default::default(),
             payload: Some(payload.to_vec()),
+            earlier: Vec::new(),
             timestamp_ms: None,
         }
     }

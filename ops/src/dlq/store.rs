@@ -75,6 +75,41 @@ pub struct DeadLetter {
     pub payload: Option<Vec<u8>>,
     /// When it was dead-lettered (record timestamp, epoch ms).
     pub timestamp_ms: Option<i64>,
+    /// The same job's earlier dead letters (same `kjob-id`), oldest first:
+    /// a job dead-lettered again after a re-drive or a replay is one entry,
+    /// its newest dead letter, with these as its history. Filled by
+    /// [`DlqReader::list`]; empty where records are fetched one by one.
+    pub earlier: Vec<Coordinates>,
+}
+
+/// For each dead letter that is an earlier copy of a job dead-lettered
+/// again (the same `kjob-id`: after a re-drive or a replay), the
+/// coordinates of that job's newest dead letter. The newest stands for the
+/// job, in a list and in a count of the unresolved ones: whether the job
+/// still needs an operator is whether its newest dead letter is audited.
+/// Newest is the latest record timestamp, then the highest coordinates.
+/// Records without an id are each their own job.
+pub fn superseded<'a>(
+    records: impl IntoIterator<Item = (Coordinates, &'a str, i64)>,
+) -> HashMap<Coordinates, Coordinates> {
+    let mut newest: HashMap<&'a str, (i64, Coordinates)> = HashMap::new();
+    let mut all = Vec::new();
+    for (at, id, ts) in records {
+        if id.is_empty() {
+            continue;
+        }
+        all.push((at, id));
+        let n = newest.entry(id).or_insert((ts, at));
+        if (ts, at) > *n {
+            *n = (ts, at);
+        }
+    }
+    all.into_iter()
+        .filter_map(|(at, id)| {
+            let (_, n) = newest.get(id)?;
+            (*n != at).then_some((at, *n))
+        })
+        .collect()
 }
 
 /// What an operator did with a dead letter.
@@ -152,10 +187,11 @@ impl Filter {
 pub struct DlqCount {
     /// Dead letters stored.
     pub stored: i64,
-    /// Stored dead letters without an audit entry.
+    /// Jobs whose newest dead letter has no audit entry (a job
+    /// dead-lettered again counts once).
     pub unresolved: usize,
-    /// False when the audit trail holds more entries than were read, so
-    /// `unresolved` is an upper bound.
+    /// False when the audit trail holds more entries than were read, or
+    /// the DLQ more records, so `unresolved` is an upper bound.
     pub exact: bool,
 }
 
@@ -231,6 +267,7 @@ impl DlqReader {
                 key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
                 headers: JobHeaders::parse(m.headers()),
                 payload: m.payload().map(<[u8]>::to_vec),
+                earlier: Vec::new(),
                 timestamp_ms: m.timestamp().to_millis(),
             })
             .collect())
@@ -298,6 +335,7 @@ impl DlqReader {
                     key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
                     headers: JobHeaders::parse(m.headers()),
                     payload: m.payload().map(<[u8]>::to_vec),
+                    earlier: Vec::new(),
                     timestamp_ms: m.timestamp().to_millis(),
                 });
             }
@@ -349,6 +387,32 @@ impl DlqReader {
             .map(|(_, low, high)| high - low)
             .max()
             .unwrap_or(0);
+        // A job dead-lettered again counts once: when the DLQ is small
+        // enough to read within the same bound, its earlier copies are
+        // counted as settled (see `superseded`); beyond, the count is an
+        // upper bound and says so.
+        let small = stored <= max_audit;
+        let older = if small {
+            let letters = read_topic_tail(&self.config, &dlq_topic(&self.main), Some(max_audit))?
+                .unwrap_or_default();
+            let ids: Vec<(Coordinates, Option<String>, i64)> = letters
+                .iter()
+                .map(|m| {
+                    let h = JobHeaders::parse(m.headers());
+                    let at = Coordinates {
+                        partition: m.partition(),
+                        offset: m.offset(),
+                    };
+                    (at, h.id, m.timestamp().to_millis().unwrap_or(0))
+                })
+                .collect();
+            superseded(
+                ids.iter()
+                    .map(|(at, id, ts)| (*at, id.as_deref().unwrap_or_default(), *ts)),
+            )
+        } else {
+            HashMap::new()
+        };
         let records =
             read_topic_tail(&self.config, &audit_topic, Some(max_audit))?.unwrap_or_default();
         let mut audited = std::collections::HashSet::new();
@@ -367,12 +431,13 @@ impl DlqReader {
                 audited.insert(c);
             }
         }
+        audited.extend(older.keys().copied());
         Ok(Some(DlqCount {
             stored,
             unresolved: usize::try_from(stored)
                 .unwrap_or(0)
                 .saturating_sub(audited.len()),
-            exact: audit_stored <= max_audit,
+            exact: audit_stored <= max_audit && small,
         }))
     }
 
@@ -384,8 +449,31 @@ impl DlqReader {
         include_audited: bool,
     ) -> Result<Vec<(DeadLetter, Option<AuditEntry>)>> {
         let mut audit = self.audit()?;
-        Ok(self
-            .dead_letters()?
+        let mut letters = self.dead_letters()?;
+        let older = superseded(letters.iter().map(|d| {
+            (
+                d.at,
+                d.headers.id.as_deref().unwrap_or_default(),
+                d.timestamp_ms.unwrap_or(0),
+            )
+        }));
+        let mut history: HashMap<Coordinates, Vec<(i64, Coordinates)>> = HashMap::new();
+        for d in &letters {
+            if let Some(n) = older.get(&d.at) {
+                history
+                    .entry(*n)
+                    .or_default()
+                    .push((d.timestamp_ms.unwrap_or(0), d.at));
+            }
+        }
+        letters.retain(|d| !older.contains_key(&d.at));
+        for d in &mut letters {
+            if let Some(mut h) = history.remove(&d.at) {
+                h.sort_unstable();
+                d.earlier = h.into_iter().map(|(_, at)| at).collect();
+            }
+        }
+        Ok(letters
             .into_iter()
             .filter(|d| filter.matches(d))
             .map(|d| {
@@ -400,6 +488,28 @@ impl DlqReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_newest_dead_letter_of_a_job_stands_for_it() {
+        let c = |partition, offset| Coordinates { partition, offset };
+        let older = superseded([
+            (c(0, 0), "a", 100),
+            (c(0, 1), "b", 100),
+            (c(1, 0), "a", 300),
+            (c(0, 2), "a", 200),
+            (c(0, 3), "", 50),
+            (c(0, 4), "", 60),
+            // Same time: the higher coordinates are the newer.
+            (c(0, 5), "b", 100),
+        ]);
+        let mut got: Vec<_> = older.into_iter().collect();
+        got.sort();
+        assert_eq!(
+            got,
+            vec![(c(0, 0), c(1, 0)), (c(0, 1), c(0, 5)), (c(0, 2), c(1, 0))],
+            "records without an id are each their own job"
+        );
+    }
 
     #[test]
     fn coordinates_parse_strictly() {
@@ -434,6 +544,7 @@ mod tests {
                 ..Default::default()
             },
             payload: None,
+            earlier: Vec::new(),
             timestamp_ms: Some(ts),
         }
     }

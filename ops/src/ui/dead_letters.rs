@@ -194,7 +194,20 @@ fn rows_table(q: &DlqQuery, rows: &[Row], topic: &str, actions: bool, now: i64) 
                     td { (dash(r.class.as_deref(), false, CELL_CHARS)) }
                     td.wrap { (dash(Some(&r.error), r.error_cut, ERROR_CHARS)) }
                     td.time { (when((r.timestamp_ms > 0).then_some(r.timestamp_ms), now)) }
-                    td.status { (r.audit.as_ref().map_or("unresolved".to_string(), |a| cut(&format!("{} by {}", a.action, a.by), CELL_CHARS).into_owned())) }
+                    td.status {
+                        (r.audit.as_ref().map_or("unresolved".to_string(), |a| cut(&format!("{} by {}", a.action, a.by), CELL_CHARS).into_owned()))
+                        // A job dead-lettered again is this one row; its
+                        // earlier dead letters link from here.
+                        @if !r.earlier.is_empty() {
+                            span.earlier {
+                                " · dead-lettered " (r.earlier.len() + 1) " times, earlier: "
+                                @for (i, e) in r.earlier.iter().enumerate() {
+                                    @if i > 0 { ", " }
+                                    a.mono href={"/dlq/show?topic=" (urlencode(topic)) "&at=" (e)} { (e) }
+                                }
+                            }
+                        }
+                    }
                 }
             }
         }

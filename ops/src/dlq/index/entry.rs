@@ -21,9 +21,10 @@ pub const PAYLOAD_BYTES: usize = 96;
 /// separators.
 pub const MAX_TEXT_BYTES: usize = KEY_BYTES + ID_BYTES + ERROR_BYTES + PAYLOAD_BYTES + 3;
 /// What an entry costs besides its text: the entry itself (64 bytes), its
-/// slot in the coordinates map (about 32) and the text's allocation
+/// slot in the coordinates map (about 32), its job id's slot in the map
+/// that links a job's dead letters (about 24) and the text's allocation
 /// header (about 16).
-pub const FIXED_BYTES_PER_ENTRY: usize = 112;
+pub const FIXED_BYTES_PER_ENTRY: usize = 136;
 
 /// Separates the fields in an entry's text; removed from the values, so a
 /// search never matches across two fields.
@@ -57,6 +58,9 @@ impl Status {
 const KEY_CUT: u8 = 1;
 const ERROR_CUT: u8 = 2;
 const HAS_KEY: u8 = 4;
+/// An earlier dead letter of a job dead-lettered again (see
+/// `store::superseded`): hidden, counted as settled.
+const SUPERSEDED: u8 = 8;
 
 /// One dead letter, in a fixed 64 bytes plus its short text.
 #[derive(Clone, Debug)]
@@ -148,6 +152,17 @@ impl Entry {
     /// Whether the error was longer than what is kept.
     pub fn error_cut(&self) -> bool {
         self.flags & ERROR_CUT != 0
+    }
+    /// Whether a later dead letter of the same job stands for it.
+    pub fn superseded(&self) -> bool {
+        self.flags & SUPERSEDED != 0
+    }
+    pub(super) fn set_superseded(&mut self, yes: bool) {
+        if yes {
+            self.flags |= SUPERSEDED;
+        } else {
+            self.flags &= !SUPERSEDED;
+        }
     }
     /// Whether a search for `needle` finds it in the key, id, error or
     /// payload text.

@@ -110,6 +110,9 @@ pub struct Row {
     pub error_cut: bool,
     /// The audit entry, if any.
     pub audit: Option<AuditEntry>,
+    /// The same job's earlier dead letters (dead-lettered again after a
+    /// re-drive or a replay), oldest first; this row stands for the job.
+    pub earlier: Vec<Coordinates>,
 }
 
 /// A page and what the filters match: the counts per error class (with
@@ -221,6 +224,10 @@ impl Inner {
         let mut out = Vec::new();
         let needle = q.search.as_deref().filter(|s| !s.is_empty());
         for (i, e) in self.entries.iter().enumerate() {
+            // A job's earlier dead letters are its newest one's history.
+            if e.superseded() {
+                continue;
+            }
             let open = e.status == Status::Unresolved;
             unresolved += usize::from(open);
             if q.status == StatusFilter::Unresolved && !open {
@@ -297,6 +304,11 @@ impl Inner {
                     audit: (x.status != Status::Unresolved)
                         .then(|| self.audit.get(&x.at).cloned())
                         .flatten(),
+                    earlier: self
+                        .earlier
+                        .get(i)
+                        .map(|h| h.iter().map(|(_, at)| *at).collect())
+                        .unwrap_or_default(),
                 }
             })
             .collect();

@@ -253,6 +253,7 @@ fn the_index_filters_as_the_cli_filter_does() {
                 ..Default::default()
             },
             payload: None,
+            earlier: Vec::new(),
             timestamp_ms: Some(1_000 + i * 10),
         });
     }
@@ -289,4 +290,49 @@ fn the_index_filters_as_the_cli_filter_does() {
             }
         }
     }
+}
+
+/// One job id dead-lettered three times (the copies arriving out of
+/// order, over two partitions): one row, the newest, with the two earlier
+/// ones as its history; counted once; the earlier ones refused for an
+/// action; and the same after retention drops the oldest.
+#[test]
+fn a_job_dead_lettered_again_is_one_row_with_its_history() {
+    let idx = DlqIndex::new("orders");
+    let same = |c: Coordinates, ts: i64| {
+        let mut l = letter(c, ts, "mail", "permanent.invalid", "order-9");
+        l.headers.id = Some("job-9".into());
+        l
+    };
+    idx.add(vec![
+        same(at(0, 5), 3_000),
+        letter(at(0, 6), 2_500, "mail", "permanent.invalid", "order-8"),
+    ]);
+    idx.add(vec![same(at(1, 0), 1_000), same(at(0, 2), 2_000)]);
+    let page = idx.query(&q());
+    assert_eq!(page.matched, 2, "{:?}", page.rows);
+    assert_eq!(page.unresolved, 2);
+    let row = page
+        .rows
+        .iter()
+        .find(|r| r.id == "job-9")
+        .expect("the job's row");
+    assert_eq!(row.at, at(0, 5), "the newest stands for the job");
+    assert_eq!(row.earlier, vec![at(1, 0), at(0, 2)], "oldest first");
+    let refused = idx
+        .check_unresolved(&[at(0, 2)])
+        .expect_err("an earlier copy");
+    assert!(refused.contains("again at 0:5"), "{refused}");
+    assert!(idx.check_unresolved(&[at(0, 5)]).is_ok());
+    assert_eq!(
+        idx.matching_unresolved(&q()),
+        vec![at(0, 5), at(0, 6)],
+        "everything matching acts on the job once"
+    );
+    // Retention removes the oldest copy: the history shrinks, the row stays.
+    assert_eq!(idx.drop_below(1, Some(1)), 1);
+    let page = idx.query(&q());
+    let row = page.rows.iter().find(|r| r.id == "job-9").expect("row");
+    assert_eq!((row.at, row.earlier.clone()), (at(0, 5), vec![at(0, 2)]));
+    assert_eq!(page.unresolved, 2);
 }
