@@ -12,6 +12,10 @@
 //! * `KIP-848`: `group.protocol=consumer`; the session is the broker's `group.consumer.session.timeout.ms` (10 s on `./dev`'s
 //!   stack, 45 s on a broker with default settings).
 //!
+//! Then the restart case (`--restart-only` runs it alone): one worker,
+//! SIGKILLed and started again 1 s later, with and without a static-member
+//! id (`KJOB_INSTANCE_ID`).
+//!
 //! The driver re-runs this binary as the worker (`failover worker`), which
 //! prints the partition of every job it handles; the driver timestamps each
 //! line as it arrives.
@@ -52,24 +56,118 @@ async fn main() -> anyhow::Result<()> {
             &[("group.protocol", "consumer")],
         ),
     ];
-    println!("| setting | SIGKILL -> first job of a dead member's partition |");
+    let only_restart = args.iter().any(|a| a == "--restart-only");
+    if !only_restart {
+        println!("| setting | SIGKILL -> first job of a dead member's partition |");
+        println!("|---|---|");
+        for (name, overrides) in settings {
+            let secs = run_once(overrides).await?;
+            println!("| {name} | {secs:.1} s |");
+        }
+        println!();
+    }
+    // The lone worker restarted by its supervisor 1 s after a SIGKILL.
+    println!("| lone worker, classic, restarted 1 s after a SIGKILL | SIGKILL -> restarted worker's first job |");
     println!("|---|---|");
-    for (name, overrides) in settings {
-        let secs = run_once(overrides).await?;
+    for (name, instance) in [
+        ("no instance id (dynamic member)", false),
+        ("KJOB_INSTANCE_ID set (static member)", true),
+    ] {
+        let secs = restart_once(instance).await?;
         println!("| {name} | {secs:.1} s |");
     }
     Ok(())
 }
 
 fn spawn_worker(topic: &str, group: &str, overrides: &[(&str, &str)]) -> anyhow::Result<Child> {
+    spawn_member(topic, group, overrides, None)
+}
+
+/// [`spawn_worker`], with a static-member id when `instance` is given.
+fn spawn_member(
+    topic: &str,
+    group: &str,
+    overrides: &[(&str, &str)],
+    instance: Option<&str>,
+) -> anyhow::Result<Child> {
     let o: Vec<String> = overrides.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    Ok(Command::new(std::env::current_exe()?)
-        .arg("worker")
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.arg("worker")
         .env("BENCH_TOPIC", topic)
         .env("BENCH_GROUP", group)
         .env("BENCH_RDKAFKA", o.join(","))
-        .stdout(Stdio::piped())
-        .spawn()?)
+        .env_remove("KJOB_INSTANCE_ID")
+        .stdout(Stdio::piped());
+    if let Some(id) = instance {
+        cmd.env("KJOB_INSTANCE_ID", id);
+    }
+    Ok(cmd.spawn()?)
+}
+
+/// One worker alone in its group, fed 200 jobs/s, SIGKILLed and started
+/// again 1 s later, as a supervisor restarts it: the seconds from the kill
+/// to the first job the new process handles. A dynamic member waits out
+/// the dead member's session before the group gives anyone its
+/// partitions; a static one (`KJOB_INSTANCE_ID`) replaces it at once.
+async fn restart_once(instance: bool) -> anyhow::Result<f64> {
+    let config = KafkaConfig::from_env();
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let topic = format!("bench.restart.{}", &suffix[..8]);
+    let group = format!("bench-restart-{}", &suffix[..8]);
+    kjob::topics::create_topics(&config, &[(topic.clone(), PARTITIONS)]).await?;
+    let producer = Producer::new(&config)?;
+    producer.prepare::<BenchJob>().await?;
+    let id = format!("{group}-0");
+    let id = instance.then_some(id.as_str());
+    let overrides = [("group.protocol", "classic")];
+    let (tx, rx) = mpsc::channel();
+    let mut a = spawn_member(&topic, &group, &overrides, id)?;
+    watch(&mut a, 0, tx.clone());
+    let feed = {
+        let (producer, topic) = (producer.clone(), topic.clone());
+        tokio::spawn(async move {
+            let mut seq = 0i64;
+            let mut tick = tokio::time::interval(Duration::from_millis(5));
+            loop {
+                tick.tick().await;
+                let _ = producer
+                    .enqueue_to(&topic, &BenchJob::new(seq, 1_000))
+                    .await;
+                seq += 1;
+            }
+        })
+    };
+    let settle = Instant::now();
+    let mut working = false;
+    while settle.elapsed() < Duration::from_secs(120) {
+        if rx.recv_timeout(Duration::from_secs(1)).is_ok() {
+            working = true;
+            if settle.elapsed() > Duration::from_secs(10) {
+                break;
+            }
+        }
+    }
+    anyhow::ensure!(working, "the worker never handled a job");
+    a.kill()?;
+    let killed = Instant::now();
+    let _ = a.wait();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut b = spawn_member(&topic, &group, &overrides, id)?;
+    watch(&mut b, 1, tx);
+    let mut took = None;
+    while killed.elapsed() < Duration::from_secs(120) {
+        let Ok((who, _, at)) = rx.recv_timeout(Duration::from_secs(1)) else {
+            continue;
+        };
+        if who == 1 {
+            took = Some(at.duration_since(killed).as_secs_f64());
+            break;
+        }
+    }
+    feed.abort();
+    let _ = b.kill();
+    let _ = b.wait();
+    took.ok_or_else(|| anyhow::anyhow!("the restarted worker handled nothing within 120 s"))
 }
 
 /// Forwards a child's handled partitions, timestamped, to `tx`.
