@@ -296,38 +296,7 @@ async fn kjob_status_agrees_with_kafkas_consumer_group_command() {
 /// (tokio-rs/tracing#2519).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_logs_its_start_under_a_filter_by_target() {
-    let config = ensure_stack();
-    let topic = unique("logs");
-    create_topic(&config, &topic, 1).await;
-    let dir = std::env::temp_dir().join(unique("logs"));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let out = dir.join("stdout");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_test-worker"))
-        .env("KJOB_TEST_TOPIC", &topic)
-        .env("KJOB_TEST_GROUP", unique("g"))
-        .env("KJOB_TEST_RECORD", dir.join("record"))
-        .env("KJOB_TEST_TELEMETRY", "1")
-        .env("RUST_LOG", "kjob=info")
-        .env("NO_COLOR", "1")
-        .stdout(std::fs::File::create(&out).expect("stdout file"))
-        .spawn()
-        .expect("spawning test-worker");
-    let logged = |what: &str| {
-        std::fs::read_to_string(&out)
-            .unwrap_or_default()
-            .contains(what)
-    };
-    // Assignment is logged after the start line, so once it is there the
-    // start line had its chance.
-    eventually(
-        Duration::from_secs(60),
-        "the worker logged its assignment",
-        || logged("assigned"),
-    )
-    .await;
-    let _ = child.kill();
-    let _ = child.wait();
-    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    let text = stdout_until_assigned("1", Some("kjob=info")).await;
     assert!(text.contains("worker started"), "no start line in:\n{text}");
 }
 
@@ -336,22 +305,36 @@ async fn the_worker_logs_its_start_under_a_filter_by_target() {
 /// silent. `RUST_LOG` is unset, so the default filter (`info`) applies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_logs_to_stdout_without_any_setup() {
+    let text = stdout_until_assigned("none", None).await;
+    assert!(
+        text.contains("worker started") && text.contains("logs.default"),
+        "no start line naming the topic in:\n{text}"
+    );
+}
+
+/// Runs the test worker on a fresh topic (`logs.default.<id>`) with
+/// `KJOB_TEST_TELEMETRY=telemetry` and `RUST_LOG` (unset when `None`), and
+/// returns its stdout once it logged its assignment: the start line is
+/// logged before it, so by then it had its chance.
+async fn stdout_until_assigned(telemetry: &str, rust_log: Option<&str>) -> String {
     let config = ensure_stack();
     let topic = unique("logs.default");
     create_topic(&config, &topic, 1).await;
     let dir = std::env::temp_dir().join(unique("logs"));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let out = dir.join("stdout");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_test-worker"))
-        .env("KJOB_TEST_TOPIC", &topic)
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_test-worker"));
+    cmd.env("KJOB_TEST_TOPIC", &topic)
         .env("KJOB_TEST_GROUP", unique("g"))
         .env("KJOB_TEST_RECORD", dir.join("record"))
-        .env("KJOB_TEST_TELEMETRY", "none")
+        .env("KJOB_TEST_TELEMETRY", telemetry)
         .env_remove("RUST_LOG")
         .env("NO_COLOR", "1")
-        .stdout(std::fs::File::create(&out).expect("stdout file"))
-        .spawn()
-        .expect("spawning test-worker");
+        .stdout(std::fs::File::create(&out).expect("stdout file"));
+    if let Some(filter) = rust_log {
+        cmd.env("RUST_LOG", filter);
+    }
+    let mut child = cmd.spawn().expect("spawning test-worker");
     let logged = |what: &str| {
         std::fs::read_to_string(&out)
             .unwrap_or_default()
@@ -365,9 +348,5 @@ async fn a_worker_logs_to_stdout_without_any_setup() {
     .await;
     let _ = child.kill();
     let _ = child.wait();
-    let text = std::fs::read_to_string(&out).unwrap_or_default();
-    assert!(
-        text.contains("worker started") && text.contains(&topic),
-        "no start line naming the topic in:\n{text}"
-    );
+    std::fs::read_to_string(&out).unwrap_or_default()
 }

@@ -123,20 +123,7 @@ async fn restart_once(instance: bool) -> anyhow::Result<f64> {
     let (tx, rx) = mpsc::channel();
     let mut a = spawn_member(&topic, &group, &overrides, id)?;
     watch(&mut a, 0, tx.clone());
-    let feed = {
-        let (producer, topic) = (producer.clone(), topic.clone());
-        tokio::spawn(async move {
-            let mut seq = 0i64;
-            let mut tick = tokio::time::interval(Duration::from_millis(5));
-            loop {
-                tick.tick().await;
-                let _ = producer
-                    .enqueue_to(&topic, &BenchJob::new(seq, 1_000))
-                    .await;
-                seq += 1;
-            }
-        })
-    };
+    let feed = feed(&producer, &topic);
     let settle = Instant::now();
     let mut working = false;
     while settle.elapsed() < Duration::from_secs(120) {
@@ -168,6 +155,22 @@ async fn restart_once(instance: bool) -> anyhow::Result<f64> {
     let _ = b.kill();
     let _ = b.wait();
     took.ok_or_else(|| anyhow::anyhow!("the restarted worker handled nothing within 120 s"))
+}
+
+/// A steady 200 jobs/s on `topic` until the handle is aborted.
+fn feed(producer: &Producer, topic: &str) -> tokio::task::JoinHandle<()> {
+    let (producer, topic) = (producer.clone(), topic.to_string());
+    tokio::spawn(async move {
+        let mut seq = 0i64;
+        let mut tick = tokio::time::interval(Duration::from_millis(5));
+        loop {
+            tick.tick().await;
+            let _ = producer
+                .enqueue_to(&topic, &BenchJob::new(seq, 1_000))
+                .await;
+            seq += 1;
+        }
+    })
 }
 
 /// Forwards a child's handled partitions, timestamped, to `tx`.
@@ -204,21 +207,7 @@ async fn run_once(overrides: &[(&str, &str)]) -> anyhow::Result<f64> {
     watch(&mut a, 0, tx.clone());
     watch(&mut b, 1, tx);
 
-    // A steady 200 jobs/s for the whole run.
-    let feed = {
-        let (producer, topic) = (producer.clone(), topic.clone());
-        tokio::spawn(async move {
-            let mut seq = 0i64;
-            let mut tick = tokio::time::interval(Duration::from_millis(5));
-            loop {
-                tick.tick().await;
-                let _ = producer
-                    .enqueue_to(&topic, &BenchJob::new(seq, 1_000))
-                    .await;
-                seq += 1;
-            }
-        })
-    };
+    let feed = feed(&producer, &topic);
 
     // Both members working: learn which partitions A owns.
     let mut owned_by_a = HashSet::new();
