@@ -101,9 +101,9 @@ pub enum Error {
         /// The subject whose level was set twice.
         subject: String,
         /// The level kjob was setting.
-        wanted: crate::schema::Compatibility,
+        wanted: crate::registry::compatibility::Compatibility,
         /// The level the registry holds now.
-        found: crate::schema::Compatibility,
+        found: crate::registry::compatibility::Compatibility,
     },
     /// A compiled-in `.avsc` does not parse or does not fit the Rust type.
     #[error("contract `{job}`: {message}")]
@@ -407,7 +407,7 @@ pub enum Error {
 
 /// The [`Error::MissingTopic`] message.
 fn missing_topic(topic: &str, bootstrap: &str) -> String {
-    let main = crate::topics::route_of(topic);
+    let main = crate::topics::names::route_of(topic);
     if main == topic {
         return format!("topic `{topic}` does not exist on {bootstrap}; create it first, e.g. `kjob topics create --topic {topic} --partitions 6 --execute` (in development, `.create_main_topics(n)` on the worker creates it)");
     }

@@ -116,5 +116,5 @@ pub struct JobContext {
     /// through [`crate::batch::Batch`].
     pub batch: Option<String>,
     /// On a batch's callback: the batch's counts when it fired.
-    pub batch_report: Option<crate::batch::BatchReport>,
+    pub batch_report: Option<crate::batch::report::BatchReport>,
 }

@@ -53,6 +53,7 @@ pub(crate) mod coordinator;
 pub mod event;
 mod fold;
 pub(crate) mod recorder;
+pub(crate) mod report;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -60,10 +61,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rdkafka::message::OwnedHeaders;
-use serde::{Deserialize, Serialize};
 
 pub use event::{Callback, Event, When};
 pub use fold::{BatchState, Cancel, Status};
+pub use report::BatchReport;
 
 use crate::codec::Codec;
 use crate::error::{Error, Result};
@@ -166,26 +167,6 @@ pub fn check_id(id: &str) -> Result<()> {
         return refuse("the batch id holds a control character; use printable text");
     }
     Ok(())
-}
-
-/// What a batch's callback is told: the counts when it fired.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BatchReport {
-    /// The batch id.
-    pub batch: String,
-    /// Jobs enqueued into the batch.
-    pub total: u64,
-    /// Jobs that succeeded.
-    pub succeeded: u64,
-    /// Jobs that were dead-lettered.
-    pub dead_lettered: u64,
-}
-
-impl BatchReport {
-    /// Reads the `kjob-batch-report` header; `None` if it is not one.
-    pub fn parse(text: &str) -> Option<Self> {
-        serde_json::from_str(text).ok()
-    }
 }
 
 type Encode =

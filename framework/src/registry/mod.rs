@@ -28,7 +28,7 @@
 //! [`Codec`]: crate::codec::Codec
 //! [`KafkaConfig::registry`]: crate::KafkaConfig::registry
 
-mod compatibility;
+pub(crate) mod compatibility;
 mod settings;
 
 pub use compatibility::{Compatibility, UnknownLevel};

@@ -73,14 +73,14 @@ pub(crate) struct Hub {
     /// so at once instead of after its wait (2 ms while jobs run). With a
     /// bound of 1 record per partition that wait was the cost of every
     /// job (CHANGELOG.md's benchmark history, issue 29's eighth step).
-    wake: Arc<super::intake::Wake>,
+    wake: Arc<super::wake::Wake>,
 }
 
 impl Hub {
     pub(crate) fn new(
         sched: Scheduler<Polled>,
         senders: Vec<UnboundedSender<Vec<Job<Polled>>>>,
-        wake: Arc<super::intake::Wake>,
+        wake: Arc<super::wake::Wake>,
     ) -> Self {
         let throttled = Throttled::default();
         let read_ahead = ReadAhead::new(ReadAhead::limit_for(sched.concurrency()));
@@ -385,8 +385,8 @@ mod tests {
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
 
-    use super::super::intake::Wake;
     use super::super::scheduler::{Incoming, LaneKey, Limits};
+    use super::super::wake::Wake;
     use super::*;
 
     #[test]

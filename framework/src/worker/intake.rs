@@ -51,47 +51,14 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rustc_hash::{FxHashMap, FxHashSet};
 use tracing::{debug, warn};
 
-use super::poll::WorkerContext;
+use super::poll::context::WorkerContext;
 use super::polled::Polled;
 use super::priority::Priority;
 use super::read_ahead::Held;
 use super::scheduler::Tp;
 use super::split_queue::{Fetched, SplitQueue};
 use super::state::{RouteEntry, TopicRole};
-
-/// Wakes the poll thread when any queue it reads turns non-empty, or when
-/// a completion leaves it a consumer action ([`super::hub::Hub`]).
-///
-/// librdkafka wakes a thread blocked in one queue only for that queue, and
-/// the poll thread reads many. So it blocks in none: it parks, and every
-/// queue's non-empty callback (the main queue's too) unparks it. The
-/// callbacks run on librdkafka's threads and take no lock of its own, so
-/// they cannot deadlock with it; an unpark that comes before the park makes
-/// the park return at once, so none is lost.
-#[derive(Default)]
-pub(crate) struct Wake {
-    thread: std::sync::OnceLock<std::thread::Thread>,
-    /// Wake-ups so far, for the tests.
-    #[cfg(test)]
-    pub(crate) notified: std::sync::atomic::AtomicUsize,
-}
-
-impl Wake {
-    /// Called once, on the poll thread, before its first wait.
-    pub(crate) fn register(&self) {
-        let _ = self.thread.set(std::thread::current());
-    }
-
-    /// A queue turned non-empty, or the poll thread has an action to carry
-    /// out.
-    pub(crate) fn notify(&self) {
-        #[cfg(test)]
-        self.notified.fetch_add(1, Ordering::Relaxed);
-        if let Some(t) = self.thread.get() {
-            t.unpark();
-        }
-    }
-}
+use super::wake::Wake;
 
 type KjobConsumer = BaseConsumer<WorkerContext>;
 

@@ -51,6 +51,7 @@ mod forward;
 mod handler;
 mod hub;
 mod intake;
+mod job_span;
 mod limits;
 pub(crate) mod park;
 pub(crate) mod pipeline;
@@ -72,6 +73,7 @@ mod split_queue;
 mod stages;
 pub(crate) mod state;
 pub(crate) mod strict;
+mod wake;
 mod watchdog;
 
 pub use crate::error::Limit;

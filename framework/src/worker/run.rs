@@ -183,7 +183,7 @@ impl Worker {
         let limits = self.limits;
         // The poll thread's wake-up: its queues' callbacks and the hub
         // (completions that leave it a consumer action) both use it.
-        let wake: Arc<super::intake::Wake> = Default::default();
+        let wake: Arc<super::wake::Wake> = Default::default();
         let hub = Arc::new(hub::Hub::new(
             Scheduler::new(limits)
                 .with_priorities(self.priorities.clone())

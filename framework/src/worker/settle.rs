@@ -65,7 +65,7 @@ pub(super) fn decide<'a, M: Message>(
         (next, gate) => {
             // A retry's or a dead letter's lines carry the job's fields,
             // as the handler's did.
-            let log = super::pipeline::log_span(entry, msg, a.id, a.attempt);
+            let log = super::job_span::log_span(entry, msg, a.id, a.attempt);
             Settling::Later(Box::pin(tracing::Instrument::instrument(
                 async move { settle(fw, entry, msg, next, gate, &a).await },
                 log,

@@ -178,8 +178,46 @@ impl Filter {
             .into_iter()
             .flatten()
             .any(|field| field.contains(needle))
-            || super::index::payload_text(d.payload.as_deref().unwrap_or_default()).contains(needle)
+            || payload_text(d.payload.as_deref().unwrap_or_default()).contains(needle)
     }
+}
+
+/// Bytes of the payload's start from which its printable text is kept
+/// (Avro writes strings as raw UTF-8, so ids and names in a payload are
+/// found by a search).
+pub const PAYLOAD_BYTES: usize = 96;
+/// The printable text in the first [`PAYLOAD_BYTES`] of a payload (after a
+/// Confluent wire-format header): runs of at least three printable
+/// characters, separated by spaces.
+pub(crate) fn payload_text(payload: &[u8]) -> String {
+    let body = match payload {
+        [0, rest @ ..] if rest.len() >= 4 => &rest[4..],
+        other => other,
+    };
+    let head = &body[..body.len().min(PAYLOAD_BYTES)];
+    let lossy = String::from_utf8_lossy(head);
+    let mut out = String::new();
+    let mut run = String::new();
+    for c in lossy.chars() {
+        if !c.is_control() && c != '\u{fffd}' {
+            run.push(c);
+            continue;
+        }
+        if run.chars().count() >= 3 {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str(&run);
+        }
+        run.clear();
+    }
+    if run.chars().count() >= 3 {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(&run);
+    }
+    out
 }
 
 /// What [`DlqReader::count`] counts.

@@ -197,10 +197,7 @@ async fn picked(state: &AppState, f: &ActionForm) -> Result<(String, Vec<DeadLet
         .dlq_index(&f.select.topic)
         .await
         .map_err(|e| error_page(upstream_or(&e, StatusCode::NOT_FOUND), &format!("{e:#}")))?;
-    if !index
-        .wait_caught_up(super::dead_letters::FIRST_READ_WAIT)
-        .await
-    {
+    if !index.wait_caught_up(super::FIRST_READ_WAIT).await {
         let progress = index.progress();
         return Err(error_page(
             StatusCode::SERVICE_UNAVAILABLE,

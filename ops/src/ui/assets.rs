@@ -155,11 +155,11 @@ pub(super) fn layout(state: &AppState, title: &str, body: Markup) -> Markup {
                         @for c in &in_force {
                             span.control data-group=(c.group) {
                                 @match &c.held {
-                                    super::controls::Held::Schedule(name) => {
-                                        "schedule " a href={"/schedules?group=" (super::pages::urlencode(&c.group))} { code.schedule { (name) } }
+                                    super::in_force::Held::Schedule(name) => {
+                                        "schedule " a href={"/schedules?group=" (super::view::urlencode(&c.group))} { code.schedule { (name) } }
                                     },
-                                    super::controls::Held::Route(topic) => {
-                                        "route " a href={"/route?topic=" (super::pages::urlencode(topic)) "&group=" (super::pages::urlencode(&c.group))} { code.route { (topic) } }
+                                    super::in_force::Held::Route(topic) => {
+                                        "route " a href={"/route?topic=" (super::view::urlencode(topic)) "&group=" (super::view::urlencode(&c.group))} { code.route { (topic) } }
                                     },
                                 }
                                 " of " code { (c.group) } " paused by " strong { (c.by) }

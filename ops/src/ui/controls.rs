@@ -27,34 +27,11 @@ use super::actor::Actor;
 use super::assets::layout;
 use super::auth::{check_csrf, FormToken};
 use super::batches::status_of;
+use super::in_force::{Held, InForce};
 use super::pages::{error_page, urlencode};
 use crate::control::RouteAction;
 
 use super::{AppState, Shared};
-
-/// What a control holds.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum Held {
-    /// A route (its main topic) for the whole group.
-    Route(String),
-    /// A cron schedule.
-    Schedule(String),
-}
-
-/// One control in force.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct InForce {
-    /// The group it applies to.
-    pub(super) group: String,
-    /// What it holds.
-    pub(super) held: Held,
-    /// Who put it in force.
-    pub(super) by: String,
-    /// Since when (epoch ms).
-    pub(super) at_ms: i64,
-    /// Why.
-    pub(super) reason: String,
-}
 
 impl AppState {
     /// Every control in force, by group.
@@ -183,9 +160,6 @@ impl AppState {
         out
     }
 }
-
-/// The map behind [`AppState::in_force`].
-pub(super) type InForceMap = BTreeMap<String, Vec<InForce>>;
 
 /// Refreshes the controls of every known group each sampling interval.
 /// Only a weak hold, as the sampler: it ends with the pages.

@@ -52,7 +52,7 @@ pub(super) async fn dlq_list(
     let topic = select.topic.clone();
     let index = state.dlq_index(&topic).await;
     if let Ok(i) = &index {
-        i.wait_caught_up(FIRST_READ_WAIT).await;
+        i.wait_caught_up(super::FIRST_READ_WAIT).await;
     }
     let page = index.as_ref().map_err(|e| format!("{e:#}")).and_then(|i| {
         let query = q.index_query().map_err(|e| format!("{e:#}"))?;
@@ -150,11 +150,6 @@ pub(super) async fn dlq_list(
         }
     }).into_response()
 }
-
-/// How long a request waits for an index that is still reading: a small
-/// DLQ is then shown whole at its first request; a large one shows what
-/// is read so far, with the progress.
-pub(super) const FIRST_READ_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The page's rows, with a checkbox per unresolved row when actions are
 /// allowed (the table then sits in the selection form).
@@ -264,7 +259,7 @@ pub(super) async fn dlq_show(
     // The record is read by its coordinates; its audit entry comes from the
     // index once that has caught up (else from the audit topic).
     let indexed = match state.dlq_index(&q.topic).await {
-        Ok(i) if i.wait_caught_up(FIRST_READ_WAIT).await => Some(i.audit_of(at)),
+        Ok(i) if i.wait_caught_up(super::FIRST_READ_WAIT).await => Some(i.audit_of(at)),
         _ => None,
     };
     let shown = match indexed {

@@ -25,6 +25,7 @@ mod controls;
 mod dead_letters;
 mod dlq_query;
 mod history;
+mod in_force;
 mod indexes;
 mod pages;
 mod route;
@@ -46,6 +47,12 @@ use axum::Router;
 use kjob::config::KafkaConfig;
 
 pub use actor::ProxyAddr;
+
+/// How long a request waits for a DLQ index that is still reading: a small
+/// DLQ is then shown whole at its first request; a large one shows what
+/// is read so far, with the progress. (The DLQ pages and the actions on
+/// them both wait this long.)
+const FIRST_READ_WAIT: Duration = Duration::from_secs(3);
 pub use sampler::{RouteKey, RouteView};
 
 /// The dashboard's settings. Build one, then [`Dashboard::serve`] it on its
@@ -276,7 +283,7 @@ pub(crate) struct AppState {
     /// Groups whose controls are shown though no route names them.
     watched: Mutex<std::collections::BTreeSet<String>>,
     /// The controls in force by group, for every page's banner.
-    in_force: RwLock<controls::InForceMap>,
+    in_force: RwLock<in_force::InForceMap>,
     /// Bumped by every control action, so that a background refresh read
     /// before it does not overwrite the action's newer read.
     control_gen: std::sync::atomic::AtomicU64,

@@ -216,11 +216,7 @@ pub(super) async fn overview(State(state): State<Shared>) -> Markup {
     )
 }
 
-/// Percent-encodes a query value (topic and group names are plain, but a
-/// link must not break on an odd one).
-pub(super) fn urlencode(s: &str) -> String {
-    form_urlencoded::byte_serialize(s.as_bytes()).collect()
-}
+pub(super) use super::view::urlencode;
 
 #[cfg(test)]
 mod tests {

@@ -147,6 +147,12 @@ pub(super) fn prose(message: &str) -> Markup {
     }
 }
 
+/// Percent-encodes a query value (topic and group names are plain, but a
+/// link must not break on an odd one).
+pub(super) fn urlencode(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -50,7 +50,7 @@ pub(crate) fn context_for<M: Message>(
         batch: headers.batch.map(str::to_string),
         batch_report: headers
             .batch_report
-            .and_then(crate::batch::BatchReport::parse),
+            .and_then(crate::batch::report::BatchReport::parse),
     }
 }
 
@@ -106,28 +106,4 @@ pub(super) fn handle_span<M: Message>(
         attrs.extend(server.iter().cloned());
         attrs
     })
-}
-
-/// The attempt's log span (`tracing`, not OpenTelemetry): every line
-/// logged while the handler runs and the attempt settles, the handler's own
-/// events included, carries the job's id, key, route, attempt, partition
-/// and offset, so "what happened to order 4711?" is one grep, in the human
-/// format and in JSON. Without a subscriber at `info` it is a disabled span
-/// and its fields are never computed.
-#[inline]
-pub(crate) fn log_span<M: Message>(
-    entry: &RouteEntry,
-    msg: &M,
-    id: &str,
-    attempt: u32,
-) -> tracing::Span {
-    tracing::info_span!(
-        "job",
-        job.id = %id,
-        job.key = %String::from_utf8_lossy(msg.key().unwrap_or_default()),
-        job.route = %entry.main,
-        job.attempt = attempt,
-        partition = msg.partition(),
-        offset = msg.offset(),
-    )
 }

@@ -25,7 +25,6 @@ mod unrun;
 
 pub(crate) use context::context_for;
 use context::handle_span;
-pub(crate) use context::log_span;
 
 use std::sync::Arc;
 
@@ -503,7 +502,7 @@ impl Pipeline {
         };
         // The attempt's log span, boxed with the route's future only when a
         // subscriber takes it: the attempt's own future keeps its size.
-        let log = context::log_span(entry, msg, id, ctx.attempt);
+        let log = super::job_span::log_span(entry, msg, id, ctx.attempt);
         let run = entry.route.run(msg.payload(), ctx, waiter, watched);
         let run = match log.is_disabled() {
             true => run,

@@ -68,7 +68,7 @@ pub(crate) struct WorkerContext {
     /// bound left unread instead of paused.
     pub split_reading: AtomicBool,
     /// Unparks the poll thread when a queue it reads turns non-empty.
-    pub wake: Arc<crate::worker::intake::Wake>,
+    pub wake: Arc<crate::worker::wake::Wake>,
 }
 
 /// A tag no other consumer (in this process or elsewhere) uses: the

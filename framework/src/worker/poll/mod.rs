@@ -35,7 +35,7 @@
 //! re-assignment, while the scheduler starts the partition afresh.
 
 mod actions;
-mod context;
+pub(crate) mod context;
 mod rebalance;
 
 pub(crate) use context::{commit_tag, FatalConsumerError, WorkerContext};

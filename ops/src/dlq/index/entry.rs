@@ -13,10 +13,9 @@ pub const KEY_BYTES: usize = 64;
 pub const ID_BYTES: usize = 40;
 /// Bytes of the error message (`kjob-error`) kept.
 pub const ERROR_BYTES: usize = 120;
-/// Bytes of the payload's start from which its printable text is kept
-/// (Avro writes strings as raw UTF-8, so ids and names in a payload are
-/// found by a search).
-pub const PAYLOAD_BYTES: usize = 96;
+pub(crate) use crate::dlq::store::payload_text;
+pub use crate::dlq::store::PAYLOAD_BYTES;
+
 /// The most text one entry holds: the four fields above and their
 /// separators.
 pub const MAX_TEXT_BYTES: usize = KEY_BYTES + ID_BYTES + ERROR_BYTES + PAYLOAD_BYTES + 3;
@@ -91,40 +90,6 @@ fn prefix(s: &str, max: usize) -> (&str, bool) {
         end -= 1;
     }
     (&s[..end], true)
-}
-
-/// The printable text in the first [`PAYLOAD_BYTES`] of a payload (after a
-/// Confluent wire-format header): runs of at least three printable
-/// characters, separated by spaces.
-pub(crate) fn payload_text(payload: &[u8]) -> String {
-    let body = match payload {
-        [0, rest @ ..] if rest.len() >= 4 => &rest[4..],
-        other => other,
-    };
-    let head = &body[..body.len().min(PAYLOAD_BYTES)];
-    let lossy = String::from_utf8_lossy(head);
-    let mut out = String::new();
-    let mut run = String::new();
-    for c in lossy.chars() {
-        if !c.is_control() && c != '\u{fffd}' {
-            run.push(c);
-            continue;
-        }
-        if run.chars().count() >= 3 {
-            if !out.is_empty() {
-                out.push(' ');
-            }
-            out.push_str(&run);
-        }
-        run.clear();
-    }
-    if run.chars().count() >= 3 {
-        if !out.is_empty() {
-            out.push(' ');
-        }
-        out.push_str(&run);
-    }
-    out
 }
 
 impl Entry {

@@ -34,7 +34,6 @@
 //! same guarantee as the CLI's), never lost.
 
 mod entry;
-pub(crate) use entry::payload_text;
 mod query;
 pub mod tail;
 
