@@ -169,6 +169,16 @@ pub fn check_id(id: &str) -> Result<()> {
     Ok(())
 }
 
+// The batch capability gives the producer its entry point here, so the
+// producer does not depend on the batch machinery built on it.
+impl Producer {
+    /// A batch of jobs whose callback runs once every one of them has
+    /// finished (see [`crate::batch`]). Refuses an empty or overlong id.
+    pub fn batch(&self, id: &str) -> Result<Batch> {
+        Batch::new(self.clone(), id)
+    }
+}
+
 type Encode =
     Arc<dyn Fn(Arc<Codec>) -> Pin<Box<dyn Future<Output = Result<Callback>> + Send>> + Send + Sync>;
 

@@ -220,12 +220,6 @@ impl Producer {
         &self.delay_topics.config
     }
 
-    /// A batch of jobs whose callback runs once every one of them has
-    /// finished (see [`crate::batch`]). Refuses an empty or overlong id.
-    pub fn batch(&self, id: &str) -> Result<crate::batch::Batch> {
-        crate::batch::Batch::new(self.clone(), id)
-    }
-
     /// The underlying rdkafka producer: the outbox relay sends through it
     /// without waiting per record, to keep its batches in flight; the
     /// strict-order state enqueues through it under a lock.
