@@ -83,30 +83,33 @@ pub struct DeadLetter {
 }
 
 /// For each dead letter that is an earlier copy of a job dead-lettered
-/// again (the same `kjob-id`: after a re-drive or a replay), the
-/// coordinates of that job's newest dead letter. The newest stands for the
+/// again (the same `kjob-id` and record key: after a re-drive or a
+/// replay), the coordinates of that job's newest dead letter. The newest stands for the
 /// job, in a list and in a count of the unresolved ones: whether the job
 /// still needs an operator is whether its newest dead letter is audited.
 /// Newest is the latest record timestamp, then the highest coordinates.
 /// Records without an id are each their own job.
+/// The key takes part because an id is only a header: two records that
+/// share one but not their key are not one job's copies.
 pub fn superseded<'a>(
-    records: impl IntoIterator<Item = (Coordinates, &'a str, i64)>,
+    records: impl IntoIterator<Item = (Coordinates, &'a str, &'a str, i64)>,
 ) -> HashMap<Coordinates, Coordinates> {
-    let mut newest: HashMap<&'a str, (i64, Coordinates)> = HashMap::new();
+    let mut newest: HashMap<(&'a str, &'a str), (i64, Coordinates)> = HashMap::new();
     let mut all = Vec::new();
-    for (at, id, ts) in records {
+    for (at, id, key, ts) in records {
         if id.is_empty() {
             continue;
         }
-        all.push((at, id));
-        let n = newest.entry(id).or_insert((ts, at));
+        let job = (id, key);
+        all.push((at, job));
+        let n = newest.entry(job).or_insert((ts, at));
         if (ts, at) > *n {
             *n = (ts, at);
         }
     }
     all.into_iter()
-        .filter_map(|(at, id)| {
-            let (_, n) = newest.get(id)?;
+        .filter_map(|(at, job)| {
+            let (_, n) = newest.get(&job)?;
             (*n != at).then_some((at, *n))
         })
         .collect()
@@ -433,7 +436,7 @@ impl DlqReader {
         let older = if small {
             let letters = read_topic_tail(&self.config, &dlq_topic(&self.main), Some(max_audit))?
                 .unwrap_or_default();
-            let ids: Vec<(Coordinates, Option<String>, i64)> = letters
+            let ids: Vec<(Coordinates, Option<String>, &[u8], i64)> = letters
                 .iter()
                 .map(|m| {
                     let h = JobHeaders::parse(m.headers());
@@ -441,13 +444,17 @@ impl DlqReader {
                         partition: m.partition(),
                         offset: m.offset(),
                     };
-                    (at, h.id, m.timestamp().to_millis().unwrap_or(0))
+                    let key = m.key().unwrap_or_default();
+                    (at, h.id, key, m.timestamp().to_millis().unwrap_or(0))
                 })
                 .collect();
-            superseded(
-                ids.iter()
-                    .map(|(at, id, ts)| (*at, id.as_deref().unwrap_or_default(), *ts)),
-            )
+            let keys: Vec<String> = ids
+                .iter()
+                .map(|(_, _, k, _)| String::from_utf8_lossy(k).into_owned())
+                .collect();
+            superseded(ids.iter().zip(&keys).map(|((at, id, _, ts), key)| {
+                (*at, id.as_deref().unwrap_or_default(), key.as_str(), *ts)
+            }))
         } else {
             HashMap::new()
         };
@@ -492,6 +499,7 @@ impl DlqReader {
             (
                 d.at,
                 d.headers.id.as_deref().unwrap_or_default(),
+                d.key.as_deref().unwrap_or_default(),
                 d.timestamp_ms.unwrap_or(0),
             )
         }));
@@ -531,21 +539,23 @@ mod tests {
     fn the_newest_dead_letter_of_a_job_stands_for_it() {
         let c = |partition, offset| Coordinates { partition, offset };
         let older = superseded([
-            (c(0, 0), "a", 100),
-            (c(0, 1), "b", 100),
-            (c(1, 0), "a", 300),
-            (c(0, 2), "a", 200),
-            (c(0, 3), "", 50),
-            (c(0, 4), "", 60),
+            (c(0, 0), "a", "k", 100),
+            (c(0, 1), "b", "k", 100),
+            (c(1, 0), "a", "k", 300),
+            (c(0, 2), "a", "k", 200),
+            (c(0, 3), "", "k", 50),
+            (c(0, 4), "", "k", 60),
             // Same time: the higher coordinates are the newer.
-            (c(0, 5), "b", 100),
+            (c(0, 5), "b", "k", 100),
+            // The same id under another key is another job.
+            (c(0, 6), "a", "other", 400),
         ]);
         let mut got: Vec<_> = older.into_iter().collect();
         got.sort();
         assert_eq!(
             got,
             vec![(c(0, 0), c(1, 0)), (c(0, 1), c(0, 5)), (c(0, 2), c(1, 0))],
-            "records without an id are each their own job"
+            "records without an id are each their own job, and so is another key"
         );
     }
 

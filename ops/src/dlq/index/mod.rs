@@ -86,8 +86,8 @@ struct Inner {
     classes: Interner,
     audit: HashMap<Coordinates, AuditEntry>,
     text_bytes: usize,
-    /// A hash of each job id seen, to the position of that job's newest
-    /// dead letter (16 bytes an entry, not the id's text again).
+    /// A hash of each job seen (id and key), to the position of that job's
+    /// newest dead letter (16 bytes an entry, not the id's text again).
     newest: HashMap<u64, u32>,
     /// The earlier dead letters of the jobs dead-lettered more than once,
     /// by the newest one's position: `(timestamp, coordinates)`, oldest
@@ -289,7 +289,7 @@ impl DlqIndex {
             if inner.entries[*pos as usize].superseded() {
                 let newer = inner
                     .newest
-                    .get(&id_hash(inner.entries[*pos as usize].id()))
+                    .get(&job_hash(&inner.entries[*pos as usize]))
                     .map(|n| inner.entries[*n as usize].at);
                 return Err(match newer {
                     Some(n) => format!("{c} is an earlier dead letter of a job that was dead-lettered again at {n}: act on {n}, which carries its history"),
@@ -314,10 +314,12 @@ impl DlqIndex {
     }
 }
 
-/// The hash a job id is linked by (`Inner::newest`).
-fn id_hash(id: &str) -> u64 {
+/// The hash a job is linked by (`Inner::newest`): its id and its key as
+/// kept, as `store::superseded` tells one job's copies apart.
+fn job_hash(e: &Entry) -> u64 {
     use std::hash::{BuildHasher, BuildHasherDefault};
-    BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(id)
+    BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+        .hash_one((e.id(), e.key()))
 }
 
 impl Inner {
@@ -330,7 +332,7 @@ impl Inner {
         if e.id().is_empty() {
             return;
         }
-        let h = id_hash(e.id());
+        let h = job_hash(e);
         let Some(old) = self.newest.get(&h).copied() else {
             self.newest.insert(h, pos);
             return;

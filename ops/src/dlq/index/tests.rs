@@ -335,4 +335,12 @@ fn a_job_dead_lettered_again_is_one_row_with_its_history() {
     let row = page.rows.iter().find(|r| r.id == "job-9").expect("row");
     assert_eq!((row.at, row.earlier.clone()), (at(0, 5), vec![at(0, 2)]));
     assert_eq!(page.unresolved, 2);
+    // The same id under another key is another job (an id is a header).
+    let mut other = letter(at(0, 9), 9_000, "mail", "permanent.invalid", "order-10");
+    other.headers.id = Some("job-9".into());
+    idx.add(vec![other]);
+    let page = idx.query(&q());
+    assert_eq!((page.matched, page.unresolved), (3, 3));
+    let row = page.rows.iter().find(|r| r.at == at(0, 5)).expect("row");
+    assert_eq!(row.earlier, vec![at(0, 2)], "untouched by the other key");
 }
