@@ -13,8 +13,7 @@ use kjob::{Error, Job, JobContext, JobError, KafkaConfig, Producer, Worker};
 use kjob_integration_tests::*;
 use serde::{Deserialize, Serialize};
 
-#[path = "support/dashboard.rs"]
-mod support;
+use crate::dashboard as support;
 use support::{dashboard, session};
 
 const KJOB: &str = env!("CARGO_BIN_EXE_kjob-cli");

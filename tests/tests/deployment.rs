@@ -399,8 +399,7 @@ async fn topics_delete_takes_a_route_s_or_a_group_s_topics_and_refuses_while_mem
     );
 }
 
-#[path = "support/dashboard.rs"]
-mod support;
+use crate::dashboard as support;
 
 /// After a route's workers are gone (the demo ended, every worker
 /// crashed), the dashboard's overview still lists it, found through the

@@ -1134,7 +1134,9 @@ async fn delay_and_cron_topics_fold_into_their_route() {
         "the worker consumes delay and cron topics: {topics:?}"
     );
 
-    let (_ui, base) = dashboard(&config, &[]).await;
+    // Discovery among this group's topics only: the folding is the point,
+    // and a shared stack holds the groups of every earlier test run.
+    let (_ui, base) = dashboard(&config, &["--group", &group]).await;
     let http = reqwest::Client::new();
     let mine = |page: &str| -> Vec<String> {
         routes_on(page)

@@ -16,8 +16,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use kjob::KafkaConfig;
 use kjob_integration_tests::*;
 
-#[path = "support/dashboard.rs"]
-mod support;
+use crate::dashboard as support;
 use support::{attr, audit, dashboard, session};
 
 const CLASSES: [&str; 3] = ["permanent.invalid", "retryable.timeout", "bug.panic"];

@@ -9,8 +9,7 @@ use std::process::Command;
 
 use kjob_integration_tests::*;
 
-#[path = "support/dashboard.rs"]
-mod support;
+use crate::dashboard as support;
 use support::{audit, dashboard, session};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
