@@ -5,7 +5,7 @@
 //! ./dev stack up && cargo run --release -p kjob-benches --bin fairness -- --flood 200000 --secs 10
 //! ```
 //!
-//! `--bound N` sets `max_in_flight_per_partition` (default: kjob's, 5 000):
+//! `--concurrency N` sets the route's slots (default 64). `--bound N` sets `max_in_flight_per_partition` (default: kjob's, 5 000):
 //! how much of a flood the worker fetches, so how far past it fairness
 //! reaches, at the cost of the memory the peak RSS column shows.
 //!
@@ -37,6 +37,7 @@ use kjob_benches::arg;
 use serde::{Deserialize, Serialize};
 
 const HANDLER: Duration = Duration::from_millis(5);
+/// Slots by default (`--concurrency N` sets another).
 const CONCURRENCY: usize = 64;
 const RATE_PER_TENANT: u64 = 20;
 const OTHERS: [&str; 4] = ["b", "c", "d", "e"];
@@ -121,6 +122,7 @@ async fn run(
     secs: u64,
     bound: Option<usize>,
     others_during: bool,
+    slots: usize,
 ) -> anyhow::Result<()> {
     let suffix = uuid::Uuid::new_v4().simple().to_string();
     let topic = format!("bench.fair.{}", &suffix[..8]);
@@ -148,7 +150,7 @@ async fn run(
                 Ok::<(), JobError>(())
             }
         })
-        .concurrency(CONCURRENCY);
+        .concurrency(slots);
     if let Some(n) = bound {
         builder = builder.max_in_flight_per_partition(n);
     }
@@ -207,7 +209,7 @@ async fn run(
         (a_done.load(AtomicOrdering::Relaxed) - a_before) as f64 / window.elapsed().as_secs_f64();
     let _ = stop.send(());
     running.await??;
-    let capacity = CONCURRENCY as f64 / HANDLER.as_secs_f64();
+    let capacity = slots as f64 / HANDLER.as_secs_f64();
     println!(
         "| {} | {flood} | {} | {:.1} / {:.1} ms ({}) | {:.1} / {:.1} ms ({}) | {:.2}x | {:.0} jobs/s ({:.0} %) | {:.1} s | {:.0} MiB |",
         match (fair, others_during) {
@@ -242,13 +244,14 @@ async fn main() -> anyhow::Result<()> {
         0 => None,
         n => Some(n as usize),
     };
+    let slots = arg("concurrency", CONCURRENCY as u64) as usize;
     println!(
-        "tenants B-E at {RATE_PER_TENANT}/s each, handler {HANDLER:?}, {CONCURRENCY} slots, 8 partitions, {secs} s per phase\n"
+        "tenants B-E at {RATE_PER_TENANT}/s each, handler {HANDLER:?}, {slots} slots, 8 partitions, {secs} s per phase\n"
     );
-    println!("| setting | flood (A's jobs) | in-flight bound per partition | B-E enqueue -> start p50 / p99 alone | during the flood | p99 ratio | A handled during the flood (of 12 800/s capacity) | flood enqueue took | peak RSS so far |");
+    println!("| setting | flood (A's jobs) | in-flight bound per partition | B-E enqueue -> start p50 / p99 alone | during the flood | p99 ratio | A handled during the flood (of slots / 5 ms) | flood enqueue took | peak RSS so far |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    run(&config, true, flood, secs, bound, true).await?;
-    run(&config, false, flood, secs, bound, true).await?;
-    run(&config, true, flood, secs, bound, false).await?;
+    run(&config, true, flood, secs, bound, true, slots).await?;
+    run(&config, false, flood, secs, bound, true, slots).await?;
+    run(&config, true, flood, secs, bound, false, slots).await?;
     Ok(())
 }
