@@ -4,6 +4,12 @@
 //! a tick fired twice must carry the same id (so `PgMarkers` reports it as
 //! a duplicate), and no tick may be skipped: the test runs the `All`
 //! catch-up policy. `kjob schedules` then shows the schedule.
+//!
+//! Takeover in seconds, at kjob's own group settings (10 s session): a
+//! leader stopped with SIGTERM leaves the group, so a survivor leads
+//! within a heartbeat and a rebalance; a SIGKILLed leader with an instance
+//! id (`KJOB_INSTANCE_ID`) restarted 1 s later leads again before its
+//! session would have expired.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -15,13 +21,18 @@ use kjob::idempotency::{Mark, PgMarkers};
 use kjob_integration_tests::*;
 
 fn spawn_worker(topic: &str, group: &str, record: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_test-worker"))
-        .env("KJOB_TEST_TOPIC", topic)
-        .env("KJOB_TEST_GROUP", group)
-        .env("KJOB_TEST_RECORD", record)
-        .env("KJOB_TEST_SCHEDULE", "tick=* * * * * *")
+    worker_command(topic, group, record)
         .spawn()
         .expect("test-worker runs")
+}
+
+fn worker_command(topic: &str, group: &str, record: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_test-worker"));
+    c.env("KJOB_TEST_TOPIC", topic)
+        .env("KJOB_TEST_GROUP", group)
+        .env("KJOB_TEST_RECORD", record)
+        .env("KJOB_TEST_SCHEDULE", "tick=* * * * * *");
+    c
 }
 
 /// `(pid, ms)` of every `leader` line, in order.
@@ -203,5 +214,112 @@ async fn one_tick_once_across_three_workers_with_the_leader_killed_twice() {
     assert!(
         stdout.contains("leader: no leader"),
         "a vacant leadership shows as such: {stdout}"
+    );
+}
+
+/// The test's workers, SIGKILLed when it ends, also when an assertion
+/// fails (an orphan would hold the test's stdout open).
+struct Fleet(Vec<Child>);
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The first leader of two: `(its index, the record's leader lines so far)`.
+async fn first_leader(children: &[Child], record: &Path) -> (usize, usize) {
+    let (pid, _) = wait_new_leader(record, 0, Duration::from_secs(60)).await;
+    // Let the second member's join settle, then take the newest leader.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let seen = leaders(record);
+    let pid = seen.last().map_or(pid, |l| l.0);
+    let i = children
+        .iter()
+        .position(|c| c.id() == pid)
+        .expect("the leader is one of ours");
+    (i, seen.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_with_sigterm_is_replaced_within_seconds() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("cron-term");
+    let group = unique("g");
+    create_topic(&config, &topic, 1).await;
+    let dir = std::env::temp_dir().join(unique("kjob-cron-term"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let record = dir.join("record");
+    let mut fleet = Fleet(
+        (0..2)
+            .map(|_| {
+                worker_command(&topic, &group, &record)
+                    .env("KJOB_TEST_KJOB_SESSION", "1")
+                    .spawn()
+                    .expect("test-worker runs")
+            })
+            .collect(),
+    );
+    let (i, seen) = first_leader(&fleet.0, &record).await;
+    let leader_pid = fleet.0[i].id();
+    let stopped = kjob::clock::now_ms();
+    let _ = Command::new("kill")
+        .args(["-TERM", &leader_pid.to_string()])
+        .status();
+    let (next, at) = wait_new_leader(&record, seen, Duration::from_secs(30)).await;
+    let _ = fleet.0[i].wait();
+    println!("SIGTERM -> new leader {next} after {} ms", at - stopped);
+    assert_ne!(next, leader_pid, "the survivor leads");
+    // A stopped leader leaves the group; without the leave the survivor
+    // would wait out the 10 s session.
+    assert!(
+        at - stopped < 5_000,
+        "a survivor led {} ms after the leader's SIGTERM",
+        at - stopped
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_leader_killed_and_restarted_leads_again_before_its_session_expires() {
+    init_logging();
+    let config = ensure_stack();
+    let topic = unique("cron-static");
+    let group = unique("g");
+    create_topic(&config, &topic, 1).await;
+    let dir = std::env::temp_dir().join(unique("kjob-cron-static"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let record = dir.join("record");
+    let spawn = |n: usize| {
+        worker_command(&topic, &group, &record)
+            .env("KJOB_TEST_KJOB_SESSION", "1")
+            .env("KJOB_INSTANCE_ID", format!("{group}-{n}"))
+            .spawn()
+            .expect("test-worker runs")
+    };
+    let mut fleet = Fleet((0..2).map(spawn).collect());
+    let (i, seen) = first_leader(&fleet.0, &record).await;
+    fleet.0[i].kill().expect("SIGKILL the leader");
+    let killed = kjob::clock::now_ms();
+    let _ = fleet.0[i].wait();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    fleet.0[i] = spawn(i);
+    let (next, at) = wait_new_leader(&record, seen, Duration::from_secs(30)).await;
+    println!(
+        "SIGKILL -> restarted static leader {next} leads after {} ms",
+        at - killed
+    );
+    assert_eq!(
+        next,
+        fleet.0[i].id(),
+        "the restarted member got its partition back, not the survivor"
+    );
+    assert!(
+        at - killed < 5_000,
+        "the restarted leader led {} ms after the kill (its session is 10 s)",
+        at - killed
     );
 }
