@@ -103,8 +103,9 @@ async fn hop_or_wait<M: Message>(
     may_hop: bool,
 ) -> Option<Outcome> {
     let Some(hop) = crate::delay::next_hop(now_ms, run_at).filter(|_| may_hop) else {
-        let left = run_at - crate::clock::now_ms();
-        return wait_out(waiter, left).await;
+        // Against the pipeline's clock, as every other stage waits: the
+        // harness's virtual clock then decides this wait too.
+        return wait_out(waiter, run_at - now_ms).await;
     };
     let target = crate::delay::delay_topic(&entry.delays_at, hop.bucket);
     let next = hop_headers(fw, msg, headers, hop.release_ms);
