@@ -17,7 +17,7 @@ use crate::worker::Attempt;
 #[derive(Clone, Debug, PartialEq)]
 pub(super) enum Next {
     /// Handled: mark the offset done.
-    Done,
+    Handled,
     /// Forward to a retry tier with these (rebuilt) headers, then mark done.
     Retry {
         /// Tier topic.
@@ -97,7 +97,7 @@ pub(super) fn next_step<M: rdkafka::message::Message>(
     now_ms: i64,
 ) -> Next {
     let (class, message, retry_after, backtrace) = match outcome {
-        Attempt::Done => return Next::Done,
+        Attempt::Handled => return Next::Handled,
         Attempt::Released => return Next::Released,
         Attempt::Failed {
             class,
@@ -277,7 +277,7 @@ mod tests {
         }
         assert_eq!(
             next_step(
-                &Attempt::Done,
+                &Attempt::Handled,
                 &record(),
                 "orders",
                 "orders",
@@ -287,7 +287,7 @@ mod tests {
                 0.0,
                 0
             ),
-            Next::Done
+            Next::Handled
         );
     }
 }

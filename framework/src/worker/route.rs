@@ -29,7 +29,7 @@ use crate::telemetry::metrics::{RegistryWait, WorkerGauges};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Attempt {
     /// The handler returned `Ok`.
-    Done,
+    Handled,
     /// The attempt failed; `class` decides what happens next.
     Failed {
         /// Classification of the failure.
@@ -381,7 +381,7 @@ async fn guarded(
         None => caught.await,
     };
     match outcome {
-        Ok(Ok(())) => Attempt::Done,
+        Ok(Ok(())) => Attempt::Handled,
         Ok(Err(e)) => Attempt::Failed {
             class: e.class(),
             message: e.message().to_string(),
@@ -538,7 +538,7 @@ mod tests {
         let outcome = route.run(Some(&payload), ctx(), &waiter, WATCHED).await;
         // Not a retryable failure (which would walk the tiers): the same
         // attempt ran once the registry answered.
-        assert_eq!(outcome, Attempt::Done);
+        assert_eq!(outcome, Attempt::Handled);
         assert_eq!(registry.calls.load(AtomicOrdering::SeqCst), 6);
         assert_eq!(handled.load(AtomicOrdering::SeqCst), 1);
     }
@@ -622,7 +622,7 @@ mod tests {
             released.cancel();
         };
         let (outcome, ()) = tokio::join!(run, revoke);
-        assert_eq!(outcome, Attempt::Done);
+        assert_eq!(outcome, Attempt::Handled);
         assert_eq!(handled.load(AtomicOrdering::SeqCst), 1);
     }
 
@@ -655,7 +655,7 @@ mod tests {
             let route = ping_route(registry.clone(), &layers, handled.clone());
             let waiter = Waiter::holding(Arc::new(CancellationToken::new()));
             let outcome = route.run(Some(&payload), ctx(), &waiter, WATCHED).await;
-            assert_eq!(outcome, Attempt::Done, "{} layers", layers.len());
+            assert_eq!(outcome, Attempt::Handled, "{} layers", layers.len());
             assert_eq!(handled.load(AtomicOrdering::SeqCst), 1);
         }
         assert_eq!(registry.fetches.load(AtomicOrdering::SeqCst), 0);
@@ -700,7 +700,7 @@ mod tests {
                 .run(Some(&frame(7, body)), ctx(), &waiter, WATCHED)
                 .await;
             match good {
-                true => assert_eq!(outcome, Attempt::Done, "{body:?}"),
+                true => assert_eq!(outcome, Attempt::Handled, "{body:?}"),
                 false => {
                     let Attempt::Failed { class, .. } = outcome else {
                         panic!("{body:?} decoded: {outcome:?}");

@@ -7,14 +7,14 @@ use tracing::{debug, warn};
 
 use super::decision::{next_step, Next, Outcome};
 use super::forward::Forwarder;
-use super::route::Attempt as RouteAttempt;
+use super::route::Attempt;
 use super::state::{RouteEntry, WorkerStats};
 use super::strict::{self, Gate};
 use crate::classify::ErrorClass;
 use crate::telemetry::spans::JobSpan;
 
 /// The attempt being settled, as its log lines name it.
-pub(super) struct Attempt<'a> {
+pub(super) struct AttemptLog<'a> {
     pub(super) id: &'a str,
     pub(super) job: &'static str,
     pub(super) attempt: u32,
@@ -43,9 +43,9 @@ pub(super) fn decide<'a, M: Message>(
     fw: &'a Forwarder,
     entry: &'a RouteEntry,
     msg: &'a M,
-    result: RouteAttempt,
+    result: Attempt,
     gate: Option<Gate<'a, 'a>>,
-    a: Attempt<'a>,
+    a: AttemptLog<'a>,
     unit: f64,
     failed_at_ms: i64,
 ) -> Settling<impl std::future::Future<Output = Outcome> + 'a> {
@@ -61,7 +61,7 @@ pub(super) fn decide<'a, M: Message>(
         failed_at_ms,
     );
     match (next, gate) {
-        (Next::Done, None) => Settling::Now(done(fw, msg, &a)),
+        (Next::Handled, None) => Settling::Now(done(fw, msg, &a)),
         (next, gate) => {
             // A retry's or a dead letter's lines carry the job's fields,
             // as the handler's did.
@@ -81,7 +81,7 @@ pub(super) async fn settle<M: Message>(
     msg: &M,
     next: Next,
     gate: Option<Gate<'_, '_>>,
-    a: &Attempt<'_>,
+    a: &AttemptLog<'_>,
 ) -> Outcome {
     let (id, job, attempt, duration_ms) = (a.id, a.job, a.attempt, a.duration_ms);
     let at = At(msg);
@@ -97,8 +97,8 @@ pub(super) async fn settle<M: Message>(
     };
     match next {
         Next::Released => Outcome::Released,
-        Next::Done if gate.is_none() => done(fw, msg, a),
-        Next::Done => {
+        Next::Handled if gate.is_none() => done(fw, msg, a),
+        Next::Handled => {
             done(fw, msg, a);
             finished(Outcome::Handled).await
         }
@@ -186,7 +186,7 @@ pub(super) async fn settle<M: Message>(
 
 /// Counts and logs a job its handler finished: all that settling a done
 /// job outside strict order takes, with nothing to await.
-pub(super) fn done<M: Message>(fw: &Forwarder, msg: &M, a: &Attempt<'_>) -> Outcome {
+pub(super) fn done<M: Message>(fw: &Forwarder, msg: &M, a: &AttemptLog<'_>) -> Outcome {
     let (id, job, attempt, duration_ms) = (a.id, a.job, a.attempt, a.duration_ms);
     WorkerStats::bump(&fw.stats.handled);
     fw.metrics.outcome(job, "ok");

@@ -1,16 +1,21 @@
-//! One attempt: a record from bytes to its final outcome, top to bottom.
+//! One attempt: a record from bytes to its final outcome, top to bottom,
+//! numbered as the steps of ARCHITECTURE.md:
 //!
-//! 1. the stages of its topic's role ([`super::stages`]): a delayed job or a
-//!    retry that is not due yet hops on;
-//! 2. strict order, on routes that ask for it ([`super::strict`]): a key's
-//!    later jobs wait behind its job in the retry path;
-//! 3. the handler ([`super::route`]): decode with the route's contract, the
+//! 6. before the handler: an operator's cancel, then the stages of its
+//!    topic's role ([`super::stages`]: a delayed job or a retry that is
+//!    not due yet hops on), a debounce window ([`super::debounce`]) and
+//!    strict order on routes that ask for it ([`super::strict`]: a key's
+//!    later jobs wait behind its job in the retry path);
+//! 7. the handler ([`super::route`]): decode with the route's contract, the
 //!    layers, the handler, under panic capture and the handler timeout; a
 //!    wait for a downstream is parked, without a slot ([`super::park`]);
-//! 4. the decision ([`super::decision`]): done, the next retry tier, or the
-//!    DLQ;
-//! 5. settling it ([`super::settle`]): the forward, acknowledged before the
-//!    offset may be released ([`super::forward`]), counted and logged.
+//! 8. the decision ([`super::decision`]): handled, the next retry tier, or
+//!    the DLQ;
+//! 9. the forward and settling ([`super::settle`]): the forward,
+//!    acknowledged before the offset may be released ([`super::forward`]),
+//!    counted and logged;
+//! 10. toward the commit: a job of a batch is recorded on the batch topic
+//!    first (the commit itself is the poll thread's).
 //!
 //! The worker and the test harness run exactly this; they differ only in
 //! the [`Sink`] forwards go to and the clock. Nothing here sleeps for a
@@ -219,7 +224,7 @@ impl Pipeline {
                 Ok(ready) => ready,
                 Err(ended) => return ended,
             };
-            // 3. The handler.
+            // Step 7: the handler.
             let job = entry.route.job_name();
             let (result, duration_ms) = self
                 .handle(entry, msg, ctx, &id, &span, waiter, now_ms)
@@ -229,16 +234,16 @@ impl Pipeline {
                 debug!(job.id = %id, job.type = job, attempt, "released before its handler started");
                 return Attempted::released(id, job, attempt);
             }
-            // 4. The decision, and 5. settling it. A retry's wait (a
+            // Steps 8 and 9: the decision, and settling it. A retry's wait (a
             // Retry-After above all) counts from the failure, not from when the
             // attempt began.
             // A job done needs no time: no clock read for it. A failure's
             // time is rounded up, so a wait counted from it never ends early.
             let failed_at_ms = match result {
-                Attempt::Done => now_ms,
+                Attempt::Handled => now_ms,
                 _ => self.clock.failed_at_ms().max(now_ms),
             };
-            let settling = settle::Attempt {
+            let settling = settle::AttemptLog {
                 id: &id,
                 job,
                 attempt,
@@ -258,7 +263,7 @@ impl Pipeline {
                 settle::Settling::Now(outcome) => outcome,
                 settle::Settling::Later(forward) => forward.await,
             };
-            // 6. A job of a batch: its completion goes to the batch topic,
+            // Step 10: a job of a batch: its completion goes to the batch topic,
             // acknowledged before its offset is committed (the recorder's
             // barrier in the commit path).
             if let (Some(batch), Some(recorder)) = (&batch, &self.batches) {
@@ -360,7 +365,7 @@ impl Pipeline {
                 attempt: headers.attempt.unwrap_or(1).max(1),
             })
         };
-        // 0. An operator's hand: a cancelled waiting job is finished unrun;
+        // Step 6, before the handler. An operator's hand: a cancelled waiting job is finished unrun;
         // a job another group's operator moved to "now" is that group's.
         if entry.role.holds() && self.is_cancelled(entry, &headers) {
             let outcome = Box::pin(self.cancelled(entry, msg, &headers, job)).await;
@@ -370,7 +375,7 @@ impl Pipeline {
             WorkerStats::bump(&self.fw.stats.skipped_foreign);
             return ended(Outcome::Handled);
         }
-        // 1. The stages of the topic's role. Boxed, like every rare path:
+        // The stages of the topic's role. Boxed, like every rare path:
         // their futures stay out of this one's state.
         let mut now_ms = now_ms;
         if entry.role.holds() || headers.run_at_ms.is_some() {
@@ -405,7 +410,7 @@ impl Pipeline {
                 now_ms = now_ms.max(self.clock.now_ms());
             }
         }
-        // 2. Strict order.
+        // Strict order.
         if let Some(g) = &gate {
             if let Some(outcome) = Box::pin(g.before(&self.fw, entry, msg, &headers, now_ms)).await
             {

@@ -166,7 +166,7 @@ impl Pipeline {
         let view = headers.view();
         let ctx = context_for(msg, &view, Arc::from(id.as_str()), &self.group, None, job);
         let span = handle_span(msg, topic_entry, &ctx, &view, Some(headers), &self.server);
-        let settling = settle::Attempt {
+        let settling = settle::AttemptLog {
             id: &id,
             job,
             attempt,
