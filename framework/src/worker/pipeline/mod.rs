@@ -15,7 +15,7 @@
 //!    acknowledged before the offset may be released ([`super::forward`]),
 //!    counted and logged;
 //! 10. toward the commit: a job of a batch is recorded on the batch topic
-//!    first (the commit itself is the poll thread's).
+//!     first (the commit itself is the poll thread's).
 //!
 //! The worker and the test harness run exactly this; they differ only in
 //! the [`Sink`] forwards go to and the clock. Nothing here sleeps for a
