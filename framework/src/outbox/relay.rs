@@ -206,13 +206,6 @@ impl Relay {
         self.metrics_addr.is_some()
     }
 
-    /// Records into `metrics` (for example one created with
-    /// [`OutboxMetrics::prometheus`] and served by your own endpoint).
-    pub fn with_metrics(mut self, metrics: OutboxMetrics) -> Self {
-        self.metrics = metrics;
-        self
-    }
-
     /// The relay's instruments and gauge values.
     pub fn metrics(&self) -> OutboxMetrics {
         self.metrics.clone()

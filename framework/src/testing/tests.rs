@@ -370,3 +370,58 @@ fn a_shared_tier_of_routes_of_one_priority_is_read_at_it() {
         .unwrap();
     assert_eq!(routes.entries["g.retry.5s"].priority, crate::Priority::High);
 }
+
+#[tokio::test]
+async fn poison_bytes_enqueued_raw_are_dead_lettered_as_not_framed_and_committed() {
+    let log: Log = Default::default();
+    let builder = Worker::builder(KafkaConfig::from_env(), "g").handle(recording(log.clone()));
+    let mut h = Harness::new(builder).unwrap();
+    h.enqueue_raw("steps", "k", b"not avro at all").unwrap();
+    h.enqueue(&Step {
+        key: "k".into(),
+        seq: 1,
+    })
+    .unwrap();
+    h.run().await;
+    let dead = h.dead_letters();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].class, "decode.not_framed");
+    assert_eq!(dead[0].topic, "steps.dlq");
+    assert_eq!(
+        log.lock().unwrap().clone(),
+        vec![("k".to_string(), 1)],
+        "the key's next job still ran"
+    );
+    assert_eq!(h.committed("steps"), Some(2));
+}
+
+#[tokio::test]
+async fn random_jitter_spreads_retry_due_times_that_are_exact_by_default() {
+    async fn due_times(jitter: bool) -> Vec<i64> {
+        let builder = Worker::builder(KafkaConfig::from_env(), "g")
+            .handle(|_: Step, _: JobContext| async move { Err(JobError::server("503")) })
+            .retry(crate::retry::RetryPolicy::tiers([Duration::from_secs(60)]));
+        let mut h = Harness::new(builder).unwrap();
+        if jitter {
+            h = h.with_random_jitter();
+        }
+        for seq in 0..20 {
+            h.enqueue(&Step {
+                key: format!("k{seq}"),
+                seq,
+            })
+            .unwrap();
+        }
+        h.run().await;
+        let mut due: Vec<i64> = h.waiting().iter().map(|w| w.due_at_ms).collect();
+        assert_eq!(due.len(), 20, "every job waits in the tier");
+        due.sort_unstable();
+        due.dedup();
+        due
+    }
+    assert_eq!(due_times(false).await.len(), 1, "exact: one due time");
+    assert!(
+        due_times(true).await.len() > 1,
+        "random jitter gives the jobs different due times"
+    );
+}

@@ -625,22 +625,3 @@ pub async fn execute_resolve(
     }
     Ok(plan.picked.len())
 }
-
-/// Resolves the unresolved records (`at`, or all passing `select`, which
-/// then must filter something) with a required `reason`, audited as
-/// `resolved` by `by`: [`plan_resolve`] then [`execute_resolve`], as the
-/// dashboard's button does. Returns the DLQ topic and the count.
-pub async fn resolve_records(
-    config: &KafkaConfig,
-    select: &Select,
-    at: &[Coordinates],
-    reason: &str,
-    by: &str,
-) -> Result<(String, usize)> {
-    if reason.trim().is_empty() {
-        return Err(Problem::usage("--reason must say why the records need no re-drive").into());
-    }
-    let plan = plan_resolve(config, select, at, None).await?;
-    let n = execute_resolve(config, &plan, reason, by).await?;
-    Ok((plan.dlq, n))
-}
