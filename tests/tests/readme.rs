@@ -119,6 +119,27 @@ fn the_settings_chapter_has_a_row_for_every_builder_method() {
     );
 }
 
+/// The failure path's table of error classes lists exactly
+/// `ErrorClass::ALL`: a class added to the code without a row, or a row
+/// left for a class removed, fails.
+#[test]
+fn the_failure_path_lists_every_error_class() {
+    let book = repo_file("docs/src/failure-path.md");
+    let marker = "| class | retried | what it means |";
+    let table = &book[book.find(marker).expect("the error classes table") + marker.len()..];
+    let rows: std::collections::BTreeSet<String> = table
+        .lines()
+        .skip(1)
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| l.strip_prefix("| `")?.split('`').next().map(String::from))
+        .collect();
+    let all: std::collections::BTreeSet<String> = kjob::ErrorClass::ALL
+        .iter()
+        .map(|c| c.as_str().to_string())
+        .collect();
+    assert_eq!(rows, all, "docs/src/failure-path.md's classes");
+}
+
 /// `"KJOB_..."` literals in the non-test code of a crate's `src/` (a file
 /// named `tests.rs`, and what follows `#[cfg(test)]`, are tests).
 fn variables_in(dir: &Path, out: &mut std::collections::BTreeSet<String>) {
