@@ -164,49 +164,7 @@ pub(crate) async fn run(ctx: &Ctx, cmd: BatchesCommand) -> Result<()> {
             if ctx.json() {
                 return json(&as_json(&b, now));
             }
-            outln!("batch:         {}", for_terminal(&b.batch, CELL_WIDTH))?;
-            outln!("status:        {}", b.status().as_str())?;
-            outln!(
-                "jobs:          {} of {} finished: {} succeeded, {} dead-lettered{}",
-                b.finished(),
-                b.total,
-                b.succeeded,
-                b.dead_lettered,
-                if b.sealed_ms.is_some() {
-                    ""
-                } else {
-                    " (not sealed: more may come)"
-                }
-            )?;
-            if b.late > 0 {
-                outln!(
-                    "late:          {} enqueued after the seal (not counted)",
-                    b.late
-                )?;
-            }
-            outln!(
-                "opened:        {} by {} ({} ago)",
-                format_ms(b.opened_ms),
-                for_terminal(b.opened_by.as_deref().unwrap_or("?"), CELL_WIDTH),
-                age(&b, now)
-            )?;
-            outln!(
-                "sealed:        {}",
-                b.sealed_ms.map_or("no".into(), |t| format_ms(Some(t)))
-            )?;
-            outln!(
-                "completed:     {}",
-                b.completed_ms.map_or("no".into(), |t| format_ms(Some(t)))
-            )?;
-            outln!("callbacks:     {}", callbacks(&b))?;
-            if let Some(c) = &b.cancelled {
-                outln!(
-                    "cancelled:     {} by {}: {}",
-                    format_ms(Some(c.at_ms)),
-                    for_terminal(&c.by, CELL_WIDTH),
-                    for_terminal(&c.reason, CELL_WIDTH)
-                )?;
-            }
+            print_batch(&b, now)?;
         }
         BatchesCommand::Cancel {
             batch,
@@ -244,6 +202,54 @@ pub(crate) async fn run(ctx: &Ctx, cmd: BatchesCommand) -> Result<()> {
                 for_terminal(&by, CELL_WIDTH)
             )?;
         }
+    }
+    Ok(())
+}
+
+/// `kjob batches show`'s text: one line per fact of the batch.
+fn print_batch(b: &BatchState, now: i64) -> Result<()> {
+    outln!("batch:         {}", for_terminal(&b.batch, CELL_WIDTH))?;
+    outln!("status:        {}", b.status().as_str())?;
+    outln!(
+        "jobs:          {} of {} finished: {} succeeded, {} dead-lettered{}",
+        b.finished(),
+        b.total,
+        b.succeeded,
+        b.dead_lettered,
+        if b.sealed_ms.is_some() {
+            ""
+        } else {
+            " (not sealed: more may come)"
+        }
+    )?;
+    if b.late > 0 {
+        outln!(
+            "late:          {} enqueued after the seal (not counted)",
+            b.late
+        )?;
+    }
+    outln!(
+        "opened:        {} by {} ({} ago)",
+        format_ms(b.opened_ms),
+        for_terminal(b.opened_by.as_deref().unwrap_or("?"), CELL_WIDTH),
+        age(b, now)
+    )?;
+    outln!(
+        "sealed:        {}",
+        b.sealed_ms.map_or("no".into(), |t| format_ms(Some(t)))
+    )?;
+    outln!(
+        "completed:     {}",
+        b.completed_ms.map_or("no".into(), |t| format_ms(Some(t)))
+    )?;
+    outln!("callbacks:     {}", callbacks(b))?;
+    if let Some(c) = &b.cancelled {
+        outln!(
+            "cancelled:     {} by {}: {}",
+            format_ms(Some(c.at_ms)),
+            for_terminal(&c.by, CELL_WIDTH),
+            for_terminal(&c.reason, CELL_WIDTH)
+        )?;
     }
     Ok(())
 }

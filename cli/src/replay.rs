@@ -164,30 +164,7 @@ pub(crate) async fn run(ctx: &Ctx, args: ReplayArgs) -> Result<()> {
         };
         // The undo file holds what is committed for the group that moves.
         let exported = match &args.export {
-            Some(path) => {
-                let current = if into == args.group {
-                    rows.clone()
-                } else {
-                    // A shadow group: its own positions, before the seed.
-                    let topics: Vec<String> = {
-                        let mut t: Vec<String> = rows.iter().map(|r| r.topic.clone()).collect();
-                        t.dedup();
-                        t
-                    };
-                    let now = kjob_ops::lag::group_lag(&config, &into, &topics)?;
-                    rows.iter()
-                        .map(|r| ReplayRow {
-                            committed: now
-                                .iter()
-                                .find(|p| p.topic == r.topic && p.partition == r.partition)
-                                .and_then(|p| p.committed),
-                            ..r.clone()
-                        })
-                        .collect()
-                };
-                let (lines, skipped) = write_current_offsets(path, &current)?;
-                Some((path.clone(), lines, skipped))
-            }
+            Some(path) => Some(export_current(&config, path, &args.group, &into, &rows)?),
             None => None,
         };
         let total: i64 = rows.iter().map(|r| r.replayed().max(0)).sum();
@@ -244,6 +221,37 @@ pub(crate) async fn run(ctx: &Ctx, args: ReplayArgs) -> Result<()> {
     })
     .await
     .map_err(|e| anyhow!("background task: {e}"))?
+}
+
+/// Writes the positions `into` has committed now for `rows`' partitions to
+/// `path` (the undo file): the rows' own when `into` is the replayed
+/// group, a shadow group's own positions (before its seed) otherwise.
+/// Returns the file, its lines and the partitions left out.
+fn export_current(
+    config: &kjob::KafkaConfig,
+    path: &std::path::Path,
+    group: &str,
+    into: &str,
+    rows: &[ReplayRow],
+) -> Result<(PathBuf, usize, usize)> {
+    let current: Vec<ReplayRow> = if into == group {
+        rows.to_vec()
+    } else {
+        let mut topics: Vec<String> = rows.iter().map(|r| r.topic.clone()).collect();
+        topics.dedup();
+        let now = kjob_ops::lag::group_lag(config, into, &topics)?;
+        rows.iter()
+            .map(|r| ReplayRow {
+                committed: now
+                    .iter()
+                    .find(|p| p.topic == r.topic && p.partition == r.partition)
+                    .and_then(|p| p.committed),
+                ..r.clone()
+            })
+            .collect()
+    };
+    let (lines, skipped) = write_current_offsets(path, &current)?;
+    Ok((path.to_path_buf(), lines, skipped))
 }
 
 /// How many of the records a plan hands back are in retry tiers (a route's

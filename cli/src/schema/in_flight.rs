@@ -84,17 +84,7 @@ pub(super) async fn run(
         .iter()
         .map(|t| (t.topic.as_str(), t.contract.as_str()))
         .collect();
-    // Each writer id once: `None` when the registry has no such id, else
-    // the schema or why it does not parse.
-    let mut writers: BTreeMap<u32, Option<Result<Schema, String>>> = BTreeMap::new();
-    for c in &counts {
-        if let Writer::Id(id) = c.writer {
-            if let std::collections::btree_map::Entry::Vacant(slot) = writers.entry(id) {
-                let text = codec.client().schema_by_id(id).await?;
-                slot.insert(text.map(|t| Schema::parse_str(&t).map_err(|e| e.to_string())));
-            }
-        }
-    }
+    let writers = writer_schemas(codec, &counts).await?;
 
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED);
@@ -116,18 +106,7 @@ pub(super) async fn run(
             .copied()
             .or(c.contract.as_deref());
         let reader = contract.and_then(|name| newest.get(name).copied());
-        let verdict = match (c.writer, reader) {
-            (Writer::Unframed, _) => Verdict::Unframed,
-            (_, None) => Verdict::NoLocalContract,
-            (Writer::Id(id), Some(reader)) => match writers.get(&id).and_then(Option::as_ref) {
-                None => Verdict::UnknownId,
-                Some(Err(e)) => Verdict::Unparsable(e.clone()),
-                Some(Ok(writer)) => match can_read(writer, reader) {
-                    Ok(()) => Verdict::Reads,
-                    Err(reason) => Verdict::CannotRead(reason),
-                },
-            },
-        };
+        let verdict = verdict(c.writer, reader, &writers);
         if verdict.fails() {
             failures += c.count;
         }
@@ -175,4 +154,42 @@ pub(super) async fn run(
         rows,
         failures: usize::try_from(failures).unwrap_or(usize::MAX),
     })
+}
+
+/// Each writer id of `counts` once: `None` when the registry has no such
+/// id, else the schema or why it does not parse.
+async fn writer_schemas(
+    codec: &Codec,
+    counts: &[WriterCount],
+) -> Result<BTreeMap<u32, Option<Result<Schema, String>>>> {
+    let mut writers = BTreeMap::new();
+    for c in counts {
+        if let Writer::Id(id) = c.writer {
+            if let std::collections::btree_map::Entry::Vacant(slot) = writers.entry(id) {
+                let text = codec.client().schema_by_id(id).await?;
+                slot.insert(text.map(|t| Schema::parse_str(&t).map_err(|e| e.to_string())));
+            }
+        }
+    }
+    Ok(writers)
+}
+
+/// Whether `reader` reads the jobs of `writer` (`None`: no local contract).
+fn verdict(
+    writer: Writer,
+    reader: Option<&Schema>,
+    writers: &BTreeMap<u32, Option<Result<Schema, String>>>,
+) -> Verdict {
+    match (writer, reader) {
+        (Writer::Unframed, _) => Verdict::Unframed,
+        (_, None) => Verdict::NoLocalContract,
+        (Writer::Id(id), Some(reader)) => match writers.get(&id).and_then(Option::as_ref) {
+            None => Verdict::UnknownId,
+            Some(Err(e)) => Verdict::Unparsable(e.clone()),
+            Some(Ok(writer)) => match can_read(writer, reader) {
+                Ok(()) => Verdict::Reads,
+                Err(reason) => Verdict::CannotRead(reason),
+            },
+        },
+    }
 }

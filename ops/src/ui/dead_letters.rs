@@ -34,20 +34,8 @@ pub(super) async fn dlq_list(
     Params(q): Params<DlqQuery>,
 ) -> Response {
     if q.select.topic.trim().is_empty() {
-        let routes = state.routes.read().map(|r| r.clone()).unwrap_or_default();
-        return layout(&state, "Dead letters", html! {
-            h1 { "Dead letters" }
-            table {
-                thead { tr { th { "route" } th { "group" } th.num { "unresolved" } } }
-                tbody { @for v in &routes { tr {
-                    td { a href={"/dlq?topic=" (urlencode(&v.key.topic))} { (v.key.topic) } }
-                    td { (v.key.group) }
-                    td.num { (v.status.as_ref().and_then(|s| s.dlq_unresolved).map_or("-".to_string(), |n| n.to_string())) }
-                } } }
-            }
-        }).into_response();
+        return dlq_index_of_routes(&state);
     }
-    let all = q.all.is_some();
     let select = &q.select;
     let topic = select.topic.clone();
     let index = state.dlq_index(&topic).await;
@@ -96,18 +84,7 @@ pub(super) async fn dlq_list(
                         }
                     }
                 }
-                form.inline method="get" action="/dlq" {
-                    input type="hidden" name="topic" value=(topic);
-                    label { "search (key, job id, error, payload)" input name="q" size="30" value=(q.q.clone().unwrap_or_default()); }
-                    label { "job" input name="job" value=(select.job.clone().unwrap_or_default()); }
-                    label { "error class" input name="class" placeholder="e.g. permanent" value=(select.class.clone().unwrap_or_default()); }
-                    label { "since" input name="since" placeholder="2h or 2026-11-29T10:00:00" value=(select.since.clone().unwrap_or_default()); }
-                    label { "until" input name="until" value=(select.until.clone().unwrap_or_default()); }
-                    label { "re-driven / resolved too" input type="checkbox" name="all" value="on" checked[all]; }
-                    input type="hidden" name="sort" value=(q.sort().name());
-                    input type="hidden" name="dir" value=(if q.desc() { "desc" } else { "asc" });
-                    button.secondary type="submit" { "Filter" }
-                }
+                (filter_form(&q, &topic))
                 @let pages = p.matched.div_ceil(query.limit.max(1)).max(1);
                 @let number = q.page();
                 @let from = (query.offset + 1).min(p.matched);
@@ -149,6 +126,40 @@ pub(super) async fn dlq_list(
             }
         }
     }).into_response()
+}
+
+/// `/dlq` without a topic: every route's DLQ with its unresolved count.
+fn dlq_index_of_routes(state: &Shared) -> Response {
+    let routes = state.routes.read().map(|r| r.clone()).unwrap_or_default();
+    layout(state, "Dead letters", html! {
+        h1 { "Dead letters" }
+        table {
+            thead { tr { th { "route" } th { "group" } th.num { "unresolved" } } }
+            tbody { @for v in &routes { tr {
+                td { a href={"/dlq?topic=" (urlencode(&v.key.topic))} { (v.key.topic) } }
+                td { (v.key.group) }
+                td.num { (v.status.as_ref().and_then(|s| s.dlq_unresolved).map_or("-".to_string(), |n| n.to_string())) }
+            } } }
+        }
+    }).into_response()
+}
+
+/// The search and filter form over one DLQ, keeping the sort.
+fn filter_form(q: &DlqQuery, topic: &str) -> Markup {
+    html! {
+        form.inline method="get" action="/dlq" {
+            input type="hidden" name="topic" value=(topic);
+            label { "search (key, job id, error, payload)" input name="q" size="30" value=(q.q.clone().unwrap_or_default()); }
+            label { "job" input name="job" value=(q.select.job.clone().unwrap_or_default()); }
+            label { "error class" input name="class" placeholder="e.g. permanent" value=(q.select.class.clone().unwrap_or_default()); }
+            label { "since" input name="since" placeholder="2h or 2026-11-29T10:00:00" value=(q.select.since.clone().unwrap_or_default()); }
+            label { "until" input name="until" value=(q.select.until.clone().unwrap_or_default()); }
+            label { "re-driven / resolved too" input type="checkbox" name="all" value="on" checked[q.all.is_some()]; }
+            input type="hidden" name="sort" value=(q.sort().name());
+            input type="hidden" name="dir" value=(if q.desc() { "desc" } else { "asc" });
+            button.secondary type="submit" { "Filter" }
+        }
+    }
 }
 
 /// The page's rows, with a checkbox per unresolved row when actions are
