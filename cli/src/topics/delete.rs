@@ -106,55 +106,10 @@ pub(super) async fn run(
     };
     // Refuse while anyone reads them: a live member would recreate a
     // topic it owns (or fail), and a route's jobs would be lost with it.
-    let c = ctx.config.clone();
-    let described = blocking(move || Ok(describe_groups(&c, None)?)).await?;
-    let mut live = live_readers(&described, &targets);
-    if let Some(g) = &group {
-        for d in described.iter().filter(|d| d.name == *g) {
-            for m in &d.members {
-                live.push(format!("{}@{} (group {})", m.client_id, m.host, d.name));
-            }
-        }
-        live.sort();
-        live.dedup();
-    }
-    if !live.is_empty() {
-        return Err(anyhow!(Problem::refused(format!(
-            "{what} has live members: {}; stop them first (a worker that shut down cleanly has left; a killed one leaves when its session times out)",
-            live.join(", ")
-        ))));
-    }
+    refuse_while_read(&ctx.config, &what, &targets, group.as_deref()).await?;
     let deletes_group = group.is_some();
     if execute {
-        let admin: AdminClient<DefaultClientContext> = ctx
-            .config
-            .client_config(&[])
-            .create()
-            .map_err(|e| kjob::Error::kafka("creating admin client", e))?;
-        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-        let names: Vec<&str> = targets.iter().map(|(t, _, _)| t.as_str()).collect();
-        if !names.is_empty() {
-            for r in admin
-                .delete_topics(&names, &opts)
-                .await
-                .map_err(|e| kjob::Error::kafka("deleting topics", e))?
-            {
-                if let Err((topic, code)) = r {
-                    return Err(anyhow!("deleting topic {topic}: {code}"));
-                }
-            }
-        }
-        if let Some(g) = &group {
-            for r in admin
-                .delete_groups(&[g.as_str()], &opts)
-                .await
-                .map_err(|e| kjob::Error::kafka("deleting the group", e))?
-            {
-                if let Err((name, code)) = r {
-                    return Err(anyhow!("deleting group {name}: {code}"));
-                }
-            }
-        }
+        delete(&ctx.config, &targets, group.as_deref()).await?;
     }
     let state = if execute {
         "deleted"
@@ -200,6 +155,71 @@ pub(super) async fn run(
     )?;
     if !execute {
         outln!("dry run: add --execute to delete")?;
+    }
+    Ok(())
+}
+
+/// Refuses while a live member reads `targets`, or is a member of `group`.
+async fn refuse_while_read(
+    config: &kjob::KafkaConfig,
+    what: &str,
+    targets: &[(String, Role, usize)],
+    group: Option<&str>,
+) -> Result<()> {
+    let c = config.clone();
+    let described = blocking(move || Ok(describe_groups(&c, None)?)).await?;
+    let mut live = live_readers(&described, targets);
+    if let Some(g) = group {
+        for d in described.iter().filter(|d| d.name == g) {
+            for m in &d.members {
+                live.push(format!("{}@{} (group {})", m.client_id, m.host, d.name));
+            }
+        }
+        live.sort();
+        live.dedup();
+    }
+    if live.is_empty() {
+        return Ok(());
+    }
+    Err(anyhow!(Problem::refused(format!(
+            "{what} has live members: {}; stop them first (a worker that shut down cleanly has left; a killed one leaves when its session times out)",
+        live.join(", ")
+    ))))
+}
+
+/// Deletes `targets` and, when named, `group` (its committed offsets).
+async fn delete(
+    config: &kjob::KafkaConfig,
+    targets: &[(String, Role, usize)],
+    group: Option<&str>,
+) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = config
+        .client_config(&[])
+        .create()
+        .map_err(|e| kjob::Error::kafka("creating admin client", e))?;
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let names: Vec<&str> = targets.iter().map(|(t, _, _)| t.as_str()).collect();
+    if !names.is_empty() {
+        for r in admin
+            .delete_topics(&names, &opts)
+            .await
+            .map_err(|e| kjob::Error::kafka("deleting topics", e))?
+        {
+            if let Err((topic, code)) = r {
+                return Err(anyhow!("deleting topic {topic}: {code}"));
+            }
+        }
+    }
+    if let Some(g) = group {
+        for r in admin
+            .delete_groups(&[g], &opts)
+            .await
+            .map_err(|e| kjob::Error::kafka("deleting the group", e))?
+        {
+            if let Err((name, code)) = r {
+                return Err(anyhow!("deleting group {name}: {code}"));
+            }
+        }
     }
     Ok(())
 }

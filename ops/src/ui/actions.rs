@@ -225,6 +225,66 @@ async fn picked(state: &AppState, f: &ActionForm) -> Result<(String, Vec<DeadLet
 /// Rows a re-drive preview lists; the count covers all of them.
 const PREVIEW_ROWS: usize = 200;
 
+/// The dry run of a re-drive: what would move, what is held back and why,
+/// and the button that executes it with the same selection.
+fn redrive_preview(
+    state: &Shared,
+    token: &FormToken,
+    f: &ActionForm,
+    plan: &crate::dlq::RedrivePlan,
+    rate: u32,
+) -> Response {
+    let now = kjob::clock::now_ms();
+    let to = match f.to {
+        Target::Retry => "retry",
+        Target::Main => "main",
+    };
+    layout(state, "Re-drive preview", html! {
+        h1 { "Re-drive preview (dry run)" }
+        p.notice.preview {
+            (plan.picked.len()) " record(s) would be re-driven to " code { (plan.target_topic) }
+            " at most " (rate) " per second."
+        }
+        table.dlq {
+            thead { tr { th.c-at { "partition:offset" } th.c-job { "job" } th.c-key { "key" } th.c-class { "error class" } th.c-time { "failed at" } } }
+            tbody { @for d in plan.picked.iter().take(PREVIEW_ROWS) { tr {
+                td.mono { (d.at) } td { (cut(d.headers.job.as_deref().unwrap_or_default(), CELL_CHARS)) }
+                td.mono.key { (cut(d.key.as_deref().unwrap_or_default(), CELL_CHARS)) }
+                td { (cut(d.headers.error_class.as_deref().unwrap_or_default(), CELL_CHARS)) }
+                td.time { (when(d.timestamp_ms, now)) }
+            } } }
+        }
+        @if plan.picked.len() > PREVIEW_ROWS {
+            p.muted { "… and " (plan.picked.len() - PREVIEW_ROWS) " more" }
+        }
+        @if !plan.held.is_empty() {
+            p.notice.held #redrive-held {
+                (plan.held.len()) " record(s) held back, left in place: "
+                (plan.checked_against.as_deref().unwrap_or("the reader")) " cannot read them, so a re-drive would send them straight back."
+            }
+            table.dlq {
+                thead { tr { th.c-at { "partition:offset" } th.c-job { "job" } th { "why it is held back" } } }
+                tbody { @for h in plan.held.iter().take(PREVIEW_ROWS) { tr {
+                    td.mono { (h.letter.at) } td { (cut(h.letter.headers.job.as_deref().unwrap_or_default(), CELL_CHARS)) }
+                    td { (cut(&h.reason, 400)) }
+                } } }
+            }
+        }
+        @if !plan.picked.is_empty() {
+            form.inline method="post" action="/dlq/redrive" {
+                input type="hidden" name="csrf" value=(token.0);
+                (hidden_select(&f.select, f.q.as_deref(), None))
+                @if let Some(a) = &f.at { input type="hidden" name="at" value=(a); }
+                input type="hidden" name="to" value=(to);
+                input type="hidden" name="rate" value=(rate);
+                input type="hidden" name="execute" value="1";
+                button #redrive-execute type="submit" { "Re-drive " (plan.picked.len()) " record(s)" }
+            }
+        }
+        p { a href={"/dlq?topic=" (urlencode(&f.select.topic))} { "Back to the dead letters" } }
+    }).into_response()
+}
+
 /// `POST /dlq/redrive`: without `execute` the dry-run preview, with it a
 /// background task and a redirect to its progress page.
 pub(super) async fn redrive(
@@ -244,7 +304,6 @@ pub(super) async fn redrive(
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    let select = f.select.clone();
     let (main, letters) = match picked(&state, &f).await {
         Ok(p) => p,
         Err(r) => return r,
@@ -254,56 +313,8 @@ pub(super) async fn redrive(
         Ok(p) => p,
         Err(e) => return error_page(upstream_or(&e, StatusCode::BAD_REQUEST), &format!("{e:#}")),
     };
-    let now = kjob::clock::now_ms();
     if f.execute.is_none() {
-        let to = match f.to {
-            Target::Retry => "retry",
-            Target::Main => "main",
-        };
-        return layout(&state, "Re-drive preview", html! {
-            h1 { "Re-drive preview (dry run)" }
-            p.notice.preview {
-                (plan.picked.len()) " record(s) would be re-driven to " code { (plan.target_topic) }
-                " at most " (rate) " per second."
-            }
-            table.dlq {
-                thead { tr { th.c-at { "partition:offset" } th.c-job { "job" } th.c-key { "key" } th.c-class { "error class" } th.c-time { "failed at" } } }
-                tbody { @for d in plan.picked.iter().take(PREVIEW_ROWS) { tr {
-                    td.mono { (d.at) } td { (cut(d.headers.job.as_deref().unwrap_or_default(), CELL_CHARS)) }
-                    td.mono.key { (cut(d.key.as_deref().unwrap_or_default(), CELL_CHARS)) }
-                    td { (cut(d.headers.error_class.as_deref().unwrap_or_default(), CELL_CHARS)) }
-                    td.time { (when(d.timestamp_ms, now)) }
-                } } }
-            }
-            @if plan.picked.len() > PREVIEW_ROWS {
-                p.muted { "… and " (plan.picked.len() - PREVIEW_ROWS) " more" }
-            }
-            @if !plan.held.is_empty() {
-                p.notice.held #redrive-held {
-                    (plan.held.len()) " record(s) held back, left in place: "
-                    (plan.checked_against.as_deref().unwrap_or("the reader")) " cannot read them, so a re-drive would send them straight back."
-                }
-                table.dlq {
-                    thead { tr { th.c-at { "partition:offset" } th.c-job { "job" } th { "why it is held back" } } }
-                    tbody { @for h in plan.held.iter().take(PREVIEW_ROWS) { tr {
-                        td.mono { (h.letter.at) } td { (cut(h.letter.headers.job.as_deref().unwrap_or_default(), CELL_CHARS)) }
-                        td { (cut(&h.reason, 400)) }
-                    } } }
-                }
-            }
-            @if !plan.picked.is_empty() {
-                form.inline method="post" action="/dlq/redrive" {
-                    input type="hidden" name="csrf" value=(token.0);
-                    (hidden_select(&select, f.q.as_deref(), None))
-                    @if let Some(a) = &f.at { input type="hidden" name="at" value=(a); }
-                    input type="hidden" name="to" value=(to);
-                    input type="hidden" name="rate" value=(rate);
-                    input type="hidden" name="execute" value="1";
-                    button #redrive-execute type="submit" { "Re-drive " (plan.picked.len()) " record(s)" }
-                }
-            }
-            p { a href={"/dlq?topic=" (urlencode(&f.select.topic))} { "Back to the dead letters" } }
-        }).into_response();
+        return redrive_preview(&state, &token, &f, &plan, rate);
     }
     if plan.picked.is_empty() {
         let why = match plan.held.first() {

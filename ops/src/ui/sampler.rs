@@ -172,6 +172,64 @@ impl Offline {
     }
 }
 
+/// Adds to `keys` the route of every topic a kjob worker's group reads
+/// (or, with no member left, last committed), sorted: batch topics are a
+/// coordinator's, not routes, and only groups with a control topic are
+/// kjob workers'.
+fn discover_routes(
+    config: &kjob::KafkaConfig,
+    groups: &[Group],
+    all_topics: &[String],
+    offline: &mut Offline,
+    keys: &mut Vec<RouteKey>,
+) {
+    // A batch topic is folded by its coordinator group, not a route:
+    // the worker's own naming rules tell (kjob::deployment::classify).
+    let names: Vec<String> = groups.iter().map(|g| g.name.clone()).collect();
+    let roles = kjob::deployment::classify(all_topics, &names);
+    let routed = |t: &str| {
+        !matches!(
+            roles.get(t).map(|c| c.role),
+            Some(kjob::deployment::Role::Batch | kjob::deployment::Role::BatchState)
+        )
+    };
+    // Only kjob workers' groups: every worker creates its group's
+    // control topic at start.
+    let existing: std::collections::HashSet<&str> = all_topics.iter().map(String::as_str).collect();
+    let kjob_group = |g: &str| existing.contains(kjob::control::control_topic(g).as_str());
+    let idle: Vec<&str> = groups
+        .iter()
+        .filter(|g| g.members.is_empty() && kjob_group(&g.name))
+        .map(|g| g.name.as_str())
+        .collect();
+    offline.refresh(config, &idle);
+    for g in groups
+        .iter()
+        .filter(|g| !g.members.is_empty() || kjob_group(&g.name))
+    {
+        // A group whose workers are all gone (the demo ended, every
+        // worker crashed) keeps its routes on the overview through the
+        // offsets it committed, marked as having no member, its lag
+        // still counted.
+        let topics = match g.members.is_empty() {
+            false => g.assigned_topics(),
+            true => offline.topics(&g.name),
+        };
+        for t in topics.iter().filter(|t| routed(t)) {
+            if let Some(main) = route_for(t, &g.name) {
+                let key = RouteKey {
+                    topic: main.to_string(),
+                    group: g.name.clone(),
+                };
+                if !keys.contains(&key) {
+                    keys.push(key);
+                }
+            }
+        }
+    }
+    keys.sort();
+}
+
 fn tick(
     state: &Shared,
     mut previous: HashMap<RouteKey, RouteSample>,
@@ -208,52 +266,7 @@ fn tick(
         *p = (!problems.is_empty()).then(|| problems.join("; "));
     }
     if discover {
-        // A batch topic is folded by its coordinator group, not a route:
-        // the worker's own naming rules tell (kjob::deployment::classify).
-        let names: Vec<String> = groups.iter().map(|g| g.name.clone()).collect();
-        let roles = kjob::deployment::classify(&all_topics, &names);
-        let routed = |t: &str| {
-            !matches!(
-                roles.get(t).map(|c| c.role),
-                Some(kjob::deployment::Role::Batch | kjob::deployment::Role::BatchState)
-            )
-        };
-        // Only kjob workers' groups: every worker creates its group's
-        // control topic at start.
-        let existing: std::collections::HashSet<&str> =
-            all_topics.iter().map(String::as_str).collect();
-        let kjob_group = |g: &str| existing.contains(kjob::control::control_topic(g).as_str());
-        let idle: Vec<&str> = groups
-            .iter()
-            .filter(|g| g.members.is_empty() && kjob_group(&g.name))
-            .map(|g| g.name.as_str())
-            .collect();
-        offline.refresh(config, &idle);
-        for g in groups
-            .iter()
-            .filter(|g| !g.members.is_empty() || kjob_group(&g.name))
-        {
-            // A group whose workers are all gone (the demo ended, every
-            // worker crashed) keeps its routes on the overview through the
-            // offsets it committed, marked as having no member, its lag
-            // still counted.
-            let topics = match g.members.is_empty() {
-                false => g.assigned_topics(),
-                true => offline.topics(&g.name),
-            };
-            for t in topics.iter().filter(|t| routed(t)) {
-                if let Some(main) = route_for(t, &g.name) {
-                    let key = RouteKey {
-                        topic: main.to_string(),
-                        group: g.name.clone(),
-                    };
-                    if !keys.contains(&key) {
-                        keys.push(key);
-                    }
-                }
-            }
-        }
-        keys.sort();
+        discover_routes(config, &groups, &all_topics, offline, &mut keys);
     }
     let old: HashMap<RouteKey, RouteView> = state
         .routes
