@@ -1222,3 +1222,47 @@ proptest! {
         }
     }
 }
+
+/// Found by `cargo mutants` over `commits.rs`: no test noticed `committed`
+/// or `commit_failed` doing nothing.
+#[test]
+fn a_sent_commit_is_not_sent_again_until_it_failed() {
+    let mut s = Scheduler::new(limits(8, 100));
+    let mut out = Vec::new();
+    s.assign(&[tp(0)], &mut out);
+    s.record(rec(0, 0), 0, &mut out);
+    s.dispatch(&mut out);
+    let t = runs(&out);
+    out.clear();
+    s.finished(t[0], true, &mut out);
+    out.clear();
+    s.commit_all(&mut out);
+    assert!(matches!(&out[..], [Action::Commit(c)] if c == &vec![(tp(0), 1)]));
+    s.committed(&[(tp(0), 1)]);
+    out.clear();
+    s.commit_all(&mut out);
+    assert!(out.is_empty(), "sent once: {out:?}");
+    s.commit_failed();
+    s.commit_all(&mut out);
+    assert!(
+        matches!(&out[..], [Action::Commit(c)] if c == &vec![(tp(0), 1)]),
+        "a failed commit is sent again: {out:?}"
+    );
+}
+
+/// Found by `cargo mutants` over `commits.rs`: the age of what is
+/// uncommitted (the `kjob_oldest_pending` gauge) was not checked.
+#[test]
+fn the_oldest_pending_timestamp_is_the_smallest_of_the_unfinished() {
+    let mut s = Scheduler::new(limits(8, 100));
+    let mut out = Vec::new();
+    s.assign(&[tp(0)], &mut out);
+    for (offset, ts) in [(0, 500), (1, 300), (2, 900)] {
+        let mut r = rec(offset, offset as u64);
+        r.timestamp_ms = Some(ts);
+        s.record(r, 0, &mut out);
+    }
+    let oldest = s.oldest_pending();
+    assert_eq!(oldest.len(), 1, "one topic: {oldest:?}");
+    assert_eq!(oldest.get("t"), Some(&Some(300)));
+}
