@@ -222,8 +222,9 @@ impl Codec {
     /// [`RegistryClient::set_compatibility`]). A refused schema fails here,
     /// at startup, with the subject, the versions and the offending field.
     ///
-    /// A registry that does not answer fails this call after the client's
-    /// request timeout (per call; a first registration makes up to four),
+    /// A registry that does not answer fails this call after two of the
+    /// client's request timeouts (each call is tried once more; a first
+    /// registration makes up to four calls),
     /// with [`Error::RegistryTimeout`] naming the URL and the timeout.
     pub async fn register<J: Job>(&self, topic: &str) -> Result<RegisteredContract> {
         // One binary may carry two versions of a contract (a migration

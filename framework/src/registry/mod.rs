@@ -22,6 +22,10 @@
 //! | `KJOB_SCHEMA_REGISTRY_CONNECT_TIMEOUT_MS` | TCP/TLS connect timeout | 5000 |
 //! | `KJOB_SCHEMA_REGISTRY_TIMEOUT_MS` | whole-request timeout | 10000 |
 //!
+//! A call that times out, cannot connect or gets a 5xx is made once more
+//! after 250 ms (every call kjob makes is idempotent), so a registry that
+//! never answers fails a call after two request timeouts.
+//!
 //! Credentials are never logged: their `Debug` prints `***`, and no
 //! error message includes them.
 //!
@@ -145,7 +149,37 @@ impl RegistryClient {
 
     /// One call: the status and the body, or a transport error that names
     /// the URL and, for a timeout, the timeout that ran out.
+    ///
+    /// A call that timed out, could not connect or got a 5xx (or 429) is
+    /// made once more after [`RETRY_PAUSE`]; the second answer stands. Why:
+    /// a registry under load can stall one request (Apicurio's in-memory
+    /// store waits out a table lock; a Confluent node fails over), and the
+    /// first enqueue of a topic, which registers its contract, then failed
+    /// although the registry answered a moment later. Every call kjob makes
+    /// is idempotent (reads, registering the same schema, setting the same
+    /// level), so the second is safe. A registry that is down for good
+    /// fails the call after two request timeouts, not one.
     async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+        during: &str,
+    ) -> Result<(StatusCode, String)> {
+        match self
+            .call_once(method.clone(), path, body.clone(), during)
+            .await
+        {
+            Err(e) if is_transient(&e) => {}
+            Ok((status, _)) if is_transient_status(status) => {}
+            done => return done,
+        }
+        tracing::debug!(url = %self.shown, during, "schema registry call failed, trying it once more");
+        tokio::time::sleep(RETRY_PAUSE).await;
+        self.call_once(method, path, body, during).await
+    }
+
+    async fn call_once(
         &self,
         method: Method,
         path: &str,
@@ -403,6 +437,23 @@ impl RegistryClient {
         }
         Ok(())
     }
+}
+
+/// The pause before a failed registry call is made again (see
+/// `RegistryClient::call`).
+pub(crate) const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// A transport failure worth one more try: a timeout or a failed connect.
+/// A `Registry` error that is not a timeout comes from the transport only
+/// when no status was read, so it counts too; a refusal by status (401,
+/// 403) does not.
+fn is_transient(e: &Error) -> bool {
+    matches!(e, Error::RegistryTimeout { .. } | Error::Registry { .. })
+}
+
+/// A status worth one more try: the registry is overloaded or failing over.
+fn is_transient_status(status: StatusCode) -> bool {
+    status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS
 }
 
 /// The registry's `message` field, or the body itself (cut to 512 bytes).

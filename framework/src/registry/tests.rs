@@ -195,6 +195,37 @@ async fn other_statuses_are_errors_that_name_the_registry() -> Result<()> {
     Ok(())
 }
 
+#[tokio::test]
+async fn a_failed_call_is_made_once_more_and_its_second_answer_stands() -> Result<()> {
+    let schema = r#"{"schema":"\"string\""}"#;
+    // A 503, then the answer: the retry gets it.
+    let (url, server) = test_server::answering_in_turn(vec![(503, "{}"), (200, schema)])
+        .await
+        .map_err(io)?;
+    assert_eq!(
+        client(&url)?.schema_by_id(7).await?.as_deref(),
+        Some("\"string\"")
+    );
+    server.abort();
+    // Two 500s: one retry only, so the second fails the call.
+    let (url, server) =
+        test_server::answering_in_turn(vec![(500, "{}"), (500, "{}"), (200, schema)])
+            .await
+            .map_err(io)?;
+    assert!(matches!(
+        client(&url)?.schema_by_id(7).await,
+        Err(Error::Registry { .. })
+    ));
+    server.abort();
+    // A 404 is an answer, not a failure: not tried again.
+    let (url, server) = test_server::answering_in_turn(vec![(404, "{}"), (200, schema)])
+        .await
+        .map_err(io)?;
+    assert_eq!(client(&url)?.schema_by_id(7).await?, None);
+    server.abort();
+    Ok(())
+}
+
 fn io(e: std::io::Error) -> Error {
     Error::Registry {
         url: "test".into(),
