@@ -5,7 +5,7 @@
 //! ./dev stack up && cargo run --release -p kjob-benches --bin delays
 //! ```
 //!
-//! One worker (default concurrency) serves one route on 8 partitions that
+//! One worker (`--concurrency`, default 64, kjob's default) serves one route on 8 partitions that
 //! takes delayed jobs. A producer sends `--rate` (100) jobs/s for `--secs`
 //! (20) per phase, each with its own key: a quarter due now
 //! (`enqueue_in(0)`), the rest with a delay uniform in 0–1 s. Jobs due that
@@ -77,12 +77,17 @@ async fn short_delays(
         seq += 1;
         let (p, t) = (producer.clone(), topic.clone());
         pending.push(tokio::spawn(async move {
-            p.enqueue_in_to(&t, &job, delay).await
+            let asked = Instant::now();
+            p.enqueue_in_to(&t, &job, delay)
+                .await
+                .map(|_| asked.elapsed().as_millis() as i64)
         }));
     }
+    let mut took = Vec::with_capacity(pending.len());
     for h in pending {
-        h.await?.context("short-delay enqueue")?;
+        took.push(h.await?.context("short-delay enqueue")?);
     }
+    eprintln!("enqueue -> acknowledged: {}", summary(took));
     Ok(seq - first_seq)
 }
 
@@ -132,10 +137,17 @@ async fn main() -> anyhow::Result<()> {
     let rate = arg("rate", 100);
     let secs = arg("secs", 20);
     let flood = arg("flood", 5_000) as i64;
-    run(&config, rate, secs, flood).await
+    let concurrency = arg("concurrency", 64) as usize;
+    run(&config, rate, secs, flood, concurrency).await
 }
 
-async fn run(config: &KafkaConfig, rate: u64, secs: u64, flood: i64) -> anyhow::Result<()> {
+async fn run(
+    config: &KafkaConfig,
+    rate: u64,
+    secs: u64,
+    flood: i64,
+    concurrency: usize,
+) -> anyhow::Result<()> {
     let suffix = uuid::Uuid::new_v4().simple().to_string();
     let topic = format!("bench.delays.{}", &suffix[..8]);
     kjob::topics::create_topics(config, &[(topic.clone(), 8)])
@@ -160,6 +172,7 @@ async fn run(config: &KafkaConfig, rate: u64, secs: u64, flood: i64) -> anyhow::
             }
         })
         .delayed_jobs_on(&topic)
+        .concurrency(concurrency)
         .build()?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(worker.run_until(async {

@@ -6,6 +6,7 @@ use super::WorkerBuilder;
 use crate::worker::scheduler::Limits;
 use crate::worker::state::OrderingMode;
 use crate::worker::state::RouteEntry;
+use crate::worker::state::TopicRole;
 use crate::worker::strict;
 use crate::worker::Priority;
 use crate::worker::WorkerStats;
@@ -154,6 +155,9 @@ impl WorkerBuilder {
         mains.dedup();
         let mut turns = crate::worker::scheduler::Turns::default();
         for (topic, e) in routes {
+            if !matches!(e.role, TopicRole::Main) {
+                turns.back.insert(topic.clone());
+            }
             if e.sharers.is_some() {
                 turns.shared.insert(topic.clone());
             } else if let Ok(i) = mains.binary_search(&e.main.as_str()) {

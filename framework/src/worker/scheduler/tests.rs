@@ -543,6 +543,78 @@ fn a_parked_job_gives_its_slot_to_another_key_and_keeps_its_lane() {
     assert_eq!(runs(&out).iter().map(|t| t.offset).collect::<Vec<_>>(), [1]);
 }
 
+/// A second's worth of delayed jobs unparking from one (delay) partition
+/// must not queue a job due now, or one parked on another partition,
+/// behind all of them: parked jobs take turns by partition, and with the
+/// jobs that never started.
+#[test]
+fn an_unparking_flood_takes_turns_with_other_partitions_and_new_jobs() {
+    let tps = |t: &str| (t.to_string(), 0);
+    let mut s = Scheduler::new(limits(3, 100));
+    let mut out = Vec::new();
+    s.assign(&[tps("delay"), tps("main")], &mut out);
+    for o in 0..3 {
+        s.record(on("delay", o), 0, &mut out);
+    }
+    s.dispatch(&mut out);
+    let flood = started(&out);
+    out.clear();
+    for (_, t) in &flood {
+        s.park(*t);
+    }
+    s.record(on("main", 0), 0, &mut out);
+    s.dispatch(&mut out);
+    let waiting_main = started(&out)[0].1;
+    out.clear();
+    s.park(waiting_main);
+    for o in 1..4 {
+        s.record(on("main", o), 0, &mut out);
+    }
+    s.dispatch(&mut out);
+    let busy = started(&out);
+    assert_eq!(busy.len(), 3, "main's next three jobs hold every slot");
+    out.clear();
+    // The flood comes due first, then main's parked job; a job due now
+    // arrives meanwhile.
+    for (_, t) in &flood {
+        assert!(!s.unpark(*t));
+    }
+    assert!(!s.unpark(waiting_main));
+    s.record(on("main", 4), 0, &mut out);
+    out.clear();
+    s.finished(busy[0].1, true, &mut out);
+    s.finished(busy[1].1, true, &mut out);
+    s.dispatch(&mut out);
+    assert_eq!(
+        grants(&out.iter().map(untopical).collect::<Vec<_>>()),
+        [flood[0].1]
+    );
+    assert_eq!(
+        started(&out)
+            .iter()
+            .map(|(t, j)| (*t, j.offset))
+            .collect::<Vec<_>>(),
+        [("main", 4)],
+        "the job due now takes the second slot, not the flood's next"
+    );
+    out.clear();
+    s.finished(busy[2].1, true, &mut out);
+    s.dispatch(&mut out);
+    assert_eq!(
+        grants(&out.iter().map(untopical).collect::<Vec<_>>()),
+        [waiting_main],
+        "main's parked job comes before the flood's second"
+    );
+}
+
+/// `grants` reads `Action<i64>`; a grant carries no item, so this keeps it.
+fn untopical(a: &Action<Topical>) -> Action<i64> {
+    match a {
+        Action::Grant(t) => Action::Grant(t.clone()),
+        _ => Action::Grant(Vec::new()),
+    }
+}
+
 #[test]
 fn a_parked_job_released_by_a_revoke_frees_nothing_twice() {
     let mut s = Scheduler::new(limits(2, 100));
@@ -1092,6 +1164,7 @@ fn two_routes() -> Turns {
             ("urgent".to_string(), 1),
         ]),
         shared: HashSet::from(["g.retry.1s".to_string()]),
+        back: HashSet::from(["bulk.retry.1s".to_string(), "g.retry.1s".to_string()]),
     }
 }
 
@@ -1154,6 +1227,68 @@ fn routes_of_one_level_take_turns_so_a_flood_does_not_queue_another_route_behind
     assert!(next.iter().all(|(r, _)| *r == "bulk"));
 }
 
+/// Within one route, jobs coming back (a retry tier, a delay bucket) and
+/// new jobs take turns: a second's worth of due delayed jobs does not
+/// queue a job due now behind all of them, and the route's turn against
+/// other routes stays one.
+#[test]
+fn a_routes_jobs_coming_back_take_turns_with_its_new_jobs() {
+    let mut s = Scheduler::new(limits(2, 10_000)).with_turns(two_routes());
+    let mut out = Vec::new();
+    let tps: Vec<Tp> = ["bulk", "bulk.retry.1s", "urgent"]
+        .iter()
+        .map(|t| (t.to_string(), 0))
+        .collect();
+    s.assign(&tps, &mut out);
+    for o in 0..100 {
+        s.record(named("bulk.retry.1s", "bulk", o), 0, &mut out);
+    }
+    s.record(named("bulk", "bulk", 0), 0, &mut out);
+    out.clear();
+    s.dispatch(&mut out);
+    let mut first: Vec<(String, i64)> = started_named(&out)
+        .iter()
+        .map(|(_, t)| (s_topic(&s, t), t.offset))
+        .collect();
+    first.sort();
+    assert_eq!(
+        first,
+        vec![("bulk".to_string(), 0), ("bulk.retry.1s".to_string(), 0)],
+        "the new job starts beside the first retry, not after 100 of them"
+    );
+    // Another route still gets every other slot: bulk's two queues share
+    // one turn.
+    for o in 1..4 {
+        s.record(named("bulk", "bulk", o), 0, &mut out);
+    }
+    for o in 0..2 {
+        s.record(named("urgent", "urgent", o), 0, &mut out);
+    }
+    let mut running: Vec<Ticket> = started_named(&out).into_iter().map(|(_, t)| t).collect();
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        out.clear();
+        s.finished(running.remove(0), true, &mut out);
+        s.dispatch(&mut out);
+        for (route, t) in started_named(&out) {
+            order.push(route);
+            running.push(t);
+        }
+    }
+    assert_eq!(
+        order,
+        vec!["bulk", "urgent", "bulk", "urgent"],
+        "bulk, with jobs in both of its queues, takes every other slot"
+    );
+}
+
+/// The topic of a ticket's partition.
+fn s_topic<R: Located>(s: &Scheduler<R>, t: &Ticket) -> String {
+    s.slots[t.slot]
+        .as_ref()
+        .map_or_else(String::new, |p| p.tp.0.clone())
+}
+
 #[test]
 fn a_shared_tier_record_takes_the_turn_of_the_route_it_names() {
     let mut s = Scheduler::new(limits(2, 10_000)).with_turns(two_routes());
@@ -1194,6 +1329,7 @@ proptest! {
         let turns = Turns {
             own: TOPICS.iter().enumerate().map(|(i, t)| (t.to_string(), i as u16)).collect(),
             shared: HashSet::new(),
+            back: HashSet::new(),
         };
         let mut s = Scheduler::new(limits(concurrency, 10_000)).with_turns(turns);
         let mut out = Vec::new();

@@ -56,6 +56,9 @@ pub(crate) struct Ticket {
     pub(super) fair: Option<(u16, u32)>,
     /// The route whose turn the job waits for in its level ([`Turns`]).
     pub(super) turn: u16,
+    /// It comes back to its route (a delay bucket's or a retry tier's
+    /// record), so it takes turns with the route's new jobs.
+    pub(super) back: bool,
 }
 
 #[cfg(test)]
@@ -70,6 +73,7 @@ impl Ticket {
             level: 0,
             fair: None,
             turn: 0,
+            back: false,
         }
     }
 }
@@ -139,6 +143,9 @@ pub(crate) struct Turns {
     /// Shared tiers and delay buckets: a record there takes the turn of
     /// the route it names (`kjob-route`, else `kjob-original-topic`).
     pub shared: std::collections::HashSet<String>,
+    /// Delay buckets and retry tiers, own and shared: their jobs come back
+    /// to their route and take turns with its new ones.
+    pub back: std::collections::HashSet<String>,
 }
 
 impl Turns {
@@ -210,6 +217,8 @@ pub(super) struct Part<R> {
     /// The route whose turn the topic's jobs wait for; `None` on a shared
     /// tier or bucket, where each record names its route ([`Turns`]).
     pub(super) turn: Option<u16>,
+    /// A delay bucket or retry tier ([`Turns::back`]).
+    pub(super) back: bool,
     pub(super) tracker: OffsetTracker,
     /// Cancelled when this assignment ends (see [`Job::released`]).
     pub(super) released: Released,
