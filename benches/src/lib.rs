@@ -119,3 +119,11 @@ pub fn send_waiting(
         }
     }
 }
+
+/// Prints one isolation promise's figures as a line the `floods` bench
+/// collects (`FLOOD<TAB>scenario<TAB>class<TAB>alone p99<TAB>during p99`,
+/// in ms): each flood bench keeps its own table, and `floods` puts every
+/// scenario's isolated class against its bound (2 × alone + 20 ms) in one.
+pub fn flood_row(scenario: &str, class: &str, alone_p99_ms: f64, during_p99_ms: f64) {
+    println!("FLOOD\t{scenario}\t{class}\t{alone_p99_ms:.1}\t{during_p99_ms:.1}");
+}

@@ -101,8 +101,9 @@ fn take(samples: &Samples) -> Vec<(i64, i64)> {
         .unwrap_or_default()
 }
 
-/// Prints one phase's row: due now, under 1 s, and the flood's own jobs.
-fn row(name: &str, taken: &[(i64, i64)], sent: i64) {
+/// Prints one phase's row: due now, under 1 s, and the flood's own jobs;
+/// answers the short delays' p99 (ms).
+fn row(name: &str, taken: &[(i64, i64)], sent: i64) -> f64 {
     let short = |due_now: bool| {
         taken
             .iter()
@@ -121,6 +122,12 @@ fn row(name: &str, taken: &[(i64, i64)], sent: i64) {
         .map(|(_, late)| *late)
         .collect();
     let early = taken.iter().filter(|(_, late)| *late < 0).count();
+    let mut sorted = all_short.clone();
+    sorted.sort_unstable();
+    let p99 = sorted
+        .get(((sorted.len().max(1) - 1) as f64 * 0.99) as usize)
+        .copied()
+        .unwrap_or(0) as f64;
     println!(
         "| {name} | {} | {} | {} | {} | {early} | {sent} |",
         summary(short(true)),
@@ -128,6 +135,7 @@ fn row(name: &str, taken: &[(i64, i64)], sent: i64) {
         summary(all_short),
         summary(flood),
     );
+    p99
 }
 
 #[tokio::main]
@@ -192,7 +200,7 @@ async fn run(
     println!("|---|---|---|---|---|---|---|");
     let sent = short_delays(producer.clone(), topic.clone(), rate, secs, 0).await?;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    row("alone", &take(&samples), sent);
+    let alone = row("alone", &take(&samples), sent);
 
     // The flood, sent in the background while the short delays go on.
     let flood_jobs: Vec<BenchJob> = (0..flood)
@@ -215,7 +223,13 @@ async fn run(
     let sent = short_delays(producer.clone(), topic.clone(), rate, secs, 1_000_000).await?;
     flooding.await??;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    row("beside a delay flood", &take(&samples), sent);
+    let during = row("beside a delay flood", &take(&samples), sent);
+    kjob_benches::flood_row(
+        &format!("delay flood: {flood} jobs due in the same second"),
+        &format!("short delays (0-1 s) at {rate}/s, due -> start"),
+        alone,
+        during,
+    );
 
     let _ = stop.send(());
     running.await??;

@@ -210,6 +210,14 @@ async fn run(
     let _ = stop.send(());
     running.await??;
     let capacity = slots as f64 / HANDLER.as_secs_f64();
+    if fair && others_during {
+        kjob_benches::flood_row(
+            &format!("tenant flood: tenant A sends {flood} jobs at once, {slots} slots"),
+            "tenants B-E at 20/s each, enqueue -> start",
+            alone.1,
+            during.1,
+        );
+    }
     println!(
         "| {} | {flood} | {} | {:.1} / {:.1} ms ({}) | {:.1} / {:.1} ms ({}) | {:.2}x | {:.0} jobs/s ({:.0} %) | {:.1} s | {:.0} MiB |",
         match (fair, others_during) {

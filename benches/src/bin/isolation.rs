@@ -70,6 +70,26 @@ fn pct(mut v: Vec<f64>, p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p) as usize]
 }
 
+/// Seqs of the v1 jobs sent before the outage (the alone figure).
+const ALONE_BASE: i64 = 3_000_000;
+
+/// p99 of start - sent (ms) over the seqs in `range` that started.
+fn start_p99(
+    calls: &[(i64, Instant)],
+    sent: &HashMap<i64, Instant>,
+    range: std::ops::Range<i64>,
+) -> f64 {
+    let waits: Vec<f64> = calls
+        .iter()
+        .filter(|(s, _)| range.contains(s))
+        .filter_map(|(s, at)| {
+            sent.get(s)
+                .map(|t| at.duration_since(*t).as_secs_f64() * 1e3)
+        })
+        .collect();
+    pct(waits, 0.99)
+}
+
 async fn registry_outage(
     config: &KafkaConfig,
     park: bool,
@@ -118,11 +138,27 @@ async fn registry_outage(
         behaviour: "ok".into(),
         note: Some("new deploy".into()),
     };
+    // The cached-schema jobs alone first, sent as during the outage (one
+    // after another, each acknowledged), for the flood row's base.
+    let mut sent: HashMap<i64, Instant> = HashMap::new();
+    for i in 0..EACH {
+        sent.insert(ALONE_BASE + i, Instant::now());
+        producer
+            .enqueue_to(&topic, &BenchJob::new(ALONE_BASE + i, 1_000))
+            .await?;
+        producer
+            .enqueue_to(&topic, &BenchJob::new(ALONE_BASE + EACH + i, 1_000))
+            .await?;
+    }
+    while count(&calls) < 12 + 2 * EACH as usize {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     producer.enqueue_to(&topic, &v2(2_000_000)).await?;
     proxy.cut();
     let cut = Instant::now();
     for i in 0..EACH {
         producer.enqueue_to(&topic, &v2(10_000 + i)).await?;
+        sent.insert(i, Instant::now());
         producer
             .enqueue_to(&topic, &BenchJob::new(i, 1_000))
             .await?;
@@ -138,13 +174,21 @@ async fn registry_outage(
         .map_or(0, |e| e.iter().sum::<i64>());
     proxy.restore();
     let back = Instant::now();
-    let total = (12 + 1 + 2 * EACH) as usize;
+    let total = (12 + 1 + 4 * EACH) as usize;
     while count(&calls) < total && back.elapsed() < Duration::from_secs(120) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let all = back.elapsed();
     stop.cancel();
     run.await??;
+    if park {
+        kjob_benches::flood_row(
+            &format!("registry outage ({outage:?}) with {EACH} jobs of a new schema arriving"),
+            "jobs whose schema is cached, enqueue -> start",
+            start_p99(&during, &sent, ALONE_BASE..ALONE_BASE + EACH),
+            start_p99(&during, &sent, 0..EACH),
+        );
+    }
     Ok(format!(
         "| {} | {v1} of {EACH} | {v2_calls} calls, {tier} tier records | {:.1} s |",
         if park {

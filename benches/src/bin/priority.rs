@@ -198,6 +198,14 @@ async fn run(
         / window.elapsed().as_secs_f64();
     let _ = stop.send(());
     running.await??;
+    if critical_p == Priority::High {
+        kjob_benches::flood_row(
+            &format!("priority bulk flood: {BULK} Low jobs at once"),
+            "High route at 200/s, enqueue -> done",
+            baseline.p99_ms,
+            flood.p99_ms,
+        );
+    }
     println!(
         "| {name} | {:.1} / {:.1} ms ({}) | {:.1} / {:.1} ms ({}) | {:.2}x | {:.1} / {:.1} ms | {:.1} / {:.1} ms | {:.0} jobs/s | {:.1} s |",
         baseline.p50_ms,

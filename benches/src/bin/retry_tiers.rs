@@ -295,8 +295,18 @@ async fn main() -> anyhow::Result<()> {
     let producer = Producer::new(&config)?;
     let flood = flag("--flood", 50_000)?;
     if flood > 0 {
+        // Urgent's retries alone in the shared tier: the flood row's base.
+        let (alone, _) = flooded_tier(&config, &producer, 0, true).await?;
         for shared in [false, true] {
             let (u, b) = flooded_tier(&config, &producer, flood, shared).await?;
+            if shared {
+                kjob_benches::flood_row(
+                    &format!("retry flood in a shared tier: another route retries {flood} jobs"),
+                    "300 retries of route urgent, due -> start",
+                    percentile(&alone, 0.99) as f64,
+                    percentile(&u, 0.99) as f64,
+                );
+            }
             let show = |v: &[i64]| {
                 format!(
                     "{} retries, lateness p50 {} ms, p99 {} ms, max {} ms",
