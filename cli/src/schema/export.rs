@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::output::{json, outln};
 use crate::Ctx;
-use kjob::schema::export::{self, Mode, Outcome, EXPORT_ENV};
+use kjob::schema::export::{self, FileChange, Mode, EXPORT_ENV};
 
 /// `kjob schema export`: runs `program`, reads its contracts, writes or
 /// checks the files.
@@ -58,12 +58,12 @@ pub(super) async fn export_from(
     let report = export::export(dir, &contracts, mode)?;
     let mut files = Vec::new();
     for e in &report {
-        let what = match (e.outcome, check) {
-            (Outcome::Unchanged, _) => "unchanged",
-            (Outcome::Created, false) => "created",
-            (Outcome::Updated, false) => "updated",
-            (Outcome::Created, true) => "MISSING",
-            (Outcome::Updated, true) => "DIFFERS",
+        let what = match (e.change, check) {
+            (FileChange::Unchanged, _) => "unchanged",
+            (FileChange::Created, false) => "created",
+            (FileChange::Updated, false) => "updated",
+            (FileChange::Created, true) => "MISSING",
+            (FileChange::Updated, true) => "DIFFERS",
         };
         if ctx.json() {
             files.push(

@@ -21,13 +21,13 @@ pub(super) struct Plan {
     pub fresh_producer: bool,
 }
 
-/// Decides, from the batch (id order) and each row's outcome, which rows may
+/// Decides, from the batch (id order) and each row's fate, which rows may
 /// be marked sent. A row acknowledged after an earlier row of its key failed
 /// is *not* marked: it is published again after that one, so the first
 /// occurrences in Kafka stay in commit order.
 pub(super) fn plan<'a>(
     rows: impl IntoIterator<Item = (i64, &'a str)>,
-    outcomes: Vec<Outcome>,
+    fates: Vec<RowFate>,
 ) -> Plan {
     let mut failed_keys: HashSet<&str> = HashSet::new();
     let mut out = Plan {
@@ -36,18 +36,18 @@ pub(super) fn plan<'a>(
         first_error: None,
         fresh_producer: false,
     };
-    for ((id, key), outcome) in rows.into_iter().zip(outcomes) {
-        match outcome {
-            Outcome::Acked if !failed_keys.contains(key) => out.done.push(id),
-            Outcome::Acked | Outcome::HeldBack => {}
-            Outcome::Collateral => out.fresh_producer = true,
-            Outcome::Failed(e) => {
+    for ((id, key), fate) in rows.into_iter().zip(fates) {
+        match fate {
+            RowFate::Acked if !failed_keys.contains(key) => out.done.push(id),
+            RowFate::Acked | RowFate::HeldBack => {}
+            RowFate::Collateral => out.fresh_producer = true,
+            RowFate::Failed(e) => {
                 out.fresh_producer = true;
                 failed_keys.insert(key);
                 out.failed.push(id);
                 out.first_error.get_or_insert(e);
             }
-            Outcome::Deferred(e) => {
+            RowFate::Deferred(e) => {
                 // Nothing was produced: the producer is as healthy as before.
                 failed_keys.insert(key);
                 out.failed.push(id);
@@ -70,7 +70,7 @@ pub(super) enum Pending {
 
 /// What became of one row of a batch.
 #[derive(Debug)]
-pub(super) enum Outcome {
+pub(super) enum RowFate {
     /// The broker acknowledged it.
     Acked,
     /// Not published; the reason.
@@ -110,15 +110,15 @@ mod tests {
     #[test]
     fn a_key_is_marked_only_up_to_its_first_failure() {
         let rows = [(1, "a"), (2, "b"), (3, "a"), (4, "a"), (5, "b"), (6, "c")];
-        let outcomes = vec![
-            Outcome::Acked,
-            Outcome::Acked,
-            Outcome::Failed("refused".to_string()),
-            Outcome::Acked, // acked after a's failure: must not be marked
-            Outcome::Acked,
-            Outcome::Failed("later".to_string()),
+        let fates = vec![
+            RowFate::Acked,
+            RowFate::Acked,
+            RowFate::Failed("refused".to_string()),
+            RowFate::Acked, // acked after a's failure: must not be marked
+            RowFate::Acked,
+            RowFate::Failed("later".to_string()),
         ];
-        let p = plan(rows, outcomes);
+        let p = plan(rows, fates);
         assert_eq!(p.done, vec![1, 2, 5]);
         assert_eq!(p.failed, vec![3, 6]);
         assert_eq!(p.first_error.as_deref(), Some("refused"));
@@ -130,9 +130,9 @@ mod tests {
         let p = plan(
             [(1, "a"), (2, "a"), (3, "b")],
             vec![
-                Outcome::Failed("too large".into()),
-                Outcome::HeldBack,
-                Outcome::Acked,
+                RowFate::Failed("too large".into()),
+                RowFate::HeldBack,
+                RowFate::Acked,
             ],
         );
         assert_eq!((p.done, p.failed), (vec![3], vec![1]));
@@ -143,9 +143,9 @@ mod tests {
         let p = plan(
             [(1, "a"), (2, "a"), (3, "b")],
             vec![
-                Outcome::Deferred("registry unavailable".into()),
-                Outcome::HeldBack,
-                Outcome::Acked,
+                RowFate::Deferred("registry unavailable".into()),
+                RowFate::HeldBack,
+                RowFate::Acked,
             ],
         );
         assert_eq!((p.done, p.failed), (vec![3], vec![1]));
@@ -160,7 +160,7 @@ mod tests {
     fn collateral_failures_are_resent_without_backoff_by_a_fresh_producer() {
         let p = plan(
             [(1, "a"), (2, "b")],
-            vec![Outcome::Collateral, Outcome::Collateral],
+            vec![RowFate::Collateral, RowFate::Collateral],
         );
         assert!(p.done.is_empty() && p.failed.is_empty());
         assert!(p.fresh_producer, "a fatal producer is replaced");
@@ -174,7 +174,7 @@ mod tests {
 
     #[test]
     fn an_all_good_batch_marks_everything() {
-        let p = plan([(7, "a"), (8, "a")], vec![Outcome::Acked, Outcome::Acked]);
+        let p = plan([(7, "a"), (8, "a")], vec![RowFate::Acked, RowFate::Acked]);
         assert_eq!(
             p,
             Plan {

@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 use tokio_postgres::{Client, NoTls};
 use tokio_util::sync::CancellationToken;
 
-use super::delivery::{collateral, plan, Outcome, Pending, Plan};
+use super::delivery::{collateral, plan, Pending, Plan, RowFate};
 use super::metrics::OutboxMetrics;
 use super::prepare::{prepare, Prepared};
 use super::rows::{Row, Statements};
@@ -376,10 +376,10 @@ impl Relay {
                 continue;
             }
             let batch = rows.iter().map(Row::read).collect::<Result<Vec<_>, _>>()?;
-            let Some((outcomes, notes)) = self.publish(producer, &batch, cancel).await else {
+            let Some((fates, notes)) = self.publish(producer, &batch, cancel).await else {
                 continue; // cancelled: unmarked rows go to the next relay
             };
-            self.settle(&client, &s, producer, &batch, outcomes, notes)
+            self.settle(&client, &s, producer, &batch, fates, notes)
                 .await?;
         }
     }
@@ -450,14 +450,14 @@ impl Relay {
     /// Prepares each row ([`prepare`]: JSON encoded, delayed jobs to their
     /// delay topic, unencodable ones to the DLQ), produces the batch in id
     /// order and waits for every acknowledgement. Returns each row's
-    /// outcome and, for a dead letter, the note to leave on its row.
+    /// fate and, for a dead letter, the note to leave on its row.
     /// `None` if cancelled meanwhile.
     async fn publish(
         &self,
         producer: &Producer,
         batch: &[Row],
         cancel: &CancellationToken,
-    ) -> Option<(Vec<Outcome>, Vec<Option<String>>)> {
+    ) -> Option<(Vec<RowFate>, Vec<Option<String>>)> {
         let mut pending = Vec::with_capacity(batch.len());
         let mut notes = Vec::with_capacity(batch.len());
         let codec = producer.codec().clone();
@@ -524,16 +524,16 @@ impl Relay {
         let all = join_all(pending.into_iter().map(|p| async move {
             match p {
                 Pending::Sent(delivery) => match delivery.await {
-                    Ok(Ok(_)) => Outcome::Acked,
-                    Ok(Err((e, _))) if collateral(&e) => Outcome::Collateral,
-                    Ok(Err((e, _))) => Outcome::Failed(e.to_string()),
+                    Ok(Ok(_)) => RowFate::Acked,
+                    Ok(Err((e, _))) if collateral(&e) => RowFate::Collateral,
+                    Ok(Err((e, _))) => RowFate::Failed(e.to_string()),
                     Err(_) => {
-                        Outcome::Failed("the producer was dropped before acknowledging".to_string())
+                        RowFate::Failed("the producer was dropped before acknowledging".to_string())
                     }
                 },
-                Pending::Refused(e) => Outcome::Failed(e),
-                Pending::HeldBack => Outcome::HeldBack,
-                Pending::Deferred(e) => Outcome::Deferred(e),
+                Pending::Refused(e) => RowFate::Failed(e),
+                Pending::HeldBack => RowFate::HeldBack,
+                Pending::Deferred(e) => RowFate::Deferred(e),
             }
         }));
         tokio::pin!(all);
@@ -564,7 +564,7 @@ impl Relay {
         s: &Statements,
         producer: &mut Producer,
         batch: &[Row],
-        outcomes: Vec<Outcome>,
+        fates: Vec<RowFate>,
         notes: Vec<Option<String>>,
     ) -> Result<(), OutboxError> {
         let Plan {
@@ -572,7 +572,7 @@ impl Relay {
             failed,
             first_error,
             fresh_producer,
-        } = plan(batch.iter().map(|r| (r.id, r.key.as_str())), outcomes);
+        } = plan(batch.iter().map(|r| (r.id, r.key.as_str())), fates);
         let done_set: HashSet<i64> = done.iter().copied().collect();
         let (noted, texts): (Vec<i64>, Vec<String>) = batch
             .iter()

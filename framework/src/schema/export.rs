@@ -116,7 +116,7 @@ pub enum Mode {
 
 /// What [`export`] found (and, in [`Mode::Write`], did) for one contract.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum FileChange {
     /// The file did not exist.
     Created,
     /// The file existed with other content.
@@ -133,13 +133,13 @@ pub struct Exported {
     /// `<dir>/<name>.v<N>.avsc`.
     pub path: PathBuf,
     /// Created, updated or unchanged (in [`Mode::Check`]: would be).
-    pub outcome: Outcome,
+    pub change: FileChange,
 }
 
 /// The files that were (or, in [`Mode::Check`], would be) created or
 /// changed: empty means `dir` is up to date.
 pub fn stale(report: &[Exported]) -> impl Iterator<Item = &Exported> {
-    report.iter().filter(|e| e.outcome != Outcome::Unchanged)
+    report.iter().filter(|e| e.change != FileChange::Unchanged)
 }
 
 /// Writes (or, with [`Mode::Check`], compares) each contract to
@@ -186,19 +186,19 @@ pub fn export(dir: &Path, contracts: &[Contract], mode: Mode) -> Result<Vec<Expo
             continue;
         }
         let text = c.file_text();
-        let outcome = match std::fs::read_to_string(&path) {
-            Ok(existing) if existing == *text => Outcome::Unchanged,
-            Ok(_) => Outcome::Updated,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Outcome::Created,
+        let change = match std::fs::read_to_string(&path) {
+            Ok(existing) if existing == *text => FileChange::Unchanged,
+            Ok(_) => FileChange::Updated,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => FileChange::Created,
             Err(e) => return Err(io(&path)(e)),
         };
-        if mode == Mode::Write && outcome != Outcome::Unchanged {
+        if mode == Mode::Write && change != FileChange::Unchanged {
             std::fs::write(&path, text.as_bytes()).map_err(io(&path))?;
         }
         out.push(Exported {
             contract: c.clone(),
             path,
-            outcome,
+            change,
         });
     }
     Ok(out)
@@ -256,7 +256,7 @@ mod tests {
         let dir = tmp("write");
         let v1 = contract("a.b", 1, r#"{"name": "id", "type": "string"}"#);
         let report = export(&dir, std::slice::from_ref(&v1), Mode::Check)?;
-        assert_eq!(report[0].outcome, Outcome::Created);
+        assert_eq!(report[0].change, FileChange::Created);
         assert!(!dir.exists(), "check mode writes nothing");
         export(&dir, std::slice::from_ref(&v1), Mode::Write)?;
         let text = std::fs::read_to_string(dir.join("a.b.v1.avsc")).unwrap_or_default();
@@ -265,7 +265,7 @@ mod tests {
         let changed = contract("a.b", 1, r#"{"name": "id", "type": "long"}"#);
         let report = export(&dir, std::slice::from_ref(&changed), Mode::Check)?;
         assert_eq!(stale(&report).count(), 1);
-        assert_eq!(report[0].outcome, Outcome::Updated);
+        assert_eq!(report[0].change, FileChange::Updated);
         export(&dir, std::slice::from_ref(&changed), Mode::Write)?;
         assert!(stale(&export(&dir, &[changed], Mode::Check)?)
             .next()
