@@ -61,9 +61,8 @@
 //!   concurrency slot back ([`Scheduler::park`]) and keeps its lane, so its
 //!   key's later jobs still wait behind it while other keys, partitions and
 //!   routes run. When it can go on it asks for a slot again
-//!   ([`Scheduler::unpark`]); parked jobs and jobs that never started take
-//!   turns for free slots, parked ones by partition
-//!   ([`parking::Unparking`]), and the concurrency limit holds for both. Parked jobs
+//!   ([`Scheduler::unpark`]); parked jobs get free slots before jobs that
+//!   never started, and the concurrency limit holds for both. Parked jobs
 //!   stay in the in-flight bound, so memory stays bounded: parked jobs that
 //!   fill a partition's bound pause that partition alone.
 //! * **A partition that comes back.** When a partition is *lost* (the
@@ -137,8 +136,8 @@ pub(crate) struct Scheduler<R> {
     last_commit_ms: i64,
     /// Jobs that gave their slot back while they wait (see the module docs).
     parked: rustc_hash::FxHashSet<Ticket>,
-    /// Parked jobs that asked for a slot again, per level.
-    unparking: [parking::Unparking; Priority::LEVELS],
+    /// Parked jobs that asked for a slot again, per level, oldest first.
+    unparking: [VecDeque<Ticket>; Priority::LEVELS],
     /// Lost partitions' trackers, by the epoch of the assignment they
     /// belonged to (stale completions still land in them).
     lost: FxHashMap<u64, (Tp, OffsetTracker)>,
@@ -178,7 +177,7 @@ impl<R: Located> Scheduler<R> {
             stopping: false,
             last_commit_ms: i64::MIN,
             parked: Default::default(),
-            unparking: std::array::from_fn(|_| Default::default()),
+            unparking: std::array::from_fn(|_| VecDeque::new()),
             lost: FxHashMap::default(),
             skipped_finished: 0,
             since_full_commit: 0,
@@ -696,7 +695,7 @@ impl<R: Located> Scheduler<R> {
     /// events.
     pub(crate) fn dispatch(&mut self, out: &mut Vec<Action<R>>) {
         if self.running >= self.limits.concurrency
-            || (self.ready.is_empty() && self.unparking.iter().all(parking::Unparking::is_empty))
+            || (self.ready.is_empty() && self.unparking.iter().all(VecDeque::is_empty))
         {
             return;
         }
@@ -710,31 +709,24 @@ impl<R: Located> Scheduler<R> {
             // Slots kept free for a more urgent level that is active.
             let reserve = self.reserve_for(level);
             let mut free = (self.limits.concurrency - reserve).saturating_sub(self.running);
-            // Parked jobs that can go on and jobs that never started take
-            // turns, one each: the parked are older and hold their lanes,
-            // but a flood of them (a second's worth of delayed jobs) must
-            // not queue a job due now behind all of it.
-            while free > 0 && !self.unparking[level].is_empty() {
-                if let Some(t) = self.unparking[level].pop_front() {
-                    let live = self
-                        .slots
-                        .get(t.slot)
-                        .and_then(Option::as_ref)
-                        .is_some_and(|p| p.epoch == t.epoch && !p.revoked);
-                    // A revoked one is being released; it reports soon.
-                    if live && self.parked.remove(&t) {
-                        grants.push(t);
-                        self.ready.resumed(&t);
-                        self.running += 1;
-                        self.running_at[level] += 1;
-                        free -= 1;
-                    }
-                }
-                if free > 0 && self.ready.len_at(level) > 0 {
-                    let got = self.ready.take(level, 1, &mut batch);
-                    self.running += got;
-                    self.running_at[level] += got;
-                    free -= got;
+            // Parked jobs that can go on first: they are older, and they
+            // hold their lanes.
+            while free > 0 {
+                let Some(t) = self.unparking[level].pop_front() else {
+                    break;
+                };
+                let live = self
+                    .slots
+                    .get(t.slot)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|p| p.epoch == t.epoch && !p.revoked);
+                // A revoked one is being released; it reports soon.
+                if live && self.parked.remove(&t) {
+                    grants.push(t);
+                    self.ready.resumed(&t);
+                    self.running += 1;
+                    self.running_at[level] += 1;
+                    free -= 1;
                 }
             }
             let n = free.min(self.ready.len_at(level));
