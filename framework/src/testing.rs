@@ -57,8 +57,8 @@ use crate::headers::JobHeaders;
 use crate::job::Job;
 use crate::producer::{enqueue_headers, new_job_id};
 use crate::telemetry::metrics::{Metrics, MetricsExporter};
+use crate::worker::intake::record::incoming;
 use crate::worker::pipeline::{Outcome, Pipeline, Sink};
-use crate::worker::record::incoming;
 use crate::worker::scheduler::{Action, Job as SchedJob, Scheduler};
 use crate::worker::state::TopicRole;
 use crate::worker::{WorkerBuilder, WorkerStats};
@@ -254,7 +254,7 @@ impl Harness {
         let settings = builder.scheduler_settings();
         let (stats, cancel) = (Arc::new(WorkerStats::default()), CancellationToken::new());
         let strict = builder.strict_state(
-            Arc::new(crate::worker::strict::MemoryStore::default()),
+            Arc::new(crate::worker::before::strict::MemoryStore::default()),
             stats.clone(),
             cancel.clone(),
         );
@@ -467,7 +467,7 @@ impl Harness {
             let unit = self.jitter;
             let pipeline = &self.pipeline;
             let results = futures::future::join_all(jobs.iter().map(|j| async move {
-                let waiter = crate::worker::park::Waiter::holding(j.released.clone());
+                let waiter = crate::worker::before::park::Waiter::holding(j.released.clone());
                 pipeline
                     .attempt(
                         &j.item,

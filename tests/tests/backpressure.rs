@@ -137,7 +137,7 @@ async fn partitions_left_unread_at_the_bound_are_read_again_after_a_join() {
 }
 
 /// A worker whose backlog of ready jobs reached the read-ahead limit
-/// (`framework/src/worker/read_ahead.rs`) leaves the level unread. A member
+/// (`framework/src/worker/intake/read_ahead.rs`) leaves the level unread. A member
 /// joining (a revoke while the level is held) and the first member leaving
 /// (a shutdown while it is held) lose nothing: the second member reads the
 /// moved partitions, and then all of them, to the end.

@@ -3,7 +3,7 @@
 //! The worker takes main-topic records from librdkafka a batch at a time
 //! and copies each before librdkafka's message is destroyed; finished
 //! records go back to the poll thread, whose buffers the next records
-//! reuse (framework/src/worker/split_queue.rs, recycle.rs). These tests
+//! reuse (framework/src/worker/intake/split_queue.rs, recycle.rs). These tests
 //! drive that from many threads at once against the real broker: attempts
 //! finishing in any order, a join that revokes partitions while their
 //! records are in flight, a stop while jobs run, and a stop that abandons

@@ -122,7 +122,7 @@ async fn urgent_behind_bulk(
 }
 
 /// The urgent route's partitions are read through queues of their own
-/// (`framework/src/worker/intake.rs`), split again after every assignment.
+/// (`framework/src/worker/intake/mod.rs`), split again after every assignment.
 /// Across a member joining and leaving, with urgent jobs enqueued all the
 /// while: every job runs, each key's jobs first run in enqueue order (a
 /// split queue read before the records still in the main queue would run
@@ -221,7 +221,7 @@ async fn urgent_partitions_read_first_keep_order_and_lose_nothing_across_rebalan
 }
 
 /// A bulk backlog far past the read-ahead limit (4 096 jobs of a level
-/// waiting for a slot at this concurrency: `framework/src/worker/read_ahead.rs`)
+/// waiting for a slot at this concurrency: `framework/src/worker/intake/read_ahead.rs`)
 /// is held unread at that limit, level by level: urgent records enqueued
 /// behind it are still read at once, and the held backlog is read again
 /// as it drains, to the last job, every offset committed.

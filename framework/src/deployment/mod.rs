@@ -5,7 +5,7 @@
 //! [`crate::Worker::deployment`] computes it from the builder's settings
 //! without connecting to anything, and every part that needs to know what a
 //! worker owns reads it from here: provisioning creates the topics it lists
-//! (`worker/provision.rs`), `kjob topics list` names roles by the same rules
+//! (`worker/builder/provision.rs`), `kjob topics list` names roles by the same rules
 //! ([`classify()`]), `kjob acls` prints the grants ([`Deployment::acls`]), and
 //! the book's ACL table is checked against [`acls::rows`]. A subsystem that
 //! adds a topic or a group adds it here, never beside it.

@@ -273,7 +273,8 @@ pub fn find<'a, H: Headers>(headers: Option<&'a H>, name: &str) -> Option<&'a st
 /// a hostile one) are kept with their bad bytes replaced, so rdkafka's own
 /// header accessors, which panic on such a name, are safe on the copy.
 pub fn owned_record(m: &BorrowedMessage<'_>) -> OwnedMessage {
-    crate::worker::polled::Polled::copy(m, std::sync::Arc::from(m.topic())).to_owned_message()
+    crate::worker::intake::polled::Polled::copy(m, std::sync::Arc::from(m.topic()))
+        .to_owned_message()
 }
 
 /// The longest prefix of `s` that fits in `max` bytes without splitting a

@@ -58,7 +58,7 @@ use tower::util::BoxCloneSyncService;
 use crate::classify::JobError;
 use crate::job::JobContext;
 use crate::telemetry::metrics::WorkerGauges;
-use crate::worker::park::Waiter;
+use crate::worker::before::park::Waiter;
 
 /// One attempt, as a layer sees it.
 pub struct Request {

@@ -3,6 +3,10 @@
 //! ([`Outcome`]). One pure function, used by the worker and by the in-memory test
 //! harness (`kjob::testing` (feature `testing`)), so a unit test of a handler exercises the
 //! exact rules production runs.
+//!
+//! The room of step 8 in ARCHITECTURE.md, one file. **Enters:** an
+//! attempt's result and its route's retry policy. **Leaves:** [`Next`] and
+//! [`Outcome`].
 
 use std::time::Duration;
 
@@ -57,10 +61,10 @@ pub(crate) enum Outcome {
     /// Forwarded to the DLQ (or an envelope of it).
     DeadLettered,
     /// Not run: parked in a retry tier behind its key's job in the retry
-    /// path (a strict-order route, [`super::strict`]).
+    /// path (a strict-order route, [`crate::worker::before::strict`]).
     Held,
     /// Not run: a newer job of its key reached the worker within the
-    /// route's debounce window ([`super::debounce`]).
+    /// route's debounce window ([`crate::worker::before::debounce`]).
     Superseded,
     /// Not run: an operator cancelled it while it waited in a retry tier
     /// or delay topic ([`crate::control::JobCancel`]).

@@ -20,69 +20,49 @@
 //! # }
 //! ```
 //!
-//! The files follow one job's path (`ARCHITECTURE.md` at the repository
-//! root lists the steps):
+//! The rooms follow one job's path, one room per step of `ARCHITECTURE.md`
+//! at the repository root; each room's `mod.rs` says what enters it and
+//! what leaves:
 //!
-//! * `builder` (what users configure) → `provision` (topics, preflight) →
-//!   `run` (the wiring);
-//! * `poll` (the poll thread: the rdkafka adapter; copies each record out of
-//!   librdkafka as a `polled::Polled`, carries out the scheduler's
-//!   pause/resume/seek/commit, handles rebalances) → `scheduler` (every
-//!   decision about lanes, concurrency, the in-flight bound, due-time holds
-//!   and the commit watermark; no rdkafka in it) → `hub` (the scheduler
-//!   behind one lock, completions) and `dispatcher` (async tasks running
-//!   `Run` batches);
-//! * `pipeline` (one attempt, top to bottom) → its stages before the
-//!   handler (`stages`: delays and retries not due yet; `strict`: strict
-//!   order; `park`: waiting without a slot) → the handler (`route`, with
-//!   `handler`'s extractors and the `watchdog`) → the decision (`decision`:
-//!   done, retry tier or DLQ) → the forward (`forward`).
+//! 2. `builder`: what users configure, `build()`, and the provisioning
+//!    before the first poll;
+//! 3. `intake`: the poll thread, the only code that talks to the consumer;
+//! 4. `scheduler`: every decision about lanes, concurrency, the in-flight
+//!    bound, due-time holds and the commit watermark; no rdkafka in it;
+//! 5. `dispatch`: the hub (the scheduler behind one lock) and the
+//!    dispatcher tasks running `Run` batches;
+//! 6. to 9. one attempt, top to bottom in `pipeline`: `before` (delays and
+//!    retries not due yet, debounce, strict order, parking), `handler`,
+//!    `decision` (done, retry tier or DLQ) and `settle` (the forward, then
+//!    the count and the log);
+//! 10. the commit: `scheduler::commits` says what may be committed,
+//!     `intake::poll` commits it.
 //!
-//! The watermark arithmetic is in `offsets.rs`, the clock in `clock.rs`.
+//! `run` wires the rooms and shuts them down in order. Below them all:
+//! `state` (settings, counters, the route table) and `wake` (the poll
+//! thread's wake-up). The watermark arithmetic is in `offsets.rs`, the
+//! clock in `clock.rs`.
 
-mod backtrace;
+pub(crate) mod before;
 mod builder;
-mod debounce;
 mod decision;
-mod describe;
-mod dispatcher;
-mod fairness;
-mod forward;
-mod handler;
-mod hub;
-mod intake;
-mod job_span;
-mod limits;
-pub(crate) mod park;
+mod dispatch;
+pub(crate) mod handler;
+pub(crate) mod intake;
 pub(crate) mod pipeline;
-mod poll;
-pub(crate) mod polled;
-mod priority;
-mod provision;
-mod read_ahead;
-mod readers;
-pub(crate) mod record;
-mod recycle;
-mod refusal;
-pub(crate) mod route;
 mod run;
 pub(crate) mod scheduler;
 mod settle;
-mod shared_tiers;
-mod split_queue;
-mod stages;
 pub(crate) mod state;
-pub(crate) mod strict;
 mod wake;
-mod watchdog;
 
 pub use crate::error::Limit;
 pub use crate::membership::{GroupProtocol, GROUP_PROTOCOL_ENV, INSTANCE_ID_ENV};
+pub use builder::shared_tiers::SharedTiers;
 pub use builder::{Worker, WorkerBuilder};
-pub use fairness::Fairness;
+pub(crate) use handler::route::Attempt;
 pub use handler::{Ext, FromParts, Handler, Parts, State};
-pub use priority::Priority;
-pub(crate) use route::Attempt;
 pub use run::shutdown_signal;
-pub use shared_tiers::SharedTiers;
+pub use scheduler::fairness::Fairness;
+pub use scheduler::priority::Priority;
 pub use state::{OrderingMode, WorkerStats};

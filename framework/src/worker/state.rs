@@ -5,10 +5,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::route::Route;
 use crate::retry::RetryPolicy;
+use crate::worker::handler::route::Route;
 
-pub(crate) use super::scheduler::Tp;
+pub(crate) use crate::worker::scheduler::Tp;
 
 /// Which jobs of a partition may run at the same time.
 ///
@@ -146,7 +146,7 @@ pub(crate) struct RouteEntry {
     pub role: TopicRole,
     pub retry: Arc<RetryPolicy>,
     /// The route's priority (its tiers share it).
-    pub priority: super::Priority,
+    pub priority: crate::worker::Priority,
     /// Whether the route has delay topics (`WorkerBuilder::delayed_jobs`).
     pub delays: bool,
     /// The header naming the tenant when the route shares its slots

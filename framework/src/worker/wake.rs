@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 
 /// Wakes the poll thread when any queue it reads turns non-empty, or when
-/// a completion leaves it a consumer action ([`super::hub::Hub`]).
+/// a completion leaves it a consumer action ([`crate::worker::dispatch::hub::Hub`]).
 ///
 /// librdkafka wakes a thread blocked in one queue only for that queue, and
 /// the poll thread reads many. So it blocks in none: it parks, and every

@@ -1,8 +1,8 @@
 //! How a worker joins its group, commits, stops and hands partitions
 //! over: membership, commit interval, grace periods and run limits.
 
-use super::WorkerBuilder;
 use crate::membership::GroupProtocol;
+use crate::worker::builder::WorkerBuilder;
 use std::time::Duration;
 
 impl WorkerBuilder {

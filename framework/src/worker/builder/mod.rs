@@ -5,6 +5,21 @@
 //! strict order, fairness, debounce), `lifecycle` (membership, commits,
 //! stops), `topology` (the topics it owns), `serving` (metrics, HTTP,
 //! outbox relay), and `routes` (the route table `build()` makes).
+//!
+//! The room of step 2 in ARCHITECTURE.md, configure and provision.
+//! **Enters:** the handlers, layers and settings a worker binary registers.
+//! **Leaves:** a [`Worker`]: its settings and route table, and, before the
+//! first poll, the registry checked (`readers`: each route reads what its
+//! topic's subject holds), the topics a route lacks created (`provision`),
+//! and what it owns as one model, without connecting (`describe`). Also
+//! here: the stop limits (`limits`) and the shared tier layout
+//! (`shared_tiers`).
+
+pub(in crate::worker) mod describe;
+pub(in crate::worker) mod limits;
+pub(in crate::worker) mod provision;
+pub(in crate::worker) mod readers;
+pub(in crate::worker) mod shared_tiers;
 
 mod lifecycle;
 mod routes;
@@ -25,16 +40,16 @@ use crate::layers::{AttemptLayer, LayerFn};
 use crate::retry::RetryPolicy;
 use crate::telemetry::metrics::{Metrics, MetricsExporter};
 
-use super::handler::{Handler, StateMap};
-use super::route::{Route, RouteShared, TypedRoute};
-use super::scheduler::Limits;
-use super::state::{OrderingMode, RouteEntry, Settings};
-use super::{limits, strict, watchdog, Priority, WorkerStats};
-#[cfg(doc)]
-use super::{Ext, State};
 use crate::membership::{self, GroupProtocol};
 #[cfg(doc)]
 use crate::producer::Producer;
+use crate::worker::handler::route::{Route, RouteShared, TypedRoute};
+use crate::worker::handler::{Handler, StateMap};
+use crate::worker::scheduler::Limits;
+use crate::worker::state::{OrderingMode, RouteEntry, Settings};
+use crate::worker::{before::strict, handler::watchdog, Priority, WorkerStats};
+#[cfg(doc)]
+use crate::worker::{Ext, State};
 
 /// Builds a route once the codec, timeout, state and layers are known (at
 /// `build()`).
@@ -78,7 +93,7 @@ pub struct WorkerBuilder {
     create_main_topics: Option<usize>,
     delayed_jobs: bool,
     delayed_routes: std::collections::BTreeSet<String>,
-    shared_tiers: Option<super::SharedTiers>,
+    shared_tiers: Option<crate::worker::SharedTiers>,
     dlq_partitions: Option<usize>,
     schedules: Vec<crate::schedule::Schedule>,
     batches: Option<String>,
@@ -88,7 +103,7 @@ pub struct WorkerBuilder {
     priorities: HashMap<String, Priority>,
     strict: std::collections::BTreeSet<String>,
     debounce: HashMap<String, Duration>,
-    fair: std::collections::BTreeMap<String, super::Fairness>,
+    fair: std::collections::BTreeMap<String, crate::worker::Fairness>,
     endpoint: Option<SocketAddr>,
     exporter: Option<MetricsExporter>,
     #[cfg(feature = "metrics-http")]
@@ -350,9 +365,9 @@ pub struct Worker {
     pub(super) limits: Limits,
     pub(super) priorities: HashMap<String, Priority>,
     /// The fair routes' topics and settings (`WorkerBuilder::fair`).
-    pub(super) fairness: Vec<(Vec<String>, super::scheduler::FairSpec)>,
+    pub(super) fairness: Vec<(Vec<String>, crate::worker::scheduler::FairSpec)>,
     /// Which route each topic's jobs take their turn as.
-    pub(super) turns: super::scheduler::Turns,
+    pub(super) turns: crate::worker::scheduler::Turns,
     pub(super) run_limits: limits::Limits,
     pub(super) config: KafkaConfig,
     pub(super) settings: Settings,

@@ -1,16 +1,16 @@
 //! `build()`'s route table: every registered handler turned into a route
 //! for its main topic, its tiers and delay topics, shared where asked.
 
-use super::{Registration, WorkerBuilder};
 use crate::codec::SchemaSource;
 use crate::error::Error;
 use crate::error::Result;
 use crate::telemetry::metrics::WorkerGauges;
-use crate::worker::route::RouteShared;
+use crate::worker::builder::{Registration, WorkerBuilder};
+use crate::worker::handler::route::RouteShared;
+use crate::worker::handler::watchdog;
 use crate::worker::state::OrderingMode;
 use crate::worker::state::RouteEntry;
 use crate::worker::state::TopicRole;
-use crate::worker::watchdog;
 use crate::worker::Priority;
 use std::collections::HashMap;
 use std::sync::Arc;

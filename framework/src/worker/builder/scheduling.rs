@@ -2,12 +2,12 @@
 //! priorities, strict order, fair share, debounce and the ordering mode,
 //! and what the scheduler is given of them at `build()`.
 
-use super::WorkerBuilder;
+use crate::worker::before::strict;
+use crate::worker::builder::WorkerBuilder;
 use crate::worker::scheduler::Limits;
 use crate::worker::state::OrderingMode;
 use crate::worker::state::RouteEntry;
 use crate::worker::state::TopicRole;
-use crate::worker::strict;
 use crate::worker::Priority;
 use crate::worker::WorkerStats;
 use std::collections::HashMap;

@@ -1,8 +1,8 @@
 //! What a worker serves beside its routes: the metrics endpoint, a shared
 //! exporter, more HTTP routes (the dashboard) and an outbox relay.
 
-use super::WorkerBuilder;
 use crate::telemetry::metrics::MetricsExporter;
+use crate::worker::builder::WorkerBuilder;
 use std::net::SocketAddr;
 
 impl WorkerBuilder {

@@ -1,10 +1,10 @@
 //! What topics a worker owns beyond its main topics: whether it creates
 //! them, delay topics, shared tiers and buckets, DLQ partitions, batches
 //! and cron schedules (its deployment model lists them:
-//! `worker/describe.rs`).
+//! `worker/builder/describe.rs`).
 
-use super::WorkerBuilder;
 use crate::job::Job;
+use crate::worker::builder::WorkerBuilder;
 
 impl WorkerBuilder {
     /// Whether the worker creates its missing retry-tier and DLQ topics at

@@ -1,11 +1,11 @@
 //! What an attempt's handler is given: its [`JobContext`] and the
 //! consumer span it runs in.
 
-use super::Names;
 use crate::headers::HeaderView;
 use crate::headers::JobHeaders;
 use crate::job::JobContext;
 use crate::telemetry::spans::JobSpan;
+use crate::worker::pipeline::Names;
 use crate::worker::state::RouteEntry;
 use crate::worker::state::TopicRole;
 use opentelemetry::KeyValue;

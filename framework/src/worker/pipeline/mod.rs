@@ -2,17 +2,17 @@
 //! numbered as the steps of ARCHITECTURE.md:
 //!
 //! 6. before the handler: an operator's cancel, then the stages of its
-//!    topic's role ([`super::stages`]: a delayed job or a retry that is
-//!    not due yet hops on), a debounce window ([`super::debounce`]) and
-//!    strict order on routes that ask for it ([`super::strict`]: a key's
+//!    topic's role ([`crate::worker::before::stages`]: a delayed job or a retry that is
+//!    not due yet hops on), a debounce window ([`crate::worker::before::debounce`]) and
+//!    strict order on routes that ask for it ([`crate::worker::before::strict`]: a key's
 //!    later jobs wait behind its job in the retry path);
-//! 7. the handler ([`super::route`]): decode with the route's contract, the
+//! 7. the handler ([`crate::worker::handler::route`]): decode with the route's contract, the
 //!    layers, the handler, under panic capture and the handler timeout; a
-//!    wait for a downstream is parked, without a slot ([`super::park`]);
-//! 8. the decision ([`super::decision`]): handled, the next retry tier, or
+//!    wait for a downstream is parked, without a slot ([`crate::worker::before::park`]);
+//! 8. the decision ([`crate::worker::decision`]): handled, the next retry tier, or
 //!    the DLQ;
-//! 9. the forward and settling ([`super::settle`]): the forward,
-//!    acknowledged before the offset may be released ([`super::forward`]),
+//! 9. the forward and settling ([`crate::worker::settle`]): the forward,
+//!    acknowledged before the offset may be released ([`crate::worker::settle::forward`]),
 //!    counted and logged;
 //! 10. toward the commit: a job of a batch is recorded on the batch topic
 //!     first (the commit itself is the poll thread's).
@@ -39,41 +39,71 @@ use rdkafka::message::Message;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error};
 
-pub(crate) use super::decision::Outcome;
-use super::forward::Forwarder;
-pub(crate) use super::forward::Sink;
-use super::park::Waiter;
-use super::route::Attempt;
-use super::settle;
-use super::stages;
-use super::state::{RouteEntry, TopicRole, WorkerStats};
-use super::strict::Gate;
 use crate::headers::{HeaderView, JobHeaders};
 use crate::job::JobContext;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::spans::JobSpan;
+use crate::worker::before::park::Waiter;
+use crate::worker::before::stages;
+use crate::worker::before::strict::Gate;
+pub(crate) use crate::worker::decision::Outcome;
+use crate::worker::handler::route::Attempt;
+use crate::worker::settle;
+use crate::worker::settle::forward::Forwarder;
+pub(crate) use crate::worker::settle::forward::Sink;
+use crate::worker::state::{RouteEntry, TopicRole, WorkerStats};
 
-/// One attempt's result with what a report needs (the harness's).
+/// How one attempt ended, for the dispatcher (`outcome`) and, with the
+/// `testing` feature, for the harness's report (the job id, contract and
+/// attempt number). Without that feature those fields do not exist, so the
+/// production path neither computes nor carries them.
 #[derive(Clone, Debug)]
-#[cfg_attr(not(feature = "testing"), allow(dead_code))]
 pub(crate) struct Attempted {
     pub outcome: Outcome,
     /// The job id the handler saw.
+    #[cfg(feature = "testing")]
     pub id: Arc<str>,
     /// The contract name.
+    #[cfg(feature = "testing")]
     pub job: &'static str,
     /// The attempt number.
+    #[cfg(feature = "testing")]
     pub attempt: u32,
 }
 
 impl Attempted {
-    fn released(id: Arc<str>, job: &'static str, attempt: u32) -> Self {
+    /// The id is made only when the harness will read it: an attempt that
+    /// ends before its handler may have to format it from the record's
+    /// coordinates.
+    #[cfg(feature = "testing")]
+    pub(super) fn new(
+        outcome: Outcome,
+        id: impl FnOnce() -> Arc<str>,
+        job: &'static str,
+        attempt: u32,
+    ) -> Self {
         Self {
-            outcome: Outcome::Released,
-            id,
+            outcome,
+            id: id(),
             job,
             attempt,
         }
+    }
+
+    /// Without the harness only the outcome is kept.
+    #[cfg(not(feature = "testing"))]
+    #[inline]
+    pub(super) fn new(
+        outcome: Outcome,
+        _id: impl FnOnce() -> Arc<str>,
+        _job: &'static str,
+        _attempt: u32,
+    ) -> Self {
+        Self { outcome }
+    }
+
+    fn released(id: Arc<str>, job: &'static str, attempt: u32) -> Self {
+        Self::new(Outcome::Released, || id, job, attempt)
     }
 }
 
@@ -82,11 +112,11 @@ pub(crate) struct Pipeline {
     pub(crate) routes: rustc_hash::FxHashMap<String, RouteEntry>,
     /// Forwards, the group, the counters and the metrics.
     pub(crate) fw: Forwarder,
-    /// The chains of the strict-order routes, if any ([`super::strict`]).
-    pub(crate) strict: Option<Arc<super::strict::Strict>>,
+    /// The chains of the strict-order routes, if any ([`crate::worker::before::strict`]).
+    pub(crate) strict: Option<Arc<crate::worker::before::strict::Strict>>,
     /// Where "now" comes from (the harness's is virtual).
     pub(crate) clock: crate::clock::Clock,
-    /// Whether waiting jobs give their slot back ([`super::park`]); off
+    /// Whether waiting jobs give their slot back ([`crate::worker::before::park`]); off
     /// only to measure what parking changes.
     pub(crate) park: bool,
     /// `server.address` and `server.port` for the attempts' spans (the
@@ -98,8 +128,8 @@ pub(crate) struct Pipeline {
     /// the waiting jobs they cancelled ([`crate::control::JobCancel`]).
     pub(crate) holds: Option<Arc<crate::control::Holds>>,
     /// The debounced routes and the newest job of each key fetched on them
-    /// ([`super::debounce`]).
-    pub(crate) debounce: Option<Arc<super::debounce::Debounce>>,
+    /// ([`crate::worker::before::debounce`]).
+    pub(crate) debounce: Option<Arc<crate::worker::before::debounce::Debounce>>,
     /// The group, shared by every job's context.
     group: Arc<str>,
     /// Per route topic: its name and its contract's, shared by every
@@ -153,7 +183,7 @@ impl Pipeline {
         metrics: Metrics,
         stats: Arc<WorkerStats>,
         cancel: CancellationToken,
-        strict: Option<Arc<super::strict::Strict>>,
+        strict: Option<Arc<crate::worker::before::strict::Strict>>,
         clock: crate::clock::Clock,
     ) -> Self {
         let names = routes
@@ -186,7 +216,7 @@ impl Pipeline {
     /// Runs one record to a final outcome at wall-clock time `now_ms`, with
     /// `unit` in `[0, 1)` for retry jitter (both parameters, so the harness
     /// is deterministic). `waiter` parks the job while it waits before its
-    /// handler, and gives up when the job is released ([`super::park`]).
+    /// handler, and gives up when the job is released ([`crate::worker::before::park`]).
     ///
     /// Its future is allocated once per job by the dispatcher, so what it
     /// holds across an await is kept small: the record's parsed headers and
@@ -271,12 +301,7 @@ impl Pipeline {
                     recorder.push(batch, &id, outcome == Outcome::Handled);
                 }
             }
-            Attempted {
-                outcome,
-                id,
-                job,
-                attempt,
-            }
+            Attempted::new(outcome, || id, job, attempt)
         }
     }
 
@@ -358,12 +383,12 @@ impl Pipeline {
     ) -> Result<Ready<'a>, Attempted> {
         let job = entry.route.job_name();
         let ended = |outcome| {
-            Err(Attempted {
+            Err(Attempted::new(
                 outcome,
-                id: Arc::from(headers.job_id(msg.topic(), msg.partition(), msg.offset())),
+                || Arc::from(headers.job_id(msg.topic(), msg.partition(), msg.offset())),
                 job,
-                attempt: headers.attempt.unwrap_or(1).max(1),
-            })
+                headers.attempt.unwrap_or(1).max(1),
+            ))
         };
         // Step 6, before the handler. An operator's hand: a cancelled waiting job is finished unrun;
         // a job another group's operator moved to "now" is that group's.
@@ -497,7 +522,7 @@ impl Pipeline {
         }
         let started = std::time::Instant::now();
         metrics.in_flight(job, 1);
-        let watched = super::watchdog::Watched {
+        let watched = crate::worker::handler::watchdog::Watched {
             job,
             id,
             key: msg.key(),
@@ -507,7 +532,7 @@ impl Pipeline {
         };
         // The attempt's log span, boxed with the route's future only when a
         // subscriber takes it: the attempt's own future keeps its size.
-        let log = super::job_span::log_span(entry, msg, id, ctx.attempt);
+        let log = crate::worker::handler::job_span::log_span(entry, msg, id, ctx.attempt);
         let run = entry.route.run(msg.payload(), ctx, waiter, watched);
         let run = match log.is_disabled() {
             true => run,

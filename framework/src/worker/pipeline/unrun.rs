@@ -3,14 +3,14 @@
 //! them to another group, or no route of this worker takes them. Each is
 //! finished, counted and logged; nothing runs.
 
-use super::context::{context_for, handle_span};
-use super::Attempted;
-use super::Pipeline;
 use crate::headers::JobHeaders;
+use crate::worker::before::park::Waiter;
 use crate::worker::decision::next_step;
 use crate::worker::decision::Outcome;
-use crate::worker::park::Waiter;
-use crate::worker::route::Attempt;
+use crate::worker::handler::route::Attempt;
+use crate::worker::pipeline::context::{context_for, handle_span};
+use crate::worker::pipeline::Attempted;
+use crate::worker::pipeline::Pipeline;
 use crate::worker::settle::{self, settle};
 use crate::worker::state::RouteEntry;
 use crate::worker::state::TopicRole;
@@ -40,7 +40,7 @@ impl Pipeline {
     /// while it waited.
     pub(super) async fn debounced<M: Message>(
         &self,
-        d: &crate::worker::debounce::Debounce,
+        d: &crate::worker::before::debounce::Debounce,
         window: std::time::Duration,
         msg: &M,
         key: &[u8],
@@ -174,11 +174,6 @@ impl Pipeline {
             span: &span,
         };
         let outcome = settle(&self.fw, topic_entry, msg, next, None, &settling).await;
-        Attempted {
-            outcome,
-            id: Arc::from(id),
-            job,
-            attempt,
-        }
+        Attempted::new(outcome, || Arc::from(id), job, attempt)
     }
 }

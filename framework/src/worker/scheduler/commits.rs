@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::{Action, Located, Scheduler, Tp};
+use crate::worker::scheduler::{Action, Located, Scheduler, Tp};
 
 impl<R: Located> Scheduler<R> {
     /// A `Commit` of every watermark that moved.

@@ -20,7 +20,7 @@ use std::collections::{HashMap, VecDeque};
 
 use rustc_hash::FxHashMap;
 
-use super::types::Job;
+use crate::worker::scheduler::types::Job;
 
 /// A fair route's settings, as the scheduler needs them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

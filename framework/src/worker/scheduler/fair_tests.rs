@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 
-use super::fair::{FairRoute, FairSpec};
-use super::*;
+use crate::worker::scheduler::fair::{FairRoute, FairSpec};
+use crate::worker::scheduler::*;
 
 /// A record of tenant `.1` on topic "t", partition 0.
 struct Tenanted(i64, &'static str);

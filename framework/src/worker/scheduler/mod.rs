@@ -4,7 +4,7 @@
 //! It takes events (`assigned`, `revoke`/`release`, `record`, `finished`,
 //! `tick`, `stop`) and answers with [`Action`]s (`Run`, `Pause`, `Resume`,
 //! `Seek`, `Commit`) for an adapter to carry out: the worker's poll thread
-//! against rdkafka ([`super::poll`]), and the test harness against
+//! against rdkafka ([`crate::worker::intake::poll`]), and the test harness against
 //! in-memory logs on a virtual clock. Both therefore share per-key
 //! ordering, backpressure, due-time holds and the commit watermark.
 //!
@@ -75,15 +75,22 @@
 //!   time, and its watermark is committed. Otherwise it is dropped.
 //!   Independently of that, a record this assignment already saw finish is
 //!   never run again within it.
+//!
+//! The room of step 4 in ARCHITECTURE.md. **Enters:** the events above,
+//! from the intake and the dispatch. **Leaves:** [`Action`]s. The two
+//! settings handler authors give it are beside it: [`fairness::Fairness`]
+//! and [`priority::Priority`].
 
 mod commits;
 mod fair;
 #[cfg(test)]
 mod fair_tests;
+pub(in crate::worker) mod fairness;
 mod parking;
 mod passing;
 #[cfg(test)]
 mod passing_tests;
+pub(in crate::worker) mod priority;
 mod ready;
 #[cfg(test)]
 mod tests;

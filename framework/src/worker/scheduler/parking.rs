@@ -1,7 +1,7 @@
 //! Parking: a job that waits for a downstream gives its slot back and asks
 //! for one again (see the scheduler's module docs).
 
-use super::{Located, Scheduler, Ticket};
+use crate::worker::scheduler::{Located, Scheduler, Ticket};
 
 impl<R: Located> Scheduler<R> {
     /// Jobs parked now: dispatched, waiting for a downstream without a slot.
@@ -27,7 +27,7 @@ impl<R: Located> Scheduler<R> {
     }
 
     /// A parked job can go on. Returns `true` if it has its slot back at
-    /// once; otherwise it waits for a [`Action::Grant`](super::Action::Grant) from a later
+    /// once; otherwise it waits for a [`Action::Grant`](crate::worker::scheduler::Action::Grant) from a later
     /// [`Scheduler::dispatch`] (parked jobs of its level asked before it
     /// are served first).
     pub(crate) fn unpark(&mut self, t: Ticket) -> bool {

@@ -40,7 +40,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
-use super::LaneKey;
+use crate::worker::scheduler::LaneKey;
 
 /// How many passed offsets a partition keeps, per record of its buffer.
 pub(super) const PASSED_PER_BOUND: usize = 40;

@@ -6,8 +6,8 @@
 
 use proptest::prelude::*;
 
-use super::fair::FairSpec;
-use super::*;
+use crate::worker::scheduler::fair::FairSpec;
+use crate::worker::scheduler::*;
 
 /// A record of tenant `.1`; topic "t", partition 0.
 struct Rec(&'static str);

@@ -8,8 +8,8 @@
 
 use std::collections::VecDeque;
 
-use super::fair::FairRoute;
-use super::types::{Job, Ticket};
+use crate::worker::scheduler::fair::FairRoute;
+use crate::worker::scheduler::types::{Job, Ticket};
 use crate::worker::Priority;
 
 /// One place in a route's ready queue: a job, or `n` ready jobs of a fair
@@ -48,7 +48,7 @@ impl<R> Level<R> {
 
 /// One route's ready jobs, in two queues that take turns: jobs new to the
 /// route (its main topic) and jobs coming back (from its delay buckets
-/// and retry tiers, [`super::Turns::back`]). Why: 5 000 delayed jobs due
+/// and retry tiers, [`crate::worker::scheduler::Turns::back`]). Why: 5 000 delayed jobs due
 /// in the same second, ready in one queue with the route's new jobs, held
 /// every slot until they were through, and a job due now waited behind
 /// them (238 ms at p99 in the `delays` bench, 10 ms with 2 048 slots). The

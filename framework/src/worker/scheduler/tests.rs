@@ -1,6 +1,6 @@
 //! The scheduler's unit and property tests.
 
-use super::*;
+use crate::worker::scheduler::*;
 use proptest::prelude::*;
 use std::collections::{BTreeSet, HashSet};
 
@@ -357,7 +357,7 @@ fn a_revoke_or_stop_releases_the_jobs_of_its_partitions_only() {
     s.record(on("b", 0), 0, &mut out);
     out.clear();
     s.dispatch(&mut out);
-    let released: Vec<(&str, super::Released)> = out
+    let released: Vec<(&str, crate::worker::scheduler::Released)> = out
         .iter()
         .flat_map(|a| match a {
             Action::Run(jobs) => jobs

@@ -239,8 +239,8 @@ pub(super) struct Part<R> {
     /// are fetched again (offsets in order; dropped past its highest).
     pub(super) skip: Option<(u64, OffsetTracker)>,
     /// On a fair route's main topic: what a flooding tenant's excess left
-    /// unread ([`super::passing`]).
-    pub(super) pass: Option<super::passing::Passing>,
+    /// unread ([`crate::worker::scheduler::passing`]).
+    pub(super) pass: Option<crate::worker::scheduler::passing::Passing>,
 }
 
 /// The most lost partitions whose finished work is remembered (each costs
