@@ -36,7 +36,7 @@
 //!    `decision` (done, retry tier or DLQ) and `settle` (the forward, then
 //!    the count and the log);
 //! 10. the commit: `scheduler::commits` says what may be committed,
-//!     `intake::poll` commits it.
+//!     `intake::poll::commit` commits it.
 //!
 //! `run` wires the rooms and shuts them down in order. Below them all:
 //! `state` (settings, counters, the route table) and `wake` (the poll

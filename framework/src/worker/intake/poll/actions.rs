@@ -1,11 +1,10 @@
 //! The scheduler's actions carried out on the consumer: pause, resume,
-//! seek and commit, noted one by one in the order of the hub's lock, and
+//! seek and commit (the commit itself in `commit.rs`), noted one by one in the order of the hub's lock, and
 //! the holds (operators' pauses, due-time holds) re-applied after each
 //! assignment.
 
 use crate::worker::intake::poll::rebalance::tpl_of;
 use crate::worker::intake::poll::WorkerContext;
-use crate::worker::intake::poll::{BATCH_BARRIER, BATCH_BARRIER_SYNC};
 use crate::worker::intake::polled::Polled;
 use crate::worker::scheduler::Action;
 use crate::worker::scheduler::Tp;
@@ -13,7 +12,6 @@ use rdkafka::consumer::BaseConsumer;
 use rdkafka::consumer::CommitMode;
 use rdkafka::consumer::Consumer;
 use rdkafka::Offset;
-use rdkafka::TopicPartitionList;
 use std::sync::atomic::Ordering as AtomicOrdering;
 use std::sync::PoisonError;
 use std::time::Duration;
@@ -35,8 +33,6 @@ impl WorkerContext {
             return;
         }
         let mut committed = Vec::new();
-        // A synchronous commit that returned is acknowledged.
-        let acked = matches!(mode, CommitMode::Sync);
         for action in actions {
             match action {
                 Action::Run(jobs) => self.hub.dispatch.send(jobs),
@@ -104,44 +100,13 @@ impl WorkerContext {
                     }
                 }
                 Action::Commit(offsets) => {
-                    // Finished batch jobs below these offsets are on the
-                    // batch topic first; otherwise this commit waits for
-                    // the next round (a revoke's or the stop's waits
-                    // longer, and commits nothing if it must).
-                    let within = match mode {
-                        CommitMode::Sync => BATCH_BARRIER_SYNC,
-                        CommitMode::Async => BATCH_BARRIER,
-                    };
-                    if let Some(rec) = &self.batches {
-                        if !rec.barrier(within) {
-                            warn!(wait_ms = within.as_millis() as u64, "finished batch jobs not yet recorded on the batch topic; this commit waits for the next round");
-                            continue;
-                        }
-                    }
-                    let mut tpl = TopicPartitionList::new();
-                    for ((t, p), next) in &offsets {
-                        let mut e = tpl.add_partition(t, *p);
-                        if e.set_offset(Offset::Offset(*next)).is_ok() {
-                            e.set_metadata(&self.commit_tag);
-                        }
-                    }
-                    match consumer.commit(&tpl, mode) {
-                        Ok(()) => committed.extend(offsets),
-                        Err(e) => {
-                            warn!(error = %e, ?mode, "offset commit failed; will retry at the next interval")
-                        }
+                    if self.commit(consumer, &offsets, mode) {
+                        committed.extend(offsets);
                     }
                 }
             }
         }
-        if committed.is_empty() {
-            return;
-        }
-        let mut core = self.lock();
-        core.sched.committed(&committed);
-        if acked {
-            core.sched.acknowledged(&committed);
-        }
+        self.note_committed(&committed, mode);
     }
 
     /// Notes that kjob paused `tp` on the consumer.

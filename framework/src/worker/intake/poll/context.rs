@@ -55,7 +55,7 @@ pub(crate) struct WorkerContext {
     /// The holds' version last applied and the partitions paused for them.
     pub held: Mutex<(u64, std::collections::HashSet<Tp>)>,
     /// Sent as the metadata of every offset this consumer commits
-    /// ([`commit_tag`]): a partition that comes back after a loss is
+    /// ([`commit_tag`](crate::worker::intake::poll::commit_tag)): a partition that comes back after a loss is
     /// recognised as untouched only if the group's position still carries
     /// it, so a position another member committed is never mistaken for
     /// one of ours that happens to have the same offset.
@@ -69,17 +69,6 @@ pub(crate) struct WorkerContext {
     pub split_reading: AtomicBool,
     /// Unparks the poll thread when a queue it reads turns non-empty.
     pub wake: Arc<crate::worker::wake::Wake>,
-}
-
-/// A tag no other consumer (in this process or elsewhere) uses: the
-/// process, a per-process counter and the start time.
-pub(crate) fn commit_tag() -> String {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, AtomicOrdering::Relaxed);
-    let started = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("kjob {} {n} {started}", std::process::id())
 }
 
 impl ClientContext for WorkerContext {

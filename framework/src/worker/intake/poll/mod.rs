@@ -35,10 +35,12 @@
 //! re-assignment, while the scheduler starts the partition afresh.
 
 mod actions;
+mod commit;
 pub(crate) mod context;
 mod rebalance;
 
-pub(crate) use context::{commit_tag, FatalConsumerError, WorkerContext};
+pub(crate) use commit::commit_tag;
+pub(crate) use context::{FatalConsumerError, WorkerContext};
 
 use std::sync::atomic::Ordering as AtomicOrdering;
 use std::sync::Arc;
@@ -70,12 +72,6 @@ const RECORD_CHUNK: usize = 64;
 /// hub's wake-up cannot end the wait (a blocking librdkafka poll). New
 /// records end the wait at once.
 const BUSY_WAIT: Duration = Duration::from_millis(2);
-
-/// How long an interval commit waits for finished batch jobs to be
-/// recorded; usually they are within a few milliseconds.
-pub(in crate::worker) const BATCH_BARRIER: Duration = Duration::from_millis(200);
-/// The same for a revoke's or the stop's synchronous commit.
-pub(in crate::worker) const BATCH_BARRIER_SYNC: Duration = Duration::from_secs(5);
 
 /// The poll loop. Returns once stopping is set, or a fatal consumer error
 /// (an ACL, the credentials) was seen, and the shutdown sequence (drop

@@ -46,20 +46,9 @@ impl ConsumerContext for WorkerContext {
         }
     }
 
-    /// librdkafka calls this for the commits it reports: not for an
-    /// asynchronous `commit` with explicit offsets, which is why the
-    /// scheduler re-sends every watermark now and then, and remembers
-    /// every position it sent.
+    /// librdkafka calls this for the commits it reports (`commit.rs`).
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        match result {
-            Err(e) => {
-                warn!(error = %e, partitions = offsets.count(), "offset commit failed; will recommit");
-                self.lock().sched.commit_failed();
-            }
-            // What the coordinator has: a partition that comes back after a
-            // loss is recognised by it (see the scheduler).
-            Ok(()) => self.lock().sched.acknowledged(&positions_of(offsets)),
-        }
+        self.commit_reported(result, offsets);
     }
 }
 
