@@ -238,7 +238,7 @@ impl Pipeline {
                 error!(topic = msg.topic(), "record from a topic without a route");
                 return Attempted::released(Arc::from(""), "", 0);
             };
-            // Steps 0 to 2 and what the handler needs. Bound field by field: a
+            // Step 6, before the handler, and what the handler needs. Bound field by field: a
             // `Ready` kept in a local would stay in this future's state until
             // it ends, even once its fields moved out.
             let Ready {
@@ -305,7 +305,7 @@ impl Pipeline {
         }
     }
 
-    /// Steps 0 to 2: what must happen before the handler, and what it
+    /// Step 6: what must happen before the handler, and what it
     /// needs. Its future is part of the attempt's only while it is
     /// awaited, so its state shares room with the handler's.
     async fn prelude<'a, M: Message>(
@@ -367,7 +367,7 @@ impl Pipeline {
         Ok(self.ready(entry, msg, &headers, None, gate, now_ms))
     }
 
-    /// Steps 0 to 2 for a record that may wait or hop before its handler:
+    /// Step 6 for a record that may wait or hop before its handler:
     /// an operator's hand, the stages of its topic's role, a debounce
     /// window, strict order. Boxed by the caller: rare, and its state (the
     /// headers above all) stays out of every attempt's future. `Err`: the

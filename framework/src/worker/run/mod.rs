@@ -111,7 +111,7 @@ impl Worker {
         self.stop_when(stop, consumer, closed_rx).await
     }
 
-    /// The pipeline every attempt runs (step 6 to 9), with what it shares:
+    /// The pipeline every attempt runs (steps 6 to 9), with what it shares:
     /// strict order's chains, the operators' holds, the debounce windows
     /// and, for batches, the recorder (and the coordinator, started here).
     #[allow(clippy::type_complexity)]
