@@ -166,6 +166,21 @@ fn runs(record: &Path) -> Runs {
     }
 }
 
+/// K's jobs 2–5 each started once: no copy of a finished job (a
+/// re-delivery after the kill, a parked copy coming back) ran again.
+fn assert_no_copy_ran(what: &str, record: &Path) {
+    let r = runs(record);
+    for seq in 2..=5 {
+        assert_eq!(
+            r.starts.get(&seq).copied(),
+            Some(1),
+            "{what}: K's job {seq} started {:?} times; record: {:?}",
+            r.starts.get(&seq),
+            read_lines(record)
+        );
+    }
+}
+
 /// The order and isolation assertions shared by both scenarios; prints
 /// the timings.
 fn check(what: &str, record: &Path, enqueued_at: i64) {
@@ -217,7 +232,8 @@ fn check(what: &str, record: &Path, enqueued_at: i64) {
 }
 
 /// Folds `<topic>.order` to its last value per key: every chain must have
-/// been emptied (a tombstone last) once the scenario finished.
+/// been emptied once the scenario finished (a tombstone last, or a record
+/// that only remembers finished jobs, so their copies are skipped).
 fn assert_chains_empty(config: &KafkaConfig, topic: &str) {
     let mut last: HashMap<Vec<u8>, Option<Vec<u8>>> = HashMap::new();
     let records = read_all(config, &format!("{topic}.order"));
@@ -230,9 +246,15 @@ fn assert_chains_empty(config: &KafkaConfig, topic: &str) {
             last.insert(k.to_vec(), m.payload().map(<[u8]>::to_vec));
         }
     }
+    let waiting = |v: &[u8]| {
+        serde_json::from_slice::<serde_json::Value>(v)
+            .ok()
+            .and_then(|j| j.get("ids").and_then(|ids| ids.as_array()).map(Vec::len))
+            != Some(0)
+    };
     let open: Vec<String> = last
         .iter()
-        .filter(|(_, v)| v.is_some())
+        .filter(|(_, v)| v.as_deref().is_some_and(waiting))
         .map(|(k, v)| {
             format!(
                 "{} = {}",
@@ -261,6 +283,17 @@ async fn a_keys_later_jobs_wait_for_its_job_in_the_retry_path() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop(child);
     check("steady worker", &record, enqueued_at);
+    assert_no_copy_ran("steady worker", &record);
+    // Jobs 2–5 arrived while job 1 was due within its 1.5 s tier: they
+    // waited in memory, and ran the moment it succeeded instead of a tier
+    // hop later.
+    let r = runs(&record);
+    let behind = r.ok_at[&5] - r.ok_at[&1];
+    println!("steady worker: K's job 5 succeeded {behind} ms after job 1");
+    assert!(
+        behind < 1_000,
+        "K's jobs 2-5 finished {behind} ms after job 1; they must flow at once"
+    );
     assert_chains_empty(&config, &topic);
 }
 
@@ -296,6 +329,7 @@ async fn the_order_survives_a_sigkill_while_job_1_waits_in_a_tier() {
         runs(&record).ok_at[&5] - killed_at
     );
     check("SIGKILL and takeover", &record, enqueued_at);
+    assert_no_copy_ran("SIGKILL and takeover", &record);
     assert_chains_empty(&config, &topic);
 }
 
@@ -322,6 +356,7 @@ async fn the_order_holds_when_another_worker_takes_the_partition_over() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop(second);
     check("rebalance to a running worker", &record, enqueued_at);
+    assert_no_copy_ran("rebalance to a running worker", &record);
     assert_chains_empty(&config, &topic);
 }
 

@@ -66,6 +66,10 @@ pub(crate) enum Outcome {
     /// Not run: a newer job of its key reached the worker within the
     /// route's debounce window ([`crate::worker::before::debounce`]).
     Superseded,
+    /// Not run: a copy of a job its key's chain already finished (a
+    /// re-delivery after a crash, or a parked copy coming back), on a
+    /// strict-order route ([`crate::worker::before::strict`]).
+    Duplicate,
     /// Not run: an operator cancelled it while it waited in a retry tier
     /// or delay topic ([`crate::control::JobCancel`]).
     Cancelled,

@@ -60,6 +60,9 @@ pub struct WorkerStats {
     /// Jobs not run because a newer job of their key reached the worker
     /// within the route's debounce window.
     pub superseded: AtomicU64,
+    /// Copies of finished jobs not run again on a strict-order route (a
+    /// re-delivery after a crash, or a parked copy coming back).
+    pub duplicates: AtomicU64,
     /// Waiting jobs not run because an operator cancelled them (or moved
     /// them to "now", which cancels the waiting copy).
     pub cancelled: AtomicU64,

@@ -59,6 +59,12 @@ impl Waiter {
         }
     }
 
+    /// Whether a wait gives the slot back (a worker's job; the harness's
+    /// keep theirs): only such a job may wait long for others.
+    pub(crate) fn parks(&self) -> bool {
+        self.slots.is_some()
+    }
+
     /// Cancelled when the job's partition is revoked or the worker stops.
     pub(crate) fn released(&self) -> &CancellationToken {
         &self.released

@@ -437,7 +437,8 @@ impl Pipeline {
         }
         // Strict order.
         if let Some(g) = &gate {
-            if let Some(outcome) = Box::pin(g.before(&self.fw, entry, msg, &headers, now_ms)).await
+            if let Some(outcome) =
+                Box::pin(g.before(&self.fw, entry, msg, &headers, waiter, now_ms)).await
             {
                 return ended(outcome);
             }

@@ -91,7 +91,7 @@ impl Pipeline {
     ) -> Outcome {
         let id = headers.id.as_deref().unwrap_or_default();
         if let Some(g) = self.strict.as_deref().and_then(|s| s.gate(entry, msg)) {
-            if !g.finished(&entry.main, id).await {
+            if !g.finished(entry, id).await {
                 return Outcome::Released;
             }
         }

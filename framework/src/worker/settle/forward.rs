@@ -190,7 +190,11 @@ impl Forwarder {
             Outcome::Delayed => Some(&self.stats.delay_hops),
             Outcome::Held => Some(&self.stats.held),
             Outcome::DeadLettered => Some(&self.stats.dead_lettered),
-            Outcome::Handled | Outcome::Released | Outcome::Cancelled | Outcome::Superseded => None,
+            Outcome::Handled
+            | Outcome::Released
+            | Outcome::Cancelled
+            | Outcome::Superseded
+            | Outcome::Duplicate => None,
         };
         if let Some(c) = counter {
             WorkerStats::bump(c);

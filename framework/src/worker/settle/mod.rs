@@ -98,7 +98,7 @@ pub(super) async fn settle<M: Message>(
     // state write would make every attempt's future kilobytes larger.
     let finished = |outcome: Outcome| async move {
         match gate {
-            Some(g) if !Box::pin(g.finished(&entry.main, id)).await => Outcome::Released,
+            Some(g) if !Box::pin(g.finished(entry, id)).await => Outcome::Released,
             _ => outcome,
         }
     };

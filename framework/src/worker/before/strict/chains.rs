@@ -18,7 +18,17 @@ struct Stored {
     /// then, not every first-tier delay.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     head_due_ms: Option<i64>,
+    /// Jobs of the key that finished, each with the time (epoch ms) until
+    /// which a copy of it is recognised: a re-delivery after a crash or a
+    /// parked copy coming back is then skipped, not run (or dead-lettered)
+    /// again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    done: Vec<(String, i64)>,
 }
+
+/// At most this many finished ids are kept per key (the oldest go
+/// first): enough for a chain of a few hundred jobs drained at once.
+const DONE_MAX: usize = 256;
 
 /// One key's chain.
 #[derive(Debug, Default)]
@@ -28,6 +38,21 @@ struct Chain {
     /// When the head is due in its tier (set when it is forwarded there,
     /// cleared when another job becomes head).
     head_due_ms: Option<i64>,
+    /// Finished ids, oldest first, each with the time until which copies
+    /// of it are skipped.
+    done: VecDeque<(String, i64)>,
+}
+
+impl Chain {
+    /// Drops the finished ids whose time is up.
+    fn forget(&mut self, now_ms: i64) {
+        self.done.retain(|(_, until)| *until > now_ms);
+    }
+
+    /// Nothing to keep: no job waits and no finished id is remembered.
+    fn is_empty(&self) -> bool {
+        self.ids.is_empty() && self.done.is_empty()
+    }
 }
 
 /// The chains of one state partition: key to job ids, head first. Pure
@@ -42,6 +67,9 @@ pub(crate) struct Chains {
 pub(crate) enum Admit {
     /// Its key has no chain, or it is the chain's head.
     Run,
+    /// A copy of a job of the key that already finished (a re-delivery
+    /// after a crash, or a parked copy coming back): it is not run again.
+    Duplicate,
     /// It waits behind `head`; `appended` when its id was added now (the
     /// state must be written before it is parked).
     Follow {
@@ -55,12 +83,19 @@ pub(crate) enum Admit {
 }
 
 impl Chains {
-    /// Decides for the record `id` of `key`, appending it when it has to
-    /// wait.
-    pub(crate) fn admit(&mut self, key: &[u8], id: &str) -> Admit {
+    /// Decides for the record `id` of `key` at `now_ms`, appending it
+    /// when it has to wait.
+    pub(crate) fn admit(&mut self, key: &[u8], id: &str, now_ms: i64) -> Admit {
         let Some(chain) = self.by_key.get_mut(key) else {
             return Admit::Run;
         };
+        if chain
+            .done
+            .iter()
+            .any(|(done, until)| done == id && *until > now_ms)
+        {
+            return Admit::Duplicate;
+        }
         match chain.ids.front() {
             None => Admit::Run,
             Some(head) if head == id => Admit::Run,
@@ -97,8 +132,9 @@ impl Chains {
     }
 
     /// `id` of `key` finished (handled or dead-lettered): it leaves the
-    /// chain. Returns whether the chain changed.
-    pub(crate) fn finished(&mut self, key: &[u8], id: &str) -> bool {
+    /// chain at `now_ms`, and copies of it are recognised for `keep_ms`.
+    /// Returns whether the chain changed.
+    pub(crate) fn finished(&mut self, key: &[u8], id: &str, now_ms: i64, keep_ms: i64) -> bool {
         let Some(chain) = self.by_key.get_mut(key) else {
             return false;
         };
@@ -110,10 +146,34 @@ impl Chains {
             // The next head has not failed (yet): it is not waiting anywhere.
             chain.head_due_ms = None;
         }
-        if chain.ids.is_empty() {
+        chain.forget(now_ms);
+        if changed && keep_ms > 0 {
+            chain.done.push_back((id.to_string(), now_ms + keep_ms));
+            while chain.done.len() > DONE_MAX {
+                chain.done.pop_front();
+            }
+        }
+        if chain.is_empty() {
             self.by_key.remove(key);
         }
         changed
+    }
+
+    /// Forgets the finished ids whose time is up at `now_ms`, and returns
+    /// the keys left with nothing to keep: their state records can be
+    /// tombstoned, so the compacted topic does not grow with every key
+    /// that ever waited.
+    pub(crate) fn expire(&mut self, now_ms: i64) -> Vec<Vec<u8>> {
+        let mut gone = Vec::new();
+        self.by_key.retain(|key, chain| {
+            chain.forget(now_ms);
+            let keep = !chain.is_empty();
+            if !keep {
+                gone.push(key.clone());
+            }
+            keep
+        });
+        gone
     }
 
     /// The chain of `key`, head first (empty when there is none).
@@ -125,13 +185,14 @@ impl Chains {
             .unwrap_or_default()
     }
 
-    /// The state record's value for `key`: `None` (a tombstone) when its
-    /// chain is empty.
+    /// The state record's value for `key`: `None` (a tombstone) when no
+    /// job of it waits and no finished id is still remembered.
     pub(crate) fn encode(&self, key: &[u8]) -> Option<Vec<u8>> {
-        let chain = self.by_key.get(key).filter(|c| !c.ids.is_empty())?;
+        let chain = self.by_key.get(key).filter(|c| !c.is_empty())?;
         serde_json::to_vec(&Stored {
             ids: chain.ids.iter().cloned().collect(),
             head_due_ms: chain.head_due_ms,
+            done: chain.done.iter().cloned().collect(),
         })
         .ok()
     }
@@ -156,12 +217,13 @@ impl Chains {
             },
         };
         match parsed {
-            Some(s) if !s.ids.is_empty() => {
+            Some(s) if !s.ids.is_empty() || !s.done.is_empty() => {
                 self.by_key.insert(
                     key.to_vec(),
                     Chain {
                         ids: s.ids.into_iter().collect(),
                         head_due_ms: s.head_due_ms,
+                        done: s.done.into_iter().collect(),
                     },
                 );
             }
@@ -171,7 +233,15 @@ impl Chains {
         }
     }
 
-    /// Keys with a chain.
+    /// Whether `id` heads `key`'s chain.
+    pub(crate) fn has_head(&self, key: &[u8], id: &str) -> bool {
+        self.by_key
+            .get(key)
+            .and_then(|c| c.ids.front())
+            .is_some_and(|h| h == id)
+    }
+
+    /// Keys with a chain or remembered finished ids.
     pub(crate) fn len(&self) -> usize {
         self.by_key.len()
     }
@@ -203,15 +273,15 @@ mod tests {
     #[test]
     fn a_free_key_runs_and_a_failure_starts_its_chain() {
         let mut c = Chains::default();
-        assert_eq!(c.admit(b"k", "1"), Admit::Run);
+        assert_eq!(c.admit(b"k", "1", 0), Admit::Run);
         assert!(c.retrying(b"k", "1", None));
         assert!(
             !c.retrying(b"k", "1", None),
             "a second failure keeps it head"
         );
         assert_eq!(c.chain(b"k"), vec!["1"]);
-        assert_eq!(c.admit(b"k", "1"), Admit::Run, "the head runs");
-        assert_eq!(c.admit(b"other", "9"), Admit::Run, "other keys flow");
+        assert_eq!(c.admit(b"k", "1", 0), Admit::Run, "the head runs");
+        assert_eq!(c.admit(b"other", "9", 0), Admit::Run, "other keys flow");
     }
 
     #[test]
@@ -220,7 +290,7 @@ mod tests {
         c.retrying(b"k", "1", None);
         for id in ["2", "3", "4"] {
             assert_eq!(
-                c.admit(b"k", id),
+                c.admit(b"k", id, 0),
                 Admit::Follow {
                     head: "1".into(),
                     head_due_ms: None,
@@ -230,7 +300,7 @@ mod tests {
         }
         // A re-delivery (or a parked copy coming due) is not appended again.
         assert_eq!(
-            c.admit(b"k", "3"),
+            c.admit(b"k", "3", 0),
             Admit::Follow {
                 head: "1".into(),
                 head_due_ms: None,
@@ -238,32 +308,35 @@ mod tests {
             }
         );
         assert_eq!(c.chain(b"k"), vec!["1", "2", "3", "4"]);
-        assert!(c.finished(b"k", "1"));
+        assert!(c.finished(b"k", "1", 0, 0));
         assert_eq!(
-            c.admit(b"k", "3"),
+            c.admit(b"k", "3", 0),
             Admit::Follow {
                 head: "2".into(),
                 head_due_ms: None,
                 appended: false
             }
         );
-        assert_eq!(c.admit(b"k", "2"), Admit::Run);
-        assert!(c.finished(b"k", "2"));
-        assert!(c.finished(b"k", "3"));
-        assert!(c.finished(b"k", "4"));
+        assert_eq!(c.admit(b"k", "2", 0), Admit::Run);
+        assert!(c.finished(b"k", "2", 0, 0));
+        assert!(c.finished(b"k", "3", 0, 0));
+        assert!(c.finished(b"k", "4", 0, 0));
         assert_eq!(c.len(), 0, "an empty chain is dropped");
         assert!(c.encode(b"k").is_none(), "and written as a tombstone");
-        assert!(!c.finished(b"k", "4"), "finishing twice changes nothing");
+        assert!(
+            !c.finished(b"k", "4", 0, 0),
+            "finishing twice changes nothing"
+        );
     }
 
     #[test]
     fn a_follower_that_fails_keeps_its_place_as_head() {
         let mut c = Chains::default();
         c.retrying(b"k", "1", None);
-        c.admit(b"k", "2");
-        c.admit(b"k", "3");
-        c.finished(b"k", "1");
-        assert_eq!(c.admit(b"k", "2"), Admit::Run);
+        c.admit(b"k", "2", 0);
+        c.admit(b"k", "3", 0);
+        c.finished(b"k", "1", 0, 0);
+        assert_eq!(c.admit(b"k", "2", 0), Admit::Run);
         assert!(
             !c.retrying(b"k", "2", None),
             "already in the chain, at its head"
@@ -275,9 +348,9 @@ mod tests {
     fn a_dead_lettered_head_pops_and_unblocks_the_key() {
         let mut c = Chains::default();
         c.retrying(b"k", "bad", None);
-        c.admit(b"k", "2");
-        assert!(c.finished(b"k", "bad"));
-        assert_eq!(c.admit(b"k", "2"), Admit::Run);
+        c.admit(b"k", "2", 0);
+        assert!(c.finished(b"k", "bad", 0, 0));
+        assert_eq!(c.admit(b"k", "2", 0), Admit::Run);
     }
 
     #[test]
@@ -287,7 +360,7 @@ mod tests {
         let mut c = Chains::default();
         c.retrying(b"k", "5", None);
         assert_eq!(
-            c.admit(b"k", "1"),
+            c.admit(b"k", "1", 0),
             Admit::Follow {
                 head: "5".into(),
                 head_due_ms: None,
@@ -300,7 +373,7 @@ mod tests {
     fn state_round_trips_and_garbage_reads_as_empty() {
         let mut c = Chains::default();
         c.retrying(b"k", "1", None);
-        c.admit(b"k", "2");
+        c.admit(b"k", "2", 0);
         let value = c.encode(b"k");
         let mut loaded = Chains::default();
         loaded.apply("t.order", b"k", value.as_deref());
@@ -324,7 +397,7 @@ mod tests {
             "failed again: due later"
         );
         assert_eq!(
-            c.admit(b"k", "2"),
+            c.admit(b"k", "2", 0),
             Admit::Follow {
                 head: "1".into(),
                 head_due_ms: Some(90_000),
@@ -336,7 +409,7 @@ mod tests {
         let mut loaded = Chains::default();
         loaded.apply("t.order", b"k", c.encode(b"k").as_deref());
         assert_eq!(
-            loaded.admit(b"k", "2"),
+            loaded.admit(b"k", "2", 0),
             Admit::Follow {
                 head: "1".into(),
                 head_due_ms: Some(90_000),
@@ -344,21 +417,64 @@ mod tests {
             },
             "the due time survives a reload"
         );
-        assert!(c.finished(b"k", "1"));
+        assert!(c.finished(b"k", "1", 0, 0));
         assert!(
             c.retrying(b"k", "2", Some(7)),
             "the new head waits in a tier"
         );
-        c.admit(b"k", "3");
-        c.finished(b"k", "2");
+        c.admit(b"k", "3", 0);
+        c.finished(b"k", "2", 0, 0);
         assert_eq!(
-            c.admit(b"k", "4"),
+            c.admit(b"k", "4", 0),
             Admit::Follow {
                 head: "3".into(),
                 head_due_ms: None,
                 appended: true
             },
             "a head that has not failed is due nowhere"
+        );
+    }
+
+    #[test]
+    fn a_copy_of_a_finished_job_is_a_duplicate_until_its_time_is_up() {
+        let mut c = Chains::default();
+        c.retrying(b"k", "1", Some(5_000));
+        c.admit(b"k", "2", 1_000);
+        assert!(c.finished(b"k", "1", 6_000, 60_000));
+        assert_eq!(c.admit(b"k", "1", 7_000), Admit::Duplicate, "job 1's copy");
+        assert_eq!(c.admit(b"k", "2", 7_000), Admit::Run, "the next head runs");
+        assert!(c.finished(b"k", "2", 7_000, 60_000));
+        assert_eq!(c.chain(b"k"), Vec::<String>::new());
+        // The key's record keeps the finished ids, so a new owner knows
+        // them too; it is tombstoned only once they are forgotten.
+        let value = c.encode(b"k");
+        assert!(value.is_some(), "finished ids are persisted");
+        let mut loaded = Chains::default();
+        loaded.apply("t.order", b"k", value.as_deref());
+        assert_eq!(loaded.admit(b"k", "2", 8_000), Admit::Duplicate);
+        assert_eq!(loaded.admit(b"k", "3", 8_000), Admit::Run, "a new job runs");
+        assert_eq!(loaded.admit(b"k", "1", 66_001), Admit::Run, "forgotten");
+        assert!(loaded.expire(66_000).is_empty(), "job 2 is still kept");
+        assert_eq!(loaded.expire(67_001), vec![b"k".to_vec()]);
+        assert_eq!(loaded.len(), 0);
+        assert!(loaded.encode(b"k").is_none(), "a tombstone");
+    }
+
+    #[test]
+    fn only_the_newest_finished_ids_are_kept() {
+        let mut c = Chains::default();
+        c.retrying(b"k", "head", None);
+        for i in 0..DONE_MAX + 10 {
+            c.admit(b"k", &i.to_string(), 0);
+        }
+        assert!(c.finished(b"k", "head", 0, 1_000));
+        for i in 0..DONE_MAX + 10 {
+            assert!(c.finished(b"k", &i.to_string(), 0, 1_000));
+        }
+        assert_eq!(c.admit(b"k", "0", 1), Admit::Run, "the oldest went first");
+        assert_eq!(
+            c.admit(b"k", &(DONE_MAX + 9).to_string(), 1),
+            Admit::Duplicate
         );
     }
 

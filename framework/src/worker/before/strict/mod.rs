@@ -60,6 +60,7 @@
 //! once, never drop one.
 
 mod chains;
+mod gate;
 mod store;
 
 use std::collections::{HashMap, HashSet};
@@ -68,19 +69,18 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use rdkafka::message::Message;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, warn};
+use tracing::{debug, error};
 
 use crate::config::KafkaConfig;
 use crate::error::{Error, Result};
 use crate::headers::{JobHeaders, FOLLOWS};
 pub(crate) use crate::topics::order_topic;
-use crate::worker::decision::Outcome;
-use crate::worker::settle::forward::Forwarder;
 use crate::worker::state::{RouteEntry, TopicRole, WorkerStats};
 pub(crate) use chains::Admit;
-use chains::{park_tier, Chains};
+use chains::Chains;
+pub(crate) use gate::Gate;
+use gate::Waiting;
 #[cfg_attr(not(feature = "testing"), allow(unused_imports))]
 pub(crate) use store::MemoryStore;
 pub(crate) use store::{KafkaStore, OrderStore};
@@ -93,7 +93,17 @@ struct Part {
     generation: Option<u64>,
     chains: Chains,
     pending: Arc<AtomicUsize>,
+    /// Heads admitted to run here and not finished or retrying yet: a
+    /// follower waits in memory behind one of them, and a second copy of
+    /// one waits for the first instead of running beside it.
+    running: HashSet<String>,
+    /// When the partition's finished ids were last expired (epoch ms).
+    swept_ms: i64,
 }
+
+/// How often a partition's remembered finished ids are expired, and keys
+/// with nothing left tombstoned.
+const SWEEP_MS: i64 = 60_000;
 
 /// Counts a state write as pending until its acknowledgement future
 /// completes or is dropped.
@@ -125,15 +135,35 @@ pub(crate) struct Strict {
     /// when it moved since they were loaded.
     stats: Arc<WorkerStats>,
     cancel: CancellationToken,
+    /// Each state partition, and its followers waiting in memory.
     #[allow(clippy::type_complexity)]
-    parts: Mutex<HashMap<(String, i32), Arc<tokio::sync::Mutex<Part>>>>,
+    parts: Mutex<HashMap<(String, i32), (Arc<tokio::sync::Mutex<Part>>, Arc<Waiting>)>>,
+}
+
+/// What [`Strict::admit`] found, beyond the rule itself.
+pub(crate) struct Admitted {
+    pub(crate) admit: Admit,
+    /// The job waited for runs in this worker now, or waits here in memory
+    /// and runs the moment its turn comes: either way it finishes soon.
+    pub(crate) head_running: bool,
 }
 
 /// What a post-attempt state change must do.
 enum Change {
     /// Forwarded to a tier, due then.
     Retrying(Option<i64>),
-    Finished,
+    /// Handled or dead-lettered; copies of it are recognised for this long
+    /// (ms).
+    Finished(i64),
+}
+
+/// How long copies of a finished job of a route with `tiers` are
+/// recognised: a parked copy comes back within the longest tier delay, a
+/// re-delivery after a crash within a restart; twice the longest tier, and
+/// at least ten minutes.
+pub(crate) fn keep_ms(tiers: &[Duration]) -> i64 {
+    let longest = tiers.iter().max().map_or(0, |t| t.as_millis() as i64);
+    (2 * longest).max(600_000)
 }
 
 impl Strict {
@@ -159,6 +189,15 @@ impl Strict {
     }
 
     fn part(&self, main: &str, partition: i32) -> Arc<tokio::sync::Mutex<Part>> {
+        self.slot(main, partition).0
+    }
+
+    /// A partition's followers waiting in memory.
+    pub(crate) fn waiting(&self, main: &str, partition: i32) -> Arc<Waiting> {
+        self.slot(main, partition).1
+    }
+
+    fn slot(&self, main: &str, partition: i32) -> (Arc<tokio::sync::Mutex<Part>>, Arc<Waiting>) {
         self.parts
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -201,6 +240,9 @@ impl Strict {
                     debug!(topic = %topic, partition, records = records.len(), keys = chains.len(), "strict-order state loaded");
                     part.chains = chains;
                     part.generation = Some(generation);
+                    part.running.clear();
+                    // The first change after a load expires what it read.
+                    part.swept_ms = 0;
                     return Ok(part);
                 }
                 Err(e) => {
@@ -269,29 +311,56 @@ impl Strict {
 
     /// May the record `id` of `key` (partition `partition` of `main` or
     /// its tiers) run now? When it has to wait and was appended, the
-    /// chain is persisted before this returns.
+    /// chain is persisted before this returns. A second copy of a head
+    /// that runs here already is told to follow it.
     pub(crate) async fn admit(
         &self,
         main: &str,
         partition: i32,
         key: &[u8],
         id: &str,
-    ) -> std::result::Result<Admit, Cancelled> {
-        let (admit, write) = {
+    ) -> std::result::Result<Admitted, Cancelled> {
+        let (admitted, write) = {
             let mut part = self.locked(main, partition).await?;
-            let admit = part.chains.admit(key, id);
+            let part = &mut *part;
+            let mut admit = part.chains.admit(key, id, crate::clock::now_ms());
+            let mut head_running = false;
+            match &admit {
+                Admit::Run if part.running.contains(id) => {
+                    admit = Admit::Follow {
+                        head: id.to_string(),
+                        head_due_ms: None,
+                        appended: false,
+                    };
+                    head_running = true;
+                }
+                Admit::Run if part.chains.has_head(key, id) => {
+                    part.running.insert(id.to_string());
+                }
+                Admit::Follow { head, .. } => {
+                    head_running =
+                        part.running.contains(head) || self.waiting(main, partition).contains(head);
+                }
+                Admit::Run | Admit::Duplicate => {}
+            }
             let write = match &admit {
                 Admit::Follow { appended: true, .. } => {
-                    Some(self.write(&part, main, partition, key))
+                    Some(self.write(part, main, partition, key))
                 }
                 _ => None,
             };
-            (admit, write)
+            (
+                Admitted {
+                    admit,
+                    head_running,
+                },
+                write,
+            )
         };
         if let Some(write) = write {
             self.persist(main, partition, key, write).await?;
         }
-        Ok(admit)
+        Ok(admitted)
     }
 
     async fn change(
@@ -304,16 +373,52 @@ impl Strict {
     ) -> std::result::Result<(), Cancelled> {
         let write = {
             let mut part = self.locked(main, partition).await?;
+            let now_ms = crate::clock::now_ms();
+            let ran = part.running.remove(id);
             let changed = match change {
                 Change::Retrying(due) => part.chains.retrying(key, id, due),
-                Change::Finished => part.chains.finished(key, id),
+                Change::Finished(keep_ms) => part.chains.finished(key, id, now_ms, keep_ms),
             };
-            changed.then(|| self.write(&part, main, partition, key))
+            if now_ms - part.swept_ms >= SWEEP_MS {
+                part.swept_ms = now_ms;
+                self.sweep(&mut part, main, partition, now_ms);
+            }
+            (
+                changed || ran,
+                changed.then(|| self.write(&part, main, partition, key)),
+            )
         };
-        match write {
-            Some(w) => self.persist(main, partition, key, w).await,
-            None => Ok(()),
+        let (wake, write) = write;
+        if let Some(w) = write {
+            self.persist(main, partition, key, w).await?;
         }
+        if wake {
+            // Waiting followers look again, once the change is in the log.
+            self.waiting(main, partition).changed.notify_waiters();
+        }
+        Ok(())
+    }
+
+    /// Forgets the partition's finished ids whose time is up and
+    /// tombstones the keys left with nothing (best effort: a lost
+    /// tombstone is written again by the next sweep after a reload).
+    fn sweep(&self, part: &mut Part, main: &str, partition: i32, now_ms: i64) {
+        let gone = part.chains.expire(now_ms);
+        if gone.is_empty() {
+            return;
+        }
+        debug!(topic = %order_topic(main), partition, keys = gone.len(), "strict order: forgetting finished jobs");
+        let writes: Vec<_> = gone
+            .iter()
+            .map(|key| self.write(part, main, partition, key))
+            .collect();
+        tokio::spawn(async move {
+            for w in writes {
+                if let Err(e) = w.await {
+                    debug!(error = %e, "strict-order tombstone not written; the next sweep retries");
+                }
+            }
+        });
     }
 
     /// `id` failed and is about to be forwarded to a tier: it heads (or
@@ -331,162 +436,19 @@ impl Strict {
     }
 
     /// `id` was handled or dead-lettered: it leaves its key's chain,
-    /// persisted before the offset is released.
+    /// persisted before the offset is released, and copies of it are
+    /// skipped for `keep_ms` ([`keep_ms`]).
     pub(crate) async fn finished(
         &self,
         main: &str,
         partition: i32,
         key: &[u8],
         id: &str,
+        keep_ms: i64,
     ) -> std::result::Result<(), Cancelled> {
-        self.change(main, partition, key, id, Change::Finished)
+        self.change(main, partition, key, id, Change::Finished(keep_ms))
             .await
     }
-}
-
-impl Strict {
-    /// The gate of `msg`, when it is under strict order (a keyed record of
-    /// a strict route's main topic or tier).
-    pub(crate) fn gate<'s, 'm, M: Message>(
-        &'s self,
-        entry: &RouteEntry,
-        msg: &'m M,
-    ) -> Option<Gate<'s, 'm>> {
-        let key = msg.key()?;
-        self.covers(entry).then_some(Gate {
-            strict: self,
-            key,
-            partition: msg.partition(),
-        })
-    }
-}
-
-/// Parks `msg` (not run) in a retry tier of its route ([`park_tier`]),
-/// on the same partition, its attempt unchanged, with `kjob-follows`
-/// naming the job it waits for. `None` when the route has no tier to
-/// park in (its policy lost them while a chain was open): the record
-/// then runs, out of strict order, rather than wait forever.
-#[allow(clippy::too_many_arguments)]
-async fn park<M: Message>(
-    fw: &Forwarder,
-    entry: &RouteEntry,
-    msg: &M,
-    headers: &JobHeaders,
-    id: &str,
-    head: &str,
-    head_due_ms: Option<i64>,
-    now_ms: i64,
-) -> Option<Outcome> {
-    let i = park_tier(&entry.retry.tiers, now_ms, head_due_ms);
-    let Some(tier) = entry.retry.tiers.get(i).copied() else {
-        warn!(
-            job.id = id, follows = head,
-            "strict order: the route has no retry tier to park this job in; running it out of order"
-        );
-        return None;
-    };
-    if let Some(late_ms) = overdue(&entry.retry.tiers, now_ms, head_due_ms) {
-        // Order is never given up on a timer (a long outage would then
-        // reorder every waiting key); an operator decides.
-        warn!(
-            job.id = id, follows = head, late_ms, order_topic = %order_topic(&entry.main),
-            "strict order: the job this key waits for is overdue in its retry tier. If its \
-             record is gone (a tier topic deleted, strict order turned off and on again), \
-             the key waits forever: clear it by writing a tombstone for the key to the order \
-             topic"
-        );
-    }
-    let topic = crate::retry::tier_topic(&entry.main, tier);
-    let mut next = headers.clone();
-    next.id = Some(id.to_string());
-    next.due_at_ms = Some(now_ms + tier.as_millis() as i64);
-    next.group = Some(fw.group.clone());
-    if next.original_topic.is_none() {
-        next.original_topic = Some(msg.topic().to_string());
-        next.original_partition = Some(msg.partition());
-        next.original_offset = Some(msg.offset());
-        next.original_timestamp_ms = msg.timestamp().to_millis();
-    }
-    set_follows(&mut next, Some(head));
-    debug!(job.id = id, follows = head, at = %format_args!("{}:{}:{}", msg.topic(), msg.partition(), msg.offset()), next = %topic, "strict order: waiting behind the key's job in the retry path");
-    let pin = Some(msg.partition());
-    let outcome = fw
-        .forward_as(&topic, &entry.main, msg, &next, pin, Outcome::Held)
-        .await;
-    if outcome == Outcome::Held {
-        fw.metrics.outcome(entry.route.job_name(), "held");
-    }
-    Some(outcome)
-}
-
-/// A record under strict order: the state, its key and its partition.
-#[derive(Clone, Copy)]
-pub(crate) struct Gate<'s, 'm> {
-    strict: &'s Strict,
-    key: &'m [u8],
-    partition: i32,
-}
-
-impl Gate<'_, '_> {
-    /// Before the handler: `None` if the record is its key's head (or the
-    /// key has no chain) and runs; otherwise it is parked in a retry tier
-    /// behind the head and the attempt ends here.
-    pub(crate) async fn before<M: Message>(
-        &self,
-        fw: &Forwarder,
-        entry: &RouteEntry,
-        msg: &M,
-        headers: &JobHeaders,
-        now_ms: i64,
-    ) -> Option<Outcome> {
-        let id = headers.job_id(msg.topic(), msg.partition(), msg.offset());
-        match self.admit(&entry.main, &id).await {
-            Ok(Admit::Run) => None,
-            Ok(Admit::Follow {
-                head, head_due_ms, ..
-            }) => park(fw, entry, msg, headers, &id, &head, head_due_ms, now_ms).await,
-            Err(_) => Some(Outcome::Released),
-        }
-    }
-
-    /// See [`Strict::admit`].
-    pub(crate) async fn admit(
-        &self,
-        main: &str,
-        id: &str,
-    ) -> std::result::Result<Admit, Cancelled> {
-        self.strict.admit(main, self.partition, self.key, id).await
-    }
-
-    /// See [`Strict::retrying`]; `false` when the worker gave up.
-    pub(crate) async fn retrying(&self, main: &str, id: &str, due_ms: Option<i64>) -> bool {
-        self.strict
-            .retrying(main, self.partition, self.key, id, due_ms)
-            .await
-            .is_ok()
-    }
-
-    /// See [`Strict::finished`]; `false` when the worker gave up.
-    pub(crate) async fn finished(&self, main: &str, id: &str) -> bool {
-        self.strict
-            .finished(main, self.partition, self.key, id)
-            .await
-            .is_ok()
-    }
-
-    /// The partition a forward of this record is pinned to.
-    pub(crate) fn partition(&self) -> i32 {
-        self.partition
-    }
-}
-
-/// How long (ms) the head is past its due time, when that is more than
-/// the route's longest tier delay: longer than any tier hold or re-park
-/// explains, so worth a warning.
-fn overdue(tiers: &[Duration], now_ms: i64, head_due_ms: Option<i64>) -> Option<i64> {
-    let longest = tiers.iter().max()?.as_millis() as i64;
-    let late = now_ms - head_due_ms?;
-    (late > longest).then_some(late)
 }
 
 /// Sets (or with `None` removes) the `kjob-follows` header.
@@ -614,23 +576,57 @@ mod tests {
                 appended,
             })
         };
-        assert_eq!(two.await.ok().flatten(), follows(true));
-        assert_eq!(three.await.ok().flatten(), follows(true));
+        let admit = |a: Option<Admitted>| a.map(|a| a.admit);
+        assert_eq!(admit(two.await.ok().flatten()), follows(true));
+        assert_eq!(admit(three.await.ok().flatten()), follows(true));
         assert_eq!(
-            strict.admit("m", 0, b"k", "2").await.ok(),
+            admit(strict.admit("m", 0, b"k", "2").await.ok()),
             follows(false),
             "job 2 is still in the chain after the reload"
         );
     }
 
     #[test]
-    fn a_head_is_overdue_only_beyond_the_longest_tier() {
-        let tiers = [Duration::from_secs(5), Duration::from_secs(30)];
-        assert_eq!(overdue(&tiers, 100_000, None), None);
-        assert_eq!(overdue(&tiers, 100_000, Some(90_000)), None);
-        assert_eq!(overdue(&tiers, 100_000, Some(70_000)), None);
-        assert_eq!(overdue(&tiers, 100_000, Some(60_000)), Some(40_000));
-        assert_eq!(overdue(&[], 100_000, Some(0)), None);
+    fn copies_of_finished_jobs_are_kept_in_mind_for_twice_the_longest_tier() {
+        let s = Duration::from_secs;
+        assert_eq!(keep_ms(&[s(1), s(8)]), 600_000, "at least ten minutes");
+        assert_eq!(keep_ms(&[s(60), s(3_600)]), 7_200_000);
+        assert_eq!(keep_ms(&[]), 600_000);
+    }
+
+    #[tokio::test]
+    async fn a_second_copy_of_a_running_head_follows_it_and_is_then_a_duplicate() {
+        let strict = Strict::new(
+            ["m".to_string()].into_iter().collect(),
+            Arc::new(MemoryStore::default()),
+            Arc::new(WorkerStats::default()),
+            CancellationToken::new(),
+        );
+        assert!(strict.retrying("m", 0, b"k", "1", None).await.is_ok());
+        let first = strict.admit("m", 0, b"k", "1").await.ok().map(|a| a.admit);
+        assert_eq!(first, Some(Admit::Run));
+        let second = strict.admit("m", 0, b"k", "1").await.ok();
+        assert!(
+            second
+                .as_ref()
+                .is_some_and(|a| a.head_running
+                    && matches!(&a.admit, Admit::Follow { head, .. } if head == "1")),
+            "the copy waits for the running one"
+        );
+        let follower = strict.admit("m", 0, b"k", "2").await.ok();
+        assert!(
+            follower.is_some_and(|a| a.head_running),
+            "its head runs here"
+        );
+        assert!(strict.finished("m", 0, b"k", "1", 60_000).await.is_ok());
+        let again = strict.admit("m", 0, b"k", "1").await.ok().map(|a| a.admit);
+        assert_eq!(
+            again,
+            Some(Admit::Duplicate),
+            "finished: the copy is skipped"
+        );
+        let next = strict.admit("m", 0, b"k", "2").await.ok().map(|a| a.admit);
+        assert_eq!(next, Some(Admit::Run));
     }
 
     #[test]
