@@ -393,7 +393,7 @@ pub enum Error {
     /// A worker limit fired and the worker stopped gracefully (drained,
     /// committed, left the group); a supervisor should start a new one.
     #[error("worker limit reached: {0}; stopped gracefully, restart the worker")]
-    LimitReached(Limit),
+    LimitReached(StopLimit),
     /// A batch call that cannot be done: an id that is empty or too long,
     /// an enqueue after `seal()`, a callback no route handles.
     #[error("batch `{batch}`: {reason}")]
@@ -599,7 +599,7 @@ mod tests {
 
 /// Which limit ended a worker's run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Limit {
+pub enum StopLimit {
     /// `stop_after_jobs(n)`: `n` jobs were handled.
     Jobs(u64),
     /// `stop_above_rss(bytes)`: the resident set grew above `bytes`.
@@ -608,23 +608,23 @@ pub enum Limit {
     Time(Duration),
 }
 
-impl Limit {
+impl StopLimit {
     /// The process exit status for this limit: 81 jobs, 82 memory, 83 time.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Limit::Jobs(_) => 81,
-            Limit::Rss(_) => 82,
-            Limit::Time(_) => 83,
+            StopLimit::Jobs(_) => 81,
+            StopLimit::Rss(_) => 82,
+            StopLimit::Time(_) => 83,
         }
     }
 }
 
-impl std::fmt::Display for Limit {
+impl std::fmt::Display for StopLimit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Limit::Jobs(n) => write!(f, "stop_after_jobs={n} (KJOB_STOP_AFTER_JOBS)"),
-            Limit::Rss(b) => write!(f, "stop_above_rss={b} bytes (KJOB_STOP_ABOVE_RSS)"),
-            Limit::Time(d) => write!(f, "stop_after={d:?} (KJOB_STOP_AFTER)"),
+            StopLimit::Jobs(n) => write!(f, "stop_after_jobs={n} (KJOB_STOP_AFTER_JOBS)"),
+            StopLimit::Rss(b) => write!(f, "stop_above_rss={b} bytes (KJOB_STOP_ABOVE_RSS)"),
+            StopLimit::Time(d) => write!(f, "stop_after={d:?} (KJOB_STOP_AFTER)"),
         }
     }
 }

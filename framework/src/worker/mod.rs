@@ -56,7 +56,7 @@ mod settle;
 pub(crate) mod state;
 mod wake;
 
-pub use crate::error::Limit;
+pub use crate::error::StopLimit;
 pub use crate::membership::{GroupProtocol, GROUP_PROTOCOL_ENV, INSTANCE_ID_ENV};
 pub use builder::shared_tiers::SharedTiers;
 pub use builder::{Worker, WorkerBuilder};

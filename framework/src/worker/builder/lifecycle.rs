@@ -44,21 +44,21 @@ impl WorkerBuilder {
     /// and ends with `Error::LimitReached` (exit status 81); see the book's
     /// chapter on limits.
     pub fn stop_after_jobs(mut self, n: u64) -> Self {
-        self.run_limits.jobs = Some(n);
+        self.stop_limits.jobs = Some(n);
         self
     }
 
     /// Stops gracefully once the process's resident memory exceeds `bytes`
     /// (see the book's chapter on limits; also `KJOB_STOP_ABOVE_RSS`).
     pub fn stop_above_rss(mut self, bytes: u64) -> Self {
-        self.run_limits.rss = Some(bytes);
+        self.stop_limits.rss = Some(bytes);
         self
     }
 
     /// Stops gracefully after running for `d` (see the book's chapter on limits; also
     /// `KJOB_STOP_AFTER`).
     pub fn stop_after(mut self, d: Duration) -> Self {
-        self.run_limits.time = Some(d);
+        self.stop_limits.time = Some(d);
         self
     }
 

@@ -19,12 +19,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Limit, Result};
+use crate::error::{Error, Result, StopLimit};
 use crate::worker::WorkerStats;
 
 /// The limits a worker runs under.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Limits {
+pub(crate) struct StopLimits {
     pub jobs: Option<u64>,
     /// Whether `jobs` came from `KJOB_STOP_AFTER_JOBS` (a supervisor's
     /// setting: the run ends with the limit's error) rather than the
@@ -34,7 +34,7 @@ pub(crate) struct Limits {
     pub time: Option<Duration>,
 }
 
-impl Limits {
+impl StopLimits {
     /// Fills what the builder left unset from the environment.
     pub(crate) fn with_env(mut self) -> Result<Self> {
         let var = |name: &str| {
@@ -79,8 +79,8 @@ impl Limits {
 
     /// Whether `limit` firing ends the run with `Ok`: the job count the
     /// program set itself (see the module docs).
-    pub(crate) fn planned(&self, limit: &Limit) -> bool {
-        matches!(limit, Limit::Jobs(_)) && !self.jobs_from_env
+    pub(crate) fn planned(&self, limit: &StopLimit) -> bool {
+        matches!(limit, StopLimit::Jobs(_)) && !self.jobs_from_env
     }
 
     fn any(&self) -> bool {
@@ -88,14 +88,14 @@ impl Limits {
     }
 
     /// Resolves when a limit fires (never, without limits).
-    pub(crate) async fn watch(self, stats: Arc<WorkerStats>) -> Limit {
+    pub(crate) async fn watch(self, stats: Arc<WorkerStats>) -> StopLimit {
         if !self.any() {
             return std::future::pending().await;
         }
         let started = Instant::now();
         loop {
             if let Some(n) = self.jobs.filter(|n| WorkerStats::get(&stats.handled) >= *n) {
-                return Limit::Jobs(n);
+                return StopLimit::Jobs(n);
             }
             // Memory is judged once work has started: a limit below the
             // process's idle size would otherwise stop it before any job,
@@ -105,10 +105,10 @@ impl Limits {
                 .rss
                 .filter(|max| working && rss_bytes().is_some_and(|r| r > *max))
             {
-                return Limit::Rss(max);
+                return StopLimit::Rss(max);
             }
             if let Some(d) = self.time.filter(|d| started.elapsed() >= *d) {
-                return Limit::Time(d);
+                return StopLimit::Time(d);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -151,29 +151,29 @@ mod tests {
     #[test]
     fn each_limit_has_its_own_exit_code() {
         let codes = [
-            Limit::Jobs(1).exit_code(),
-            Limit::Rss(1).exit_code(),
-            Limit::Time(Duration::from_secs(1)).exit_code(),
+            StopLimit::Jobs(1).exit_code(),
+            StopLimit::Rss(1).exit_code(),
+            StopLimit::Time(Duration::from_secs(1)).exit_code(),
         ];
         assert_eq!(codes, [81, 82, 83]);
     }
 
     #[test]
     fn a_job_count_set_in_code_is_a_plan_and_from_the_environment_a_restart() {
-        let in_code = Limits {
+        let in_code = StopLimits {
             jobs: Some(1),
-            ..Limits::default()
+            ..StopLimits::default()
         };
-        assert!(in_code.planned(&Limit::Jobs(1)));
+        assert!(in_code.planned(&StopLimit::Jobs(1)));
         assert!(
-            !in_code.planned(&Limit::Rss(1)),
+            !in_code.planned(&StopLimit::Rss(1)),
             "memory keeps its exit code"
         );
-        let from_env = Limits {
+        let from_env = StopLimits {
             jobs: Some(1),
             jobs_from_env: true,
-            ..Limits::default()
+            ..StopLimits::default()
         };
-        assert!(!from_env.planned(&Limit::Jobs(1)));
+        assert!(!from_env.planned(&StopLimit::Jobs(1)));
     }
 }

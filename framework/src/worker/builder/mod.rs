@@ -88,7 +88,7 @@ pub struct WorkerBuilder {
     route_layers: HashMap<String, Vec<LayerFn>>,
     static_member: Option<String>,
     protocol: Option<GroupProtocol>,
-    run_limits: limits::Limits,
+    stop_limits: limits::StopLimits,
     create_topics: bool,
     create_main_topics: Option<usize>,
     delayed_jobs: bool,
@@ -290,7 +290,7 @@ impl WorkerBuilder {
         let priorities = self.topic_priorities(&routes.entries);
         let fairness = self.topic_fairness(&routes.entries);
         let turns = self.topic_turns(&routes.entries);
-        let run_limits = self.run_limits.with_env()?;
+        let stop_limits = self.stop_limits.with_env()?;
         let mut names = std::collections::HashSet::new();
         for s in &self.schedules {
             s.validate()?;
@@ -325,7 +325,7 @@ impl WorkerBuilder {
             priorities,
             fairness,
             turns,
-            run_limits,
+            stop_limits,
             metrics,
             endpoint: self.endpoint,
             #[cfg(feature = "metrics-http")]
@@ -368,7 +368,7 @@ pub struct Worker {
     pub(super) fairness: Vec<(Vec<String>, crate::worker::scheduler::FairSpec)>,
     /// Which route each topic's jobs take their turn as.
     pub(super) turns: crate::worker::scheduler::Turns,
-    pub(super) run_limits: limits::Limits,
+    pub(super) stop_limits: limits::StopLimits,
     pub(super) config: KafkaConfig,
     pub(super) settings: Settings,
     pub(super) codec: Arc<Codec>,
@@ -430,7 +430,7 @@ impl Worker {
             route_layers: HashMap::new(),
             static_member: None,
             protocol: None,
-            run_limits: limits::Limits::default(),
+            stop_limits: limits::StopLimits::default(),
             create_topics: true,
             create_main_topics: None,
             delayed_jobs: false,

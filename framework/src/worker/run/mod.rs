@@ -419,9 +419,9 @@ impl Worker {
         consumer: Arc<BaseConsumer<poll::WorkerContext>>,
         mut closed_rx: oneshot::Receiver<std::result::Result<(), poll::FatalConsumerError>>,
     ) -> Result<()> {
-        let limits = self.run_limits;
-        let planned = |limit: &crate::error::Limit| limits.planned(limit);
-        let watch = self.run_limits.watch(self.stats.clone());
+        let limits = self.stop_limits;
+        let planned = |limit: &crate::error::StopLimit| limits.planned(limit);
+        let watch = self.stop_limits.watch(self.stats.clone());
         let mut fired = None;
         tokio::select! {
             _ = stop => {}

@@ -128,7 +128,7 @@ pub(super) async fn settle<M: Message>(
             if let Some(g) = gate {
                 // It heads its key's chain before it is in the tier.
                 strict::set_follows(&mut headers, None);
-                if !Box::pin(g.retrying(&entry.main, id, headers.due_at_ms)).await {
+                if !Box::pin(g.retrying(&entry.main, id, headers.due_at_ms, &topic)).await {
                     return Outcome::Released;
                 }
             }
@@ -136,6 +136,9 @@ pub(super) async fn settle<M: Message>(
             let outcome =
                 Box::pin(fw.forward_as(&topic, &entry.main, msg, &headers, pin, Outcome::Retried))
                     .await;
+            if let Some(g) = gate {
+                g.forwarded(&entry.main);
+            }
             match outcome {
                 Outcome::Retried => {
                     fw.metrics.outcome(job, "retried");

@@ -41,6 +41,15 @@ struct Chain {
     /// Finished ids, oldest first, each with the time until which copies
     /// of it are skipped.
     done: VecDeque<(String, i64)>,
+    /// The topic the head's record waits in (in memory only, like
+    /// `parked`): a follower read from that same topic does not wait for
+    /// the head in memory, as the head's record may be queued behind it
+    /// on the key's lane there.
+    head_topic: Option<String>,
+    /// Where and until when each parked follower's record waits (in
+    /// memory only): once it becomes the head, the jobs behind it know
+    /// whether it is due soon, and wait for it rather than park.
+    parked: HashMap<String, (String, i64)>,
 }
 
 impl Chain {
@@ -98,7 +107,10 @@ impl Chains {
         }
         match chain.ids.front() {
             None => Admit::Run,
-            Some(head) if head == id => Admit::Run,
+            Some(head) if head == id => {
+                chain.parked.remove(id);
+                Admit::Run
+            }
             Some(head) => {
                 let head = head.clone();
                 let appended = !chain.ids.iter().any(|x| x == id);
@@ -142,9 +154,13 @@ impl Chains {
         let before = chain.ids.len();
         chain.ids.retain(|x| x != id);
         let changed = chain.ids.len() != before;
+        chain.parked.remove(id);
         if was_head {
-            // The next head has not failed (yet): it is not waiting anywhere.
-            chain.head_due_ms = None;
+            // The next head has not failed (yet): it waits in a tier only
+            // if it was parked there.
+            let hint = chain.ids.front().and_then(|h| chain.parked.get(h).cloned());
+            chain.head_due_ms = hint.as_ref().map(|(_, due)| *due);
+            chain.head_topic = hint.map(|(topic, _)| topic);
         }
         chain.forget(now_ms);
         if changed && keep_ms > 0 {
@@ -157,6 +173,32 @@ impl Chains {
             self.by_key.remove(key);
         }
         changed
+    }
+
+    /// `id`, a follower of `key`, was parked in `topic` and comes back at
+    /// `due_ms`.
+    pub(crate) fn parked(&mut self, key: &[u8], id: &str, topic: &str, due_ms: i64) {
+        if let Some(chain) = self.by_key.get_mut(key) {
+            if chain.ids.iter().skip(1).any(|x| x == id) {
+                chain
+                    .parked
+                    .insert(id.to_string(), (topic.to_string(), due_ms));
+            }
+        }
+    }
+
+    /// `id`, the head of `key`, waits in `topic` now.
+    pub(crate) fn head_in(&mut self, key: &[u8], id: &str, topic: &str) {
+        if let Some(chain) = self.by_key.get_mut(key) {
+            if chain.ids.front().is_some_and(|h| h == id) {
+                chain.head_topic = Some(topic.to_string());
+            }
+        }
+    }
+
+    /// The topic `key`'s head waits in, when this worker knows it.
+    pub(crate) fn head_topic(&self, key: &[u8]) -> Option<&str> {
+        self.by_key.get(key)?.head_topic.as_deref()
     }
 
     /// Forgets the finished ids whose time is up at `now_ms`, and returns
@@ -224,6 +266,8 @@ impl Chains {
                         ids: s.ids.into_iter().collect(),
                         head_due_ms: s.head_due_ms,
                         done: s.done.into_iter().collect(),
+                        head_topic: None,
+                        parked: HashMap::new(),
                     },
                 );
             }
@@ -458,6 +502,38 @@ mod tests {
         assert_eq!(loaded.expire(67_001), vec![b"k".to_vec()]);
         assert_eq!(loaded.len(), 0);
         assert!(loaded.encode(b"k").is_none(), "a tombstone");
+    }
+
+    #[test]
+    fn a_parked_follower_that_becomes_head_is_due_when_its_record_comes_back() {
+        let mut c = Chains::default();
+        c.retrying(b"k", "1", Some(5_000));
+        c.admit(b"k", "2", 1_000);
+        c.admit(b"k", "3", 1_000);
+        c.head_in(b"k", "1", "t.retry.5s");
+        c.parked(b"k", "2", "t.retry.2s", 3_000);
+        c.parked(b"k", "1", "t.retry.2s", 9_999);
+        assert_eq!(c.head_topic(b"k"), Some("t.retry.5s"));
+        let follows = |head: &str, due| Admit::Follow {
+            head: head.into(),
+            head_due_ms: due,
+            appended: false,
+        };
+        assert_eq!(
+            c.admit(b"k", "3", 1_500),
+            follows("1", Some(5_000)),
+            "the head's own due time"
+        );
+        c.finished(b"k", "1", 5_000, 60_000);
+        assert_eq!(
+            c.admit(b"k", "3", 5_000),
+            follows("2", Some(3_000)),
+            "job 2 comes back from its park then"
+        );
+        assert_eq!(c.head_topic(b"k"), Some("t.retry.2s"));
+        assert_eq!(c.admit(b"k", "2", 5_000), Admit::Run);
+        c.finished(b"k", "2", 5_100, 60_000);
+        assert_eq!(c.admit(b"k", "3", 5_100), Admit::Run);
     }
 
     #[test]

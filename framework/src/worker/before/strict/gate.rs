@@ -99,7 +99,8 @@ impl Strict {
 
 /// Parks `msg` (not run) in a retry tier of its route ([`park_tier`]),
 /// on the same partition, its attempt unchanged, with `kjob-follows`
-/// naming the job it waits for. `None` when the route has no tier to
+/// naming the job it waits for; answers the outcome, the tier and when
+/// the record comes back (epoch ms). `None` when the route has no tier to
 /// park in (its policy lost them while a chain was open): the record
 /// then runs, out of strict order, rather than wait forever.
 #[allow(clippy::too_many_arguments)]
@@ -112,7 +113,7 @@ async fn park<M: Message>(
     head: &str,
     head_due_ms: Option<i64>,
     now_ms: i64,
-) -> Option<Outcome> {
+) -> Option<(Outcome, String, i64)> {
     let i = park_tier(&entry.retry.tiers, now_ms, head_due_ms);
     let Some(tier) = entry.retry.tiers.get(i).copied() else {
         warn!(
@@ -135,7 +136,8 @@ async fn park<M: Message>(
     let topic = crate::retry::tier_topic(&entry.main, tier);
     let mut next = headers.clone();
     next.id = Some(id.to_string());
-    next.due_at_ms = Some(now_ms + tier.as_millis() as i64);
+    let due_ms = now_ms + tier.as_millis() as i64;
+    next.due_at_ms = Some(due_ms);
     next.group = Some(fw.group.clone());
     if next.original_topic.is_none() {
         next.original_topic = Some(msg.topic().to_string());
@@ -152,7 +154,7 @@ async fn park<M: Message>(
     if outcome == Outcome::Held {
         fw.metrics.outcome(entry.route.job_name(), "held");
     }
-    Some(outcome)
+    Some((outcome, topic, due_ms))
 }
 
 /// A record under strict order: the state, its key and its partition.
@@ -193,9 +195,12 @@ impl Gate<'_, '_> {
         // Only a waiter that gives its slot back waits in memory (the
         // harness's keeps it, and runs on a virtual clock).
         let mut now_ms = now_ms;
-        let window_end = waiter
-            .parks()
-            .then(|| crate::clock::now_ms() + wait_window(&entry.retry.tiers).as_millis() as i64);
+        // A new head that is due soon extends the wait by one window, up
+        // to two in all: the key is moving, and a park now would cost a
+        // whole tier delay.
+        let window = wait_window(&entry.retry.tiers).as_millis() as i64;
+        let entered = crate::clock::now_ms();
+        let mut window_end = waiter.parks().then_some(entered + window);
         loop {
             // Registered before the chain is read, so a change between the
             // read and the wait is not missed.
@@ -205,6 +210,7 @@ impl Gate<'_, '_> {
             let Ok(Admitted {
                 admit,
                 head_running,
+                head_topic,
             }) = self.admit(&entry.main, &id).await
             else {
                 return Some(Outcome::Released);
@@ -219,16 +225,30 @@ impl Gate<'_, '_> {
             let now = crate::clock::now_ms();
             if seen.as_ref().is_some_and(|s| *s != head) {
                 new_head_until = now + DUE_GRACE_MS;
+                window_end =
+                    window_end.map(|end| end.max((now + window).min(entered + 2 * window)));
             }
             seen = Some(head.clone());
-            let until = window_end.and_then(|end| {
+            // The head's record waits in the topic this one came from: it
+            // may be queued behind this one on the key's lane there, so
+            // this one parks (behind it) rather than wait.
+            let same_lane = !head_running && head_topic.as_deref() == Some(msg.topic());
+            let until = window_end.filter(|_| !same_lane).and_then(|end| {
                 if !head_running && now < new_head_until {
                     return Some(end.min(new_head_until)).filter(|u| *u > now);
                 }
                 wait_until(now, end, head_running, head_due_ms)
             });
             let Some(until) = until else {
-                return park(fw, entry, msg, headers, &id, &head, head_due_ms, now_ms).await;
+                let parked = park(fw, entry, msg, headers, &id, &head, head_due_ms, now_ms).await;
+                if let Some((Outcome::Held, tier, due_ms)) = &parked {
+                    // Best effort: a worker giving up here loses only the hint.
+                    let _ = self
+                        .strict
+                        .parked(&entry.main, self.partition, self.key, &id, tier, *due_ms)
+                        .await;
+                }
+                return parked.map(|(outcome, ..)| outcome);
             };
             if here.is_none() {
                 debug!(job.id = %id, follows = %head, wait_ms = until - now, "strict order: waiting in memory for the key's turn");
@@ -253,12 +273,25 @@ impl Gate<'_, '_> {
         self.strict.admit(main, self.partition, self.key, id).await
     }
 
-    /// See [`Strict::retrying`]; `false` when the worker gave up.
-    pub(crate) async fn retrying(&self, main: &str, id: &str, due_ms: Option<i64>) -> bool {
+    /// See [`Strict::retrying`] (`topic`: the tier it goes to); `false`
+    /// when the worker gave up.
+    pub(crate) async fn retrying(
+        &self,
+        main: &str,
+        id: &str,
+        due_ms: Option<i64>,
+        topic: &str,
+    ) -> bool {
         self.strict
-            .retrying(main, self.partition, self.key, id, due_ms)
+            .retrying(main, self.partition, self.key, id, due_ms, topic)
             .await
             .is_ok()
+    }
+
+    /// The head's retry record was forwarded (or given up on): its
+    /// followers look again ([`Strict::wake`]).
+    pub(crate) fn forwarded(&self, main: &str) {
+        self.strict.wake(main, self.partition);
     }
 
     /// See [`Strict::finished`]; `false` when the worker gave up.

@@ -146,12 +146,14 @@ pub(crate) struct Admitted {
     /// The job waited for runs in this worker now, or waits here in memory
     /// and runs the moment its turn comes: either way it finishes soon.
     pub(crate) head_running: bool,
+    /// The topic the head's record waits in, if known.
+    pub(crate) head_topic: Option<String>,
 }
 
 /// What a post-attempt state change must do.
 enum Change {
-    /// Forwarded to a tier, due then.
-    Retrying(Option<i64>),
+    /// Forwarded to a tier (this topic), due then.
+    Retrying(Option<i64>, String),
     /// Handled or dead-lettered; copies of it are recognised for this long
     /// (ms).
     Finished(i64),
@@ -351,6 +353,7 @@ impl Strict {
             };
             (
                 Admitted {
+                    head_topic: part.chains.head_topic(key).map(str::to_string),
                     admit,
                     head_running,
                 },
@@ -375,16 +378,24 @@ impl Strict {
             let mut part = self.locked(main, partition).await?;
             let now_ms = crate::clock::now_ms();
             let ran = part.running.remove(id);
+            let finished = matches!(change, Change::Finished(_));
             let changed = match change {
-                Change::Retrying(due) => part.chains.retrying(key, id, due),
+                Change::Retrying(due, topic) => {
+                    let changed = part.chains.retrying(key, id, due);
+                    part.chains.head_in(key, id, &topic);
+                    changed
+                }
                 Change::Finished(keep_ms) => part.chains.finished(key, id, now_ms, keep_ms),
             };
             if now_ms - part.swept_ms >= SWEEP_MS {
                 part.swept_ms = now_ms;
                 self.sweep(&mut part, main, partition, now_ms);
             }
+            // A head going to a tier wakes its followers only once its
+            // record is there ([`Strict::wake`]): a follower parked before
+            // it would sit ahead of it in the tier, on its lane.
             (
-                changed || ran,
+                (changed || ran) && finished,
                 changed.then(|| self.write(&part, main, partition, key)),
             )
         };
@@ -430,9 +441,32 @@ impl Strict {
         key: &[u8],
         id: &str,
         due_ms: Option<i64>,
+        topic: &str,
     ) -> std::result::Result<(), Cancelled> {
-        self.change(main, partition, key, id, Change::Retrying(due_ms))
-            .await
+        let change = Change::Retrying(due_ms, topic.to_string());
+        self.change(main, partition, key, id, change).await
+    }
+
+    /// Wakes the followers waiting in memory on `partition` of `main`: a
+    /// head's retry record is in its tier now.
+    pub(crate) fn wake(&self, main: &str, partition: i32) {
+        self.waiting(main, partition).changed.notify_waiters();
+    }
+
+    /// `id`, a follower, was parked in a tier and comes back at `due_ms`
+    /// (kept in memory: see [`Chains::parked`]).
+    pub(crate) async fn parked(
+        &self,
+        main: &str,
+        partition: i32,
+        key: &[u8],
+        id: &str,
+        topic: &str,
+        due_ms: i64,
+    ) -> std::result::Result<(), Cancelled> {
+        let mut part = self.locked(main, partition).await?;
+        part.chains.parked(key, id, topic, due_ms);
+        Ok(())
     }
 
     /// `id` was handled or dead-lettered: it leaves its key's chain,
@@ -553,7 +587,10 @@ mod tests {
             CancellationToken::new(),
         ));
         store.gate.add_permits(1);
-        assert!(strict.retrying("m", 0, b"k", "1", None).await.is_ok());
+        assert!(strict
+            .retrying("m", 0, b"k", "1", None, "m.retry.5s")
+            .await
+            .is_ok());
         // Job 2 is appended; its state write waits for the broker.
         let s = strict.clone();
         let two = tokio::spawn(async move { s.admit("m", 0, b"k", "2").await.ok() });
@@ -602,7 +639,10 @@ mod tests {
             Arc::new(WorkerStats::default()),
             CancellationToken::new(),
         );
-        assert!(strict.retrying("m", 0, b"k", "1", None).await.is_ok());
+        assert!(strict
+            .retrying("m", 0, b"k", "1", None, "m.retry.5s")
+            .await
+            .is_ok());
         let first = strict.admit("m", 0, b"k", "1").await.ok().map(|a| a.admit);
         assert_eq!(first, Some(Admit::Run));
         let second = strict.admit("m", 0, b"k", "1").await.ok();
