@@ -20,7 +20,7 @@ use kjob_ops::dlq::precheck::Reader;
 use kjob_ops::dlq::store::{AuditEntry, Coordinates, DeadLetter};
 use kjob_ops::dlq::{
     execute_redrive, execute_resolve, list, omitted_payload, plan_redrive, plan_resolve, show,
-    Select, Target,
+    RedrivePlan, ResolvePlan, Select, Target,
 };
 use kjob_ops::problem::Problem;
 use kjob_ops::terminal::{
@@ -230,38 +230,8 @@ fn plain(rows: &[DeadLetter]) -> Vec<(DeadLetter, Option<AuditEntry>)> {
 pub(crate) async fn run(ctx: &Ctx, cmd: DlqCommand) -> Result<()> {
     let config = &ctx.config;
     match cmd {
-        DlqCommand::List { select, all, limit } => {
-            let rows = list(config, &select, all).await?;
-            let unresolved = rows.iter().filter(|(_, a)| a.is_none()).count();
-            let shown = &rows[..limit.unwrap_or(rows.len()).min(rows.len())];
-            if ctx.json() {
-                let out: Vec<serde_json::Value> =
-                    shown.iter().map(|(d, a)| summary(d, a.as_ref())).collect();
-                return json(&out);
-            }
-            outln!("{}", table(shown, all))?;
-            let limited = if shown.len() < rows.len() {
-                format!(" (--limit {}; {} match)", shown.len(), rows.len())
-            } else {
-                String::new()
-            };
-            outln!("{} shown, {unresolved} unresolved{limited}", shown.len())?;
-            Ok(())
-        }
-        DlqCommand::Show { topic, at } => {
-            let out = show(config, &topic, at).await?;
-            if ctx.json() {
-                // Exact values, for scripts (escaped, never cut).
-                return json(&out);
-            }
-            // For reading: still JSON, long strings cut.
-            let readable = cut_json_strings(&out, LINE_WIDTH);
-            outln!(
-                "{}",
-                json_for_terminal(&serde_json::to_string_pretty(&readable)?)
-            )?;
-            Ok(())
-        }
+        DlqCommand::List { select, all, limit } => list_cmd(ctx, &select, all, limit).await,
+        DlqCommand::Show { topic, at } => show_cmd(ctx, &topic, at).await,
         DlqCommand::Retry {
             select,
             at,
@@ -280,33 +250,13 @@ pub(crate) async fn run(ctx: &Ctx, cmd: DlqCommand) -> Result<()> {
                 Some(path) => reader_file(&path)?,
             };
             let plan = plan_redrive(config, &select, &at, to, &reader).await?;
-            let records: Vec<serde_json::Value> =
-                plan.picked.iter().map(|d| summary(d, None)).collect();
-            let held: Vec<serde_json::Value> = plan
-                .held
-                .iter()
-                .map(|h| {
-                    let mut v = summary(&h.letter, None);
-                    v["held_because"] = json!(h.reason);
-                    v
-                })
-                .collect();
             if !ctx.json() {
                 outln!("{}", table(&plain(&plan.picked), false))?;
                 held_back(&plan)?;
             }
             if !execute {
                 if ctx.json() {
-                    return json(&json!({
-                        "dry_run": true,
-                        "dlq": kjob::topics::dlq_topic(&plan.main),
-                        "target_topic": plan.target_topic,
-                        "checked_against": plan.checked_against,
-                        "not_checked": plan.not_checked,
-                        "records": records,
-                        "held": held,
-                        "redriven": 0,
-                    }));
+                    return json(&redrive_json(&plan, None));
                 }
                 outln!(
                     "dry run: {} record(s) would be re-driven to `{}`{}; pass --execute to do it",
@@ -341,16 +291,7 @@ pub(crate) async fn run(ctx: &Ctx, cmd: DlqCommand) -> Result<()> {
             .await?;
             bar.finish_and_clear();
             if ctx.json() {
-                return json(&json!({
-                    "dry_run": false,
-                    "dlq": kjob::topics::dlq_topic(&plan.main),
-                    "target_topic": plan.target_topic,
-                    "checked_against": plan.checked_against,
-                        "not_checked": plan.not_checked,
-                    "records": records,
-                    "held": held,
-                    "redriven": done,
-                }));
+                return json(&redrive_json(&plan, Some(done)));
             }
             outln!("re-drove {done} record(s) to `{}`", plan.target_topic)?;
             Ok(())
@@ -370,8 +311,6 @@ pub(crate) async fn run(ctx: &Ctx, cmd: DlqCommand) -> Result<()> {
                 );
             }
             let plan = plan_resolve(config, &select, &at, limit).await?;
-            let records: Vec<serde_json::Value> =
-                plan.picked.iter().map(|d| summary(d, None)).collect();
             let limited = if plan.picked.len() < plan.matched {
                 format!(" (--limit {}; {} match)", plan.picked.len(), plan.matched)
             } else {
@@ -379,13 +318,7 @@ pub(crate) async fn run(ctx: &Ctx, cmd: DlqCommand) -> Result<()> {
             };
             if !execute {
                 if ctx.json() {
-                    return json(&json!({
-                        "dry_run": true,
-                        "dlq": plan.dlq,
-                        "matched": plan.matched,
-                        "records": records,
-                        "resolved": 0,
-                    }));
+                    return json(&resolve_json(&plan, None));
                 }
                 outln!("{}", table(&plain(&plan.picked), false))?;
                 outln!(
@@ -397,16 +330,84 @@ pub(crate) async fn run(ctx: &Ctx, cmd: DlqCommand) -> Result<()> {
             }
             let n = execute_resolve(config, &plan, &reason, &by).await?;
             if ctx.json() {
-                return json(&json!({
-                    "dry_run": false,
-                    "dlq": plan.dlq,
-                    "matched": plan.matched,
-                    "records": records,
-                    "resolved": n,
-                }));
+                return json(&resolve_json(&plan, Some(n)));
             }
             outln!("resolved {n} record(s) in `{}`{limited}", plan.dlq)?;
             Ok(())
         }
     }
+}
+
+/// `kjob dlq list`: the dead letters `select` picks, newest first.
+async fn list_cmd(ctx: &Ctx, select: &Select, all: bool, limit: Option<usize>) -> Result<()> {
+    let rows = list(&ctx.config, select, all).await?;
+    let unresolved = rows.iter().filter(|(_, a)| a.is_none()).count();
+    let shown = &rows[..limit.unwrap_or(rows.len()).min(rows.len())];
+    if ctx.json() {
+        let out: Vec<serde_json::Value> =
+            shown.iter().map(|(d, a)| summary(d, a.as_ref())).collect();
+        return json(&out);
+    }
+    outln!("{}", table(shown, all))?;
+    let limited = if shown.len() < rows.len() {
+        format!(" (--limit {}; {} match)", shown.len(), rows.len())
+    } else {
+        String::new()
+    };
+    outln!("{} shown, {unresolved} unresolved{limited}", shown.len())?;
+    Ok(())
+}
+
+/// `kjob dlq show`: one dead letter, whole.
+async fn show_cmd(ctx: &Ctx, topic: &str, at: Coordinates) -> Result<()> {
+    let out = show(&ctx.config, topic, at).await?;
+    if ctx.json() {
+        // Exact values, for scripts (escaped, never cut).
+        return json(&out);
+    }
+    // For reading: still JSON, long strings cut.
+    let readable = cut_json_strings(&out, LINE_WIDTH);
+    outln!(
+        "{}",
+        json_for_terminal(&serde_json::to_string_pretty(&readable)?)
+    )?;
+    Ok(())
+}
+
+/// `kjob dlq retry --json`'s answer: the plan, and how many were
+/// re-driven (`None`: a dry run).
+fn redrive_json(plan: &RedrivePlan, done: Option<usize>) -> serde_json::Value {
+    let records: Vec<serde_json::Value> = plan.picked.iter().map(|d| summary(d, None)).collect();
+    let held: Vec<serde_json::Value> = plan
+        .held
+        .iter()
+        .map(|h| {
+            let mut v = summary(&h.letter, None);
+            v["held_because"] = json!(h.reason);
+            v
+        })
+        .collect();
+    json!({
+        "dry_run": done.is_none(),
+        "dlq": kjob::topics::dlq_topic(&plan.main),
+        "target_topic": plan.target_topic,
+        "checked_against": plan.checked_against,
+        "not_checked": plan.not_checked,
+        "records": records,
+        "held": held,
+        "redriven": done.unwrap_or(0),
+    })
+}
+
+/// `kjob dlq resolve --json`'s answer: the plan, and how many were
+/// resolved (`None`: a dry run).
+fn resolve_json(plan: &ResolvePlan, resolved: Option<usize>) -> serde_json::Value {
+    let records: Vec<serde_json::Value> = plan.picked.iter().map(|d| summary(d, None)).collect();
+    json!({
+        "dry_run": resolved.is_none(),
+        "dlq": plan.dlq,
+        "matched": plan.matched,
+        "records": records,
+        "resolved": resolved.unwrap_or(0),
+    })
 }
