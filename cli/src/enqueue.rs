@@ -106,42 +106,43 @@ fn read_lines(args: &EnqueueArgs) -> Result<Vec<(usize, String)>> {
     Ok(out)
 }
 
-pub(crate) async fn run(ctx: &Ctx, args: EnqueueArgs) -> Result<()> {
-    let config = &ctx.config;
-    if let Some(d) = args.delay {
-        kjob::delay::check_delay(d)
-            .map_err(|e| kjob_ops::problem::Problem::usage(format!("--in: {e}")))?;
-    }
-    let lines = read_lines(&args)?;
-    if lines.is_empty() {
-        return Err(kjob_ops::problem::Problem::usage(
-            "nothing to enqueue: the input has no JSON lines",
-        )
-        .into());
-    }
-    let codec = Codec::from_config(config)?;
-    let client = codec.client();
-    let subject = subject_for_topic(&args.topic);
-    let latest = client.versions(&subject).await?.into_iter().max().ok_or_else(|| {
+/// The newest schema registered for `subject`: its version, the schema
+/// and its id.
+async fn newest_schema(
+    client: &kjob::registry::RegistryClient,
+    subject: &str,
+) -> Result<(u32, apache_avro::Schema, u32)> {
+    let latest = client.versions(subject).await?.into_iter().max().ok_or_else(|| {
         kjob_ops::problem::Problem::not_found(format!(
             "no schema is registered under subject `{subject}`: register the contract first (`kjob schema register`, or start a producer or worker of the route)"
         ))
     })?;
-    let text = client.version(&subject, latest).await?;
+    let text = client.version(subject, latest).await?;
     let schema = apache_avro::Schema::parse_str(&text)
         .map_err(|e| anyhow!("`{subject}` version {latest} does not parse as Avro: {e}"))?;
     // Registering the identical text answers the id it already has.
-    let id = match client.register(&subject, &text).await? {
+    let id = match client.register(subject, &text).await? {
         Registration::Id(id) => id,
         Registration::Refused { status, message } => {
             bail!("the registry would not give the id of `{subject}` version {latest} (HTTP {status}): {message}")
         }
     };
+    Ok((latest, schema, id))
+}
 
-    // Check every line before writing any.
+/// Every line checked against `schema` before any is written: the framed
+/// jobs, or an error listing the lines that do not match.
+fn check_lines(
+    args: &EnqueueArgs,
+    lines: &[(usize, String)],
+    schema: &apache_avro::Schema,
+    id: u32,
+    subject: &str,
+    latest: u32,
+) -> Result<Vec<Ready>> {
     let mut ready = Vec::with_capacity(lines.len());
     let mut refused = Vec::new();
-    for (line, text) in &lines {
+    for (line, text) in lines {
         let json: serde_json::Value = match serde_json::from_str(text) {
             Ok(v) => v,
             Err(e) => {
@@ -163,7 +164,7 @@ pub(crate) async fn run(ctx: &Ctx, args: EnqueueArgs) -> Result<()> {
             },
             (None, None) => None,
         };
-        match to_datum(&schema, &json) {
+        match to_datum(schema, &json) {
             Ok(body) => ready.push(Ready {
                 line: *line,
                 key,
@@ -193,6 +194,26 @@ pub(crate) async fn run(ctx: &Ctx, args: EnqueueArgs) -> Result<()> {
             lines.len()
         );
     }
+    Ok(ready)
+}
+
+pub(crate) async fn run(ctx: &Ctx, args: EnqueueArgs) -> Result<()> {
+    let config = &ctx.config;
+    if let Some(d) = args.delay {
+        kjob::delay::check_delay(d)
+            .map_err(|e| kjob_ops::problem::Problem::usage(format!("--in: {e}")))?;
+    }
+    let lines = read_lines(&args)?;
+    if lines.is_empty() {
+        return Err(kjob_ops::problem::Problem::usage(
+            "nothing to enqueue: the input has no JSON lines",
+        )
+        .into());
+    }
+    let codec = Codec::from_config(config)?;
+    let subject = subject_for_topic(&args.topic);
+    let (latest, schema, id) = newest_schema(codec.client(), &subject).await?;
+    let ready = check_lines(&args, &lines, &schema, id, &subject, latest)?;
     let mut producer = Producer::new(config)?;
     if let Some(ns) = &args.shared_delays {
         producer = producer.shared_delay_buckets(ns);
