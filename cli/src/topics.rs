@@ -12,19 +12,17 @@ use clap::Subcommand;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde_json::json;
 
+mod create;
 mod delete;
+mod describe;
 mod list;
 
 use crate::output::{json, outln};
 use crate::Ctx;
-use kjob::delay::{delay_topics, CREATED_RETENTION};
-use kjob::retry::{parse_delay, RetryPolicy};
-use kjob::topics::{create_topics_replicated, dlq_topic, order_topic};
+use kjob::retry::parse_delay;
 use kjob_ops::problem::Problem;
 use kjob_ops::suggest::did_you_mean;
-use kjob_ops::topics::{
-    parse_config, route_topics, topic_configs, topic_partitions, PlanAction, Role,
-};
+use kjob_ops::topics::{topic_partitions, PlanAction};
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum TopicsCommand {
@@ -85,38 +83,7 @@ pub(crate) enum TopicsCommand {
     },
     /// Create a route: `<topic>`, `<topic>.retry.<delay>` per tier and `<topic>.dlq`
     /// (existing ones are left alone). Dry run unless --execute.
-    Create {
-        /// Main topic (the job's name).
-        #[arg(long)]
-        topic: String,
-        /// Partitions for every topic of the route.
-        #[arg(long, default_value_t = 6)]
-        partitions: i32,
-        /// Replicas per partition (default: the brokers' default.replication.factor).
-        #[arg(long, value_name = "N")]
-        replication_factor: Option<i32>,
-        /// A topic config for every topic created, as `key=value` (repeatable),
-        /// e.g. `--config min.insync.replicas=2`.
-        #[arg(long = "config", value_name = "KEY=VALUE")]
-        configs: Vec<String>,
-        /// Retry tiers, comma-separated (`5s,30s,5m,30m`), or `none`.
-        #[arg(long, default_value = "5s,30s,5m,30m")]
-        tiers: String,
-        /// Also the delay topics `<topic>.delay.<bucket>` (1s..1d) that
-        /// `enqueue_in` / `kjob enqueue --in` write to, keeping records 7 days.
-        #[arg(long)]
-        delays: bool,
-        /// Also the compacted `<topic>.order` topic a route under
-        /// `WorkerBuilder::strict_order` keeps its waiting jobs' order in.
-        #[arg(long)]
-        strict_order: bool,
-        /// Show what would be created (the default).
-        #[arg(long, conflicts_with = "execute")]
-        dry_run: bool,
-        /// Create the topics.
-        #[arg(long)]
-        execute: bool,
-    },
+    Create(create::CreateArgs),
     /// Delete a route's topics or a group's own topics and offsets, refused while a member is
     /// live (dry run unless --execute).
     Delete {
@@ -159,15 +126,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
         .map_err(|e| anyhow!("background task: {e}"))?
 }
 
-/// One topic to create: name, role, and its configs.
-struct Wanted {
-    topic: String,
-    role: Role,
-    configs: Vec<(String, String)>,
-}
-
 pub(crate) async fn run(ctx: &Ctx, cmd: TopicsCommand) -> Result<()> {
-    let config = ctx.config.clone();
     match cmd {
         TopicsCommand::List { all, model } => list::run(ctx, all, model).await,
         TopicsCommand::Delete {
@@ -176,100 +135,7 @@ pub(crate) async fn run(ctx: &Ctx, cmd: TopicsCommand) -> Result<()> {
             dry_run: _,
             execute,
         } => delete::run(ctx, route, group, execute).await,
-        TopicsCommand::Describe { topic } => {
-            let c = config.clone();
-            let infos = blocking(move || topic_partitions(&c)).await?;
-            let names: Vec<String> = infos.keys().cloned().collect();
-            if !infos.contains_key(&topic) {
-                let candidates = names
-                    .iter()
-                    .map(String::as_str)
-                    .filter(|t| !t.starts_with("__"));
-                return Err(Problem::not_found(format!(
-                    "topic `{topic}` does not exist on {}{}",
-                    config.bootstrap_servers,
-                    did_you_mean(&topic, candidates)
-                ))
-                .into());
-            }
-            let members = route_topics(&topic, None, &names);
-            let topics: Vec<String> = members.iter().map(|t| t.topic.clone()).collect();
-            let configs = topic_configs(&config, &topics).await.unwrap_or_default();
-            let mut described = Vec::new();
-            for (i, t) in members.iter().enumerate() {
-                if let Some(info) = infos.get(&t.topic) {
-                    let mut info = info.clone();
-                    info.configs = configs.get(i).cloned().unwrap_or_default();
-                    described.push((t, info));
-                }
-            }
-            if ctx.json() {
-                let out: Vec<serde_json::Value> = described
-                    .iter()
-                    .map(|(t, info)| {
-                        json!({
-                            "topic": info.topic,
-                            "role": t.role.label(),
-                            "delay": t.delay,
-                            "partitions": info.partitions,
-                            "replication_factor": info.replication_factor,
-                            "configs": info.configs,
-                            "partition_details": info.partition_details,
-                        })
-                    })
-                    .collect();
-                return json(&json!({ "route": topic, "topics": out }));
-            }
-            let mut table = Table::new();
-            table.load_preset(UTF8_FULL_CONDENSED);
-            table.set_header(vec![
-                "topic",
-                "role",
-                "partitions",
-                "replication factor",
-                "configs",
-            ]);
-            for (t, info) in &described {
-                let role = match &t.delay {
-                    Some(d) => format!("{} {d}", t.role.label()),
-                    None => t.role.label().to_string(),
-                };
-                let configs: Vec<String> = info
-                    .configs
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect();
-                table.add_row(vec![
-                    info.topic.clone(),
-                    role,
-                    info.partitions.to_string(),
-                    info.replication_factor.to_string(),
-                    if configs.is_empty() {
-                        "-".into()
-                    } else {
-                        configs.join(",")
-                    },
-                ]);
-            }
-            outln!("{table}")?;
-            let mut parts = Table::new();
-            parts.load_preset(UTF8_FULL_CONDENSED);
-            parts.set_header(vec!["topic", "partition", "leader", "replicas", "isr"]);
-            let ids = |v: &[i32]| v.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
-            for (_, info) in &described {
-                for p in &info.partition_details {
-                    parts.add_row(vec![
-                        info.topic.clone(),
-                        p.partition.to_string(),
-                        p.leader.to_string(),
-                        ids(&p.replicas),
-                        ids(&p.isr),
-                    ]);
-                }
-            }
-            outln!("{parts}")?;
-            Ok(())
-        }
+        TopicsCommand::Describe { topic } => describe::run(ctx, &topic).await,
         TopicsCommand::Plan {
             topics,
             tiers,
@@ -293,169 +159,7 @@ pub(crate) async fn run(ctx: &Ctx, cmd: TopicsCommand) -> Result<()> {
             };
             plan(ctx, routes, &tiers, partitions, group).await
         }
-        TopicsCommand::Create {
-            topic,
-            partitions,
-            replication_factor,
-            configs,
-            tiers,
-            delays: with_delays,
-            strict_order,
-            dry_run: _,
-            execute,
-        } => {
-            if partitions < 1 {
-                return Err(Problem::usage(format!(
-                    "--partitions must be at least 1, got {partitions}"
-                ))
-                .into());
-            }
-            if let Some(rf) = replication_factor {
-                if rf < 1 {
-                    return Err(Problem::usage(format!(
-                        "--replication-factor must be at least 1, got {rf}"
-                    ))
-                    .into());
-                }
-            }
-            let extra = configs
-                .iter()
-                .map(|c| parse_config(c))
-                .collect::<Result<Vec<_>>>()?;
-            let delays = parse_tiers(&tiers)?;
-            let with = |own: &[(&str, String)]| -> Vec<(String, String)> {
-                let mut all: BTreeMap<String, String> = own
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.clone()))
-                    .collect();
-                for (k, v) in &extra {
-                    all.insert(k.clone(), v.clone());
-                }
-                all.into_iter().collect()
-            };
-            let mut wanted = vec![Wanted {
-                topic: topic.clone(),
-                role: Role::Main,
-                configs: with(&[]),
-            }];
-            for t in RetryPolicy::tiers(delays).tier_topics(&topic) {
-                wanted.push(Wanted {
-                    topic: t,
-                    role: Role::RetryTier,
-                    configs: with(&[]),
-                });
-            }
-            if with_delays {
-                let retention = CREATED_RETENTION.as_millis().to_string();
-                for t in delay_topics(&topic) {
-                    wanted.push(Wanted {
-                        topic: t,
-                        role: Role::Delay,
-                        configs: with(&[("retention.ms", retention.clone())]),
-                    });
-                }
-            }
-            wanted.push(Wanted {
-                topic: dlq_topic(&topic),
-                role: Role::Dlq,
-                configs: with(&[]),
-            });
-            if strict_order {
-                wanted.push(Wanted {
-                    topic: order_topic(&topic),
-                    role: Role::StrictOrder,
-                    configs: with(&[("cleanup.policy", "compact".to_string())]),
-                });
-            }
-            let names: Vec<String> = wanted.iter().map(|w| w.topic.clone()).collect();
-            let (c, n) = (config.clone(), names.clone());
-            let existing = blocking(move || Ok(kjob::topics::partition_counts(&c, &n)?)).await?;
-            if execute {
-                for (w, exists) in wanted.iter().zip(&existing) {
-                    if exists.is_some() {
-                        continue;
-                    }
-                    let cfg: Vec<(&str, &str)> = w
-                        .configs
-                        .iter()
-                        .map(|(k, v)| (k.as_str(), v.as_str()))
-                        .collect();
-                    create_topics_replicated(
-                        &config,
-                        &[(w.topic.clone(), partitions)],
-                        replication_factor,
-                        &cfg,
-                    )
-                    .await
-                    .map_err(|e| match &e {
-                        kjob::Error::CreateTopic { reason, .. }
-                            if reason.contains("InvalidConfig")
-                                || reason.contains("InvalidReplicationFactor")
-                                || reason.contains("InvalidPartitions") =>
-                        {
-                            anyhow!(Problem::usage(e.to_string()))
-                        }
-                        _ => anyhow!(e),
-                    })?;
-                }
-                // Visible to the next command (an `enqueue --in` right after).
-                kjob::topics::wait_visible(&config, &names).await?;
-            }
-            let rows: Vec<serde_json::Value> = wanted
-                .iter()
-                .zip(&existing)
-                .map(|(w, exists)| {
-                    let state = match (exists, execute) {
-                        (Some(_), _) => "exists",
-                        (None, true) => "created",
-                        (None, false) => "would be created",
-                    };
-                    json!({
-                        "topic": w.topic,
-                        "role": w.role.label(),
-                        "state": state,
-                        "partitions": exists.map_or(partitions as usize, |n| n),
-                        "replication_factor": replication_factor,
-                        "configs": w.configs.iter().cloned().collect::<BTreeMap<_, _>>(),
-                    })
-                })
-                .collect();
-            if ctx.json() {
-                return json(&json!({ "dry_run": !execute, "route": topic, "topics": rows }));
-            }
-            let mut table = Table::new();
-            table.load_preset(UTF8_FULL_CONDENSED);
-            table.set_header(vec!["topic", "role", "partitions", "configs", "state"]);
-            for (w, r) in wanted.iter().zip(&rows) {
-                let configs: Vec<String> =
-                    w.configs.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                table.add_row(vec![
-                    w.topic.clone(),
-                    w.role.label().to_string(),
-                    r["partitions"].to_string(),
-                    if configs.is_empty() {
-                        "-".into()
-                    } else {
-                        configs.join(",")
-                    },
-                    r["state"].as_str().unwrap_or_default().to_string(),
-                ]);
-            }
-            outln!("{table}")?;
-            let missing = existing.iter().filter(|e| e.is_none()).count();
-            if execute {
-                outln!(
-                    "created {missing} topic(s); {} existed",
-                    existing.len() - missing
-                )?;
-            } else {
-                outln!(
-                    "dry run: {missing} topic(s) would be created (replication factor {}); pass --execute to create them",
-                    replication_factor.map_or("the brokers' default".to_string(), |r| r.to_string())
-                )?;
-            }
-            Ok(())
-        }
+        TopicsCommand::Create(args) => create::run(ctx, args).await,
     }
 }
 
