@@ -182,6 +182,7 @@ async fn plan(
     partitions: i32,
     group: Option<String>,
 ) -> Result<()> {
+    check_plan(&routes, partitions)?;
     let PlanRoutes {
         mains,
         delays_on,
@@ -191,29 +192,6 @@ async fn plan(
         shared_partitions,
         dlq_partitions,
     } = routes;
-    if dlq_partitions == Some(0) {
-        return Err(Problem::usage("--dlq-partitions must be at least 1, got 0").into());
-    }
-    if shared_partitions == Some(0) {
-        return Err(Problem::usage("--shared-partitions must be at least 1, got 0").into());
-    }
-    if partitions < 1 {
-        return Err(
-            Problem::usage(format!("--partitions must be at least 1, got {partitions}")).into(),
-        );
-    }
-    for (flag, named) in [
-        ("--delays-on", &delays_on),
-        ("--strict-order-on", &strict_on),
-    ] {
-        if let Some(t) = named.iter().find(|t| !mains.contains(t)) {
-            return Err(Problem::usage(format!(
-                "{flag} `{t}` is not one of the --topic routes{}",
-                did_you_mean(t, mains.iter().map(String::as_str))
-            ))
-            .into());
-        }
-    }
     let delays = parse_tiers(tiers)?;
     let config = ctx.config.clone();
     let cluster = blocking(move || topic_partitions(&config)).await?;
@@ -254,26 +232,7 @@ async fn plan(
         .filter(|r| r.action == PlanAction::DeleteOnceDrained)
         .map(|r| r.topic.clone())
         .collect();
-    let left: BTreeMap<String, i64> = if going.is_empty() {
-        BTreeMap::new()
-    } else {
-        let (config, g) = (
-            ctx.config.clone(),
-            group.clone().unwrap_or_else(|| "kjob-cli-plan".into()),
-        );
-        let names = going.clone();
-        let lag = blocking(move || Ok(kjob_ops::lag::group_lag(&config, &g, &names)?)).await?;
-        let mut m = BTreeMap::new();
-        for p in lag {
-            let n = if group.is_some() {
-                p.lag()
-            } else {
-                p.end - p.start
-            };
-            *m.entry(p.topic).or_insert(0) += n.max(0);
-        }
-        m
-    };
+    let left = records_left(ctx, &going, group.as_deref()).await?;
     let sum = |pick: &dyn Fn(&kjob_ops::topics::PlanRow) -> Option<usize>| -> (usize, usize) {
         rows.iter()
             .filter_map(pick)
@@ -304,6 +263,91 @@ async fn plan(
             "replication_factor": rf,
         }));
     }
+    outln!("{}", plan_table(&rows, &left, group.is_some()))?;
+    outln!(
+        "today: {today_topics} topics, {today_parts} partitions ({} replicas at RF {rf}); after: {after_topics} topics, {after_parts} partitions ({} replicas)",
+        today_parts * rf,
+        after_parts * rf
+    )?;
+    if !going.is_empty() {
+        outln!("a worker with this layout stops reading the topics to delete: run it only once they are drained (or keep the old worker until then)")?;
+    }
+    Ok(())
+}
+
+/// `kjob topics plan`'s flags that no type checks: counts of at least 1,
+/// and `--delays-on` / `--strict-order-on` naming `--topic` routes.
+fn check_plan(routes: &PlanRoutes, partitions: i32) -> Result<()> {
+    let PlanRoutes {
+        mains,
+        delays_on,
+        strict_on,
+        shared_partitions,
+        dlq_partitions,
+        ..
+    } = routes;
+    let (dlq_partitions, shared_partitions) = (*dlq_partitions, *shared_partitions);
+    if dlq_partitions == Some(0) {
+        return Err(Problem::usage("--dlq-partitions must be at least 1, got 0").into());
+    }
+    if shared_partitions == Some(0) {
+        return Err(Problem::usage("--shared-partitions must be at least 1, got 0").into());
+    }
+    if partitions < 1 {
+        return Err(
+            Problem::usage(format!("--partitions must be at least 1, got {partitions}")).into(),
+        );
+    }
+    for (flag, named) in [
+        ("--delays-on", &delays_on),
+        ("--strict-order-on", &strict_on),
+    ] {
+        if let Some(t) = named.iter().find(|t| !mains.contains(t)) {
+            return Err(Problem::usage(format!(
+                "{flag} `{t}` is not one of the --topic routes{}",
+                did_you_mean(t, mains.iter().map(String::as_str))
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// What is left in each topic to let go of (`going`): `group`'s lag, or
+/// without a group the records stored.
+async fn records_left(
+    ctx: &Ctx,
+    going: &[String],
+    group: Option<&str>,
+) -> Result<BTreeMap<String, i64>> {
+    if going.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let (config, g) = (
+        ctx.config.clone(),
+        group.unwrap_or("kjob-cli-plan").to_string(),
+    );
+    let names = going.to_vec();
+    let lag = blocking(move || Ok(kjob_ops::lag::group_lag(&config, &g, &names)?)).await?;
+    let mut m = BTreeMap::new();
+    for p in lag {
+        let n = if group.is_some() {
+            p.lag()
+        } else {
+            p.end - p.start
+        };
+        *m.entry(p.topic).or_insert(0) += n.max(0);
+    }
+    Ok(m)
+}
+
+/// The plan as a table: each topic's partitions today and after, and what
+/// to do with it (how much is left in a topic to delete).
+fn plan_table(
+    rows: &[kjob_ops::topics::PlanRow],
+    left: &BTreeMap<String, i64>,
+    by_group: bool,
+) -> Table {
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED).set_header([
         "topic",
@@ -313,11 +357,11 @@ async fn plan(
         "action",
     ]);
     let dash = |n: Option<usize>| n.map_or("-".to_string(), |n| n.to_string());
-    for r in &rows {
+    for r in rows {
         let action = match (r.action, left.get(&r.topic)) {
             (PlanAction::DeleteOnceDrained, Some(0)) => "delete: drained".to_string(),
             (PlanAction::DeleteOnceDrained, Some(n)) => {
-                let what = if group.is_some() {
+                let what = if by_group {
                     "not yet handled"
                 } else {
                     "records stored"
@@ -334,14 +378,5 @@ async fn plan(
             action,
         ]);
     }
-    outln!("{table}")?;
-    outln!(
-        "today: {today_topics} topics, {today_parts} partitions ({} replicas at RF {rf}); after: {after_topics} topics, {after_parts} partitions ({} replicas)",
-        today_parts * rf,
-        after_parts * rf
-    )?;
-    if !going.is_empty() {
-        outln!("a worker with this layout stops reading the topics to delete: run it only once they are drained (or keep the old worker until then)")?;
-    }
-    Ok(())
+    table
 }
