@@ -165,72 +165,105 @@ pub(crate) fn poll_loop(
         if let Some(e) = failed {
             fatal = fatal.or_else(|| consumer_error(consumer, &e));
         }
-        let mut copy = |m: &rdkafka::message::BorrowedMessage<'_>| {
-            let name = m.topic();
-            let topic = match topics.get(name) {
-                Some(t) => t.clone(),
-                None => {
-                    let t: Arc<str> = Arc::from(name);
-                    topics.insert(name.to_string(), t.clone());
-                    t
-                }
-            };
-            Polled::copy_into(m, topic, spare.take())
-        };
         // Always polled, even after a full batch of split records or an
         // error from a split queue: the main queue also serves the
         // rebalance and commit callbacks.
-        let mut next = consumer.poll(timeout);
-        let mut from_main = 0;
-        while let Some(result) = next {
-            match result {
-                Ok(m) => {
-                    batch.push(copy(&m));
-                    from_main += 1;
-                }
-                Err(e) => {
-                    fatal = fatal.or_else(|| consumer_error(consumer, &e));
-                    break;
-                }
-            }
-            if batch.len() >= MAX_BATCH {
-                break;
-            }
-            next = consumer.poll(Duration::ZERO);
-        }
+        let from_main = poll_main(
+            consumer,
+            timeout,
+            &mut batch,
+            &mut topics,
+            &mut spare,
+            &mut fatal,
+        );
         if let Some(intake) = intake.as_mut() {
             intake.main_drained(from_main);
         }
         if batch.is_empty() {
             continue;
         }
-        let now = now_ms();
         incoming.extend(batch.drain(..).map(|m| ctx.incoming(m)));
-        let mut out = Vec::new();
-        // Recorded a chunk at a time, the lock let go in between: a
-        // dispatcher reporting completions (and waiting for the jobs they
-        // free) waits for one chunk, not for the whole batch.
-        // `out` keeps the order of the lock: what completions left for this
-        // thread before a hold comes before what the hold's records cause
-        // (a resume made before a pause must not be carried out after it).
-        // Free slots are given out once the whole batch is in, so that
-        // they go to its most urgent records, not to the first chunk's.
-        let mut recs = incoming.drain(..).peekable();
-        while recs.peek().is_some() {
-            let mut core = ctx.lock();
-            core.take_deferred(&mut out);
-            for rec in recs.by_ref().take(RECORD_CHUNK) {
-                core.sched.record(rec, now, &mut out);
-            }
-            if recs.peek().is_none() {
-                core.sched.dispatch(&mut out);
-            }
-        }
-        drop(recs);
-        ctx.execute(consumer, out, CommitMode::Async, false);
+        record_batch(ctx, consumer, &mut incoming);
     }
     shutdown(ctx, consumer, abandon);
     fatal.map_or(Ok(()), Err)
+}
+
+/// Polls the main queue into `batch` (up to [`MAX_BATCH`]), waiting up to
+/// `timeout` for its first record; answers how many came from it. A
+/// consumer error ends the read and is kept in `fatal`.
+fn poll_main(
+    consumer: &Arc<BaseConsumer<WorkerContext>>,
+    timeout: Duration,
+    batch: &mut Vec<Polled>,
+    topics: &mut rustc_hash::FxHashMap<String, Arc<str>>,
+    spare: &mut crate::worker::intake::recycle::Spare<Polled>,
+    fatal: &mut Option<FatalConsumerError>,
+) -> usize {
+    let mut copy = |m: &rdkafka::message::BorrowedMessage<'_>| {
+        let name = m.topic();
+        let topic = match topics.get(name) {
+            Some(t) => t.clone(),
+            None => {
+                let t: Arc<str> = Arc::from(name);
+                topics.insert(name.to_string(), t.clone());
+                t
+            }
+        };
+        Polled::copy_into(m, topic, spare.take())
+    };
+    let mut next = consumer.poll(timeout);
+    let mut from_main = 0;
+    while let Some(result) = next {
+        match result {
+            Ok(m) => {
+                batch.push(copy(&m));
+                from_main += 1;
+            }
+            Err(e) => {
+                if fatal.is_none() {
+                    *fatal = consumer_error(consumer, &e);
+                }
+                break;
+            }
+        }
+        if batch.len() >= MAX_BATCH {
+            break;
+        }
+        next = consumer.poll(Duration::ZERO);
+    }
+    from_main
+}
+
+/// Gives the scheduler a turn's records and carries out what it decided.
+fn record_batch(
+    ctx: &WorkerContext,
+    consumer: &Arc<BaseConsumer<WorkerContext>>,
+    incoming: &mut Vec<Incoming<Polled>>,
+) {
+    let now = now_ms();
+    let mut out = Vec::new();
+    // Recorded a chunk at a time, the lock let go in between: a
+    // dispatcher reporting completions (and waiting for the jobs they
+    // free) waits for one chunk, not for the whole batch.
+    // `out` keeps the order of the lock: what completions left for this
+    // thread before a hold comes before what the hold's records cause
+    // (a resume made before a pause must not be carried out after it).
+    // Free slots are given out once the whole batch is in, so that
+    // they go to its most urgent records, not to the first chunk's.
+    let mut recs = incoming.drain(..).peekable();
+    while recs.peek().is_some() {
+        let mut core = ctx.lock();
+        core.take_deferred(&mut out);
+        for rec in recs.by_ref().take(RECORD_CHUNK) {
+            core.sched.record(rec, now, &mut out);
+        }
+        if recs.peek().is_none() {
+            core.sched.dispatch(&mut out);
+        }
+    }
+    drop(recs);
+    ctx.execute(consumer, out, CommitMode::Async, false);
 }
 
 /// Shutdown: stop fetching, drop what has not started, let running jobs
