@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 
-use apache_avro::schema::{Name, Schema};
+use apache_avro::schema::{EnumSchema, FixedSchema, Name, RecordSchema, Schema, UnionSchema};
 use apache_avro::types::Value;
 use serde_json::Value as Json;
 
@@ -247,36 +247,8 @@ fn convert(
         Schema::Bytes => Value::Bytes(bytes(json).ok_or_else(|| {
             expected("bytes (a string, one character per byte, \\u0000-\\u00ff)")
         })?),
-        Schema::Fixed(f) => {
-            let b = bytes(json).ok_or_else(|| {
-                expected(&format!(
-                    "{} bytes (a string, one character per byte)",
-                    f.size
-                ))
-            })?;
-            if b.len() != f.size {
-                return Err(fail(format!(
-                    "fixed {} needs exactly {} bytes, got {}",
-                    f.name.name(),
-                    f.size,
-                    b.len()
-                )));
-            }
-            Value::Fixed(f.size, b)
-        }
-        Schema::Enum(e) => {
-            let s = json
-                .as_str()
-                .ok_or_else(|| expected(&format!("one of {:?}", e.symbols)))?;
-            let i = e.symbols.iter().position(|x| x == s).ok_or_else(|| {
-                fail(format!(
-                    "\"{s}\" is not a symbol of enum {}; one of {:?}",
-                    e.name.name(),
-                    e.symbols
-                ))
-            })?;
-            Value::Enum(i as u32, s.to_string())
-        }
+        Schema::Fixed(f) => convert_fixed(f, json, path)?,
+        Schema::Enum(e) => convert_enum(e, json, path)?,
         Schema::Array(a) => {
             let items = json.as_array().ok_or_else(|| expected("an array"))?;
             let mut out = Vec::with_capacity(items.len());
@@ -295,73 +267,8 @@ fn convert(
             }
             Value::Map(out)
         }
-        Schema::Record(r) => {
-            let obj = json
-                .as_object()
-                .ok_or_else(|| expected(&format!("an object (record {})", r.name.name())))?;
-            if let Some(unknown) = obj.keys().find(|k| !r.lookup.contains_key(*k)) {
-                let known: Vec<&str> = r.fields.iter().map(|f| f.name.as_str()).collect();
-                return Err(Mismatch {
-                    path: child(path, unknown),
-                    reason: format!(
-                        "record {} has no such field; its fields are {known:?}",
-                        r.name.name()
-                    ),
-                });
-            }
-            let mut fields = Vec::with_capacity(r.fields.len());
-            for f in &r.fields {
-                let p = child(path, &f.name);
-                let value = match (obj.get(&f.name), &f.default) {
-                    (Some(v), _) => convert(&f.schema, v, &p, names)?,
-                    (None, Some(default)) => convert_default(&f.schema, default, &p, names)?,
-                    (None, None) => {
-                        return Err(Mismatch {
-                            path: p,
-                            reason: format!(
-                                "missing, and the schema gives it no default (type {})",
-                                type_name(&f.schema)
-                            ),
-                        })
-                    }
-                };
-                fields.push((f.name.clone(), value));
-            }
-            Value::Record(fields)
-        }
-        Schema::Union(u) => {
-            let variants = u.variants();
-            // Avro's JSON encoding: {"string": "x"}, {"com.acme.Item": {...}}.
-            if let Some((branch, inner)) = json
-                .as_object()
-                .filter(|o| o.len() == 1)
-                .and_then(|o| o.iter().next())
-            {
-                if let Some((i, v)) = variants
-                    .iter()
-                    .enumerate()
-                    .find(|(_, v)| branch_name(v) == *branch)
-                {
-                    return Ok(Value::Union(
-                        i as u32,
-                        Box::new(convert(v, inner, path, names)?),
-                    ));
-                }
-            }
-            let mut reasons = Vec::new();
-            for (i, v) in variants.iter().enumerate() {
-                match convert(v, json, path, names) {
-                    Ok(value) => return Ok(Value::Union(i as u32, Box::new(value))),
-                    Err(m) => reasons.push(m),
-                }
-            }
-            // The deepest reason is usually the useful one (a record branch
-            // that failed on one of its fields).
-            if let Some(deep) = reasons.iter().find(|m| m.path != path) {
-                return Err(deep.clone());
-            }
-            return Err(expected(&type_name(schema)));
-        }
+        Schema::Record(r) => convert_record(r, json, path, names)?,
+        Schema::Union(u) => return convert_union(schema, u, json, path, names),
         Schema::Ref { name } => {
             let target = names
                 .get(name)
@@ -386,6 +293,144 @@ fn convert(
             )))
         }
     })
+}
+
+/// A mismatch at `path`.
+fn mismatch(path: &str, reason: String) -> Mismatch {
+    Mismatch {
+        path: path.to_string(),
+        reason,
+    }
+}
+
+/// `json` at `path` is not `what`.
+fn expected(json: &Json, path: &str, what: &str) -> Mismatch {
+    mismatch(path, format!("expected {what}, got {}", describe(json)))
+}
+
+/// A `fixed`: a string of exactly its size in bytes.
+fn convert_fixed(f: &FixedSchema, json: &Json, path: &str) -> Result<Value, Mismatch> {
+    let b = bytes(json).ok_or_else(|| {
+        expected(
+            json,
+            path,
+            &format!("{} bytes (a string, one character per byte)", f.size),
+        )
+    })?;
+    if b.len() != f.size {
+        return Err(mismatch(
+            path,
+            format!(
+                "fixed {} needs exactly {} bytes, got {}",
+                f.name.name(),
+                f.size,
+                b.len()
+            ),
+        ));
+    }
+    Ok(Value::Fixed(f.size, b))
+}
+
+/// An `enum`: one of its symbols.
+fn convert_enum(e: &EnumSchema, json: &Json, path: &str) -> Result<Value, Mismatch> {
+    let s = json
+        .as_str()
+        .ok_or_else(|| expected(json, path, &format!("one of {:?}", e.symbols)))?;
+    let i = e.symbols.iter().position(|x| x == s).ok_or_else(|| {
+        mismatch(
+            path,
+            format!(
+                "\"{s}\" is not a symbol of enum {}; one of {:?}",
+                e.name.name(),
+                e.symbols
+            ),
+        )
+    })?;
+    Ok(Value::Enum(i as u32, s.to_string()))
+}
+
+/// A record: an object with no field the record lacks, each field given
+/// or defaulted.
+fn convert_record(
+    r: &RecordSchema,
+    json: &Json,
+    path: &str,
+    names: &HashMap<Name, &Schema>,
+) -> Result<Value, Mismatch> {
+    let obj = json
+        .as_object()
+        .ok_or_else(|| expected(json, path, &format!("an object (record {})", r.name.name())))?;
+    if let Some(unknown) = obj.keys().find(|k| !r.lookup.contains_key(*k)) {
+        let known: Vec<&str> = r.fields.iter().map(|f| f.name.as_str()).collect();
+        return Err(Mismatch {
+            path: child(path, unknown),
+            reason: format!(
+                "record {} has no such field; its fields are {known:?}",
+                r.name.name()
+            ),
+        });
+    }
+    let mut fields = Vec::with_capacity(r.fields.len());
+    for f in &r.fields {
+        let p = child(path, &f.name);
+        let value = match (obj.get(&f.name), &f.default) {
+            (Some(v), _) => convert(&f.schema, v, &p, names)?,
+            (None, Some(default)) => convert_default(&f.schema, default, &p, names)?,
+            (None, None) => {
+                return Err(Mismatch {
+                    path: p,
+                    reason: format!(
+                        "missing, and the schema gives it no default (type {})",
+                        type_name(&f.schema)
+                    ),
+                })
+            }
+        };
+        fields.push((f.name.clone(), value));
+    }
+    Ok(Value::Record(fields))
+}
+
+/// A union: Avro's JSON encoding naming its branch, or the first branch
+/// the value converts to.
+fn convert_union(
+    schema: &Schema,
+    u: &UnionSchema,
+    json: &Json,
+    path: &str,
+    names: &HashMap<Name, &Schema>,
+) -> Result<Value, Mismatch> {
+    let variants = u.variants();
+    // Avro's JSON encoding: {"string": "x"}, {"com.acme.Item": {...}}.
+    if let Some((branch, inner)) = json
+        .as_object()
+        .filter(|o| o.len() == 1)
+        .and_then(|o| o.iter().next())
+    {
+        if let Some((i, v)) = variants
+            .iter()
+            .enumerate()
+            .find(|(_, v)| branch_name(v) == *branch)
+        {
+            return Ok(Value::Union(
+                i as u32,
+                Box::new(convert(v, inner, path, names)?),
+            ));
+        }
+    }
+    let mut reasons = Vec::new();
+    for (i, v) in variants.iter().enumerate() {
+        match convert(v, json, path, names) {
+            Ok(value) => return Ok(Value::Union(i as u32, Box::new(value))),
+            Err(m) => reasons.push(m),
+        }
+    }
+    // The deepest reason is usually the useful one (a record branch
+    // that failed on one of its fields).
+    if let Some(deep) = reasons.iter().find(|m| m.path != path) {
+        return Err(deep.clone());
+    }
+    Err(expected(json, path, &type_name(schema)))
 }
 
 /// A field default is written in Avro's JSON encoding, where a union's
