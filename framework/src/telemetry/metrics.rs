@@ -258,6 +258,228 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
+/// One observable gauge read from the snapshot under its lock.
+fn gauge_from_snapshot(
+    meter: &Meter,
+    group: &KeyValue,
+    snapshot: &Arc<Mutex<Snapshot>>,
+    name: &'static str,
+    description: &'static str,
+    read: ReadSnapshot,
+) {
+    let (snap, group) = (snapshot.clone(), group.clone());
+    meter
+        .f64_observable_gauge(name)
+        .with_description(description)
+        .with_callback(move |obs| {
+            let s = snap.lock().unwrap_or_else(PoisonError::into_inner);
+            read(&s, &group, &mut |v, labels| obs.observe(v, &labels));
+        })
+        .build();
+}
+
+/// The observable gauges read from the worker's snapshot, each under the
+/// snapshot's lock: per partition and priority (then
+/// [`observe_snapshot_jobs`]).
+fn observe_snapshot(meter: &Meter, group: &KeyValue, snapshot: &Arc<Mutex<Snapshot>>) {
+    let from_snapshot = |name: &'static str, description: &'static str, read: ReadSnapshot| {
+        gauge_from_snapshot(meter, group, snapshot, name, description, read)
+    };
+    from_snapshot(
+        "kjob_consumer_lag",
+        "Records in a partition not yet committed by the group (exported by the partition's owner)",
+        |s, g, out| {
+            for ((topic, partition), lag) in &s.lag {
+                out(
+                    *lag as f64,
+                    vec![
+                        g.clone(),
+                        KeyValue::new("topic", topic.clone()),
+                        KeyValue::new("partition", i64::from(*partition)),
+                    ],
+                );
+            }
+        },
+    );
+    from_snapshot(
+        "kjob_oldest_pending_seconds",
+        "Age of the oldest record the worker holds but has not committed",
+        |s, g, out| {
+            for (topic, age) in &s.oldest_pending_seconds {
+                out(*age, vec![g.clone(), KeyValue::new("topic", topic.clone())]);
+            }
+        },
+    );
+    from_snapshot(
+        "kjob_priority_in_flight",
+        "Jobs running, per priority lane",
+        |s, g, out| {
+            for (level, (run, _)) in s.priority.iter().enumerate() {
+                let p = crate::worker::Priority::at_level(level);
+                out(
+                    *run as f64,
+                    vec![g.clone(), KeyValue::new("priority", p.as_str())],
+                );
+            }
+        },
+    );
+    from_snapshot(
+        "kjob_priority_waiting",
+        "Jobs ready and waiting for a slot, per priority lane",
+        |s, g, out| {
+            for (level, (_, wait)) in s.priority.iter().enumerate() {
+                let p = crate::worker::Priority::at_level(level);
+                out(
+                    *wait as f64,
+                    vec![g.clone(), KeyValue::new("priority", p.as_str())],
+                );
+            }
+        },
+    );
+    observe_snapshot_jobs(meter, group, snapshot);
+}
+
+/// [`observe_snapshot`]'s gauges of jobs: per tenant, running, parked,
+/// read past, and the schedule's and batches' state.
+fn observe_snapshot_jobs(meter: &Meter, group: &KeyValue, snapshot: &Arc<Mutex<Snapshot>>) {
+    let from_snapshot = |name: &'static str, description: &'static str, read: ReadSnapshot| {
+        gauge_from_snapshot(meter, group, snapshot, name, description, read)
+    };
+    from_snapshot(
+        "kjob_tenant_ready",
+        "Jobs of a fair route ready and waiting for a slot, per tenant (the busiest, the rest as other)",
+        |s, g, out| tenant_points(s, g, out, |ready, _| ready),
+    );
+    from_snapshot(
+        "kjob_tenant_running",
+        "Jobs of a fair route running, per tenant (the busiest, the rest as other)",
+        |s, g, out| tenant_points(s, g, out, |_, running| running),
+    );
+    from_snapshot(
+        "kjob_oldest_running_seconds",
+        "Age of the oldest handler still running, per job type (0 while all are under 1 s)",
+        |s, g, out| {
+            for (job, age) in &s.oldest_running_seconds {
+                out(*age, vec![g.clone(), KeyValue::new("job", *job)]);
+            }
+        },
+    );
+    from_snapshot(
+        "kjob_parked",
+        "Jobs waiting for a downstream (registry, breaker, rate limit) without a handler slot",
+        |s, g, out| out(s.parked as f64, vec![g.clone()]),
+    );
+    from_snapshot(
+        "kjob_read_past",
+        "Records of a fair route's tenant over its share of the buffer, read past to reach the other tenants and not yet read again",
+        |s, g, out| {
+            for (topic, n) in &s.read_past {
+                out(
+                    *n as f64,
+                    vec![
+                        g.clone(),
+                        KeyValue::new("topic", topic.clone()),
+                    ],
+                );
+            }
+        },
+    );
+    from_snapshot(
+        "kjob_schedule_leader",
+        "1 on the worker that fires the schedule now, 0 on the others",
+        |s, g, out| {
+            for (name, leading) in &s.schedules {
+                let v = if *leading { 1.0 } else { 0.0 };
+                out(v, vec![g.clone(), KeyValue::new("schedule", name.clone())]);
+            }
+        },
+    );
+    from_snapshot(
+        "kjob_batches_open",
+        "Batches not complete nor cancelled, among those this worker coordinates",
+        |s, g, out| {
+            if let Some((open, _)) = s.batches {
+                out(open as f64, vec![g.clone()]);
+            }
+        },
+    );
+    from_snapshot(
+        "kjob_batch_oldest_open_seconds",
+        "Age of the oldest open batch this worker coordinates (0 with none)",
+        |s, g, out| {
+            if let Some((_, age)) = s.batches {
+                out(age, vec![g.clone()]);
+            }
+        },
+    );
+}
+
+/// The observable instruments read from the routes' live gauges
+/// (registry waits, breakers, dropped fields).
+fn observe_gauges(meter: &Meter, group: &KeyValue, gauges: &Arc<WorkerGauges>) {
+    let (g, l) = (gauges.clone(), group.clone());
+    meter
+        .i64_observable_gauge("kjob_registry_waiting")
+        .with_description(
+            "Jobs waiting for the schema registry to serve their writer schema (not failed, not retried)",
+        )
+        .with_callback(move |obs| {
+            obs.observe(
+                g.registry_waiting.load(Ordering::Relaxed),
+                std::slice::from_ref(&l),
+            )
+        })
+        .build();
+    let (g, l) = (gauges.clone(), group.clone());
+    meter
+        .i64_observable_gauge("kjob_breaker_state")
+        .with_description(
+            "Circuit breaker state per downstream: 1 for the state it is in, 0 for the others",
+        )
+        .with_callback(move |obs| {
+            for (name, state, _) in g.guards() {
+                for s in ["closed", "half_open", "open"] {
+                    obs.observe(
+                        i64::from(s == state),
+                        &[
+                            l.clone(),
+                            KeyValue::new("breaker", name.clone()),
+                            KeyValue::new("state", s),
+                        ],
+                    );
+                }
+            }
+        })
+        .build();
+    let (g, l) = (gauges.clone(), group.clone());
+    meter
+        .u64_observable_counter("kjob_fields_dropped")
+        .with_description("Records decoded by a reader that drops fields their writer carries, per job and the writer's contract version (kjob-version)")
+        .with_callback(move |obs| {
+            for (job, version, n) in g.dropped() {
+                obs.observe(
+                    n,
+                    &[
+                        l.clone(),
+                        KeyValue::new("job", job),
+                        KeyValue::new("writer_version", version),
+                    ],
+                );
+            }
+        })
+        .build();
+    let (g, l) = (gauges.clone(), group.clone());
+    meter
+        .i64_observable_gauge("kjob_breaker_parked")
+        .with_description("Jobs waiting for a circuit breaker to close")
+        .with_callback(move |obs| {
+            for (name, _, parked) in g.guards() {
+                obs.observe(parked, &[l.clone(), KeyValue::new("breaker", name)]);
+            }
+        })
+        .build();
+}
+
 impl Metrics {
     /// The instruments of the worker of consumer group `group`, recorded
     /// into `exporter`; `gauges` are the ones its routes update.
@@ -274,197 +496,8 @@ impl Metrics {
         exporter: MetricsExporter,
     ) -> Self {
         let group = KeyValue::new("group", group.to_string());
-        // One observable gauge read from the snapshot under its lock.
-        let from_snapshot = |name: &'static str, description: &'static str, read: ReadSnapshot| {
-            let (snap, group) = (snapshot.clone(), group.clone());
-            meter
-                .f64_observable_gauge(name)
-                .with_description(description)
-                .with_callback(move |obs| {
-                    let s = snap.lock().unwrap_or_else(PoisonError::into_inner);
-                    read(&s, &group, &mut |v, labels| obs.observe(v, &labels));
-                })
-                .build();
-        };
-        from_snapshot(
-            "kjob_consumer_lag",
-            "Records in a partition not yet committed by the group (exported by the partition's owner)",
-            |s, g, out| {
-                for ((topic, partition), lag) in &s.lag {
-                    out(
-                        *lag as f64,
-                        vec![
-                            g.clone(),
-                            KeyValue::new("topic", topic.clone()),
-                            KeyValue::new("partition", i64::from(*partition)),
-                        ],
-                    );
-                }
-            },
-        );
-        from_snapshot(
-            "kjob_oldest_pending_seconds",
-            "Age of the oldest record the worker holds but has not committed",
-            |s, g, out| {
-                for (topic, age) in &s.oldest_pending_seconds {
-                    out(*age, vec![g.clone(), KeyValue::new("topic", topic.clone())]);
-                }
-            },
-        );
-        from_snapshot(
-            "kjob_priority_in_flight",
-            "Jobs running, per priority lane",
-            |s, g, out| {
-                for (level, (run, _)) in s.priority.iter().enumerate() {
-                    let p = crate::worker::Priority::at_level(level);
-                    out(
-                        *run as f64,
-                        vec![g.clone(), KeyValue::new("priority", p.as_str())],
-                    );
-                }
-            },
-        );
-        from_snapshot(
-            "kjob_priority_waiting",
-            "Jobs ready and waiting for a slot, per priority lane",
-            |s, g, out| {
-                for (level, (_, wait)) in s.priority.iter().enumerate() {
-                    let p = crate::worker::Priority::at_level(level);
-                    out(
-                        *wait as f64,
-                        vec![g.clone(), KeyValue::new("priority", p.as_str())],
-                    );
-                }
-            },
-        );
-        from_snapshot(
-            "kjob_tenant_ready",
-            "Jobs of a fair route ready and waiting for a slot, per tenant (the busiest, the rest as other)",
-            |s, g, out| tenant_points(s, g, out, |ready, _| ready),
-        );
-        from_snapshot(
-            "kjob_tenant_running",
-            "Jobs of a fair route running, per tenant (the busiest, the rest as other)",
-            |s, g, out| tenant_points(s, g, out, |_, running| running),
-        );
-        from_snapshot(
-            "kjob_oldest_running_seconds",
-            "Age of the oldest handler still running, per job type (0 while all are under 1 s)",
-            |s, g, out| {
-                for (job, age) in &s.oldest_running_seconds {
-                    out(*age, vec![g.clone(), KeyValue::new("job", *job)]);
-                }
-            },
-        );
-        from_snapshot(
-            "kjob_parked",
-            "Jobs waiting for a downstream (registry, breaker, rate limit) without a handler slot",
-            |s, g, out| out(s.parked as f64, vec![g.clone()]),
-        );
-        from_snapshot(
-            "kjob_read_past",
-            "Records of a fair route's tenant over its share of the buffer, read past to reach the other tenants and not yet read again",
-            |s, g, out| {
-                for (topic, n) in &s.read_past {
-                    out(
-                        *n as f64,
-                        vec![
-                            g.clone(),
-                            KeyValue::new("topic", topic.clone()),
-                        ],
-                    );
-                }
-            },
-        );
-        from_snapshot(
-            "kjob_schedule_leader",
-            "1 on the worker that fires the schedule now, 0 on the others",
-            |s, g, out| {
-                for (name, leading) in &s.schedules {
-                    let v = if *leading { 1.0 } else { 0.0 };
-                    out(v, vec![g.clone(), KeyValue::new("schedule", name.clone())]);
-                }
-            },
-        );
-        from_snapshot(
-            "kjob_batches_open",
-            "Batches not complete nor cancelled, among those this worker coordinates",
-            |s, g, out| {
-                if let Some((open, _)) = s.batches {
-                    out(open as f64, vec![g.clone()]);
-                }
-            },
-        );
-        from_snapshot(
-            "kjob_batch_oldest_open_seconds",
-            "Age of the oldest open batch this worker coordinates (0 with none)",
-            |s, g, out| {
-                if let Some((_, age)) = s.batches {
-                    out(age, vec![g.clone()]);
-                }
-            },
-        );
-        let (g, l) = (gauges.clone(), group.clone());
-        meter
-            .i64_observable_gauge("kjob_registry_waiting")
-            .with_description(
-                "Jobs waiting for the schema registry to serve their writer schema (not failed, not retried)",
-            )
-            .with_callback(move |obs| {
-                obs.observe(
-                    g.registry_waiting.load(Ordering::Relaxed),
-                    std::slice::from_ref(&l),
-                )
-            })
-            .build();
-        let (g, l) = (gauges.clone(), group.clone());
-        meter
-            .i64_observable_gauge("kjob_breaker_state")
-            .with_description(
-                "Circuit breaker state per downstream: 1 for the state it is in, 0 for the others",
-            )
-            .with_callback(move |obs| {
-                for (name, state, _) in g.guards() {
-                    for s in ["closed", "half_open", "open"] {
-                        obs.observe(
-                            i64::from(s == state),
-                            &[
-                                l.clone(),
-                                KeyValue::new("breaker", name.clone()),
-                                KeyValue::new("state", s),
-                            ],
-                        );
-                    }
-                }
-            })
-            .build();
-        let (g, l) = (gauges.clone(), group.clone());
-        meter
-            .u64_observable_counter("kjob_fields_dropped")
-            .with_description("Records decoded by a reader that drops fields their writer carries, per job and the writer's contract version (kjob-version)")
-            .with_callback(move |obs| {
-                for (job, version, n) in g.dropped() {
-                    obs.observe(
-                        n,
-                        &[
-                            l.clone(),
-                            KeyValue::new("job", job),
-                            KeyValue::new("writer_version", version),
-                        ],
-                    );
-                }
-            })
-            .build();
-        let (g, l) = (gauges.clone(), group.clone());
-        meter
-            .i64_observable_gauge("kjob_breaker_parked")
-            .with_description("Jobs waiting for a circuit breaker to close")
-            .with_callback(move |obs| {
-                for (name, _, parked) in g.guards() {
-                    obs.observe(parked, &[l.clone(), KeyValue::new("breaker", name)]);
-                }
-            })
-            .build();
+        observe_snapshot(meter, &group, &snapshot);
+        observe_gauges(meter, &group, &gauges);
         let seconds = |name: &'static str, description: &'static str| {
             meter
                 .f64_histogram(name)
