@@ -181,63 +181,12 @@ pub fn writers_waiting(
     known: &HashSet<String>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Vec<WriterCount>> {
-    let consumed: Vec<String> = places
-        .iter()
-        .filter(|p| p.role != Role::Dlq)
-        .map(|p| p.topic.clone())
-        .collect();
     let index: HashMap<&str, usize> = places
         .iter()
         .enumerate()
         .map(|(i, p)| (p.topic.as_str(), i))
         .collect();
-    let mut spans = Vec::new();
-    for l in group_lag(config, group, &consumed)? {
-        let from = l.committed.unwrap_or(l.start).max(l.start);
-        if let Some(&place) = index.get(l.topic.as_str()) {
-            if l.end > from {
-                spans.push(Span {
-                    place,
-                    partition: l.partition,
-                    from,
-                    to: l.end,
-                });
-            }
-        }
-    }
-    // A DLQ's unresolved records: all of it but what the audit trail names.
-    let mut audited: HashMap<usize, HashSet<(i32, i64)>> = HashMap::new();
-    for (i, p) in places
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.role == Role::Dlq)
-    {
-        let Some(main) = p.route.clone() else {
-            continue;
-        };
-        let reader = DlqReader::new(config, &main);
-        let Some(partitions) = reader.watermarks()? else {
-            continue;
-        };
-        audited.insert(
-            i,
-            reader
-                .audit()?
-                .into_keys()
-                .map(|c| (c.partition, c.offset))
-                .collect(),
-        );
-        for (partition, low, high) in partitions {
-            if high > low {
-                spans.push(Span {
-                    place: i,
-                    partition,
-                    from: low,
-                    to: high,
-                });
-            }
-        }
-    }
+    let (spans, audited) = spans_to_read(config, group, places, &index)?;
     let total: u64 = spans.iter().map(|s| (s.to - s.from).max(0) as u64).sum();
     let mut counts: HashMap<(usize, usize, Option<usize>, Writer), u64> = HashMap::new();
     let mut names = Names::default();
@@ -333,6 +282,81 @@ pub fn writers_waiting(
         *counts.entry((place, route, contract, writer)).or_default() += 1;
     }
     progress(read, total);
+    Ok(sorted(counts, places, &names))
+}
+
+/// Where jobs wait: each consumed place's span from the group's committed
+/// offset to its end, and each DLQ whole, with the DLQ records its audit
+/// trail names (resolved or re-driven) set apart.
+#[allow(clippy::type_complexity)]
+fn spans_to_read(
+    config: &KafkaConfig,
+    group: &str,
+    places: &[Place],
+    index: &HashMap<&str, usize>,
+) -> Result<(Vec<Span>, HashMap<usize, HashSet<(i32, i64)>>)> {
+    let consumed: Vec<String> = places
+        .iter()
+        .filter(|p| p.role != Role::Dlq)
+        .map(|p| p.topic.clone())
+        .collect();
+    let mut spans = Vec::new();
+    for l in group_lag(config, group, &consumed)? {
+        let from = l.committed.unwrap_or(l.start).max(l.start);
+        if let Some(&place) = index.get(l.topic.as_str()) {
+            if l.end > from {
+                spans.push(Span {
+                    place,
+                    partition: l.partition,
+                    from,
+                    to: l.end,
+                });
+            }
+        }
+    }
+    // A DLQ's unresolved records: all of it but what the audit trail names.
+    let mut audited: HashMap<usize, HashSet<(i32, i64)>> = HashMap::new();
+    for (i, p) in places
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.role == Role::Dlq)
+    {
+        let Some(main) = p.route.clone() else {
+            continue;
+        };
+        let reader = DlqReader::new(config, &main);
+        let Some(partitions) = reader.watermarks()? else {
+            continue;
+        };
+        audited.insert(
+            i,
+            reader
+                .audit()?
+                .into_keys()
+                .map(|c| (c.partition, c.offset))
+                .collect(),
+        );
+        for (partition, low, high) in partitions {
+            if high > low {
+                spans.push(Span {
+                    place: i,
+                    partition,
+                    from: low,
+                    to: high,
+                });
+            }
+        }
+    }
+    Ok((spans, audited))
+}
+
+/// The writers counted, one row per place, route, contract and writer, in
+/// that order.
+fn sorted(
+    counts: HashMap<(usize, usize, Option<usize>, Writer), u64>,
+    places: &[Place],
+    names: &Names,
+) -> Vec<WriterCount> {
     let mut out: Vec<WriterCount> = counts
         .into_iter()
         .map(|((place, route, contract, writer), count)| WriterCount {
@@ -351,7 +375,7 @@ pub fn writers_waiting(
             b.writer,
         ))
     });
-    Ok(out)
+    out
 }
 
 /// Marks a partition read to its end and pauses it, so a live topic's new
