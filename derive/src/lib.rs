@@ -183,132 +183,12 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
         );
     }
 
-    let name = match &c.name {
-        Some(lit) => {
-            let v = lit.value();
-            if let Err(why) = check_topic_name(&v) {
-                errors.at(
-                    lit.span(),
-                    format!("`{v}` cannot be a contract name: {why}"),
-                );
-            }
-            Some(v)
-        }
-        None => {
-            errors.spanned(
-                &attr_tokens,
-                "missing `name = \"...\"` in `#[job(...)]`: the contract name, which is also the main topic, e.g. `#[job(name = \"orders.confirmation\", version = 1, key = order_id)]`",
-            );
-            None
-        }
-    };
-    let version = match &c.version {
-        Some(lit) => match lit.base10_parse::<u32>() {
-            Ok(v) if v >= 1 => Some(v),
-            _ => {
-                errors.at(lit.span(), "`version` is a whole number from 1 up");
-                None
-            }
-        },
-        None => {
-            errors.spanned(
-                &attr_tokens,
-                "missing `version = N` in `#[job(...)]`: the contract version, 1 for a new contract",
-            );
-            None
-        }
-    };
+    let name = contract_name(&c, &attr_tokens, &mut errors);
+    let version = contract_version(&c, &attr_tokens, &mut errors);
 
-    let mut fields = Vec::new();
-    for f in &named.named {
-        let Some(ident) = &f.ident else { continue };
-        let serde = SerdeField::parse(&f.attrs, &mut errors);
-        let default = attrs::field_default(&f.attrs, &mut errors);
-        if let Some((what, span)) = &serde.unsupported {
-            errors.at(
-                *span,
-                format!(
-                    "`#[serde({what})]` makes field `{ident}` differ between writing and reading, which an Avro record cannot; \
-                     `#[derive(Job)]` does not support it (write `impl Job` by hand)"
-                ),
-            );
-        }
-        if serde.skip {
-            if let Some((_, span)) = default {
-                errors.at(
-                    span,
-                    "a skipped field is not in the schema, so it has no default",
-                );
-            }
-            continue;
-        }
-        let wire = serde
-            .rename
-            .clone()
-            .unwrap_or_else(|| ident.unraw().to_string());
-        if !is_avro_name(&wire) {
-            errors.at(
-                ident.span(),
-                format!("`{wire}` is not an Avro field name (letters, digits and `_`, not starting with a digit)"),
-            );
-        }
-        let avro = match &serde.custom {
-            Some((what, _)) => Avro::Opaque(format!(
-                "`#[serde({what})]` puts something other than `{}` on the wire",
-                type_name(&f.ty)
-            )),
-            None => Avro::of(&f.ty),
-        };
-        fields.push(Field {
-            ident,
-            ty: &f.ty,
-            wire,
-            avro,
-            doc: attrs::doc(&f.attrs),
-            default,
-        });
-    }
+    let fields = record_fields(named, &mut errors);
 
-    let field_of = |id: &Ident| named.named.iter().find(|f| f.ident.as_ref() == Some(id));
-    let key = match &c.key {
-        Some(k) => {
-            match field_of(k) {
-                Some(f) if is_option(&f.ty) => {
-                    errors.at(
-                    k.span(),
-                    format!("`key = {k}`: the field is an `Option`, but every job record needs a key"),
-                );
-                    None
-                }
-                Some(_) => Some(k),
-                None => {
-                    errors.at(k.span(), format!("`key = {k}`: `{ty}` has no field `{k}`"));
-                    None
-                }
-            }
-        }
-        None => {
-            errors.spanned(
-                &attr_tokens,
-                "missing `key = <field>` in `#[job(...)]`: every job record gets a partition key, and jobs with the same key run in order; \
-                 name the field of the entity the job is about, e.g. `key = order_id`",
-            );
-            None
-        }
-    };
-    let tenant = match &c.tenant {
-        Some(t) => match field_of(t) {
-            Some(f) => Some((t, is_option(&f.ty))),
-            None => {
-                errors.at(
-                    t.span(),
-                    format!("`tenant = {t}`: `{ty}` has no field `{t}`"),
-                );
-                None
-            }
-        },
-        None => None,
-    };
+    let (key, tenant) = key_and_tenant(&c, named, ty, &attr_tokens, &mut errors);
 
     let schema = match &c.schema {
         Some(path) => {
@@ -376,6 +256,157 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
             #tenant_fn
         }
     })
+}
+
+/// The contract name from `#[job(name = ...)]`, checked as a topic name.
+fn contract_name(c: &Container, attr_tokens: &TokenStream, errors: &mut Errors) -> Option<String> {
+    match &c.name {
+        Some(lit) => {
+            let v = lit.value();
+            if let Err(why) = check_topic_name(&v) {
+                errors.at(
+                    lit.span(),
+                    format!("`{v}` cannot be a contract name: {why}"),
+                );
+            }
+            Some(v)
+        }
+        None => {
+            errors.spanned(
+                attr_tokens,
+                "missing `name = \"...\"` in `#[job(...)]`: the contract name, which is also the main topic, e.g. `#[job(name = \"orders.confirmation\", version = 1, key = order_id)]`",
+            );
+            None
+        }
+    }
+}
+
+/// The contract version from `#[job(version = ...)]`, 1 or more.
+fn contract_version(c: &Container, attr_tokens: &TokenStream, errors: &mut Errors) -> Option<u32> {
+    match &c.version {
+        Some(lit) => match lit.base10_parse::<u32>() {
+            Ok(v) if v >= 1 => Some(v),
+            _ => {
+                errors.at(lit.span(), "`version` is a whole number from 1 up");
+                None
+            }
+        },
+        None => {
+            errors.spanned(
+                attr_tokens,
+                "missing `version = N` in `#[job(...)]`: the contract version, 1 for a new contract",
+            );
+            None
+        }
+    }
+}
+
+/// The record's fields, as the struct's named fields with their serde
+/// renames (skipped fields left out), each with its Avro type.
+fn record_fields<'a>(named: &'a syn::FieldsNamed, errors: &mut Errors) -> Vec<Field<'a>> {
+    let mut fields = Vec::new();
+    for f in &named.named {
+        let Some(ident) = &f.ident else { continue };
+        let serde = SerdeField::parse(&f.attrs, errors);
+        let default = attrs::field_default(&f.attrs, errors);
+        if let Some((what, span)) = &serde.unsupported {
+            errors.at(
+                *span,
+                format!(
+                    "`#[serde({what})]` makes field `{ident}` differ between writing and reading, which an Avro record cannot; \
+                     `#[derive(Job)]` does not support it (write `impl Job` by hand)"
+                ),
+            );
+        }
+        if serde.skip {
+            if let Some((_, span)) = default {
+                errors.at(
+                    span,
+                    "a skipped field is not in the schema, so it has no default",
+                );
+            }
+            continue;
+        }
+        let wire = serde
+            .rename
+            .clone()
+            .unwrap_or_else(|| ident.unraw().to_string());
+        if !is_avro_name(&wire) {
+            errors.at(
+                ident.span(),
+                format!("`{wire}` is not an Avro field name (letters, digits and `_`, not starting with a digit)"),
+            );
+        }
+        let avro = match &serde.custom {
+            Some((what, _)) => Avro::Opaque(format!(
+                "`#[serde({what})]` puts something other than `{}` on the wire",
+                type_name(&f.ty)
+            )),
+            None => Avro::of(&f.ty),
+        };
+        fields.push(Field {
+            ident,
+            ty: &f.ty,
+            wire,
+            avro,
+            doc: attrs::doc(&f.attrs),
+            default,
+        });
+    }
+    fields
+}
+
+/// The `key` field (required, not an `Option`) and the `tenant` field (with
+/// whether it is an `Option`), each a field of the struct.
+#[allow(clippy::type_complexity)]
+fn key_and_tenant<'c>(
+    c: &'c Container,
+    named: &syn::FieldsNamed,
+    ty: &Ident,
+    attr_tokens: &TokenStream,
+    errors: &mut Errors,
+) -> (Option<&'c Ident>, Option<(&'c Ident, bool)>) {
+    let field_of = |id: &Ident| named.named.iter().find(|f| f.ident.as_ref() == Some(id));
+    let key = match &c.key {
+        Some(k) => {
+            match field_of(k) {
+                Some(f) if is_option(&f.ty) => {
+                    errors.at(
+                    k.span(),
+                    format!("`key = {k}`: the field is an `Option`, but every job record needs a key"),
+                );
+                    None
+                }
+                Some(_) => Some(k),
+                None => {
+                    errors.at(k.span(), format!("`key = {k}`: `{ty}` has no field `{k}`"));
+                    None
+                }
+            }
+        }
+        None => {
+            errors.spanned(
+                attr_tokens,
+                "missing `key = <field>` in `#[job(...)]`: every job record gets a partition key, and jobs with the same key run in order; \
+                 name the field of the entity the job is about, e.g. `key = order_id`",
+            );
+            None
+        }
+    };
+    let tenant = match &c.tenant {
+        Some(t) => match field_of(t) {
+            Some(f) => Some((t, is_option(&f.ty))),
+            None => {
+                errors.at(
+                    t.span(),
+                    format!("`tenant = {t}`: `{ty}` has no field `{t}`"),
+                );
+                None
+            }
+        },
+        None => None,
+    };
+    (key, tenant)
 }
 
 /// The schema JSON from the fields, laid out like a hand-written `.avsc`.
