@@ -1,11 +1,11 @@
-//! Where a record goes after an attempt ([`Next`]: done, the next retry
+//! Where a record goes after an attempt ([`Decision`]: done, the next retry
 //! tier, or the DLQ) and what became of the attempt in the end
 //! ([`Outcome`]). One pure function, used by the worker and by the in-memory test
 //! harness (`kjob::testing` (feature `testing`)), so a unit test of a handler exercises the
 //! exact rules production runs.
 //!
 //! The room of step 8 in ARCHITECTURE.md, one file. **Enters:** an
-//! attempt's result and its route's retry policy. **Leaves:** [`Next`] and
+//! attempt's result and its route's retry policy. **Leaves:** [`Decision`] and
 //! [`Outcome`].
 
 use std::time::Duration;
@@ -19,7 +19,7 @@ use crate::worker::Attempt;
 
 /// The decision for one attempt.
 #[derive(Clone, Debug, PartialEq)]
-pub(super) enum Next {
+pub(super) enum Decision {
     /// Handled: mark the offset done.
     Handled,
     /// Forward to a retry tier with these (rebuilt) headers, then mark done.
@@ -103,10 +103,10 @@ pub(super) fn next_step<M: rdkafka::message::Message>(
     attempt: u32,
     unit: f64,
     now_ms: i64,
-) -> Next {
+) -> Decision {
     let (class, message, retry_after, backtrace) = match outcome {
-        Attempt::Handled => return Next::Handled,
-        Attempt::Released => return Next::Released,
+        Attempt::Handled => return Decision::Handled,
+        Attempt::Released => return Decision::Released,
         Attempt::Failed {
             class,
             message,
@@ -124,7 +124,7 @@ pub(super) fn next_step<M: rdkafka::message::Message>(
                 // Due later than its tier releases it: it hops on until then.
                 headers.run_at_ms =
                     (plan.wait > plan.release).then(|| now_ms + plan.wait.as_millis() as i64);
-                return Next::Retry {
+                return Decision::Retry {
                     topic,
                     headers,
                     wait: plan.wait,
@@ -143,7 +143,7 @@ pub(super) fn next_step<M: rdkafka::message::Message>(
     };
     let mut headers = forward_headers(source, group, attempt, class.as_str(), &message, now_ms);
     set_backtrace(&mut headers, backtrace);
-    Next::DeadLetter {
+    Decision::DeadLetter {
         topic: dlq_topic(main),
         headers,
         class,
@@ -203,7 +203,7 @@ mod tests {
             1000,
         );
         match next {
-            Next::Retry {
+            Decision::Retry {
                 topic,
                 headers,
                 wait,
@@ -235,9 +235,11 @@ mod tests {
                 0,
             )
         };
-        assert!(matches!(retry(1), Next::Retry { ref topic, .. } if topic == "billing.retry.5s"));
         assert!(
-            matches!(retry(3), Next::DeadLetter { ref topic, .. } if topic == "orders.dlq"),
+            matches!(retry(1), Decision::Retry { ref topic, .. } if topic == "billing.retry.5s")
+        );
+        assert!(
+            matches!(retry(3), Decision::DeadLetter { ref topic, .. } if topic == "orders.dlq"),
             "the DLQ stays the route's own"
         );
     }
@@ -257,7 +259,7 @@ mod tests {
             0,
         );
         assert!(
-            matches!(next, Next::DeadLetter { class: ErrorClass::PermanentNotFound, ref topic, .. } if topic == "orders.dlq")
+            matches!(next, Decision::DeadLetter { class: ErrorClass::PermanentNotFound, ref topic, .. } if topic == "orders.dlq")
         );
         let next = next_step(
             &failed(ErrorClass::RetryableTimeout),
@@ -271,7 +273,7 @@ mod tests {
             0,
         );
         match next {
-            Next::DeadLetter {
+            Decision::DeadLetter {
                 class,
                 headers,
                 message,
@@ -295,7 +297,7 @@ mod tests {
                 0.0,
                 0
             ),
-            Next::Handled
+            Decision::Handled
         );
     }
 }

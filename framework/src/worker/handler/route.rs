@@ -415,7 +415,7 @@ mod tests {
     use super::*;
     use crate::codec::{frame, DecodeError, WriterSchema};
     use crate::retry::RetryPolicy;
-    use crate::worker::decision::{next_step, Next};
+    use crate::worker::decision::{next_step, Decision};
     use rdkafka::message::{OwnedMessage, Timestamp};
     use tokio_util::sync::CancellationToken;
 
@@ -569,7 +569,7 @@ mod tests {
         );
         let policy = RetryPolicy::tiers([Duration::from_secs(5)]);
         let next = next_step(&outcome, &record, "ping", "ping", "g", &policy, 1, 0.0, 0);
-        assert_eq!(next, Next::Released, "nothing is forwarded");
+        assert_eq!(next, Decision::Released, "nothing is forwarded");
     }
 
     /// A layer that holds every job until `open` is set (as an open breaker

@@ -1,9 +1,9 @@
-//! After the decision ([`Next`]): the attempt is logged and counted, a
+//! After the decision ([`Decision`]): the attempt is logged and counted, a
 //! retry or dead letter is forwarded (and acknowledged) before the source
 //! offset may be released, and strict order's chain for the key follows.
 //!
 //! The room of step 9 in ARCHITECTURE.md. **Enters:** the decision's
-//! [`Next`] for an attempt. **Leaves:** the forward written and
+//! [`Decision`] for an attempt. **Leaves:** the forward written and
 //! acknowledged (`forward`), the attempt counted and logged, and its
 //! offset finished for the scheduler, which moves the watermark (step 10).
 
@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 use crate::classify::ErrorClass;
 use crate::telemetry::spans::JobSpan;
 use crate::worker::before::strict::{self, Gate};
-use crate::worker::decision::{next_step, Next, Outcome};
+use crate::worker::decision::{next_step, Decision, Outcome};
 use crate::worker::handler::route::Attempt;
 use crate::worker::settle::forward::Forwarder;
 use crate::worker::state::{RouteEntry, WorkerStats};
@@ -68,7 +68,7 @@ pub(super) fn decide<'a, M: Message>(
         failed_at_ms,
     );
     match (next, gate) {
-        (Next::Handled, None) => Settling::Now(done(fw, msg, &a)),
+        (Decision::Handled, None) => Settling::Now(done(fw, msg, &a)),
         (next, gate) => {
             // A retry's or a dead letter's lines carry the job's fields,
             // as the handler's did.
@@ -86,7 +86,7 @@ pub(super) async fn settle<M: Message>(
     fw: &Forwarder,
     entry: &RouteEntry,
     msg: &M,
-    next: Next,
+    next: Decision,
     gate: Option<Gate<'_, '_>>,
     a: &AttemptLog<'_>,
 ) -> Outcome {
@@ -103,13 +103,13 @@ pub(super) async fn settle<M: Message>(
         }
     };
     match next {
-        Next::Released => Outcome::Released,
-        Next::Handled if gate.is_none() => done(fw, msg, a),
-        Next::Handled => {
+        Decision::Released => Outcome::Released,
+        Decision::Handled if gate.is_none() => done(fw, msg, a),
+        Decision::Handled => {
             done(fw, msg, a);
             finished(Outcome::Handled).await
         }
-        Next::Retry {
+        Decision::Retry {
             topic,
             mut headers,
             wait,
@@ -151,7 +151,7 @@ pub(super) async fn settle<M: Message>(
                 other => other,
             }
         }
-        Next::DeadLetter {
+        Decision::DeadLetter {
             topic,
             mut headers,
             class,
