@@ -537,6 +537,27 @@ mod tests {
     }
 
     #[test]
+    fn a_record_an_older_worker_wrote_still_loads() {
+        // Before finished ids were kept, a record held only the chain; a
+        // rolling deploy reads both kinds side by side.
+        let mut loaded = Chains::default();
+        loaded.apply(
+            "t.order",
+            b"k",
+            Some(br#"{"ids":["1","2"],"head_due_ms":5000}"#),
+        );
+        assert_eq!(
+            loaded.admit(b"k", "2", 0),
+            Admit::Follow {
+                head: "1".into(),
+                head_due_ms: Some(5_000),
+                appended: false,
+            }
+        );
+        assert_eq!(loaded.admit(b"k", "1", 0), Admit::Run);
+    }
+
+    #[test]
     fn only_the_newest_finished_ids_are_kept() {
         let mut c = Chains::default();
         c.retrying(b"k", "head", None);

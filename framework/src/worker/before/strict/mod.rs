@@ -326,7 +326,7 @@ impl Strict {
             let mut part = self.locked(main, partition).await?;
             let part = &mut *part;
             let mut admit = part.chains.admit(key, id, crate::clock::now_ms());
-            let mut head_running = false;
+            let (mut head_running, mut head_topic) = (false, None);
             match &admit {
                 Admit::Run if part.running.contains(id) => {
                     admit = Admit::Follow {
@@ -342,6 +342,7 @@ impl Strict {
                 Admit::Follow { head, .. } => {
                     head_running =
                         part.running.contains(head) || self.waiting(main, partition).contains(head);
+                    head_topic = part.chains.head_topic(key).map(str::to_string);
                 }
                 Admit::Run | Admit::Duplicate => {}
             }
@@ -353,9 +354,9 @@ impl Strict {
             };
             (
                 Admitted {
-                    head_topic: part.chains.head_topic(key).map(str::to_string),
                     admit,
                     head_running,
+                    head_topic,
                 },
                 write,
             )
