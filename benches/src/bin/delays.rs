@@ -57,6 +57,7 @@ async fn short_delays(
     rate: u64,
     secs: u64,
     first_seq: i64,
+    acks: &Acks,
 ) -> anyhow::Result<i64> {
     let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / rate.max(1)));
     let until = Instant::now() + Duration::from_secs(secs);
@@ -80,18 +81,27 @@ async fn short_delays(
             let asked = Instant::now();
             p.enqueue_in_to(&t, &job, delay)
                 .await
-                .map(|_| asked.elapsed().as_millis() as i64)
+                .map(|_| (job.seq, asked.elapsed().as_millis() as i64))
         }));
     }
     let mut took = Vec::with_capacity(pending.len());
     for h in pending {
-        took.push(h.await?.context("short-delay enqueue")?);
+        let (seq, ms) = h.await?.context("short-delay enqueue")?;
+        took.push(ms);
+        if let Ok(mut a) = acks.lock() {
+            a.insert(seq, ms);
+        }
     }
     eprintln!("enqueue -> acknowledged: {}", summary(took));
     Ok(seq - first_seq)
 }
 
-/// `(seq, lateness ms, due now)` of every job handled since the last take.
+/// Each short delay's enqueue → acknowledged time (ms), by seq: the worst
+/// jobs are printed with theirs, to tell the enqueue's part of a late start
+/// from the worker's.
+type Acks = Arc<Mutex<std::collections::HashMap<i64, i64>>>;
+
+/// `(seq, lateness ms)` of every job handled since the last take.
 type Samples = Arc<Mutex<Vec<(i64, i64)>>>;
 
 fn take(samples: &Samples) -> Vec<(i64, i64)> {
@@ -103,7 +113,7 @@ fn take(samples: &Samples) -> Vec<(i64, i64)> {
 
 /// Prints one phase's row: due now, under 1 s, and the flood's own jobs;
 /// answers the short delays' p99 (ms).
-fn row(name: &str, taken: &[(i64, i64)], sent: i64) -> f64 {
+fn row(name: &str, taken: &[(i64, i64)], sent: i64, acks: &Acks) -> f64 {
     let short = |due_now: bool| {
         taken
             .iter()
@@ -122,6 +132,23 @@ fn row(name: &str, taken: &[(i64, i64)], sent: i64) -> f64 {
         .map(|(_, late)| *late)
         .collect();
     let early = taken.iter().filter(|(_, late)| *late < 0).count();
+    let mut worst: Vec<(i64, i64)> = taken
+        .iter()
+        .filter(|(seq, _)| *seq < FLOOD_BASE)
+        .copied()
+        .collect();
+    worst.sort_unstable_by_key(|(_, late)| std::cmp::Reverse(*late));
+    let acks = acks.lock().map(|a| a.clone()).unwrap_or_default();
+    let worst: Vec<String> = worst
+        .iter()
+        .take(5)
+        .map(|(seq, late)| {
+            let ack = acks.get(seq).map_or("?".to_string(), |a| a.to_string());
+            let kind = if seq % 4 == 0 { "now" } else { "0-1s" };
+            format!("{late} ms ({kind}, ack {ack} ms)")
+        })
+        .collect();
+    eprintln!("{name}: latest short delays: {}", worst.join(", "));
     let mut sorted = all_short.clone();
     sorted.sort_unstable();
     let p99 = sorted
@@ -167,6 +194,7 @@ async fn run(
     flooder.prepare::<BenchJob>().await?;
 
     let samples: Samples = Arc::new(Mutex::new(Vec::new()));
+    let acks: Acks = Arc::default();
     let s = samples.clone();
     let worker = Worker::builder(config.clone(), format!("bench-delays-{}", &suffix[..8]))
         .handle_on(&topic, move |job: BenchJob, ctx: JobContext| {
@@ -188,7 +216,7 @@ async fn run(
     }));
     // Join, and warm the path up.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    short_delays(producer.clone(), topic.clone(), rate, 2, -1_000_000).await?;
+    short_delays(producer.clone(), topic.clone(), rate, 2, -1_000_000, &acks).await?;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     take(&samples);
 
@@ -198,9 +226,9 @@ async fn run(
     );
     println!("| phase | due now: late p50 / p99 / max (jobs) | due in 0-1 s | all short | the flood's own | early | short sent |");
     println!("|---|---|---|---|---|---|---|");
-    let sent = short_delays(producer.clone(), topic.clone(), rate, secs, 0).await?;
+    let sent = short_delays(producer.clone(), topic.clone(), rate, secs, 0, &acks).await?;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let alone = row("alone", &take(&samples), sent);
+    let alone = row("alone", &take(&samples), sent, &acks);
 
     // The flood, sent in the background while the short delays go on.
     let flood_jobs: Vec<BenchJob> = (0..flood)
@@ -220,10 +248,18 @@ async fn run(
         }
         anyhow::Ok(())
     });
-    let sent = short_delays(producer.clone(), topic.clone(), rate, secs, 1_000_000).await?;
+    let sent = short_delays(
+        producer.clone(),
+        topic.clone(),
+        rate,
+        secs,
+        1_000_000,
+        &acks,
+    )
+    .await?;
     flooding.await??;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let during = row("beside a delay flood", &take(&samples), sent);
+    let during = row("beside a delay flood", &take(&samples), sent, &acks);
     kjob_benches::flood_row(
         &format!("delay flood: {flood} jobs due in the same second"),
         &format!("short delays (0-1 s) at {rate}/s, due -> start"),

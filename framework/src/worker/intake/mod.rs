@@ -361,7 +361,7 @@ fn read_one(
 }
 
 /// A handle to the consumer's main queue, held to read its length.
-struct MainQueue {
+pub(crate) struct MainQueue {
     queue: NonNull<rd::rd_kafka_queue_t>,
     /// Keeps the client alive for as long as the handle.
     _consumer: Arc<KjobConsumer>,
@@ -372,7 +372,7 @@ struct MainQueue {
 unsafe impl Send for MainQueue {}
 
 impl MainQueue {
-    fn of(consumer: &Arc<KjobConsumer>) -> Option<Self> {
+    pub(crate) fn of(consumer: &Arc<KjobConsumer>) -> Option<Self> {
         // SAFETY: the client pointer is valid while `consumer` lives, which
         // the handle's clone of it guarantees.
         let ptr = unsafe { rd::rd_kafka_queue_get_consumer(consumer.client().native_ptr()) };
@@ -383,7 +383,7 @@ impl MainQueue {
     }
 
     /// How many entries (records and events) wait in the main queue.
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         // SAFETY: the handle is valid until dropped.
         unsafe { rd::rd_kafka_queue_length(self.queue.as_ptr()) }
     }

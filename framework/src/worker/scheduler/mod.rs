@@ -46,9 +46,10 @@
 //!   partition is paused, and resumed at three quarters (so a single busy
 //!   partition never drains while librdkafka refetches what the pause
 //!   dropped). Polling never stops.
-//! * **Holds.** A retry-tier record that is not due pauses its partition and
-//!   seeks back to it; at the due time the partition is resumed and seeked
-//!   again. Nothing else of the partition runs meanwhile.
+//! * **Holds.** A retry-tier record that is not due is kept, and its
+//!   partition paused just past it; at the due time the record is given
+//!   back as if just read, and the partition resumed. Nothing else of the
+//!   partition runs meanwhile ([`hold`]).
 //! * **Pause view.** What the scheduler says about a partition's pause is the
 //!   truth; after every assignment the adapter re-applies it, because
 //!   librdkafka keeps an application's pause across a revoke and a
@@ -81,11 +82,13 @@
 //! settings handler authors give it are beside it: [`fairness::Fairness`]
 //! and [`priority::Priority`].
 
+mod assignment;
 mod commits;
 mod fair;
 #[cfg(test)]
 mod fair_tests;
 pub(in crate::worker) mod fairness;
+mod hold;
 mod parking;
 mod passing;
 #[cfg(test)]
@@ -99,7 +102,6 @@ mod types;
 use std::collections::{HashMap, VecDeque};
 
 use rustc_hash::FxHashMap;
-use tokio_util::sync::CancellationToken;
 
 use crate::offsets::OffsetTracker;
 use crate::worker::Priority;
@@ -109,7 +111,7 @@ use ready::Ready;
 pub(crate) use types::{
     Action, Incoming, Job, LaneKey, Limits, Located, Released, Ticket, Tp, Turns,
 };
-use types::{Hold, Lane, Part, ACTIVE_MS, ACTIVE_MS_USIZE, BORROW_MS, LOST_KEPT};
+use types::{Lane, Part, ACTIVE_MS, ACTIVE_MS_USIZE, BORROW_MS};
 
 /// See the module docs.
 pub(crate) struct Scheduler<R> {
@@ -346,196 +348,6 @@ impl<R: Located> Scheduler<R> {
         self.stopping || self.part(tp).is_some_and(Part::wants_pause)
     }
 
-    /// Assigned partitions, in no particular order.
-    pub(crate) fn assigned(&self) -> Vec<Tp> {
-        self.slots.iter().flatten().map(|p| p.tp.clone()).collect()
-    }
-
-    /// Partitions were assigned: fresh state, and the pause view of each
-    /// (the adapter applies it, whatever the consumer believed before).
-    pub(crate) fn assign(&mut self, tps: &[Tp], out: &mut Vec<Action<R>>) {
-        for tp in tps {
-            if let Some(slot) = self.slot_of(&tp.0, tp.1) {
-                // Re-assigned without a release in between: start afresh.
-                if let Some(old) = self.slots[slot].take() {
-                    old.released.cancel();
-                }
-                if let Some(m) = self.index.get_mut(&tp.0) {
-                    m.remove(&tp.1);
-                }
-            }
-            self.next_epoch += 1;
-            let level = self
-                .priorities
-                .get(&tp.0)
-                .copied()
-                .unwrap_or_default()
-                .level();
-            let returning = self
-                .lost
-                .iter()
-                .find(|(_, (t, _))| t == tp)
-                .map(|(e, _)| *e)
-                .and_then(|e| self.lost.remove(&e).map(|(_, t)| (e, t)));
-            let part = Part {
-                tp: tp.clone(),
-                epoch: self.next_epoch,
-                level,
-                fair: self.fair_topics.get(&tp.0).copied(),
-                turn: self.turns.for_topic(&tp.0),
-                back: self.turns.back.contains(&tp.0),
-                tracker: OffsetTracker::new(),
-                released: std::sync::Arc::new(CancellationToken::new()),
-                lanes: FxHashMap::default(),
-                paused_bound: false,
-                hold: None,
-                revoked: false,
-                max_dispatched: None,
-                returning,
-                skip: None,
-                pass: self
-                    .fair_topics
-                    .get(&tp.0)
-                    .and_then(|r| self.ready.fair.get(usize::from(*r)))
-                    .filter(|r| r.route() == tp.0)
-                    .map(|_| passing::Passing::new(self.limits.max_in_flight)),
-            };
-            let slot = match self.slots.iter().position(Option::is_none) {
-                Some(free) => {
-                    self.slots[free] = Some(part);
-                    free
-                }
-                None => {
-                    self.slots.push(Some(part));
-                    self.slots.len() - 1
-                }
-            };
-            self.index
-                .entry(tp.0.clone())
-                .or_default()
-                .insert(tp.1, slot);
-            out.push(if self.stopping {
-                Action::Pause(tp.clone())
-            } else {
-                Action::Resume(tp.clone())
-            });
-        }
-    }
-
-    /// Begins a revoke: nothing more of `tps` is dispatched, and their
-    /// queued and ready jobs are dropped (uncommitted). Running jobs finish;
-    /// the adapter waits for [`Scheduler::running_in`] to reach 0, bounded,
-    /// then calls [`Scheduler::release`].
-    pub(crate) fn revoke(&mut self, tps: &[Tp]) {
-        for tp in tps {
-            let Some(slot) = self.slot_of(&tp.0, tp.1) else {
-                continue;
-            };
-            self.ready.retain(|j| j.ticket.slot != slot);
-            if let Some(p) = self.slots[slot].as_mut() {
-                p.revoked = true;
-                p.released.cancel();
-                // Only lanes whose head is running remain.
-                p.lanes.retain(|_, l| {
-                    l.queue.clear();
-                    l.running
-                });
-            }
-        }
-    }
-
-    /// Running jobs of `tps`.
-    pub(crate) fn running_in(&self, tps: &[Tp]) -> usize {
-        tps.iter()
-            .filter_map(|tp| self.part(tp))
-            .map(|p| p.lanes.values().filter(|l| l.running).count())
-            .sum()
-    }
-
-    /// Ends a revoke: commits the watermark of `tps` (unless they were lost
-    /// to another member, whose position ours could move backwards) and
-    /// forgets them.
-    pub(crate) fn release(&mut self, tps: &[Tp], lost: bool, out: &mut Vec<Action<R>>) {
-        let mut commits = Vec::new();
-        for tp in tps {
-            let Some(slot) = self.slot_of(&tp.0, tp.1) else {
-                continue;
-            };
-            if let Some(p) = self.slots[slot].take() {
-                p.released.cancel();
-                if !lost {
-                    if let Some(next) = p.tracker.committable() {
-                        commits.push((p.tp.clone(), next));
-                    }
-                } else {
-                    // Kept in case the partition comes back unchanged.
-                    if self.lost.len() >= LOST_KEPT {
-                        if let Some(oldest) = self.lost.keys().min().copied() {
-                            self.lost.remove(&oldest);
-                        }
-                    }
-                    match p.returning {
-                        // Lost again before a record came: the older state.
-                        Some((epoch, tracker)) => self.lost.insert(epoch, (p.tp, tracker)),
-                        None => self.lost.insert(p.epoch, (p.tp, p.tracker)),
-                    };
-                }
-            }
-            self.ready.retain(|j| j.ticket.slot != slot);
-            if let Some(m) = self.index.get_mut(&tp.0) {
-                m.remove(&tp.1);
-            }
-        }
-        if !commits.is_empty() {
-            out.push(Action::Commit(commits));
-        }
-    }
-
-    /// Stops: no more records are accepted, and every partition is paused.
-    /// Running jobs finish.
-    ///
-    /// With `close_gaps == false` (SIGTERM, a revoke-like stop) everything
-    /// not started is dropped at once: it is uncommitted, so the next owner
-    /// runs it; a job that finished above one of them runs again there.
-    /// With `close_gaps == true` (a planned stop, such as a worker limit)
-    /// the jobs *below* the highest one started in each partition still
-    /// run, so the watermark reaches every finished job and the next worker
-    /// repeats nothing; only jobs above it are dropped.
-    pub(crate) fn stop(&mut self, close_gaps: bool, out: &mut Vec<Action<R>>) {
-        self.stopping = true;
-        let slots = &self.slots;
-        let below = |slot: usize, offset: i64| {
-            close_gaps
-                && slots
-                    .get(slot)
-                    .and_then(Option::as_ref)
-                    .and_then(|p| p.max_dispatched)
-                    .is_some_and(|m| offset < m)
-        };
-        self.ready.retain(|j| below(j.ticket.slot, j.ticket.offset));
-        let kept: Vec<(usize, LaneKey)> = self
-            .ready
-            .iter()
-            .map(|j| (j.ticket.slot, j.ticket.lane))
-            .collect();
-        for (slot, part) in self.slots.iter_mut().enumerate() {
-            let Some(p) = part.as_mut() else { continue };
-            p.released.cancel();
-            let limit = p.max_dispatched.filter(|_| close_gaps);
-            p.lanes.retain(|lane, l| {
-                l.queue
-                    .retain(|j| limit.is_some_and(|m| j.ticket.offset < m));
-                l.running || !l.queue.is_empty() || kept.contains(&(slot, *lane))
-            });
-            out.push(Action::Pause(p.tp.clone()));
-        }
-    }
-
-    /// Nothing runs, waits to run or is parked: a stop is complete.
-    pub(crate) fn idle(&self) -> bool {
-        self.running == 0 && self.ready.is_empty() && self.parked.is_empty()
-    }
-
     /// A polled record. `now_ms` decides whether a tier record is due.
     pub(crate) fn record(&mut self, rec: Incoming<R>, now_ms: i64, out: &mut Vec<Action<R>>) {
         self.now_ms = self.now_ms.max(now_ms);
@@ -579,19 +391,11 @@ impl<R: Located> Scheduler<R> {
         if p.hold.is_some_and(|h| h.offset != rec.offset) {
             return;
         }
-        if let Some(due) = rec.due_ms.filter(|d| *d > now_ms) {
-            // The placeholder keeps the watermark below the held record.
-            p.tracker.start_at(rec.offset, rec.timestamp_ms);
-            p.hold = Some(Hold {
-                offset: rec.offset,
-                due_ms: due,
-                resumed: false,
-            });
-            out.push(Action::Pause(p.tp.clone()));
-            out.push(Action::Seek(p.tp.clone(), rec.offset));
-            return;
-        }
-        // The record a hold waited for comes again: new, not fetched twice.
+        let rec = match rec.due_ms.filter(|d| *d > now_ms) {
+            Some(due) => return Self::hold(p, rec, due, out),
+            None => rec,
+        };
+        // The record a hold kept, given back at its due time.
         let was_held = p.hold.is_some_and(|h| h.offset == rec.offset);
         p.hold = None;
         // A fair route's job belongs to the tenant its header names.
@@ -825,25 +629,23 @@ impl<R: Located> Scheduler<R> {
         }
     }
 
-    /// Time passed: resumes holds that are due, and commits moved
-    /// watermarks once per commit interval.
+    /// Time passed: gives back the records of holds that are due, and
+    /// commits moved watermarks once per commit interval.
     pub(crate) fn tick(&mut self, now_ms: i64, out: &mut Vec<Action<R>>) {
         self.now_ms = self.now_ms.max(now_ms);
+        let mut due = Vec::new();
         for p in self.slots.iter_mut().flatten() {
             Self::reread_if_due(p, self.limits.max_in_flight, self.stopping, out);
-            if let Some(h) = p.hold.as_mut().filter(|h| !h.resumed && h.due_ms <= now_ms) {
-                h.resumed = true;
-                let offset = h.offset;
-                // Paused only for its passed offsets: those are read back
-                // once the held record is in (no read-back during a hold).
-                if p.paused_bound && p.buffered() < self.limits.max_in_flight {
-                    p.paused_bound = false;
-                }
-                if !p.paused_bound && !p.revoked && !self.stopping {
-                    out.push(Action::Resume(p.tp.clone()));
-                    out.push(Action::Seek(p.tp.clone(), offset));
-                }
-            }
+            due.extend(Self::end_hold_if_due(
+                p,
+                now_ms,
+                self.limits.max_in_flight,
+                self.stopping,
+                out,
+            ));
+        }
+        for rec in due {
+            self.record(rec, now_ms, out);
         }
         if now_ms.saturating_sub(self.last_commit_ms) >= self.limits.commit_interval_ms {
             self.last_commit_ms = now_ms;
@@ -854,17 +656,6 @@ impl<R: Located> Scheduler<R> {
             }
             self.commit_all(out);
         }
-    }
-
-    /// The earliest due time of a hold not yet resumed, if any (the
-    /// harness jumps its virtual clock there).
-    #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))]
-    pub(crate) fn next_due_ms(&self) -> Option<i64> {
-        self.slots
-            .iter()
-            .flatten()
-            .filter_map(|p| p.hold.filter(|h| !h.resumed).map(|h| h.due_ms))
-            .min()
     }
 
     /// Forgets every partition without committing: after a shutdown, so the

@@ -228,6 +228,9 @@ pub(super) struct Part<R> {
     pub(super) lanes: FxHashMap<LaneKey, Lane<R>>,
     pub(super) paused_bound: bool,
     pub(super) hold: Option<Hold>,
+    /// The record the hold waits for, kept until its due time: given back
+    /// then, not fetched again (see [`crate::worker::scheduler::hold`]).
+    pub(super) held: Option<Incoming<R>>,
     pub(super) revoked: bool,
     /// The highest offset handed to a runner in this assignment.
     pub(super) max_dispatched: Option<i64>,

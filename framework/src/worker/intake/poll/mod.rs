@@ -15,8 +15,8 @@
 //! cheap job's slot is thus refilled without a hop between threads; only
 //! the consumer actions a completion causes (resuming a partition that was
 //! paused at its in-flight bound) are this thread's, which the hub wakes
-//! for them (where it waits in librdkafka, on a worker that reads no
-//! partition through its own queue, they wait at most [`BUSY_WAIT`]).
+//! for them: the poll thread waits parked, never blocked in librdkafka,
+//! so every queue's non-empty callback and the hub end its wait.
 //!
 //! Commits (always the scheduler's watermark, "next offset to read"):
 //! * every `commit_interval`, asynchronously, for partitions whose watermark
@@ -67,10 +67,10 @@ const MAX_BATCH: usize = 1024;
 /// microseconds, which a waiter spins out ([`Hub::lock`](crate::worker::dispatch::hub::Hub::lock)).
 const RECORD_CHUNK: usize = 64;
 
-/// The longest a busy poll thread blocks in the consumer: short, so the
-/// consumer actions completions caused are carried out promptly where the
-/// hub's wake-up cannot end the wait (a blocking librdkafka poll). New
-/// records end the wait at once.
+/// The longest a busy poll thread waits parked: every queue's non-empty
+/// callback and the hub's wake-up end the wait at once, so this only
+/// bounds what no wake-up announces (a fair route's read-back falling
+/// due, the commit interval).
 const BUSY_WAIT: Duration = Duration::from_millis(2);
 
 /// The poll loop. Returns once stopping is set, or a fatal consumer error
@@ -88,6 +88,15 @@ pub(crate) fn poll_loop(
     let mut intake = crate::worker::intake::Intake::new(&ctx.routes, consumer, ctx.wake.clone());
     ctx.split_reading
         .store(intake.is_some(), AtomicOrdering::Release);
+    // Without split queues, the poll thread waits for the main queue
+    // parked too, not blocked in librdkafka: the hub's wake-up (a resume a
+    // completion left) then ends the wait as the queue's own does. This
+    // handle tells a main queue left non-empty (a poll ends at an event)
+    // from an empty one.
+    let main = match intake {
+        Some(_) => None,
+        None => crate::worker::intake::MainQueue::of(consumer),
+    };
     let mut throttle_seen = 0;
     let mut last_gauges = Instant::now();
     let mut fatal = None;
@@ -105,18 +114,18 @@ pub(crate) fn poll_loop(
     let mut spare = crate::worker::intake::recycle::Spare::default();
     while !ctx.is_stopping() && fatal.is_none() {
         ctx.hub.returned.take(&mut returned);
-        for r in returned.drain(..) {
-            spare.keep(r);
-        }
+        returned.drain(..).for_each(|r| spare.keep(r));
         let mut out = Vec::new();
-        let (busy, held) = {
+        let now = now_ms();
+        let (busy, held, next_due) = {
             let mut core = ctx.lock();
             core.take_deferred(&mut out);
-            core.sched.tick(now_ms(), &mut out);
+            core.sched.tick(now, &mut out);
             core.sched.dispatch(&mut out);
             (
                 core.sched.running() > 0 || core.sched.ready_len() > 0,
                 core.hold_read_ahead(),
+                core.sched.next_due_ms(),
             )
         };
         ctx.execute(consumer, out, CommitMode::Async, false);
@@ -125,13 +134,7 @@ pub(crate) fn poll_loop(
             ctx.refresh_oldest_pending();
             last_gauges = Instant::now();
         }
-        // While jobs run, completions may leave consumer actions behind
-        // (a resume): block only briefly, so they are carried out promptly.
-        let mut timeout = if busy {
-            BUSY_WAIT
-        } else {
-            ctx.settings.poll_timeout
-        };
+        let mut timeout = wait_budget(ctx, busy, next_due, now);
         // Split partitions first: their records join the batch ahead of
         // whatever the main queue holds.
         let mut failed = None;
@@ -170,7 +173,7 @@ pub(crate) fn poll_loop(
         // rebalance and commit callbacks.
         let from_main = poll_main(
             consumer,
-            timeout,
+            Duration::ZERO,
             &mut batch,
             &mut topics,
             &mut spare,
@@ -180,6 +183,12 @@ pub(crate) fn poll_loop(
             intake.main_drained(from_main);
         }
         if batch.is_empty() {
+            // Only without split queues is `timeout` still to wait; the
+            // main queue's non-empty callback and the hub unpark it.
+            if !timeout.is_zero() && fatal.is_none() && main.as_ref().is_some_and(|m| m.len() == 0)
+            {
+                std::thread::park_timeout(timeout);
+            }
             continue;
         }
         incoming.extend(batch.drain(..).map(|m| ctx.incoming(m)));
@@ -187,6 +196,25 @@ pub(crate) fn poll_loop(
     }
     shutdown(ctx, consumer, abandon);
     fatal.map_or(Ok(()), Err)
+}
+
+/// How long this turn may wait for records. While jobs run, completions
+/// may leave consumer actions behind (a resume): only briefly, so they are
+/// carried out promptly even where no wake-up reaches this thread. A hold
+/// due sooner ends the wait at its due time: its record is ready then, not
+/// on the next turn.
+fn wait_budget(ctx: &WorkerContext, busy: bool, next_due: Option<i64>, now: i64) -> Duration {
+    let timeout = if busy {
+        BUSY_WAIT
+    } else {
+        ctx.settings.poll_timeout
+    };
+    match next_due {
+        Some(due) => timeout.min(Duration::from_millis(
+            u64::try_from(due.saturating_sub(now)).unwrap_or(0),
+        )),
+        None => timeout,
+    }
 }
 
 /// Polls the main queue into `batch` (up to [`MAX_BATCH`]), waiting up to
