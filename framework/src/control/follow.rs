@@ -1,6 +1,6 @@
 //! The worker's side of the control topic: read to its end before the
 //! first fetch, then followed on a thread of its own; what is in force is
-//! kept in [`Holds`], which the poll thread and the pipeline read.
+//! kept in [`InForce`], which the poll thread and the pipeline read.
 
 use super::control_topic;
 use super::read_control;
@@ -27,11 +27,14 @@ use std::time::Duration;
 use tracing::info;
 use tracing::warn;
 
-/// The paused main topics as the worker last read them, shared by the
-/// tail thread (writer) and the poll thread (reader, which compares
-/// `version` to see a change without taking the lock).
+/// What the control topic puts in force, as the worker last read it: the
+/// main topics operators paused and the waiting jobs they cancelled.
+/// Shared by the tail thread (writer) and the poll thread and pipeline
+/// (readers; the poll thread compares `version` to see a change without
+/// taking the lock). Not a "hold": that word is the scheduler's, for a
+/// record kept until its due time.
 #[derive(Debug, Default)]
-pub(crate) struct Holds {
+pub(crate) struct InForce {
     paused: RwLock<HashSet<String>>,
     version: AtomicU64,
     /// Cancelled waiting jobs: `(main topic, job id)` to their due times.
@@ -40,10 +43,10 @@ pub(crate) struct Holds {
     any_cancel: AtomicBool,
 }
 
-impl Holds {
-    /// Whether `topic`'s partitions are held paused.
+impl InForce {
+    /// Whether an operator paused `topic` (its partitions stay paused).
     #[inline]
-    pub(crate) fn held(&self, topic: &str) -> bool {
+    pub(crate) fn is_paused(&self, topic: &str) -> bool {
         self.paused
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -104,7 +107,7 @@ impl Holds {
 /// worker's run ends, however it ends).
 #[derive(Debug)]
 pub(crate) struct Following {
-    pub(crate) holds: Arc<Holds>,
+    pub(crate) in_force: Arc<InForce>,
     stop: Arc<AtomicBool>,
 }
 
@@ -123,11 +126,15 @@ const TAIL_POLL: Duration = Duration::from_millis(300);
 /// is not readable by this principal, say) is logged and the worker starts
 /// with nothing held: a worker that cannot start is worse than a pause
 /// applied late, and the tail keeps trying.
-pub(crate) fn follow(config: &KafkaConfig, group: &str, holds: Arc<Holds>) -> Result<Following> {
+pub(crate) fn follow(
+    config: &KafkaConfig,
+    group: &str,
+    in_force: Arc<InForce>,
+) -> Result<Following> {
     match read_control(config, group) {
         Ok(first) => {
-            holds.set(first.paused());
-            holds.set_cancels(first.cancels.values(), crate::clock::now_ms());
+            in_force.set(first.paused());
+            in_force.set_cancels(first.cancels.values(), crate::clock::now_ms());
         }
         Err(e) => {
             warn!(topic = %control_topic(group), error = %e, "could not read the group's controls; starting with no route paused")
@@ -135,10 +142,10 @@ pub(crate) fn follow(config: &KafkaConfig, group: &str, holds: Arc<Holds>) -> Re
     }
     let stop = Arc::new(AtomicBool::new(false));
     let following = Following {
-        holds: holds.clone(),
+        in_force: in_force.clone(),
         stop: stop.clone(),
     };
-    let (config, group, h) = (config.clone(), group.to_string(), holds);
+    let (config, group, h) = (config.clone(), group.to_string(), in_force);
     std::thread::Builder::new()
         .name("kjob-control".into())
         .spawn(move || tail(&config, &group, &h, &stop))
@@ -151,7 +158,7 @@ pub(crate) fn follow(config: &KafkaConfig, group: &str, holds: Arc<Holds>) -> Re
 /// Follows the control topic from its start (it is compacted: small),
 /// waiting for it to exist. Errors are logged and retried: the last
 /// state read stays in force meanwhile.
-fn tail(config: &KafkaConfig, group: &str, holds: &Holds, stop: &AtomicBool) {
+fn tail(config: &KafkaConfig, group: &str, in_force: &InForce, stop: &AtomicBool) {
     let topic = control_topic(group);
     let mut warned = false;
     while !stop.load(Ordering::Acquire) {
@@ -197,9 +204,9 @@ fn tail(config: &KafkaConfig, group: &str, holds: &Holds, stop: &AtomicBool) {
                         state.apply(&topic, &key, m.payload());
                         state.audit.clear();
                         state.beats.clear();
-                        holds.set(state.paused());
+                        in_force.set(state.paused());
                         if cancel {
-                            holds.set_cancels(state.cancels.values(), crate::clock::now_ms());
+                            in_force.set_cancels(state.cancels.values(), crate::clock::now_ms());
                         }
                     }
                 }

@@ -31,7 +31,7 @@ mod follow;
 
 pub(crate) use beat::{beat, BeatSource, Durations};
 pub use beat::{worker_key, DurationBuckets, TenantLoad, WorkerBeat, BEAT_EVERY};
-pub(crate) use follow::{follow, Holds};
+pub(crate) use follow::{follow, InForce};
 
 use std::collections::{HashMap, HashSet};
 
@@ -349,7 +349,7 @@ mod tests {
         let mut s = ControlState::default();
         let key = cancel_key("orders", "orders.delay.1h", 0, 7);
         s.apply("t", &key, Some(&serde_json::to_vec(&c).unwrap_or_default()));
-        let h = Holds::default();
+        let h = InForce::default();
         assert!(
             !h.cancelled("orders", "j1", 1_000),
             "nothing before it is read"
@@ -370,10 +370,10 @@ mod tests {
 
     #[test]
     fn holds_bump_their_version_only_on_a_change() {
-        let h = Holds::default();
+        let h = InForce::default();
         let v0 = h.version();
         h.set(HashSet::from(["a".to_string()]));
-        assert!(h.held("a") && !h.held("b"));
+        assert!(h.is_paused("a") && !h.is_paused("b"));
         let v1 = h.version();
         assert_ne!(v0, v1);
         h.set(HashSet::from(["a".to_string()]));

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::worker::intake::polled::Polled;
-use crate::worker::intake::read_ahead::{Held, ReadAhead};
+use crate::worker::intake::read_ahead::{Full, ReadAhead};
 use crate::worker::scheduler::{Action, Job, Scheduler, Ticket, Tp};
 
 /// Completions, batched by the dispatcher that ran them.
@@ -253,9 +253,9 @@ impl Throttled {
 impl Core {
     /// The poll thread, before it reads: the levels with enough jobs
     /// waiting for a slot to be left unread this turn
-    /// ([`ReadAhead::hold`]).
-    pub(in crate::worker) fn hold_read_ahead(&mut self) -> Held {
-        self.read_ahead.hold(&self.sched)
+    /// ([`ReadAhead::full`]).
+    pub(in crate::worker) fn read_ahead_full(&mut self) -> Full {
+        self.read_ahead.full(&self.sched)
     }
 
     /// After a completion or a park: whether a held level is now short of
@@ -513,7 +513,7 @@ mod tests {
     }
 
     #[test]
-    fn a_completion_that_leaves_a_held_level_short_of_jobs_wakes_the_poll_thread() {
+    fn a_completion_that_leaves_a_full_level_short_of_jobs_wakes_the_poll_thread() {
         let wake = Arc::new(Wake::default());
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         let limits = Limits {
@@ -528,7 +528,7 @@ mod tests {
             let mut core = hub.lock();
             core.read_ahead = ReadAhead::new(4);
             assign_and_record(&mut core, &tp, 5, &mut out);
-            core.hold_read_ahead()
+            core.read_ahead_full()
         };
         assert_eq!(
             held,

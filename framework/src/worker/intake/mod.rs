@@ -69,7 +69,7 @@ use tracing::{debug, warn};
 
 use crate::worker::intake::poll::context::WorkerContext;
 use crate::worker::intake::polled::Polled;
-use crate::worker::intake::read_ahead::Held;
+use crate::worker::intake::read_ahead::Full;
 use crate::worker::intake::split_queue::{Fetched, SplitQueue};
 use crate::worker::scheduler::priority::Priority;
 use crate::worker::scheduler::Tp;
@@ -105,7 +105,7 @@ pub(crate) struct Intake {
     turn: usize,
     /// Levels left unread this turn: enough of their jobs wait for a slot
     /// ([`crate::worker::intake::read_ahead`]).
-    held: Held,
+    full: Full,
 }
 
 struct Split {
@@ -150,7 +150,7 @@ impl Intake {
             stopped: FxHashSet::default(),
             wake,
             turn: 0,
-            held: [false; Priority::LEVELS],
+            full: [false; Priority::LEVELS],
         })
     }
 
@@ -170,8 +170,8 @@ impl Intake {
 
     /// The levels to leave unread until the next call: enough of their
     /// jobs wait for a slot ([`crate::worker::intake::read_ahead`]).
-    pub(crate) fn hold(&mut self, held: Held) {
-        self.held = held;
+    pub(crate) fn leave_unread(&mut self, full: Full) {
+        self.full = full;
     }
 
     /// After an assignment changed (`generation` differs from the last
@@ -263,7 +263,7 @@ impl Intake {
                     .iter()
                     .take_while(|s| s.level == level)
                     .count();
-            if self.level_held(level) {
+            if self.level_full(level) {
                 start = end;
                 continue;
             }
@@ -301,14 +301,14 @@ impl Intake {
 
     /// Whether the poll thread left `level` unread this turn, its jobs
     /// waiting for a slot at the read-ahead limit.
-    fn level_held(&self, level: usize) -> bool {
-        self.held.get(level).copied().unwrap_or(false)
+    fn level_full(&self, level: usize) -> bool {
+        self.full.get(level).copied().unwrap_or(false)
     }
 
     /// Whether `split` is read this turn: past its gate, under its bound,
-    /// its level not held.
+    /// its level not full.
     fn open(&self, split: &Split) -> bool {
-        !split.gated && !split.stopped && !self.level_held(split.level)
+        !split.gated && !split.stopped && !self.level_full(split.level)
     }
 
     /// Called after the poll thread took `taken` records from the main

@@ -12,19 +12,19 @@
 //! main-topic partition is read only while fewer than a limit of its
 //! priority level's jobs wait for a slot ([`ReadAhead::limit_for`]); jobs
 //! queued behind a running job of their key do not count, so a hot key
-//! still reads up to the bound. A held level is read again when a
+//! still reads up to the bound. A full level is read again when a
 //! completion leaves it under half the limit: the dispatcher that sees it
 //! wakes the poll thread ([`crate::worker::dispatch::hub::Hub::finished`]).
 //!
-//! Levels are held apart, so jobs waiting at one level never keep an
+//! Levels are counted apart, so jobs waiting at one level never keep an
 //! urgent record of another unread. Fair routes and retry tiers, read
-//! through the consumer's main queue, are not held here.
+//! through the consumer's main queue, are not limited here.
 
 use crate::worker::scheduler::priority::Priority;
 use crate::worker::scheduler::{Located, Scheduler};
 
 /// Which priority levels the poll thread leaves unread for now.
-pub(crate) type Held = [bool; Priority::LEVELS];
+pub(crate) type Full = [bool; Priority::LEVELS];
 
 /// See the module docs.
 #[derive(Debug)]
@@ -32,7 +32,7 @@ pub(crate) struct ReadAhead {
     /// Jobs of one level waiting for a slot at which its split partitions
     /// are left unread.
     limit: usize,
-    held: Held,
+    full: Full,
 }
 
 impl ReadAhead {
@@ -45,27 +45,27 @@ impl ReadAhead {
     pub(crate) fn new(limit: usize) -> Self {
         Self {
             limit: limit.max(1),
-            held: [false; Priority::LEVELS],
+            full: [false; Priority::LEVELS],
         }
     }
 
     /// The poll thread, under the hub's lock, before it reads: the levels
-    /// with `limit` or more jobs waiting for a slot are held.
-    pub(crate) fn hold<R: Located>(&mut self, sched: &Scheduler<R>) -> Held {
-        for (level, held) in self.held.iter_mut().enumerate() {
-            *held = sched.ready_len_at(level) >= self.limit;
+    /// with `limit` or more jobs waiting for a slot are full (left unread).
+    pub(crate) fn full<R: Located>(&mut self, sched: &Scheduler<R>) -> Full {
+        for (level, full) in self.full.iter_mut().enumerate() {
+            *full = sched.ready_len_at(level) >= self.limit;
         }
-        self.held
+        self.full
     }
 
-    /// After completions, under the hub's lock: whether a held level fell
-    /// under half the limit (it is then no longer held, and the poll thread
+    /// After completions, under the hub's lock: whether a full level fell
+    /// under half the limit (it is then no longer full, and the poll thread
     /// has to be woken to read it).
     pub(crate) fn release<R: Located>(&mut self, sched: &Scheduler<R>) -> bool {
         let mut released = false;
-        for (level, held) in self.held.iter_mut().enumerate() {
-            if *held && sched.ready_len_at(level) < self.limit / 2 {
-                *held = false;
+        for (level, full) in self.full.iter_mut().enumerate() {
+            if *full && sched.ready_len_at(level) < self.limit / 2 {
+                *full = false;
                 released = true;
             }
         }
@@ -123,14 +123,14 @@ mod tests {
     }
 
     #[test]
-    fn a_level_is_held_at_the_limit_and_read_again_under_half() {
+    fn a_level_is_full_at_the_limit_and_read_again_under_half() {
         let mut s = sched(1);
         let mut ra = ReadAhead::new(4);
         for o in 0..4 {
             record(&mut s, o, o as u64);
         }
         assert_eq!(
-            ra.hold(&s),
+            ra.full(&s),
             [false, true, false],
             "4 jobs wait at the normal level"
         );
@@ -148,7 +148,7 @@ mod tests {
         dispatch(&mut s);
         assert!(ra.release(&s), "released once 1 job waits");
         assert!(!ra.release(&s), "released once");
-        assert_eq!(ra.hold(&s), [false; 3]);
+        assert_eq!(ra.full(&s), [false; 3]);
     }
 
     #[test]
@@ -159,7 +159,7 @@ mod tests {
             record(&mut s, o, 7);
         }
         assert_eq!(
-            ra.hold(&s),
+            ra.full(&s),
             [false; 3],
             "one key: one job ready, nine in its lane"
         );

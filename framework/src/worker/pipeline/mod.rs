@@ -126,7 +126,7 @@ pub(crate) struct Pipeline {
     pub(crate) batches: Option<Arc<crate::batch::recorder::Recorder>>,
     /// What operators put in force on the group's control topic: here,
     /// the waiting jobs they cancelled ([`crate::control::JobCancel`]).
-    pub(crate) holds: Option<Arc<crate::control::Holds>>,
+    pub(crate) in_force: Option<Arc<crate::control::InForce>>,
     /// The debounced routes and the newest job of each key fetched on them
     /// ([`crate::worker::before::debounce`]).
     pub(crate) debounce: Option<Arc<crate::worker::before::debounce::Debounce>>,
@@ -208,7 +208,7 @@ impl Pipeline {
             park: true,
             server: Vec::new(),
             batches: None,
-            holds: None,
+            in_force: None,
             debounce: None,
         }
     }

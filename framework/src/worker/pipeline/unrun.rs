@@ -24,14 +24,14 @@ impl Pipeline {
     /// Whether the record with `headers` of `entry` (a tier or delay topic)
     /// is a waiting job an operator cancelled.
     pub(super) fn is_cancelled(&self, entry: &RouteEntry, headers: &JobHeaders) -> bool {
-        let (Some(holds), Some(id), Some(due)) = (
-            &self.holds,
+        let (Some(in_force), Some(id), Some(due)) = (
+            &self.in_force,
             headers.id.as_deref(),
             headers.run_at_ms.or(headers.due_at_ms),
         ) else {
             return false;
         };
-        holds.cancelled(&entry.main, id, due)
+        in_force.cancelled(&entry.main, id, due)
     }
 
     /// A debounced job: superseded at once if a newer job of its key was

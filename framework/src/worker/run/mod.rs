@@ -33,7 +33,7 @@ use crate::worker::{
 struct Polling {
     hub: Arc<hub::Hub>,
     wake: Arc<crate::worker::wake::Wake>,
-    holds: Arc<crate::control::Holds>,
+    in_force: Arc<crate::control::InForce>,
     debounce: Option<Arc<crate::worker::before::debounce::Debounce>>,
     batches: Option<Arc<crate::batch::recorder::Recorder>>,
 }
@@ -85,7 +85,7 @@ impl Worker {
         let cancel = CancellationToken::new();
         let background = CancellationToken::new();
         let _stop_background = background.clone().drop_guard();
-        let (pipeline, holds, debounce) = self.start_pipeline(&cancel, &background)?;
+        let (pipeline, in_force, debounce) = self.start_pipeline(&cancel, &background)?;
         self.start_background(&background).await?;
         let (hub, wake, aborts) = self.start_dispatch(&pipeline);
         self.start_beat(&hub, &background)?;
@@ -93,7 +93,7 @@ impl Worker {
         // followed until this run ends (`following` is dropped with it).
         let following = {
             let (config, group) = (self.config.clone(), self.settings.group.clone());
-            tokio::task::spawn_blocking(move || crate::control::follow(&config, &group, holds))
+            tokio::task::spawn_blocking(move || crate::control::follow(&config, &group, in_force))
                 .await
                 .map_err(|e| Error::Task {
                     what: "reading the group's controls",
@@ -103,7 +103,7 @@ impl Worker {
         let parts = Polling {
             hub,
             wake,
-            holds: following.holds.clone(),
+            in_force: following.in_force.clone(),
             debounce,
             batches: pipeline.batches.clone(),
         };
@@ -112,7 +112,7 @@ impl Worker {
     }
 
     /// The pipeline every attempt runs (steps 6 to 9), with what it shares:
-    /// strict order's chains, the operators' holds, the debounce windows
+    /// strict order's chains, the operators' pauses, the debounce windows
     /// and, for batches, the recorder (and the coordinator, started here).
     #[allow(clippy::type_complexity)]
     fn start_pipeline(
@@ -121,7 +121,7 @@ impl Worker {
         background: &CancellationToken,
     ) -> Result<(
         Arc<Pipeline>,
-        Arc<crate::control::Holds>,
+        Arc<crate::control::InForce>,
         Option<Arc<crate::worker::before::debounce::Debounce>>,
     )> {
         let producer =
@@ -154,8 +154,8 @@ impl Worker {
         );
         pipeline.park = self.park;
         // Filled by the control tail started below, before the first fetch.
-        let holds = Arc::new(crate::control::Holds::default());
-        pipeline.holds = Some(holds.clone());
+        let in_force = Arc::new(crate::control::InForce::default());
+        pipeline.in_force = Some(in_force.clone());
         let debounce =
             crate::worker::before::debounce::Debounce::new(self.debounce.clone()).map(Arc::new);
         pipeline.debounce = debounce.clone();
@@ -177,7 +177,7 @@ impl Worker {
                 background.clone(),
             ));
         }
-        Ok((Arc::new(pipeline), holds, debounce))
+        Ok((Arc::new(pipeline), in_force, debounce))
     }
 
     /// The tasks beside the pipeline: the outbox relay, the schedules and
@@ -337,7 +337,7 @@ impl Worker {
         let Polling {
             hub,
             wake,
-            holds,
+            in_force,
             debounce,
             batches,
         } = parts;
@@ -356,7 +356,7 @@ impl Worker {
             last_error: std::sync::Mutex::new(None),
             watchdog: self.watchdog.clone(),
             batches,
-            holds: Some(holds),
+            in_force: Some(in_force),
             debounce,
             held: std::sync::Mutex::new(Default::default()),
             commit_tag: poll::commit_tag(),

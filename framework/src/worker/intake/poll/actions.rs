@@ -1,6 +1,6 @@
 //! The scheduler's actions carried out on the consumer: pause, resume,
 //! seek and commit (the commit itself in `commit.rs`), noted one by one in the order of the hub's lock, and
-//! the holds (operators' pauses, due-time holds) re-applied after each
+//! the operators' pauses and the scheduler's due-time holds re-applied after each
 //! assignment.
 
 use crate::worker::intake::poll::rebalance::tpl_of;
@@ -63,7 +63,9 @@ impl WorkerContext {
                         self.note_paused(tp, after_assign);
                     }
                 }
-                Action::Resume(tp) if self.holds.as_ref().is_some_and(|h| h.held(&tp.0)) => {
+                Action::Resume(tp)
+                    if self.in_force.as_ref().is_some_and(|h| h.is_paused(&tp.0)) =>
+                {
                     self.unthrottle(&tp);
                     // Paused for the whole group: the scheduler's own view
                     // is "not paused", the consumer's stays paused.
@@ -151,9 +153,11 @@ impl WorkerContext {
     /// and resumes the ones no longer paused, unless the scheduler holds
     /// them itself. One atomic load when nothing changed (unless `force`:
     /// after an assignment).
-    pub(super) fn apply_holds(&self, consumer: &BaseConsumer<Self>, force: bool) {
-        let Some(holds) = &self.holds else { return };
-        let version = holds.version();
+    pub(super) fn apply_pauses(&self, consumer: &BaseConsumer<Self>, force: bool) {
+        let Some(in_force) = &self.in_force else {
+            return;
+        };
+        let version = in_force.version();
         let mut applied = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         if !force && applied.0 == version {
             return;
@@ -162,7 +166,7 @@ impl WorkerContext {
         let assigned = self.stats.assignment();
         let want: std::collections::HashSet<Tp> = assigned
             .iter()
-            .filter(|(t, _)| holds.held(t))
+            .filter(|(t, _)| in_force.is_paused(t))
             .cloned()
             .collect();
         for tp in want.iter().filter(|tp| force || !applied.1.contains(*tp)) {

@@ -48,7 +48,7 @@ pub(crate) struct WorkerContext {
     pub batches: Option<Arc<crate::batch::recorder::Recorder>>,
     /// Routes paused for the whole group ([`crate::control`]), followed by
     /// their own thread; `None` when the worker does not follow them.
-    pub holds: Option<Arc<crate::control::Holds>>,
+    pub in_force: Option<Arc<crate::control::InForce>>,
     /// Where each debounced route's newest job per key is noted
     /// ([`crate::worker::before::debounce`]).
     pub debounce: Option<Arc<crate::worker::before::debounce::Debounce>>,

@@ -59,7 +59,7 @@ use context::consumer_error;
 /// the lock and the wake-ups, small enough to keep completions flowing.
 const MAX_BATCH: usize = 1024;
 
-/// Records the poll thread gives the scheduler per hold of the hub's lock.
+/// Records the poll thread gives the scheduler each time it takes the hub's lock.
 /// A whole batch (up to [`MAX_BATCH`]) held it about a quarter of a
 /// millisecond, while the dispatcher, its jobs done, waited to report them
 /// and take the next: a fifth of its time, asleep on the lock, in a no-op
@@ -117,19 +117,19 @@ pub(crate) fn poll_loop(
         returned.drain(..).for_each(|r| spare.keep(r));
         let mut out = Vec::new();
         let now = now_ms();
-        let (busy, held, next_due) = {
+        let (busy, full, next_due) = {
             let mut core = ctx.lock();
             core.take_deferred(&mut out);
             core.sched.tick(now, &mut out);
             core.sched.dispatch(&mut out);
             (
                 core.sched.running() > 0 || core.sched.ready_len() > 0,
-                core.hold_read_ahead(),
+                core.read_ahead_full(),
                 core.sched.next_due_ms(),
             )
         };
         ctx.execute(consumer, out, CommitMode::Async, false);
-        ctx.apply_holds(consumer, false);
+        ctx.apply_pauses(consumer, false);
         if last_gauges.elapsed() >= ctx.settings.commit_interval {
             ctx.refresh_oldest_pending();
             last_gauges = Instant::now();
@@ -152,7 +152,7 @@ pub(crate) fn poll_loop(
                 throttle_seen = version;
                 intake.stop_only(ctx.lock().throttled.set());
             }
-            intake.hold(held);
+            intake.leave_unread(full);
             failed = intake.read(&mut batch, MAX_BATCH, |m, topic| {
                 Polled::copy_fetched(m, topic.clone(), spare.take())
             });

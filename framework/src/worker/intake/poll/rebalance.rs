@@ -41,7 +41,7 @@ impl ConsumerContext for WorkerContext {
             self.assignments.fetch_add(1, AtomicOrdering::AcqRel);
             let actions = std::mem::take(&mut self.lock().post_assign);
             self.execute(consumer, actions, CommitMode::Sync, true);
-            self.apply_holds(consumer, true);
+            self.apply_pauses(consumer, true);
             self.check_returning(consumer);
         }
     }
