@@ -189,6 +189,97 @@ mod tests {
     }
 
     #[test]
+    fn only_a_released_attempt_leaves_its_offset_unfinished() {
+        assert!(!Outcome::Released.is_final());
+        assert!(Outcome::Handled.is_final() && Outcome::DeadLettered.is_final());
+    }
+
+    #[test]
+    fn a_retry_after_past_its_tier_hops_on_until_then_and_one_within_it_does_not() {
+        let p = RetryPolicy::tiers([Duration::from_secs(5)]).jitter(0.0);
+        let retry = |retry_after| {
+            let failed = Attempt::Failed {
+                class: ErrorClass::RetryableServer,
+                message: "busy".into(),
+                retry_after,
+                backtrace: None,
+            };
+            match next_step(
+                &failed,
+                &record(),
+                "orders",
+                "orders",
+                "g",
+                &p,
+                1,
+                0.0,
+                1_000,
+            ) {
+                Decision::Retry { headers, .. } => headers,
+                other => panic!("{other:?}"),
+            }
+        };
+        let long = retry(Some(Duration::from_secs(60)));
+        assert_eq!(long.due_at_ms, Some(6_000), "released by its tier");
+        assert_eq!(long.run_at_ms, Some(61_000), "run no earlier than asked");
+        assert_eq!(retry(None).run_at_ms, None, "due when its tier releases it");
+    }
+
+    #[test]
+    fn a_retry_drops_an_earlier_backtrace_and_a_dead_letter_carries_its_own() {
+        use rdkafka::message::{Header, OwnedHeaders};
+        let headers = OwnedHeaders::new().insert(Header {
+            key: BACKTRACE,
+            value: Some("an earlier failure"),
+        });
+        let source = record().replace_headers(Some(headers));
+        let backtraces = |h: &JobHeaders| -> Vec<Vec<u8>> {
+            h.extra
+                .iter()
+                .filter(|(k, _)| k == BACKTRACE)
+                .map(|(_, v)| v.clone())
+                .collect()
+        };
+        let failed = |backtrace: Option<&str>| Attempt::Failed {
+            class: ErrorClass::RetryableServer,
+            message: "boom".into(),
+            retry_after: None,
+            backtrace: backtrace.map(Into::into),
+        };
+        let p = RetryPolicy::tiers([Duration::from_secs(5)]).jitter(0.0);
+        match next_step(
+            &failed(Some("now")),
+            &source,
+            "orders",
+            "orders",
+            "g",
+            &p,
+            1,
+            0.0,
+            0,
+        ) {
+            Decision::Retry { headers, .. } => assert!(backtraces(&headers).is_empty()),
+            other => panic!("{other:?}"),
+        }
+        match next_step(
+            &failed(Some("now")),
+            &source,
+            "orders",
+            "orders",
+            "g",
+            &p,
+            9,
+            0.0,
+            0,
+        ) {
+            Decision::DeadLetter { headers, .. } => {
+                assert_eq!(backtraces(&headers), [b"now".to_vec()])
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn retryable_goes_to_the_tier_of_its_attempt() {
         let p = RetryPolicy::tiers([Duration::from_secs(5), Duration::from_secs(30)]).jitter(0.0);
         let next = next_step(

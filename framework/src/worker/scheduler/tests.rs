@@ -423,6 +423,56 @@ fn the_in_flight_bound_pauses_and_resumes_at_three_quarters() {
 }
 
 #[test]
+fn the_next_due_time_is_the_earliest_hold_not_yet_ended() {
+    let mut s: Scheduler<Topical> = Scheduler::new(limits(8, 100));
+    let mut out = Vec::new();
+    s.assign(&[("a".to_string(), 0), ("b".to_string(), 0)], &mut out);
+    assert_eq!(s.next_due_ms(), None, "nothing held");
+    for (topic, due) in [("a", 2_000), ("b", 1_000)] {
+        let mut r = on(topic, 5);
+        r.due_ms = Some(due);
+        s.record(r, 0, &mut out);
+    }
+    assert_eq!(s.next_due_ms(), Some(1_000));
+    s.tick(1_000, &mut out);
+    assert_eq!(
+        s.next_due_ms(),
+        Some(2_000),
+        "the ended hold no longer counts"
+    );
+    s.tick(2_000, &mut out);
+    assert_eq!(s.next_due_ms(), None);
+}
+
+#[test]
+fn a_hold_that_ends_on_a_revoked_or_stopping_partition_resumes_nothing() {
+    for stop in [false, true] {
+        let mut s = Scheduler::new(limits(8, 100));
+        let mut out = Vec::new();
+        s.assign(&[tp(0)], &mut out);
+        let mut r = rec(5, 1);
+        r.due_ms = Some(1_000);
+        s.record(r, 0, &mut out);
+        match stop {
+            true => s.stop(false, &mut out),
+            false => s.revoke(&[tp(0)]),
+        }
+        out.clear();
+        s.tick(1_000, &mut out);
+        s.dispatch(&mut out);
+        assert!(
+            !out.iter()
+                .any(|a| matches!(a, Action::Resume(_) | Action::Seek(..))),
+            "stop {stop}: {out:?}"
+        );
+        assert!(
+            runs(&out).is_empty(),
+            "stop {stop}: the kept record does not run"
+        );
+    }
+}
+
+#[test]
 fn a_record_not_due_holds_its_partition_until_due() {
     let mut s = Scheduler::new(limits(8, 100));
     let mut out = Vec::new();
