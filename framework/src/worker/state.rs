@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::retry::RetryPolicy;
-use crate::worker::handler::route::Route;
+use crate::worker::handler::route::RouteHandler;
 
 pub(crate) use crate::worker::scheduler::Tp;
 
@@ -142,7 +142,7 @@ impl TopicRole {
 /// What the worker knows about one subscribed topic.
 #[derive(Clone)]
 pub(crate) struct RouteEntry {
-    pub route: Arc<dyn Route>,
+    pub handler: Arc<dyn RouteHandler>,
     /// The main topic (itself for a main topic; the origin for a tier).
     pub main: String,
     /// What this topic is to its route.

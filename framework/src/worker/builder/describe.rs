@@ -230,7 +230,7 @@ impl Worker {
             .map(|(topic, e)| SubjectSpec {
                 subject: crate::codec::subject_for_topic(topic),
                 topic: topic.clone(),
-                job: e.route.job_name().to_string(),
+                job: e.handler.job_name().to_string(),
             })
             .collect();
         subjects.sort_by(|a, b| a.subject.cmp(&b.subject));

@@ -43,7 +43,7 @@ use crate::telemetry::metrics::{Metrics, MetricsExporter};
 use crate::membership::{self, GroupProtocol};
 #[cfg(doc)]
 use crate::producer::Producer;
-use crate::worker::handler::route::{Route, RouteShared, TypedRoute};
+use crate::worker::handler::route::{HandlerShared, RouteHandler, TypedHandler};
 use crate::worker::handler::{Handler, StateMap};
 use crate::worker::scheduler::Limits;
 use crate::worker::state::{OrderingMode, RouteEntry, Settings};
@@ -59,8 +59,8 @@ type RouteFactory = Box<
             Option<Duration>,
             Arc<StateMap>,
             &[LayerFn],
-            RouteShared,
-        ) -> Result<Arc<dyn Route>>
+            HandlerShared,
+        ) -> Result<Arc<dyn RouteHandler>>
         + Send
         + Sync,
 >;
@@ -132,7 +132,7 @@ impl WorkerBuilder {
             topic: topic.to_string(),
             make: Box::new(move |schemas, timeout, states, layers, shared| {
                 let reader = ReaderSchema::new(parse_contract::<J>()?);
-                Ok(Arc::new(TypedRoute::<J, _, M>::new(
+                Ok(Arc::new(TypedHandler::<J, _, M>::new(
                     handler.clone(),
                     reader,
                     schemas,
@@ -140,7 +140,7 @@ impl WorkerBuilder {
                     states,
                     layers,
                     shared,
-                )) as Arc<dyn Route>)
+                )) as Arc<dyn RouteHandler>)
             }),
             needs,
         });
@@ -303,7 +303,11 @@ impl WorkerBuilder {
             }
         }
         for name in &self.batch_callbacks {
-            if !routes.entries.values().any(|e| e.route.job_name() == *name) {
+            if !routes
+                .entries
+                .values()
+                .any(|e| e.handler.job_name() == *name)
+            {
                 return Err(Error::InvalidSetting {
                     name: "batch_callback".into(),
                     value: (*name).to_string(),

@@ -36,7 +36,7 @@ impl Worker {
             if entry.role != TopicRole::Main || *topic != entry.main {
                 continue;
             }
-            let route = &entry.route;
+            let route = &entry.handler;
             let reader = route.reader().schema();
             let subject = subject_for_topic(topic);
             // The newest version: what producers write now. Only its

@@ -6,7 +6,7 @@ use crate::error::Error;
 use crate::error::Result;
 use crate::telemetry::metrics::WorkerGauges;
 use crate::worker::builder::{Registration, WorkerBuilder};
-use crate::worker::handler::route::RouteShared;
+use crate::worker::handler::route::HandlerShared;
 use crate::worker::handler::watchdog;
 use crate::worker::state::OrderingMode;
 use crate::worker::state::RouteEntry;
@@ -86,7 +86,7 @@ impl WorkerBuilder {
             self.handler_timeout,
             states.clone(),
             &layers,
-            RouteShared {
+            HandlerShared {
                 watchdog: table.watchdog.clone(),
                 gauges: table.gauges.clone(),
             },
@@ -105,7 +105,7 @@ impl WorkerBuilder {
             false => Arc::from(topic.as_str()),
         };
         let entry = RouteEntry {
-            route,
+            handler: route,
             main: topic.clone(),
             role: TopicRole::Main,
             retry,

@@ -49,8 +49,9 @@ pub(crate) enum Attempt {
     Released,
 }
 
-/// A type-erased route: decode + handle for one topic.
-pub(crate) trait Route: Send + Sync {
+/// A route's handler, type-erased: decode + handle for one topic. The
+/// route itself is the whole [`RouteEntry`](crate::worker::state::RouteEntry).
+pub(crate) trait RouteHandler: Send + Sync {
     fn job_name(&self) -> &'static str;
     /// The contract's version compiled into this binary.
     fn job_version(&self) -> u32;
@@ -82,12 +83,12 @@ const REGISTRY_WAIT_FIRST: Duration = Duration::from_millis(100);
 /// What every route of one worker shares: the watch on long handlers and
 /// the gauges its waits count.
 #[derive(Clone)]
-pub(crate) struct RouteShared {
+pub(crate) struct HandlerShared {
     pub watchdog: Arc<Watchdog>,
     pub gauges: Arc<WorkerGauges>,
 }
 
-pub(crate) struct TypedRoute<J, H, M> {
+pub(crate) struct TypedHandler<J, H, M> {
     pub handler: H,
     pub reader: ReaderSchema,
     pub schemas: Arc<dyn SchemaSource>,
@@ -103,7 +104,7 @@ pub(crate) struct TypedRoute<J, H, M> {
     pub _job: PhantomData<fn() -> (J, M)>,
 }
 
-impl<J: Job, M: 'static, H: Handler<J, M> + Clone> TypedRoute<J, H, M> {
+impl<J: Job, M: 'static, H: Handler<J, M> + Clone> TypedHandler<J, H, M> {
     /// A route whose attempts run through `layers` (outermost first).
     pub(crate) fn new(
         handler: H,
@@ -112,9 +113,9 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> TypedRoute<J, H, M> {
         timeout: Option<Duration>,
         states: Arc<StateMap>,
         layers: &[LayerFn],
-        shared: RouteShared,
+        shared: HandlerShared,
     ) -> Self {
-        let RouteShared { watchdog, gauges } = shared;
+        let HandlerShared { watchdog, gauges } = shared;
         let stack = (!layers.is_empty()).then(|| {
             let inner = AttemptService::new(HandlerService::<J, H, M> {
                 handler: handler.clone(),
@@ -138,7 +139,7 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> TypedRoute<J, H, M> {
     }
 }
 
-impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M> {
+impl<J: Job, M: 'static, H: Handler<J, M> + Clone> RouteHandler for TypedHandler<J, H, M> {
     fn job_name(&self) -> &'static str {
         J::NAME
     }
@@ -209,7 +210,7 @@ impl<J: Job, M: 'static, H: Handler<J, M> + Clone> Route for TypedRoute<J, H, M>
     }
 }
 
-impl<J: Job, M: 'static, H: Handler<J, M> + Clone> TypedRoute<J, H, M> {
+impl<J: Job, M: 'static, H: Handler<J, M> + Clone> TypedHandler<J, H, M> {
     /// Counts a decoded record whose writer carries fields the reader
     /// drops (`kjob_fields_dropped_total`, a warning per writer id), when
     /// its producer's contract is newer than this reader's: an old worker
@@ -492,7 +493,7 @@ mod tests {
         schemas: Arc<dyn SchemaSource>,
         layers: &[LayerFn],
         handled: Arc<std::sync::atomic::AtomicUsize>,
-    ) -> impl Route {
+    ) -> impl RouteHandler {
         let handler = Arc::new(move |_j: Ping, _c: JobContext| {
             let handled = handled.clone();
             async move {
@@ -501,14 +502,14 @@ mod tests {
                 Ok::<(), JobError>(())
             }
         });
-        TypedRoute::<Ping, _, _>::new(
+        TypedHandler::<Ping, _, _>::new(
             handler,
             ReaderSchema::new(crate::codec::parse_contract::<Ping>().unwrap()),
             schemas,
             None,
             Arc::new(StateMap::default()),
             layers,
-            RouteShared {
+            HandlerShared {
                 watchdog: Arc::new(Watchdog::new(Duration::from_secs(300))),
                 gauges: Arc::default(),
             },

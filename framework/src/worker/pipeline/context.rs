@@ -90,7 +90,7 @@ pub(super) fn handle_span<M: Message>(
             KeyValue::new("messaging.kafka.offset", msg.offset()),
             KeyValue::new("messaging.consumer.group.name", ctx.group.to_string()),
             KeyValue::new("messaging.message.id", ctx.id.to_string()),
-            KeyValue::new("kjob.job", entry.route.job_name()),
+            KeyValue::new("kjob.job", entry.handler.job_name()),
             KeyValue::new("kjob.version", i64::from(ctx.version.unwrap_or(0))),
             KeyValue::new("kjob.attempt", i64::from(ctx.attempt)),
         ]);

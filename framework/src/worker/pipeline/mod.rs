@@ -191,7 +191,7 @@ impl Pipeline {
             .map(|(topic, e)| {
                 let names = Names {
                     topic: Arc::from(topic.as_str()),
-                    job: Arc::from(e.route.job_name()),
+                    job: Arc::from(e.handler.job_name()),
                 };
                 (topic.clone(), names)
             })
@@ -255,7 +255,7 @@ impl Pipeline {
                 Err(ended) => return ended,
             };
             // Step 7: the handler.
-            let job = entry.route.job_name();
+            let job = entry.handler.job_name();
             let (result, duration_ms) = self
                 .handle(entry, msg, ctx, &id, &span, waiter, now_ms)
                 .await;
@@ -381,7 +381,7 @@ impl Pipeline {
         waiter: &Waiter,
         now_ms: i64,
     ) -> Result<Ready<'a>, Attempted> {
-        let job = entry.route.job_name();
+        let job = entry.handler.job_name();
         let ended = |outcome| {
             Err(Attempted::new(
                 outcome,
@@ -462,7 +462,7 @@ impl Pipeline {
             None => Arc::from(headers.job_id(msg.topic(), msg.partition(), msg.offset())),
         };
         let names = self.names.get(msg.topic());
-        let job = entry.route.job_name();
+        let job = entry.handler.job_name();
         let mut ctx = context_for(msg, headers, id, &self.group, names, job);
         match entry.role {
             // Its lateness is measured against the time it was asked for.
@@ -508,7 +508,7 @@ impl Pipeline {
         waiter: &'a Waiter,
         now_ms: i64,
     ) -> impl std::future::Future<Output = (Attempt, u64)> + 'a {
-        let (metrics, job) = (&self.fw.metrics, entry.route.job_name());
+        let (metrics, job) = (&self.fw.metrics, entry.handler.job_name());
         if let Some(due) = ctx.due_at_ms {
             metrics.lateness(msg.topic(), ((now_ms - due).max(0) as f64) / 1000.0);
         }
@@ -534,7 +534,7 @@ impl Pipeline {
         // The attempt's log span, boxed with the route's future only when a
         // subscriber takes it: the attempt's own future keeps its size.
         let log = crate::worker::handler::job_span::log_span(entry, msg, id, ctx.attempt);
-        let run = entry.route.run(msg.payload(), ctx, waiter, watched);
+        let run = entry.handler.run(msg.payload(), ctx, waiter, watched);
         let run = match log.is_disabled() {
             true => run,
             false => Box::pin(tracing::Instrument::instrument(run, log)),

@@ -161,7 +161,7 @@ impl Pipeline {
             0.0,
             now_ms,
         );
-        let job = topic_entry.route.job_name();
+        let job = topic_entry.handler.job_name();
         let id = headers.job_id(msg.topic(), msg.partition(), msg.offset());
         let view = headers.view();
         let ctx = context_for(msg, &view, Arc::from(id.as_str()), &self.group, None, job);

@@ -314,7 +314,7 @@ impl Worker {
                     .routes
                     .iter()
                     .filter(|(topic, e)| **topic == e.main)
-                    .map(|(topic, e)| (topic.clone(), e.route.job_name()))
+                    .map(|(topic, e)| (topic.clone(), e.handler.job_name()))
                     .collect(),
             };
             tokio::spawn(crate::control::beat(source, producer, background.clone()));

@@ -87,7 +87,7 @@ impl Forwarder {
     ) -> Self {
         let contracts = routes
             .values()
-            .map(|e| (e.main.clone(), e.route.job_name()))
+            .map(|e| (e.main.clone(), e.handler.job_name()))
             .collect();
         Self {
             sink,

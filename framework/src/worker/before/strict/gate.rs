@@ -152,7 +152,7 @@ async fn park<M: Message>(
         .forward_as(&topic, &entry.main, msg, &next, pin, Outcome::Held)
         .await;
     if outcome == Outcome::Held {
-        fw.metrics.outcome(entry.route.job_name(), "held");
+        fw.metrics.outcome(entry.handler.job_name(), "held");
     }
     Some((outcome, topic, due_ms))
 }
@@ -348,7 +348,7 @@ fn wait_window(tiers: &[Duration]) -> Duration {
 /// A copy of a finished job: not run, its offset done.
 fn duplicate<M: Message>(fw: &Forwarder, entry: &RouteEntry, msg: &M, id: &str) -> Outcome {
     WorkerStats::bump(&fw.stats.duplicates);
-    fw.metrics.outcome(entry.route.job_name(), "duplicate");
+    fw.metrics.outcome(entry.handler.job_name(), "duplicate");
     debug!(
         job.id = id,
         topic = msg.topic(),

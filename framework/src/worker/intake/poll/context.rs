@@ -209,7 +209,7 @@ impl WorkerContext {
         snap.read_past = read_past;
         snap.tenants = crate::telemetry::metrics::top_tenants(tenants);
         let mut jobs: Vec<&'static str> =
-            self.routes.values().map(|e| e.route.job_name()).collect();
+            self.routes.values().map(|e| e.handler.job_name()).collect();
         jobs.sort_unstable();
         jobs.dedup();
         snap.oldest_running_seconds = self.watchdog.oldest_running(&jobs);
