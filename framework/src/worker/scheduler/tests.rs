@@ -445,6 +445,47 @@ fn the_next_due_time_is_the_earliest_hold_not_yet_ended() {
 }
 
 #[test]
+fn a_hold_that_ends_on_a_partition_at_its_bound_keeps_it_paused_until_under() {
+    // Bound 3: jobs 0-2 run and pause the partition; 3 was fetched before
+    // the pause and is held. At its due time 3 runs, but the partition
+    // stays paused while 3 (or more) of its records are unfinished.
+    for finished_first in [0usize, 1] {
+        let mut s = Scheduler::new(limits(8, 3));
+        let mut out = Vec::new();
+        s.assign(&[tp(0)], &mut out);
+        for o in 0..3 {
+            s.record(rec(o, o as u64), 0, &mut out);
+        }
+        s.dispatch(&mut out);
+        let t = runs(&out);
+        assert_eq!(t.len(), 3);
+        let mut held = rec(3, 3);
+        held.due_ms = Some(1_000);
+        s.record(held, 0, &mut out);
+        for ticket in t.iter().take(finished_first) {
+            s.finished(*ticket, true, &mut out);
+        }
+        out.clear();
+        s.tick(1_000, &mut out);
+        s.dispatch(&mut out);
+        assert!(
+            !out.iter().any(|a| matches!(a, Action::Resume(_))),
+            "{} unfinished: {out:?}",
+            4 - finished_first
+        );
+        assert_eq!(runs(&out).iter().map(|t| t.offset).collect::<Vec<_>>(), [3]);
+        out.clear();
+        for ticket in t.iter().skip(finished_first) {
+            s.finished(*ticket, true, &mut out);
+        }
+        assert!(
+            out.iter().any(|a| matches!(a, Action::Resume(_))),
+            "{out:?}"
+        );
+    }
+}
+
+#[test]
 fn a_hold_that_ends_on_a_revoked_or_stopping_partition_resumes_nothing() {
     for stop in [false, true] {
         let mut s = Scheduler::new(limits(8, 100));
