@@ -240,38 +240,23 @@ mod tests {
                 .map(|(_, v)| v.clone())
                 .collect()
         };
-        let failed = |backtrace: Option<&str>| Attempt::Failed {
+        let failed = Attempt::Failed {
             class: ErrorClass::RetryableServer,
             message: "boom".into(),
             retry_after: None,
-            backtrace: backtrace.map(Into::into),
+            backtrace: Some("now".into()),
         };
         let p = RetryPolicy::tiers([Duration::from_secs(5)]).jitter(0.0);
-        match next_step(
-            &failed(Some("now")),
-            &source,
-            "orders",
-            "orders",
-            "g",
-            &p,
-            1,
-            0.0,
-            0,
-        ) {
+        let step = |attempt| {
+            next_step(
+                &failed, &source, "orders", "orders", "g", &p, attempt, 0.0, 0,
+            )
+        };
+        match step(1) {
             Decision::Retry { headers, .. } => assert!(backtraces(&headers).is_empty()),
             other => panic!("{other:?}"),
         }
-        match next_step(
-            &failed(Some("now")),
-            &source,
-            "orders",
-            "orders",
-            "g",
-            &p,
-            9,
-            0.0,
-            0,
-        ) {
+        match step(9) {
             Decision::DeadLetter { headers, .. } => {
                 assert_eq!(backtraces(&headers), [b"now".to_vec()])
             }
