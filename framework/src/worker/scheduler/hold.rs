@@ -8,7 +8,7 @@
 //! other routes' retries (a wave of them, about 300 ms on a busy worker).
 //! A hold costs one record per partition.
 
-use super::types::{Action, Hold, Incoming, Located, Part};
+use super::types::{Action, Hold, Incoming, Located, Part, Tp};
 use super::Scheduler;
 
 impl<R: Located> Scheduler<R> {
@@ -54,6 +54,13 @@ impl<R: Located> Scheduler<R> {
             out.push(Action::Seek(p.tp.clone(), next));
         }
         p.held.take()
+    }
+
+    /// The offset `tp`'s hold keeps in memory, if any: the harness lists
+    /// that record as waiting, its position being already past it.
+    #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))]
+    pub(crate) fn held_offset(&self, tp: &Tp) -> Option<i64> {
+        self.part(tp)?.held.as_ref().map(|r| r.offset)
     }
 
     /// The earliest due time of a hold not yet ended, if any: the poll
