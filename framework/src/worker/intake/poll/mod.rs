@@ -16,7 +16,10 @@
 //! the consumer actions a completion causes (resuming a partition that was
 //! paused at its in-flight bound) are this thread's, which the hub wakes
 //! for them: the poll thread waits parked, never blocked in librdkafka,
-//! so every queue's non-empty callback and the hub end its wait.
+//! so every queue's non-empty callback and the hub end its wait. Without
+//! split queues it parks on the main queue too, and a [`MainQueue`] handle
+//! tells a main queue left non-empty (a poll ends at an event) from an
+//! empty one.
 //!
 //! Commits (always the scheduler's watermark, "next offset to read"):
 //! * every `commit_interval`, asynchronously, for partitions whose watermark
@@ -52,6 +55,7 @@ use tracing::{info, warn};
 
 use crate::clock::now_ms;
 use crate::worker::intake::polled::Polled;
+use crate::worker::intake::MainQueue;
 use crate::worker::scheduler::Incoming;
 use context::consumer_error;
 
@@ -88,15 +92,10 @@ pub(crate) fn poll_loop(
     let mut intake = crate::worker::intake::Intake::new(&ctx.routes, consumer, ctx.wake.clone());
     ctx.split_reading
         .store(intake.is_some(), AtomicOrdering::Release);
-    // Without split queues, the poll thread waits for the main queue
-    // parked too, not blocked in librdkafka: the hub's wake-up (a resume a
-    // completion left) then ends the wait as the queue's own does. This
-    // handle tells a main queue left non-empty (a poll ends at an event)
-    // from an empty one.
-    let main = match intake {
-        Some(_) => None,
-        None => crate::worker::intake::MainQueue::of(consumer),
-    };
+    let main = intake.is_none().then(|| MainQueue::of(consumer)).flatten();
+    // Without that handle (librdkafka gave none), it blocks in the main
+    // queue as before, rather than spin.
+    let block_in_main = intake.is_none() && main.is_none();
     let mut throttle_seen = 0;
     let mut last_gauges = Instant::now();
     let mut fatal = None;
@@ -173,7 +172,11 @@ pub(crate) fn poll_loop(
         // rebalance and commit callbacks.
         let from_main = poll_main(
             consumer,
-            Duration::ZERO,
+            if block_in_main {
+                timeout
+            } else {
+                Duration::ZERO
+            },
             &mut batch,
             &mut topics,
             &mut spare,
